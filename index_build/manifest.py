@@ -1,0 +1,152 @@
+"""Self-describing index artifacts: shard and version manifests, checksums, and their verification.
+
+A shard's ``manifest.json`` is written last, after every file it lists: its presence with matching
+checksums is what marks a shard finished (a resumed build reuses exactly those). Serving reads the
+encoder, dimension and BM25 parameters from here, never from a second copy of the settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class IndexMismatch(RuntimeError):
+    """An index on disk does not match its manifest, or not what the reader expects."""
+
+
+class ShardManifest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format_version: int = FORMAT_VERSION
+    shard: int
+    num_shards: int
+    build_key: str
+    encoder: str
+    dimension: int
+    metric: str  # inner_product over unit vectors (cosine)
+    faiss: dict[str, Any]
+    counts: dict[str, int]  # docs, chunks, faiss_vectors, lucene_docs
+    lucene: dict[str, int]  # the shard's own Lucene stats (documents, non_empty_documents, total_terms, ...)
+    checksums: dict[str, str]  # relative path -> sha256
+    build_config: dict[str, Any]
+    code_version: str
+    created: str
+
+
+class VersionManifest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format_version: int = FORMAT_VERSION
+    version: str
+    build_key: str
+    created: str
+    corpus: dict[str, Any]  # path, sha256, format
+    encoder: str
+    dimension: int
+    metric: str
+    num_shards: int
+    shards: list[str]  # shard folder names, in shard order
+    counts: dict[str, int]  # docs, chunks, bad_records
+    bm25: dict[str, Any]  # k1, b, doc_count, total_terms, avgdl, unique_terms
+    build_config: dict[str, Any]
+    code_version: str
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def code_version() -> str:
+    """Package version, plus the git commit when the code runs from a checkout."""
+    from . import __version__
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"{__version__}+g{sha}" if sha else __version__
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checksum_tree(folder: Path, skip: tuple[str, ...] = (MANIFEST,)) -> dict[str, str]:
+    out = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = Path(root) / name
+            rel = path.relative_to(folder).as_posix()
+            if rel not in skip:
+                out[rel] = sha256_file(path)
+    return dict(sorted(out.items()))
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_shard_manifest(shard_dir: Path) -> ShardManifest:
+    path = Path(shard_dir) / MANIFEST
+    try:
+        return ShardManifest.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        raise IndexMismatch(f"{shard_dir}: no {MANIFEST}; the shard is incomplete (rerun the build to resume it)") from None
+    except ValueError as e:
+        raise IndexMismatch(f"{path}: not a valid shard manifest: {e}") from None
+
+
+def verify_shard(shard_dir: Path, *, expect: dict[str, Any] | None = None, checksums: bool = True) -> ShardManifest:
+    """The shard's manifest, after checking its files and, when given, expected manifest fields.
+
+    ``expect`` maps manifest field -> required value (for example the encoder a service will embed
+    queries with); any difference is refused with both values in the message.
+    """
+    shard_dir = Path(shard_dir)
+    manifest = read_shard_manifest(shard_dir)
+    if manifest.format_version != FORMAT_VERSION:
+        raise IndexMismatch(
+            f"{shard_dir}: format_version {manifest.format_version}, this code reads {FORMAT_VERSION}; rebuild the index"
+        )
+    for field, wanted in (expect or {}).items():
+        have = getattr(manifest, field)
+        if have != wanted:
+            raise IndexMismatch(f"{shard_dir}: manifest says {field}={have!r} but {wanted!r} is required")
+    if checksums:
+        actual = checksum_tree(shard_dir)
+        missing = sorted(set(manifest.checksums) - set(actual))
+        extra = sorted(set(actual) - set(manifest.checksums))
+        changed = sorted(k for k in manifest.checksums if k in actual and actual[k] != manifest.checksums[k])
+        if missing or changed or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing {missing[:5]}")
+            if changed:
+                parts.append(f"changed since build {changed[:5]}")
+            if extra:
+                parts.append(f"not in manifest {extra[:5]}")
+            raise IndexMismatch(f"{shard_dir}: files do not match the manifest: {'; '.join(parts)}")
+    return manifest

@@ -1,0 +1,162 @@
+"""Index versions under one root, published and activated atomically.
+
+Layout::
+
+    ROOT/ACTIVE                  name of the live version (replaced with os.replace, never edited)
+    ROOT/versions/<name>/        complete, immutable versions
+    ROOT/staging/<build_key>/    builds in progress; a rerun with the same key resumes here
+
+A version folder appears under ``versions/`` only by one ``rename`` of a finished staging folder, so
+a reader never sees a half-built version. Older versions stay until ``remove_version``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from .manifest import MANIFEST, IndexMismatch, VersionManifest
+
+ACTIVE = "ACTIVE"
+
+
+def versions_dir(root: Path) -> Path:
+    return Path(root) / "versions"
+
+
+def staging_dir(root: Path, build_key: str) -> Path:
+    return Path(root) / "staging" / build_key
+
+
+def list_versions(root: Path) -> list[str]:
+    folder = versions_dir(root)
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if (p / MANIFEST).is_file())
+
+
+def active_version(root: Path) -> str | None:
+    try:
+        name = (Path(root) / ACTIVE).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return name or None
+
+
+def resolve_version_dir(path: Path, version: str | None = None) -> Path:
+    """A version folder from an index root (its ACTIVE one, or ``version``) or a version folder itself."""
+    path = Path(path)
+    if (path / MANIFEST).is_file() and (path / "shards").is_dir():
+        return path
+    name = version or active_version(path)
+    if name is None:
+        known = list_versions(path)
+        hint = f"; versions there: {', '.join(known)} (activate one)" if known else ""
+        raise IndexMismatch(f"{path} has no active index version{hint}")
+    folder = versions_dir(path) / name
+    if not (folder / MANIFEST).is_file():
+        raise IndexMismatch(f"index version {name!r} not found under {versions_dir(path)}")
+    return folder
+
+
+def read_version_manifest(version_dir: Path) -> VersionManifest:
+    path = Path(version_dir) / MANIFEST
+    try:
+        return VersionManifest.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        raise IndexMismatch(f"{version_dir}: no {MANIFEST}: not an index version") from None
+    except ValueError as e:
+        raise IndexMismatch(f"{path}: not a valid version manifest: {e}") from None
+
+
+def publish(staging: Path, root: Path, name: str) -> Path:
+    """Move a finished staging folder into place under ``versions/<name>`` with one rename."""
+    target = versions_dir(root) / name
+    if target.exists():
+        raise FileExistsError(f"index version {name!r} already exists at {target}; pick another --version")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(staging, target)
+    _fsync_dir(target.parent)
+    return target
+
+
+def activate(root: Path, name: str) -> None:
+    """Point ACTIVE at ``name``: write a temporary file and rename it over the old pointer."""
+    root = Path(root)
+    if not (versions_dir(root) / name / MANIFEST).is_file():
+        raise IndexMismatch(f"cannot activate {name!r}: no such version under {versions_dir(root)}")
+    tmp = root / f".{ACTIVE}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / ACTIVE)
+    _fsync_dir(root)
+
+
+def remove_version(root: Path, name: str) -> None:
+    if active_version(root) == name:
+        raise ValueError(f"{name!r} is the active version; activate another one before removing it")
+    folder = versions_dir(root) / name
+    if not folder.is_dir():
+        raise IndexMismatch(f"no version {name!r} under {versions_dir(root)}")
+    # Rename first so a reader never opens a half-deleted folder.
+    doomed = folder.with_name(f".removing-{name}")
+    os.replace(folder, doomed)
+    shutil.rmtree(doomed)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m index_build.versions``: list, activate, remove or verify index versions."""
+    import argparse
+
+    from .manifest import verify_shard
+
+    parser = argparse.ArgumentParser(prog="python -m index_build.versions", description=main.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("list", help="versions under ROOT, the active one marked with *")
+    p.add_argument("root", type=Path)
+    for name, text in (("activate", "point ROOT/ACTIVE at VERSION (atomic)"), ("remove", "delete VERSION (not the active one)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("root", type=Path)
+        p.add_argument("version")
+    p = sub.add_parser("verify", help="check every shard's files against its manifest")
+    p.add_argument("root", type=Path)
+    p.add_argument("version", nargs="?")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "list":
+            live = active_version(args.root)
+            for name in list_versions(args.root):
+                m = read_version_manifest(versions_dir(args.root) / name)
+                print(f"{'*' if name == live else ' '} {name}  {m.counts['docs']:>9,} docs {m.counts['chunks']:>10,} chunks"
+                      f"  {m.num_shards} shards  {m.encoder}  {m.created}")
+        elif args.command == "activate":
+            activate(args.root, args.version)
+            print(f"active version: {args.version}")
+        elif args.command == "remove":
+            remove_version(args.root, args.version)
+            print(f"removed {args.version}")
+        else:
+            folder = resolve_version_dir(args.root, args.version)
+            m = read_version_manifest(folder)
+            for shard in m.shards:
+                verify_shard(folder / "shards" / shard, expect={"encoder": m.encoder, "dimension": m.dimension})
+            print(f"{folder.name}: {len(m.shards)} shards verified")
+    except (IndexMismatch, ValueError) as e:
+        print(f"error: {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

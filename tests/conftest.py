@@ -1,0 +1,65 @@
+"""Shared fixtures: the process environment every run needs, a small readable corpus, one Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+# Before anything imports ray, transformers or pyserini (see README, "Environment").
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("OPENAI_API_KEY", "unused")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+TOPICS = {
+    "astronomy": "star planet orbit telescope galaxy comet nebula gravity moon solar",
+    "cooking": "bread flour oven butter recipe salt sugar dough bake kitchen",
+    "sailing": "boat wind sail harbor anchor mast keel tide rope captain",
+    "music": "piano chord melody rhythm guitar tempo scale violin concert note",
+    "databases": "index query table column transaction lucene shard replica commit schema",
+}
+
+
+def make_corpus(n_docs: int = 60, seed: int = 7) -> list[dict]:
+    """Documents of 3 to 400 words drawn from five small topic vocabularies, with filterable metadata."""
+    rng = random.Random(seed)
+    docs = []
+    topics = sorted(TOPICS)
+    for i in range(n_docs):
+        topic = topics[i % len(topics)]
+        words = TOPICS[topic].split() + ["the", "a", "of", "and", "with", "for", "to", "in", "on"]
+        length = rng.choice([3, 8, 25, 60, 150, 400])
+        text = " ".join(rng.choice(words) for _ in range(length))
+        docs.append({"_id": f"d{i:03d}", "title": f"{topic} note {i}", "text": text,
+                     "metadata": {"topic": topic, "year": 2000 + i % 20}})
+    return docs
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in records:
+            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+    return path
+
+
+@pytest.fixture
+def corpus_file(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "corpus.jsonl", make_corpus())
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the whole run: 2 CPUs and a small object store (the JVMs need the memory)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False,
+             configure_logging=False)
+    yield ray
+    ray.shutdown()

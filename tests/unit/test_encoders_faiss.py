@@ -1,0 +1,48 @@
+import numpy as np
+import pytest
+
+from index_build.encoders import HashingEncoder, load_encoder, resolve_device
+from index_build.faiss_index import FaissSpec, build_faiss_index, ivf_nlist_for, use_gpu
+
+
+def test_hashing_encoder_is_deterministic_and_unit_length():
+    enc = load_encoder("hashing:32")
+    a = enc.encode(["the cat sat", "", "the cat sat"])
+    assert a.shape == (3, 32) and a.dtype == np.float32
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0)
+    assert np.array_equal(a[0], a[2]) and np.array_equal(a[0], HashingEncoder(32).encode(["The  CAT sat"])[0])
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_every_index_type_finds_an_exact_copy(kind):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    index = build_faiss_index(x, FaissSpec(kind=kind, ivf_nlist=4, device="cpu"))
+    if kind == "ivf":
+        index.nprobe = 4  # all lists: exact
+    _, ids = index.search(x[:20], 1)
+    assert ids[:, 0].tolist() == list(range(20))
+    assert index.ntotal == 400
+
+
+def test_empty_shard_builds_an_empty_index():
+    index = build_faiss_index(np.zeros((0, 8), np.float32), FaissSpec(kind="ivf", device="cpu"))
+    assert index.ntotal == 0
+
+
+def test_ivf_list_count_respects_training_points():
+    assert ivf_nlist_for(10_000, 0) == min(int(4 * 100), 10_000 // 39)
+    assert ivf_nlist_for(50, 0) == 1 and ivf_nlist_for(100_000, 64) == 64
+
+
+def test_gpu_paths_are_selectable_and_refuse_clearly_without_a_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the refusal cannot be observed")
+    assert resolve_device("auto") == "cpu" and use_gpu("auto") is False and use_gpu("cpu") is False
+    with pytest.raises(RuntimeError, match="no GPU"):
+        resolve_device("cuda")
+    with pytest.raises(RuntimeError, match="faiss sees no GPU"):
+        use_gpu("cuda")

@@ -1,0 +1,56 @@
+import json
+
+import pytest
+
+from index_build.manifest import MANIFEST, IndexMismatch
+from index_build.versions import (
+    ACTIVE,
+    activate,
+    active_version,
+    list_versions,
+    publish,
+    remove_version,
+    resolve_version_dir,
+    staging_dir,
+)
+
+
+def _staged(root, key):
+    folder = staging_dir(root, key)
+    (folder / "shards").mkdir(parents=True)
+    (folder / MANIFEST).write_text(json.dumps({"version": key}))
+    return folder
+
+
+def test_publish_is_one_rename_and_activation_swaps_the_pointer(tmp_path):
+    v1 = publish(_staged(tmp_path, "k1"), tmp_path, "v1")
+    assert not staging_dir(tmp_path, "k1").exists() and (v1 / MANIFEST).is_file()
+    assert active_version(tmp_path) is None
+    with pytest.raises(IndexMismatch, match="no active index version; versions there: v1"):
+        resolve_version_dir(tmp_path)
+    activate(tmp_path, "v1")
+    publish(_staged(tmp_path, "k2"), tmp_path, "v2")
+    assert list_versions(tmp_path) == ["v1", "v2"] and active_version(tmp_path) == "v1"
+    activate(tmp_path, "v2")
+    assert (tmp_path / ACTIVE).read_text() == "v2\n"
+    assert resolve_version_dir(tmp_path) == tmp_path / "versions" / "v2"
+    assert resolve_version_dir(tmp_path, "v1") == tmp_path / "versions" / "v1"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp pointer left
+
+
+def test_versions_are_kept_until_removed_and_the_active_one_is_protected(tmp_path):
+    for k in ("a", "b"):
+        publish(_staged(tmp_path, k), tmp_path, k)
+    activate(tmp_path, "b")
+    with pytest.raises(ValueError, match="active version"):
+        remove_version(tmp_path, "b")
+    remove_version(tmp_path, "a")
+    assert list_versions(tmp_path) == ["b"]
+
+
+def test_existing_names_and_unknown_versions_are_refused(tmp_path):
+    publish(_staged(tmp_path, "k"), tmp_path, "v")
+    with pytest.raises(FileExistsError):
+        publish(_staged(tmp_path, "k2"), tmp_path, "v")
+    with pytest.raises(IndexMismatch):
+        activate(tmp_path, "nope")

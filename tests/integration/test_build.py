@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import faiss
 import numpy as np
@@ -16,57 +15,21 @@ import pytest
 
 from index_build.bm25_stats import read_stats
 from index_build.build import CRASH_ENV, build_index
-from index_build.chunking import chunk_document
 from index_build.config import BuildConfig
-from index_build.corpus import CorpusError, Document
+from index_build.corpus import CorpusError
 from index_build.encoders import HashingEncoder
 from index_build.lucene import build_lucene_index, index_statistics, write_collection
 from index_build.manifest import IndexMismatch, verify_shard
 from index_build.versions import active_version, list_versions, read_version_manifest
 from tests.conftest import make_corpus, write_jsonl
-
-ENCODER = "hashing:64"
-BAD_LINES = ["{broken json", json.dumps({"title": "no id", "text": "x"}), json.dumps({"_id": "d000", "text": "dup"})]
-
-
-def _oracle_chunks(docs: list[dict], cfg: BuildConfig):
-    """Chunks computed straight from the records, independently of the build's tables."""
-    out = []
-    for d in docs:
-        doc = Document(d["_id"], d["title"], d["text"], d.get("metadata", {}))
-        out.extend(chunk_document(doc, cfg.chunk_size, cfg.chunk_overlap))
-    return out
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> tuple[Path, list[dict]]:
-    docs = make_corpus(60)
-    lines = [json.dumps(d) for d in docs]
-    lines[10:10] = BAD_LINES[:2]
-    lines.append(BAD_LINES[2])
-    return write_jsonl(tmp_path_factory.mktemp("corpus") / "corpus.jsonl", lines), docs
-
-
-@pytest.fixture(scope="module")
-def built(corpus, ray_local, tmp_path_factory):
-    path, docs = corpus
-    out = {}
-    for shards in (1, 3):
-        cfg = BuildConfig(corpus=path, out=tmp_path_factory.mktemp(f"idx{shards}"), shards=shards, encoder=ENCODER,
-                          chunk_size=40, chunk_overlap=8, progress=False)
-        out[shards] = (cfg, build_index(cfg))
-    return out
-
-
-def _shard_dirs(summary) -> list[Path]:
-    return sorted((summary.version_dir / "shards").iterdir())
+from tests.integration.conftest import ENCODER, oracle_chunks, shard_dirs
 
 
 def test_summary_counts_and_bad_records(built, corpus):
     path, docs = corpus
     cfg, summary = built[3]
     assert summary.docs == 60 and summary.shards == 3 and summary.reused_shards == 0
-    assert summary.chunks == len(_oracle_chunks(docs, cfg))
+    assert summary.chunks == len(oracle_chunks(docs, cfg))
     assert [(r.line, r.reason.split(" ")[0]) for r in summary.bad_records] == [
         (11, "malformed"), (12, "missing"), (63, "duplicate")
     ]
@@ -82,10 +45,10 @@ def test_summary_counts_and_bad_records(built, corpus):
 def test_every_chunk_lands_in_exactly_one_shard_with_its_trace(built, corpus):
     path, docs = corpus
     cfg, summary = built[3]
-    by_id = {c.chunk_id: c for c in _oracle_chunks(docs, cfg)}
+    by_id = {c.chunk_id: c for c in oracle_chunks(docs, cfg)}
     seen = []
     sizes = []
-    for folder in _shard_dirs(summary):
+    for folder in shard_dirs(summary):
         rows = pq.read_table(folder / "chunks.parquet").to_pylist()
         sizes.append(len(rows))
         for r in rows:
@@ -99,7 +62,7 @@ def test_every_chunk_lands_in_exactly_one_shard_with_its_trace(built, corpus):
     assert sorted(seen) == sorted(by_id) and len(set(sizes)) > 1  # all chunks, once; shards of uneven size
     # a document's chunks never straddle shards
     doc_shard = {}
-    for i, folder in enumerate(_shard_dirs(summary)):
+    for i, folder in enumerate(shard_dirs(summary)):
         for d in pq.read_table(folder / "chunks.parquet")["doc_id"].to_pylist():
             assert doc_shard.setdefault(d, i) == i
 
@@ -108,7 +71,7 @@ def test_sharded_dense_search_equals_one_flat_index(built, corpus):
     """Per-shard FAISS top-k merged by score == brute force over every chunk (ties allowed)."""
     _, docs = corpus
     cfg, summary = built[3]
-    chunks = _oracle_chunks(docs, cfg)
+    chunks = oracle_chunks(docs, cfg)
     encoder = HashingEncoder(64)
     all_vectors = encoder.encode([c.contents(True) for c in chunks])
     ids = np.array([c.chunk_id for c in chunks])
@@ -116,7 +79,7 @@ def test_sharded_dense_search_equals_one_flat_index(built, corpus):
     k = 10
     brute = queries @ all_vectors.T
     shards = [(faiss.read_index(str(f / "dense.faiss")), pq.read_table(f / "chunks.parquet")["chunk_id"].to_pylist())
-              for f in _shard_dirs(summary)]
+              for f in shard_dirs(summary)]
     for qi, q in enumerate(queries):
         merged = []
         for index, chunk_ids in shards:
@@ -138,7 +101,7 @@ def test_lucene_shards_hold_every_chunk_once(built):
 
     cfg, summary = built[3]
     in_lucene, in_tables = [], []
-    for folder in _shard_dirs(summary):
+    for folder in shard_dirs(summary):
         reader = LuceneIndexReader(str(folder / "lucene"))
         n = reader.stats()["documents"]
         in_lucene += [reader.convert_internal_docid_to_collection_docid(i) for i in range(n)]
@@ -149,7 +112,7 @@ def test_lucene_shards_hold_every_chunk_once(built):
 def test_global_bm25_statistics_equal_one_unsharded_lucene_index(built, tmp_path):
     cfg, summary = built[3]
     rows = []
-    for folder in _shard_dirs(summary):
+    for folder in shard_dirs(summary):
         t = pq.read_table(folder / "chunks.parquet")
         rows += [(cid, f"{title}\n{text}" if text else title) for cid, title, text in
                  zip(t["chunk_id"].to_pylist(), t["title"].to_pylist(), t["text"].to_pylist(), strict=True)]
@@ -168,7 +131,7 @@ def test_global_bm25_statistics_equal_one_unsharded_lucene_index(built, tmp_path
 
 def test_manifests_describe_the_shard_and_mismatches_are_refused(built, tmp_path):
     cfg, summary = built[3]
-    folder = _shard_dirs(summary)[0]
+    folder = shard_dirs(summary)[0]
     m = verify_shard(folder, expect={"encoder": ENCODER, "dimension": 64})
     assert m.counts["chunks"] == m.counts["faiss_vectors"] == m.counts["lucene_docs"]
     assert m.faiss["class"] == "IndexFlatIP" and m.metric == "inner_product" and m.build_config["chunk_size"] == 40
@@ -213,7 +176,7 @@ def test_killed_build_resumes_and_ends_with_the_same_result(corpus, built, tmp_p
     resumed = read_version_manifest(tmp_path / "versions" / list_versions(tmp_path)[0])
     assert resumed.counts == read_version_manifest(clean.version_dir).counts
     assert resumed.bm25 == read_version_manifest(clean.version_dir).bm25
-    for a, b in zip(sorted((tmp_path / "versions").glob("*/shards/*")), _shard_dirs(clean), strict=True):
+    for a, b in zip(sorted((tmp_path / "versions").glob("*/shards/*")), shard_dirs(clean), strict=True):
         assert pq.read_table(a / "chunks.parquet").equals(pq.read_table(b / "chunks.parquet"))
         assert np.array_equal(np.load(a / "embeddings.npy"), np.load(b / "embeddings.npy"))
     assert not any((tmp_path / "staging").iterdir())
@@ -230,7 +193,7 @@ def test_parquet_input_with_hnsw(ray_local, tmp_path):
                       faiss_index="hnsw", progress=False)
     summary = build_index(cfg)
     assert summary.docs == 30 and not summary.bad_records
-    for folder in _shard_dirs(summary):
+    for folder in shard_dirs(summary):
         m = verify_shard(folder)
         assert m.faiss["class"] == "IndexHNSWFlat" and m.faiss["hnsw_m"] == 32
         row = pq.read_table(folder / "chunks.parquet").slice(0, 1).to_pylist()[0]
@@ -247,7 +210,7 @@ def test_real_encoder_vectors_equal_direct_sentence_transformers(ray_local, tmp_
     cfg = BuildConfig(corpus=path, out=tmp_path / "idx", shards=2, chunk_size=64, chunk_overlap=16, progress=False)
     summary = build_index(cfg)
     model = SentenceTransformer(resolve_model_path("all-MiniLM-L6-v2"), device="cpu")
-    for folder in _shard_dirs(summary):
+    for folder in shard_dirs(summary):
         t = pq.read_table(folder / "chunks.parquet")
         contents = [f"{a}\n{b}" for a, b in zip(t["title"].to_pylist(), t["text"].to_pylist(), strict=True)]
         expected = model.encode(contents, normalize_embeddings=True)

@@ -1,0 +1,153 @@
+"""BM25 over one Lucene shard that scores exactly like one unsharded index.
+
+Lucene's BM25 term score is ``boost * idf(df, N) * f / (f + k1 * (1 - b + b * L / avgdl))`` computed
+with the statistics of the index it searches. A shard sees its own N, df and avgdl. Given the
+corpus-wide statistics stored at build time, the shard is made to score like the whole corpus with no
+extra round trip (Elasticsearch's ``dfs_query_then_fetch`` does one):
+
+* the length norm: with ``r = avgdl_shard / avgdl_corpus``, searching the shard with
+  ``k1' = k1 * (1 - b) + k1 * b * r`` and ``b' = k1 * b * r / k1'`` gives the same denominator for every
+  document length L (expand both sides);
+* the idf: each query term's clause gets the boost ``count(t in query) * idf_corpus(t) / idf_shard(t)``;
+  a term absent from the shard is left out (it would score nothing there anyway).
+
+The searcher stays pure Lucene; only parameters and boosts change. Lucene classes are used through
+jnius directly (``index_build.lucene.boot`` starts the JVM): importing ``pyserini.search`` would load
+torch for nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from index_build.bm25_stats import CollectionStats
+from index_build.lucene import CONTENTS_FIELD, boot
+
+from .hits import Hit
+
+MAX_CLAUSES = 1024  # Lucene's default BooleanQuery clause limit
+
+
+def lucene_idf(doc_count: int, df: int) -> float:
+    """Lucene 9 ``BM25Similarity.idf``: ln(1 + (N - df + 0.5) / (df + 0.5))."""
+    return math.log(1 + (doc_count - df + 0.5) / (df + 0.5))
+
+
+def shard_bm25_params(k1: float, b: float, avgdl_shard: float, avgdl_corpus: float) -> tuple[float, float]:
+    """(k1', b') that make a shard's length norm equal the corpus's (see the module docstring)."""
+    if avgdl_corpus <= 0 or avgdl_shard <= 0:
+        return k1, b
+    r = avgdl_shard / avgdl_corpus
+    k1_shard = k1 * (1 - b) + k1 * b * r
+    return k1_shard, (k1 * b * r / k1_shard) if k1_shard else b
+
+
+class _Java:
+    """Lucene and Anserini classes, resolved once per process after the JVM is up."""
+
+    _loaded = False
+
+    @classmethod
+    def load(cls) -> type[_Java]:
+        if not cls._loaded:
+            boot()
+            from jnius import autoclass
+
+            for name, path in {
+                "File": "java.io.File",
+                "ArrayList": "java.util.ArrayList",
+                "FSDirectory": "org.apache.lucene.store.FSDirectory",
+                "DirectoryReader": "org.apache.lucene.index.DirectoryReader",
+                "IndexSearcher": "org.apache.lucene.search.IndexSearcher",
+                "BM25Similarity": "org.apache.lucene.search.similarities.BM25Similarity",
+                "Term": "org.apache.lucene.index.Term",
+                "TermQuery": "org.apache.lucene.search.TermQuery",
+                "BoostQuery": "org.apache.lucene.search.BoostQuery",
+                "BooleanQueryBuilder": "org.apache.lucene.search.BooleanQuery$Builder",
+                "Occur": "org.apache.lucene.search.BooleanClause$Occur",
+                "TermInSetQuery": "org.apache.lucene.search.TermInSetQuery",
+                "BytesRef": "org.apache.lucene.util.BytesRef",
+                "AnalyzerUtils": "io.anserini.analysis.AnalyzerUtils",
+                "DefaultEnglishAnalyzer": "io.anserini.analysis.DefaultEnglishAnalyzer",
+            }.items():
+                setattr(cls, name, autoclass(path))
+            cls._loaded = True
+        return cls
+
+
+class QueryAnalyzer:
+    """The analyzer the indexer used (Anserini's default English: Porter stemming, stopwords)."""
+
+    def __init__(self):
+        self.j = _Java.load()
+        self.analyzer = self.j.DefaultEnglishAnalyzer.newDefaultInstance()
+
+    def analyze(self, text: str) -> list[str]:
+        return [str(t) for t in self.j.AnalyzerUtils.analyze(self.analyzer, text).toArray()]
+
+
+class LuceneShard:
+    def __init__(
+        self,
+        index_dir: Path,
+        chunk_ids: Sequence[str],
+        shard_stats: Mapping[str, int],
+        corpus: CollectionStats,
+        corpus_df: Mapping[str, int],
+        shard: int = -1,
+    ):
+        j = self.j = _Java.load()
+        self.shard = shard
+        self.corpus = corpus
+        self.corpus_df = corpus_df
+        self.doc_count = int(shard_stats["non_empty_documents"])
+        avgdl = shard_stats["total_terms"] / self.doc_count if self.doc_count else 0.0
+        self.k1, self.b = shard_bm25_params(corpus.k1, corpus.b, avgdl, corpus.avgdl)
+        self.reader = j.DirectoryReader.open(j.FSDirectory.open(j.File(str(index_dir)).toPath()))
+        from jnius import cast
+
+        self.searcher = j.IndexSearcher(cast("org.apache.lucene.index.IndexReader", self.reader))
+        self.searcher.setSimilarity(j.BM25Similarity(float(self.k1), float(self.b)))
+        self.chunk_ids = list(chunk_ids)
+        # Lucene doc number -> row of the shard's chunk table (the FAISS row too).
+        row_of = {cid: i for i, cid in enumerate(self.chunk_ids)}
+        stored = self.reader.storedFields()
+        self.row_of_doc = [row_of[stored.document(d).get("id")] for d in range(self.reader.maxDoc())]
+        self.analyzer = QueryAnalyzer()
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def shard_df(self, term: str) -> int:
+        return int(self.reader.docFreq(self.j.Term(CONTENTS_FIELD, term)))
+
+    def build_query(self, terms: list[str]):
+        """Bag-of-words SHOULD clauses, each boosted so the shard's idf becomes the corpus idf."""
+        j = self.j
+        builder = j.BooleanQueryBuilder()
+        clauses = 0
+        for term, count in sorted(Counter(terms).items()):
+            df_shard, df_corpus = self.shard_df(term), int(self.corpus_df.get(term, 0))
+            if df_shard == 0 or df_corpus == 0 or clauses >= MAX_CLAUSES:
+                continue
+            boost = count * lucene_idf(self.corpus.doc_count, df_corpus) / lucene_idf(self.doc_count, df_shard)
+            builder.add(j.BoostQuery(j.TermQuery(j.Term(CONTENTS_FIELD, term)), float(boost)), j.Occur.SHOULD)
+            clauses += 1
+        return builder, clauses
+
+    def search(self, query: str | list[str], k: int, allowed_rows: Sequence[int] | None = None) -> list[Hit]:
+        """Top-k by corpus-exact BM25; ``allowed_rows`` restricts the search itself (a FILTER clause)."""
+        terms = self.analyzer.analyze(query) if isinstance(query, str) else query
+        builder, clauses = self.build_query(terms)
+        if clauses == 0 or k <= 0 or (allowed_rows is not None and len(allowed_rows) == 0):
+            return []
+        if allowed_rows is not None:
+            ids = self.j.ArrayList()
+            for row in allowed_rows:
+                ids.add(self.j.BytesRef(self.chunk_ids[row].encode("utf-8")))
+            builder.add(self.j.TermInSetQuery("id", ids), self.j.Occur.FILTER)
+        top = self.searcher.search(builder.build(), int(k))
+        return [Hit(self.chunk_ids[self.row_of_doc[sd.doc]], float(sd.score), self.shard) for sd in top.scoreDocs]

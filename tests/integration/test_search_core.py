@@ -1,0 +1,126 @@
+"""Sharded search cores against one unsharded index: BM25 vs Pyserini, dense vs brute force, filters."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from deployments.local_index import LocalIndex
+from index_build.lucene import boot, build_lucene_index, write_collection
+from tests.conftest import TOPICS
+from tests.integration.conftest import shard_dirs
+
+QUERIES = [
+    "telescope galaxy",
+    "bread oven butter flour",
+    "the lucene shard and the replica",
+    "piano piano chord",  # a repeated term counts twice
+    "title:anchor AND (mast OR \"keel",  # Lucene syntax is searched as text
+    "unknownword",
+    "sail wind tide harbor captain rope",
+]
+
+
+@pytest.fixture(scope="module")
+def oracle(built, tmp_path_factory):
+    """One Pyserini LuceneSearcher over every chunk of the 3-shard build, BM25 k1=0.9 b=0.4."""
+    boot()
+    from pyserini.search.lucene import LuceneSearcher
+
+    _, summary = built[3]
+    rows = []
+    for folder in shard_dirs(summary):
+        t = pq.read_table(folder / "chunks.parquet")
+        rows += [(c, f"{title}\n{text}" if text else title) for c, title, text in
+                 zip(t["chunk_id"].to_pylist(), t["title"].to_pylist(), t["text"].to_pylist(), strict=True)]
+    tmp = tmp_path_factory.mktemp("oracle")
+    write_collection(rows, tmp / "coll")
+    build_lucene_index(tmp / "coll", tmp / "index")
+    searcher = LuceneSearcher(str(tmp / "index"))
+    searcher.set_bm25(0.9, 0.4)
+    return searcher, len(rows)
+
+
+@pytest.fixture(scope="module")
+def local(built):
+    _, summary = built[3]
+    return LocalIndex(summary.version_dir)
+
+
+def _all_scores(searcher, query, n):
+    return {h.docid: h.score for h in searcher.search(query, k=n)}
+
+
+def test_query_analysis_matches_pyserini(local):
+    from pyserini.analysis import Analyzer, get_lucene_analyzer
+
+    theirs = Analyzer(get_lucene_analyzer())
+    ours = local.shards[0].lucene.analyzer
+    for text in QUERIES + ["Running runners ran quickly; The LUCENE-based indexes!"]:
+        assert ours.analyze(text) == theirs.analyze(text)
+
+
+@pytest.mark.parametrize("query", QUERIES)
+def test_sharded_bm25_equals_one_pyserini_index(local, oracle, query):
+    searcher, n = oracle
+    expected = searcher.search(query, k=10)
+    ours = local.bm25(query, k=10)
+    assert len(ours) == len(expected)
+    assert np.allclose([h.score for h in ours], [h.score for h in expected], rtol=0, atol=1e-4)
+    truth = _all_scores(searcher, query, n)
+    assert all(abs(truth[h.chunk_id] - h.score) < 1e-4 for h in ours)  # same documents, ties aside
+
+
+def test_random_queries_keep_max_difference_below_1e4(local, oracle):
+    searcher, n = oracle
+    rng = random.Random(11)
+    vocab = " ".join(TOPICS.values()).split()
+    worst = 0.0
+    for _ in range(40):
+        q = " ".join(rng.choice(vocab) for _ in range(rng.randint(1, 6)))
+        truth = _all_scores(searcher, q, n)
+        for h in local.bm25(q, k=20):
+            worst = max(worst, abs(truth[h.chunk_id] - h.score))
+    assert worst < 1e-4
+
+
+def test_filtered_bm25_is_complete_not_post_filtered(local, oracle):
+    """Only rows of documents about sailing allowed: the top-k equals brute force over those rows."""
+    searcher, n = oracle
+    query = "telescope galaxy sail"
+    truth = _all_scores(searcher, query, n)
+    hits = []
+    allowed_ids = set()
+    for shard in local.shards:
+        topics = shard.chunks["title"].to_pylist()
+        rows = np.array([i for i, t in enumerate(topics) if t.startswith("sailing")], dtype=np.int64)
+        allowed_ids.update(shard.chunks["chunk_id"].to_pylist()[i] for i in rows)
+        hits += shard.bm25_search(query, 5, rows)
+    hits.sort(key=lambda h: -h.score)
+    expected = sorted((s for c, s in truth.items() if c in allowed_ids), reverse=True)[:5]
+    assert [round(h.score, 4) for h in hits[:5]] == [round(s, 4) for s in expected]
+    assert all(h.chunk_id in allowed_ids for h in hits)
+    # unfiltered, the same query's top-5 holds no sailing chunk at all: a post-filter would return nothing
+    assert not any(h.chunk_id in allowed_ids for h in local.bm25(query, 5))
+
+
+def test_sharded_dense_with_and_without_filter_equals_brute_force(local):
+    vectors, ids = [], []
+    for shard in local.shards:
+        vectors.append(np.load(shard.folder / "embeddings.npy"))
+        ids += shard.chunks["chunk_id"].to_pylist()
+    matrix = np.concatenate(vectors)
+    q = local.embed(["lucene index replica"])
+    truth = dict(zip(ids, (matrix @ q[0]).tolist(), strict=True))
+    hits = local.dense(q, k=8)
+    assert np.allclose([h.score for h in hits], sorted(truth.values(), reverse=True)[:8], atol=1e-5)
+    shard = local.shards[1]
+    rows = np.arange(0, shard.chunks.num_rows, 3, dtype=np.int64)
+    allowed = {shard.chunks["chunk_id"].to_pylist()[i] for i in rows}
+    (filtered,) = shard.dense_search(q, 4, rows)
+    assert {h.chunk_id for h in filtered} <= allowed
+    assert np.allclose([h.score for h in filtered], sorted((truth[c] for c in allowed), reverse=True)[:4], atol=1e-5)
+    assert shard.dense_search(q, 4, np.array([], dtype=np.int64)) == [[]]

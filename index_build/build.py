@@ -167,6 +167,7 @@ class EmbedBatch:
 def _build_lucene_shard(shard_dir: str, prepend_title: bool, heap: str) -> dict:
     from .lucene import build_lucene_index, index_statistics, write_collection
 
+    t0 = time.perf_counter()
     folder = Path(shard_dir)
     table = pq.read_table(folder / CHUNKS_FILE, columns=["chunk_id", "title", "text"])
     collection, tmp_index = folder / "_collection", folder / "_lucene.tmp"
@@ -179,7 +180,7 @@ def _build_lucene_shard(shard_dir: str, prepend_title: bool, heap: str) -> dict:
     shutil.rmtree(folder / LUCENE_DIR, ignore_errors=True)
     os.replace(tmp_index, folder / LUCENE_DIR)
     shutil.rmtree(collection)
-    return stats
+    return {"stats": stats, "seconds": time.perf_counter() - t0}
 
 
 def _build_faiss_shard(shard_dir: str, spec: FaissSpec) -> dict:
@@ -256,8 +257,9 @@ def build_index(cfg: BuildConfig) -> BuildSummary:
     del chunks
 
     t = time.perf_counter()
-    dimension = _build_shards(cfg, build_key, todo, tables, shard_dirs, docs_per_shard)
+    dimension, lucene_seconds = _build_shards(cfg, build_key, todo, tables, shard_dirs, docs_per_shard)
     seconds["embed+index"] = time.perf_counter() - t
+    seconds["lucene (sum of shard tasks)"] = lucene_seconds
 
     t = time.perf_counter()
     manifests = [read_shard_manifest(d) for d in shard_dirs]
@@ -295,10 +297,11 @@ def build_index(cfg: BuildConfig) -> BuildSummary:
 def _build_shards(
     cfg: BuildConfig, build_key: str, todo: list[int], tables: dict[int, pa.Table], shard_dirs: list[Path],
     docs_per_shard: list[int],
-) -> int:
-    """Embed and index the shards in ``todo``; returns the embedding dimension (0 if nothing was built)."""
+) -> tuple[int, float]:
+    """Embed and index the shards in ``todo``; returns the embedding dimension (0 if nothing was built)
+    and the summed seconds of the Lucene shard tasks."""
     if not todo:
-        return 0
+        return 0, 0.0
     ensure_ray()
     import ray
     import ray.data
@@ -375,6 +378,7 @@ def _build_shards(
             pending[faiss_task.remote(str(shard_dirs[s]), spec)] = (s, "faiss")
 
     results: dict[int, dict[str, dict]] = {s: {} for s in todo}
+    lucene_seconds = 0.0
     committed = 0
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
     with _progress(len(todo), "index shards", "shard", cfg.progress) as bar:
@@ -384,6 +388,8 @@ def _build_shards(
             s, part = pending.pop(done[0])
             try:
                 results[s][part] = ray.get(done[0])
+                if part == "lucene":
+                    lucene_seconds += results[s][part]["seconds"]
             except ray.exceptions.RayTaskError as e:
                 raise RuntimeError(f"{part} build of {shard_name(s)} failed: {e}") from None
             if len(results[s]) == 2:
@@ -394,12 +400,12 @@ def _build_shards(
                 if crash_after and committed >= crash_after:
                     print(f"{CRASH_ENV}={crash_after}: exiting after {committed} committed shard(s)", flush=True)
                     os._exit(137)
-    return dimension
+    return dimension, lucene_seconds
 
 
 def _commit_shard(cfg: BuildConfig, build_key: str, shard: int, folder: Path, docs: int, chunks: int,
                   dimension: int, parts: dict[str, dict]) -> None:
-    faiss_info, lucene_stats = parts["faiss"], parts["lucene"]
+    faiss_info, lucene_stats = parts["faiss"], parts["lucene"]["stats"]
     if not (faiss_info["ntotal"] == chunks == lucene_stats["documents"]):
         raise IndexMismatch(
             f"{folder.name}: {chunks} chunks but FAISS holds {faiss_info['ntotal']} vectors and Lucene "

@@ -47,8 +47,8 @@ class BuildConfig(BaseModel):
     activate: bool = Field(True, description="Point OUT/ACTIVE at the new version once it is complete.")
 
     # Chunking
-    chunk_size: int = Field(160, ge=8, le=4096, description="Chunk length in words (whitespace tokens).")
-    chunk_overlap: int = Field(32, ge=0, description="Words shared by consecutive chunks of one document.")
+    chunk_size: int = Field(128, ge=8, le=4096, description="Chunk length in words (whitespace tokens).")
+    chunk_overlap: int = Field(24, ge=0, description="Words shared by consecutive chunks of one document.")
     prepend_title: bool = Field(True, description="Index and embed 'title + text' rather than the text alone.")
 
     # Embedding

@@ -21,7 +21,7 @@ from pathlib import Path
 # Parts of the tree that are tests, demos or GUI scaffolding rather than documentation.
 _SKIP_PARTS = {"test", "tests", "testing", "idlelib", "lib2to3", "turtledemo", "ensurepip", "site-packages",
                "__pycache__", "_vendor", "vendored", "benchmarks"}
-DEFAULT_PACKAGES = ("numpy", "scipy")
+DEFAULT_PACKAGES = ("pydantic", "fastapi", "pyarrow")
 MIN_WORDS = 5
 
 

@@ -1,0 +1,69 @@
+"""``python -m deployments --index DIR --port PORT``: serve an index in the foreground until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m deployments",
+        description="Serve an index built by index_build over HTTP (POST /search, GET /health, /docs) "
+                    "as one Ray Serve application, in the foreground until interrupted.",
+    )
+    parser.add_argument("--index", type=Path, required=True, help="index root (its ACTIVE version) or a version folder")
+    parser.add_argument("--version", help="serve this version instead of the active one")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--shard-replicas", type=int, default=1)
+    parser.add_argument("--no-verify", action="store_true", help="skip checking shard files against their checksums")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("OPENAI_API_KEY", "unused")
+    import ray
+    from ray import serve
+
+    from index_build.manifest import IndexMismatch
+
+    from .app import build_app
+    from .config import AppConfig, CollectionConfig
+
+    try:
+        cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
+                        shard_replicas=args.shard_replicas, verify_checksums=not args.no_verify)
+        application = build_app(cfg)
+    except (IndexMismatch, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+    else:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=512 * 2**20,
+                 log_to_driver=False)
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(application, name="raysearch", route_prefix="/", blocking=False)
+    base = f"http://{args.host}:{args.port}"
+    print(f"serving {args.index} at {base}  (docs: {base}/docs, health: {base}/health); Ctrl-C to stop")
+    print(f"  curl -s {base}/search -H 'content-type: application/json' -d '{{\"query\": \"how to parse arguments\", \"limit\": 3}}'",
+          flush=True)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    try:
+        while not stop:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    serve.shutdown()
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""Fusing ranked runs (BM25, dense, per shard) into one ranking, and the small knobs around it.
+
+Every function is pure and returns a new list. Ties are always broken the same way: score descending,
+then chunk id ascending (``hits.rank_key``), so a fused ranking does not depend on dict or set order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .hits import Hit, rank_key
+
+
+def _first_occurrences(run: Sequence[Hit]) -> list[Hit]:
+    """The run with later duplicates of a chunk removed (a run is sorted best first, so the first is the best)."""
+    seen: set[str] = set()
+    out = []
+    for hit in run:
+        if hit.chunk_id not in seen:
+            seen.add(hit.chunk_id)
+            out.append(hit)
+    return out
+
+
+def _check_weights(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> None:
+    if len(weights) != len(runs):
+        raise ValueError(
+            f"got {len(weights)} weights for {len(runs)} runs; give exactly one weight per run "
+            "(or none, for equal weights)"
+        )
+
+
+def _ranked(scores: dict[str, float], shard_of: dict[str, int]) -> list[Hit]:
+    return sorted((Hit(cid, s, shard_of[cid]) for cid, s in scores.items()), key=rank_key)
+
+
+def rrf(runs: Sequence[Sequence[Hit]], rrf_k: int = 60, weights: Sequence[float] | None = None) -> list[Hit]:
+    """Reciprocal Rank Fusion: ``score(d) = sum_i w_i / (rrf_k + rank_i(d))``.
+
+    Cormack, Clarke and Buettcher, "Reciprocal Rank Fusion outperforms Condorcet and individual Rank
+    Learning Methods", SIGIR 2009 (``rrf_k = 60`` there). ``rank_i`` is 1-based in run ``i``, which must
+    already be sorted best first; a run's own scores are ignored. A document absent from a run gets
+    nothing from it. Weights default to 1 for every run.
+
+    Duplicates of a chunk within one run: only the first (best) occurrence counts, and ranks are taken
+    after removing the later copies (a duplicate does not push the documents below it down).
+    The output Hit's ``shard`` comes from the first run the chunk appears in.
+    No runs, or only empty runs: ``[]``. Ties: score descending, then chunk id ascending.
+    """
+    if rrf_k < 0:
+        raise ValueError(f"rrf_k must be >= 0, got {rrf_k}; the paper's value is 60")
+    if weights is None:
+        weights = [1.0] * len(runs)
+    _check_weights(runs, weights)
+    scores: dict[str, float] = {}
+    shard_of: dict[str, int] = {}
+    for run, w in zip(runs, weights, strict=True):
+        for rank, hit in enumerate(_first_occurrences(run), start=1):
+            scores[hit.chunk_id] = scores.get(hit.chunk_id, 0.0) + w / (rrf_k + rank)
+            shard_of.setdefault(hit.chunk_id, hit.shard)
+    return _ranked(scores, shard_of)
+
+
+def min_max(hits: Sequence[Hit]) -> list[Hit]:
+    """Scores mapped onto [0, 1]: ``(s - min) / (max - min)``, in the input order.
+
+    When every score is equal (or there is one hit) there is no spread to normalize, and every score
+    becomes 1.0 (each is the best the run has). Empty input: ``[]``.
+    """
+    if not hits:
+        return []
+    lo = min(h.score for h in hits)
+    hi = max(h.score for h in hits)
+    if hi == lo:
+        return [Hit(h.chunk_id, 1.0, h.shard) for h in hits]
+    return [Hit(h.chunk_id, (h.score - lo) / (hi - lo), h.shard) for h in hits]
+
+
+def weighted(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> list[Hit]:
+    """Convex-combination fusion: ``score(d) = sum_i w_i * minmax_i(s_i(d))``, 0 where d is absent from run i.
+
+    Fox and Shaw's CombSUM over min-max normalized scores (Lee, SIGIR 1997, "Analyses of multiple evidence
+    combination"); with two runs and ``w = (alpha, 1 - alpha)`` it is the usual hybrid "alpha" blend.
+    Each run is first reduced to the first occurrence of each chunk (as in ``rrf``) and then normalized,
+    so a run whose scores are all equal gives every member its full weight.
+    ``len(weights)`` must equal ``len(runs)`` (ValueError). The output ``shard`` comes from the first run
+    the chunk appears in. No runs, or only empty runs: ``[]``. Ties: score descending, then chunk id
+    ascending.
+    """
+    _check_weights(runs, weights)
+    scores: dict[str, float] = {}
+    shard_of: dict[str, int] = {}
+    for run, w in zip(runs, weights, strict=True):
+        for hit in min_max(_first_occurrences(run)):
+            scores[hit.chunk_id] = scores.get(hit.chunk_id, 0.0) + w * hit.score
+            shard_of.setdefault(hit.chunk_id, hit.shard)
+    return _ranked(scores, shard_of)
+
+
+def dedupe(hits: Sequence[Hit]) -> list[Hit]:
+    """The best-scoring occurrence of each chunk id, ordered by score descending, then chunk id ascending.
+
+    Between equal-scoring copies the first one wins (it decides ``shard``). Empty input: ``[]``.
+    """
+    best: dict[str, Hit] = {}
+    for hit in hits:
+        kept = best.get(hit.chunk_id)
+        if kept is None or hit.score > kept.score:
+            best[hit.chunk_id] = hit
+    return sorted(best.values(), key=rank_key)
+
+
+def candidate_depth(limit: int, base: int = 50, factor: int = 4, cap: int = 1000) -> int:
+    """How many candidates to ask each leg and shard for: ``min(cap, max(base, factor * limit))``.
+
+    Fusion and MMR need a deeper pool than the page they return; ``base`` keeps small pages from starving
+    fusion and ``cap`` bounds the cost of a large ``limit``.
+    """
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    return min(cap, max(base, factor * limit))
+
+
+def is_flat(hits: Sequence[Hit], top: int = 10, rel_spread: float = 0.05) -> bool:
+    """True when the best ``top`` scores lie within ``rel_spread * |best score|`` of each other.
+
+    ``max - min <= rel_spread * |max|`` over the ``top`` best hits (ranked by score, then chunk id; the
+    input need not be sorted). A flat head means the scores do not separate the candidates, so the router
+    asks for deeper candidates. Fewer than 2 hits: False (nothing to compare).
+    """
+    head = sorted(hits, key=rank_key)[:top]
+    if len(head) < 2:
+        return False
+    best, worst = head[0].score, head[-1].score
+    return best - worst <= rel_spread * abs(best)
+
+
+def apply_threshold(hits: Sequence[Hit], min_score: float | None) -> tuple[list[Hit], list[Hit]]:
+    """``(kept, dropped)``: kept have ``score >= min_score``; both keep the input order.
+
+    ``min_score=None`` keeps everything. Empty input: ``([], [])``.
+    """
+    if min_score is None:
+        return list(hits), []
+    kept = [h for h in hits if h.score >= min_score]
+    dropped = [h for h in hits if not h.score >= min_score]
+    return kept, dropped

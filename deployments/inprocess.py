@@ -1,0 +1,67 @@
+"""The search pipeline without Ray: the same cores, called directly.
+
+Used by tests ("the app in-process") and by the speed benchmark as the in-process cost of the same
+retrieval work, next to which the served path's overhead is measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+
+from index_build.bm25_stats import read_stats
+from index_build.encoders import load_encoder
+from index_build.versions import read_version_manifest, resolve_version_dir
+
+from .config import RouterSettings
+from .local_index import corpus_df_map
+from .pipeline import Collection, SearchPipeline
+from .shard_service import ShardAnswer, ShardService
+
+
+class InProcessShard:
+    def __init__(self, service: ShardService, threaded: bool = False):
+        self.service, self.name, self.threaded = service, service.name, threaded
+
+    async def _call(self, fn, *args):
+        return await asyncio.to_thread(fn, *args) if self.threaded else fn(*args)
+
+    async def search(self, vector, text, k_dense, k_keyword, filters) -> ShardAnswer:
+        return await self._call(self.service.search, vector, text, k_dense, k_keyword, filters)
+
+    async def fetch(self, chunk_ids):
+        return self.service.fetch(chunk_ids)
+
+    async def vectors(self, chunk_ids) -> np.ndarray:
+        return self.service.vectors(chunk_ids)
+
+
+class InProcessEncoder:
+    def __init__(self, name: str):
+        self.encoder = load_encoder(name)
+
+    async def embed(self, text: str) -> np.ndarray:
+        return self.encoder.encode([text])[0]
+
+
+def open_collection(name: str, index: Path, version: str | None = None, threaded: bool = False,
+                    verify_checksums: bool = True) -> Collection:
+    version_dir = resolve_version_dir(Path(index), version)
+    manifest = read_version_manifest(version_dir)
+    stats, terms = read_stats(version_dir / "bm25")
+    df = corpus_df_map(terms)
+    expect = {"encoder": manifest.encoder, "dimension": manifest.dimension}
+    services = [ShardService(version_dir / "shards" / s, stats, df, expect, verify_checksums) for s in manifest.shards]
+    fields: dict[str, str] = {}
+    for s in services:
+        fields.update(s.fields())
+    return Collection(name, manifest.version, [InProcessShard(s, threaded) for s in services],
+                      InProcessEncoder(manifest.encoder), fields)
+
+
+def inprocess_pipeline(collections: dict[str, Path], settings: RouterSettings | None = None,
+                       default: str | None = None, threaded: bool = False) -> SearchPipeline:
+    opened = {name: open_collection(name, path, threaded=threaded) for name, path in collections.items()}
+    return SearchPipeline(opened, default or next(iter(opened)), settings or RouterSettings())

@@ -1,0 +1,330 @@
+"""The request path, Ray-free: query -> fan-out -> fusion -> threshold -> MMR -> fetch -> context.
+
+The router deployment runs this with Serve handles as its shard and encoder clients; tests run it with
+in-process clients over the same shard services. Shards answer with ids and scores only; texts and
+vectors are fetched for the few candidates that survive fusion.
+
+Scores in a response: ``scores.dense`` is cosine similarity, ``scores.keyword`` corpus-exact BM25,
+``scores.fused`` the RRF or weighted score; ``score`` (the one ``min_relevance_score`` applies to) is the
+score of the method used: dense for ``vector``, BM25 for ``keyword``, fused for ``hybrid``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from .context import assemble, citations
+from .fusion import apply_threshold, candidate_depth, is_flat, min_max, rrf, weighted
+from .hits import Hit, merge_top_k
+from .mmr import mmr
+from .query_text import expand_synonyms, expand_with_history, normalize_query
+from .schemas import Coverage, Fusion, Method, Result, SearchRequest, SearchResponse, StageScores
+from .shard_service import ShardAnswer
+
+SEP = "\x1f"  # collection SEP chunk_id: hits stay distinct across collections
+
+
+class RequestError(ValueError):
+    """A request that is well-formed JSON but cannot be served as asked (answered with a 4xx)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+class ShardClient(Protocol):
+    name: str
+
+    async def search(self, vector, text, k_dense: int, k_keyword: int, filters) -> ShardAnswer: ...
+    async def fetch(self, chunk_ids: list[str]) -> list[dict]: ...
+    async def vectors(self, chunk_ids: list[str]) -> np.ndarray: ...
+
+
+class EncoderClient(Protocol):
+    async def embed(self, text: str) -> np.ndarray: ...
+
+
+@dataclass
+class Collection:
+    name: str
+    version: str
+    shards: list[ShardClient]
+    encoder: EncoderClient
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+def redact(text: str) -> str:
+    return f"<redacted sha256:{hashlib.sha256(text.encode()).hexdigest()[:12]} chars:{len(text)}>"
+
+
+class LRUCache:
+    def __init__(self, size: int):
+        self.size = size
+        self.items: OrderedDict[str, SearchResponse] = OrderedDict()
+
+    def get(self, key: str) -> SearchResponse | None:
+        value = self.items.get(key)
+        if value is not None:
+            self.items.move_to_end(key)
+        return value
+
+    def put(self, key: str, value: SearchResponse) -> None:
+        if self.size <= 0:
+            return
+        self.items[key] = value
+        self.items.move_to_end(key)
+        while len(self.items) > self.size:
+            self.items.popitem(last=False)
+
+
+class SearchPipeline:
+    def __init__(self, collections: dict[str, Collection], default_collection: str, settings):
+        self.collections = collections
+        self.default_collection = default_collection
+        self.settings = settings
+        self.cache = LRUCache(settings.cache_size)
+
+    def reconfigure(self, settings) -> None:
+        self.settings = settings
+        self.cache = LRUCache(settings.cache_size)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _targets(self, req: SearchRequest) -> list[Collection]:
+        names = req.collections or [self.default_collection]
+        unknown = [n for n in names if n not in self.collections]
+        if unknown:
+            raise RequestError(f"unknown collection {unknown[0]!r}; known collections: {', '.join(sorted(self.collections))}")
+        targets = [self.collections[n] for n in names]
+        if req.filters:
+            for name, condition in req.filters.items():
+                if not any(name in c.fields for c in targets):
+                    known = sorted({f for c in targets for f in c.fields})
+                    raise RequestError(
+                        f"unknown filter field {name!r}; known fields: {', '.join(known) or '(none: this index has no metadata)'}",
+                        status=422,
+                    )
+                if condition is None:
+                    raise RequestError(f"filter on {name!r} has no condition (null)", status=422)
+        return targets
+
+    def _query_text(self, req: SearchRequest, trace: dict) -> str:
+        text = normalize_query(req.query)
+        if req.expand_synonyms and self.settings.synonyms:
+            text, added = expand_synonyms(text, self.settings.synonyms)
+            trace["synonyms_added"] = added
+        if req.conversation_history:
+            history = [t if isinstance(t, str) else t.model_dump() for t in req.conversation_history]
+            text = expand_with_history(text, history, turns=self.settings.history_turns)
+        trace["effective_query"] = text
+        return text
+
+    async def _fan_out(self, targets, vectors, text, k_dense, k_keyword, filters, timings):
+        t = time.perf_counter()
+        calls = []
+        for c in targets:
+            vector = vectors.get(c.name)
+            for shard in c.shards:
+                calls.append((c, shard, asyncio.wait_for(
+                    shard.search(vector, text, k_dense, k_keyword, filters), self.settings.shard_timeout_s)))
+        answers = await asyncio.gather(*(call for _, _, call in calls), return_exceptions=True)
+        timings["retrieve"] = timings.get("retrieve", 0.0) + (time.perf_counter() - t) * 1000
+        per_collection: dict[str, list[tuple[int, ShardAnswer]]] = {c.name: [] for c in targets}
+        failed = []
+        for (c, shard, _), answer in zip(calls, answers, strict=True):
+            if isinstance(answer, BaseException):
+                reason = "timeout" if isinstance(answer, asyncio.TimeoutError | TimeoutError) else type(answer).__name__
+                failed.append(f"{c.name}/{shard.name}: {reason}")
+                continue
+            if answer.filter_error:
+                raise RequestError(answer.filter_error, status=422)
+            per_collection[c.name].append((c.shards.index(shard), answer))
+        return per_collection, failed, len(calls)
+
+    @staticmethod
+    def _legs(collection: str, answers: list[tuple[int, ShardAnswer]], depth: int) -> tuple[list[Hit], list[Hit]]:
+        dense = merge_top_k(([Hit(f"{collection}{SEP}{cid}", s, i) for cid, s in a.dense] for i, a in answers), depth)
+        keyword = merge_top_k(([Hit(f"{collection}{SEP}{cid}", s, i) for cid, s in a.keyword] for i, a in answers),
+                              depth)
+        return dense, keyword
+
+    def _fuse(self, req: SearchRequest, dense: list[Hit], keyword: list[Hit]) -> list[Hit]:
+        if req.method is Method.vector:
+            return dense
+        if req.method is Method.keyword:
+            return keyword
+        fusion = req.fusion or Fusion(self.settings.fusion)
+        if fusion is Fusion.rrf:
+            return rrf([dense, keyword], rrf_k=req.rrf_k or self.settings.rrf_k)
+        w = req.weights
+        weights = (w.dense, w.keyword) if w else (self.settings.dense_weight, self.settings.keyword_weight)
+        return weighted([dense, keyword], weights)
+
+    # ------------------------------------------------------------------ the request
+
+    def cache_key(self, req: SearchRequest, targets: Sequence[Collection]) -> str:
+        versions = {c.name: c.version for c in targets}
+        return json.dumps({"v": versions, "r": req.model_dump(mode="json", exclude={"debug"})}, sort_keys=True)
+
+    async def search(self, req: SearchRequest) -> SearchResponse:
+        t_start = time.perf_counter()
+        targets = self._targets(req)
+        key = self.cache_key(req, targets)
+        if not req.debug and (hit := self.cache.get(key)) is not None:
+            return hit.model_copy(update={"cached": True,
+                                          "timings_ms": {"total": (time.perf_counter() - t_start) * 1000}})
+        timings: dict[str, float] = {}
+        trace: dict[str, Any] = {}
+        text = self._query_text(req, trace)
+
+        need_vector = req.method is not Method.keyword or req.mmr_lambda is not None
+        vectors: dict[str, np.ndarray] = {}
+        if need_vector:
+            t = time.perf_counter()
+            embedded = await asyncio.gather(*(c.encoder.embed(text) for c in targets))
+            vectors = dict(zip((c.name for c in targets), embedded, strict=True))
+            timings["embed"] = (time.perf_counter() - t) * 1000
+
+        s = self.settings
+        depth = candidate_depth(req.limit, s.candidate_base, s.candidate_factor, s.candidate_cap)
+        k_dense = depth if req.method is not Method.keyword else 0
+        k_keyword = depth if req.method is not Method.vector else 0
+        fan_vectors = vectors if req.method is not Method.keyword else {}
+        per_collection, failed, asked = await self._fan_out(targets, fan_vectors, text, k_dense, k_keyword,
+                                                           req.filters, timings)
+
+        t = time.perf_counter()
+        legs = {name: self._legs(name, answers, depth) for name, answers in per_collection.items()}
+        fused_per = [self._fuse(req, *legs[c.name]) for c in targets]
+        fused = fused_per[0] if len(fused_per) == 1 else rrf(fused_per, rrf_k=req.rrf_k or s.rrf_k)
+        deepened = False
+        if s.deepen_when_flat and is_flat(fused) and depth < s.candidate_cap and len(fused) >= depth:
+            depth = min(2 * depth, s.candidate_cap)
+            per_collection, failed, asked = await self._fan_out(
+                targets, fan_vectors, text, depth if k_dense else 0, depth if k_keyword else 0, req.filters, timings)
+            legs = {name: self._legs(name, answers, depth) for name, answers in per_collection.items()}
+            fused_per = [self._fuse(req, *legs[c.name]) for c in targets]
+            fused = fused_per[0] if len(fused_per) == 1 else rrf(fused_per, rrf_k=req.rrf_k or s.rrf_k)
+            deepened = True
+        kept, dropped = apply_threshold(fused, req.min_relevance_score)
+        timings["fuse"] = (time.perf_counter() - t) * 1000
+
+        final = kept
+        if req.mmr_lambda is not None and kept:
+            t = time.perf_counter()
+            pool = kept[: req.limit * s.mmr_pool_factor]
+            pool_vectors = await self._vectors(pool, targets)
+            query_vector = next(iter(vectors.values()))
+            relevance = [h.score for h in min_max(pool)]
+            final = mmr(pool, query_vector, pool_vectors, req.limit, req.mmr_lambda, relevance)
+            timings["mmr"] = (time.perf_counter() - t) * 1000
+        top = final[: req.limit]
+
+        t = time.perf_counter()
+        rows = await self._fetch(top, targets)
+        timings["fetch"] = (time.perf_counter() - t) * 1000
+        results = self._results(req, top, rows, legs)
+
+        context_payload = citation_payload = None
+        if req.include_context or req.include_citations:
+            t = time.perf_counter()
+            passages, info = assemble(
+                [r | {"score": res.score} for r, res in zip(rows, results, strict=True)],
+                token_budget=req.token_budget or s.token_budget,
+            )
+            if req.include_context:
+                context_payload = [p.__dict__ | {"chunk_ids": list(p.chunk_ids)} for p in passages]
+                trace["context"] = info
+            if req.include_citations:
+                citation_payload = citations(passages)
+            timings["assemble"] = (time.perf_counter() - t) * 1000
+
+        timings["total"] = (time.perf_counter() - t_start) * 1000
+        answered = asked - len(failed)
+        response = SearchResponse(
+            query=req.query,
+            method=req.method,
+            results=results,
+            total=len(kept),
+            citations=citation_payload,
+            context=context_payload,
+            index_version={c.name: c.version for c in targets},
+            timings_ms={k: round(v, 3) for k, v in timings.items()},
+            coverage=Coverage(shards_asked=asked, shards_answered=answered, ratio=answered / asked if asked else 0.0,
+                              degraded=bool(failed), failed=failed),
+            debug=self._debug(trace, legs, fused, dropped, final, depth, deepened, req) if req.debug else None,
+        )
+        if not failed and not req.debug:
+            self.cache.put(key, response)
+        return response
+
+    async def _vectors(self, hits: list[Hit], targets: list[Collection]) -> np.ndarray:
+        by_name = {c.name: c for c in targets}
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, h in enumerate(hits):
+            groups.setdefault((h.chunk_id.split(SEP, 1)[0], h.shard), []).append(i)
+        out: list[np.ndarray | None] = [None] * len(hits)
+        calls = [by_name[name].shards[shard].vectors([hits[i].chunk_id.split(SEP, 1)[1] for i in idx])
+                 for (name, shard), idx in groups.items()]
+        for idx, vecs in zip(groups.values(), await asyncio.gather(*calls), strict=True):
+            for i, v in zip(idx, vecs, strict=True):
+                out[i] = v
+        return np.stack(out)
+
+    async def _fetch(self, hits: list[Hit], targets: list[Collection]) -> list[dict]:
+        by_name = {c.name: c for c in targets}
+        groups: dict[tuple[str, int], list[str]] = {}
+        for h in hits:
+            name, cid = h.chunk_id.split(SEP, 1)
+            groups.setdefault((name, h.shard), []).append(cid)
+        calls = [by_name[name].shards[shard].fetch(ids) for (name, shard), ids in groups.items()]
+        rows: dict[str, dict] = {}
+        for (name, _), fetched in zip(groups, await asyncio.gather(*calls), strict=True):
+            for row in fetched:
+                rows[f"{name}{SEP}{row['chunk_id']}"] = row | {"collection": name}
+        return [rows[h.chunk_id] for h in hits]
+
+    @staticmethod
+    def _results(req: SearchRequest, top: list[Hit], rows: list[dict], legs) -> list[Result]:
+        leg_scores = {}
+        for dense, keyword in legs.values():
+            for h in dense:
+                leg_scores.setdefault(h.chunk_id, {})["dense"] = h.score
+            for h in keyword:
+                leg_scores.setdefault(h.chunk_id, {})["keyword"] = h.score
+        results = []
+        for rank, (hit, row) in enumerate(zip(top, rows, strict=True), start=1):
+            stage = leg_scores.get(hit.chunk_id, {})
+            results.append(Result(
+                rank=rank, chunk_id=row["chunk_id"], doc_id=row["doc_id"], collection=row["collection"],
+                content=row["text"], title=row["title"], section=row["section"],
+                metadata=json.loads(row["metadata_json"]), score=hit.score,
+                scores=StageScores(dense=stage.get("dense"), keyword=stage.get("keyword"),
+                                   fused=hit.score if req.method is Method.hybrid else None),
+                char_start=row["char_start"], char_end=row["char_end"],
+            ))
+        return results
+
+    @staticmethod
+    def _debug(trace, legs, fused, dropped, final, depth, deepened, req) -> dict:
+        def show(hits, n=50):
+            return [{"chunk_id": h.chunk_id.split(SEP, 1)[1], "score": h.score} for h in hits[:n]]
+
+        return trace | {
+            "candidate_depth": depth,
+            "deepened_because_flat": deepened,
+            "legs": {name: {"dense": show(d), "keyword": show(k)} for name, (d, k) in legs.items()},
+            "fused": show(fused),
+            "dropped_below_min_relevance_score": show(dropped),
+            "after_mmr": show(final) if req.mmr_lambda is not None else None,
+            "query_tokens": len(trace.get("effective_query", "").split()),
+        }

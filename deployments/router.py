@@ -1,0 +1,170 @@
+"""Serve deployment: the HTTP ingress and fusion router (one hop fewer than two deployments).
+
+No `from __future__ import annotations` here: FastAPI must see real types on the routes of a Serve
+ingress class, or it takes the request body for a query parameter.
+
+Routes only adapt HTTP: validation is in the request models, the work in ``SearchPipeline``, and
+errors become status codes in one place (the exception handlers below).
+"""
+
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from ray import serve
+
+from .config import RouterSettings
+from .pipeline import Collection, RequestError, SearchPipeline, redact
+from .schemas import HealthResponse, SearchRequest, SearchResponse, ShardHealth
+
+logger = logging.getLogger("ray.serve")
+
+app = FastAPI(
+    title="raysearch",
+    version="0.1.0",
+    description="Hybrid (dense + BM25) retrieval over sharded indexes, fused, diversified and assembled.",
+)
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    problems = [{"field": ".".join(str(p) for p in e["loc"] if p != "body"), "error": e["msg"]} for e in exc.errors()]
+    return JSONResponse(status_code=422, content={"error": "invalid request", "detail": problems})
+
+
+@app.exception_handler(RequestError)
+async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
+    return JSONResponse(status_code=exc.status, content={"error": str(exc)})
+
+
+class HandleShard:
+    def __init__(self, name: str, handle):
+        self.name, self.handle = name, handle
+
+    async def search(self, vector, text, k_dense, k_keyword, filters):
+        return await self.handle.search.remote(vector, text, k_dense, k_keyword, filters)
+
+    async def fetch(self, chunk_ids):
+        return await self.handle.fetch.remote(chunk_ids)
+
+    async def vectors(self, chunk_ids):
+        return await self.handle.vectors.remote(chunk_ids)
+
+    async def info(self):
+        return await self.handle.info.remote()
+
+
+class HandleEncoder:
+    def __init__(self, handle):
+        self.handle = handle
+
+    async def embed(self, text: str):
+        return await self.handle.embed.remote(text)
+
+
+class _Metrics:
+    def __init__(self):
+        from ray.util import metrics
+
+        self.stage_ms = metrics.Histogram(
+            "search_stage_latency_ms", description="Latency of each search stage (ms).",
+            boundaries=[0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000], tag_keys=("stage", "method"))
+        self.retrieved = metrics.Histogram(
+            "search_retrieved_documents", description="Results returned per request.",
+            boundaries=[0.5, 1, 5, 10, 20, 50, 100], tag_keys=("method",))
+        self.requests = metrics.Counter(
+            "search_requests", description="Search requests by outcome.", tag_keys=("method", "outcome"))
+
+    def record(self, response: SearchResponse) -> None:
+        method = response.method.value
+        for stage, ms in response.timings_ms.items():
+            self.stage_ms.observe(ms, tags={"stage": stage, "method": method})
+        self.retrieved.observe(len(response.results), tags={"method": method})
+        outcome = "cached" if response.cached else ("degraded" if response.coverage.degraded else "ok")
+        self.requests.inc(1, tags={"method": method, "outcome": outcome})
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
+@serve.ingress(app)
+class SearchRouter:
+    def __init__(self, collections: dict[str, dict[str, Any]], default_collection: str, settings: dict | None = None):
+        self.settings = RouterSettings(**(settings or {}))
+        self.pipeline = SearchPipeline(
+            {
+                name: Collection(
+                    name=name,
+                    version=spec["version"],
+                    shards=[HandleShard(shard, handle) for shard, handle in spec["shards"]],
+                    encoder=HandleEncoder(spec["encoder"]),
+                )
+                for name, spec in collections.items()
+            },
+            default_collection,
+            self.settings,
+        )
+        self._info_lock = asyncio.Lock()
+        self._info_loaded = False
+        self.metrics = _Metrics()
+
+    def reconfigure(self, user_config: dict) -> None:
+        self.settings = RouterSettings(**(user_config or {}))
+        self.pipeline.reconfigure(self.settings)
+
+    async def _load_info(self) -> None:
+        """Metadata field kinds per collection, asked of the shards once (they validate filters)."""
+        if self._info_loaded:
+            return
+        async with self._info_lock:
+            if self._info_loaded:
+                return
+            for c in self.pipeline.collections.values():
+                infos = await asyncio.gather(*(s.info() for s in c.shards))
+                fields: dict[str, str] = {}
+                for info in infos:
+                    fields.update(info["fields"])
+                c.fields = fields
+            self._info_loaded = True
+
+    @app.post("/search", response_model=SearchResponse, response_model_exclude_none=True,
+              responses={400: {"description": "Request cannot be served (unknown collection)"},
+                         422: {"description": "Invalid request (field, rule and fix in the message)"}})
+    async def search(self, body: SearchRequest) -> SearchResponse:
+        await self._load_info()
+        t0 = time.perf_counter()
+        outcome = "error"
+        try:
+            response = await self.pipeline.search(body)
+            outcome = "degraded" if response.coverage.degraded else "ok"
+            self.metrics.record(response)
+            return response
+        finally:
+            logger.info(json.dumps({
+                "event": "search",
+                "query": redact(body.query) if self.settings.redact_queries else body.query,
+                "method": body.method.value, "limit": body.limit, "outcome": outcome,
+                "ms": round((time.perf_counter() - t0) * 1000, 2),
+            }))
+
+    @app.get("/health", response_model=HealthResponse)
+    async def health(self) -> JSONResponse:
+        shards = []
+        for c in self.pipeline.collections.values():
+            results = await asyncio.gather(
+                *(asyncio.wait_for(s.info(), self.settings.shard_timeout_s) for s in c.shards), return_exceptions=True)
+            for shard, r in zip(c.shards, results, strict=True):
+                if isinstance(r, BaseException):
+                    shards.append(ShardHealth(collection=c.name, shard=shard.name, ok=False, error=type(r).__name__))
+                else:
+                    shards.append(ShardHealth(collection=c.name, shard=shard.name, ok=True, chunks=r["chunks"]))
+        up = sum(s.ok for s in shards)
+        status = "ok" if up == len(shards) else ("degraded" if up else "down")
+        body = HealthResponse(status=status, default_collection=self.pipeline.default_collection,
+                              collections={c.name: c.version for c in self.pipeline.collections.values()},
+                              shards=shards)
+        return JSONResponse(status_code=200 if up else 503, content=body.model_dump())

@@ -1,0 +1,153 @@
+"""The HTTP contract: request and response models with their limits.
+
+Limits live here, at the edge, so a bad request is answered with a 422 naming the field and the rule
+before any work is done; the cores behind trust what passes.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_QUERY_CHARS = 2000
+MAX_HISTORY_TURNS = 20
+
+
+class Method(StrEnum):
+    vector = "vector"
+    keyword = "keyword"
+    hybrid = "hybrid"
+
+
+class Fusion(StrEnum):
+    rrf = "rrf"
+    weighted = "weighted"
+
+
+class Weights(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dense: float = Field(0.7, ge=0, le=1, description="Weight of the dense (vector) leg in weighted fusion.")
+    keyword: float = Field(0.3, ge=0, le=1, description="Weight of the BM25 leg in weighted fusion.")
+
+    @model_validator(mode="after")
+    def _not_both_zero(self) -> Weights:
+        if self.dense == 0 and self.keyword == 0:
+            raise ValueError("weights.dense and weights.keyword cannot both be 0")
+        return self
+
+
+class Turn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: str = Field("user", max_length=32)
+    content: str = Field(max_length=MAX_QUERY_CHARS)
+
+
+class SearchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(description="Free text. Lucene syntax characters are searched as text.")
+    method: Method = Field(Method.hybrid, description="vector, keyword or hybrid (both, fused).")
+    limit: int = Field(10, ge=1, le=100, description="Results to return.")
+    collections: list[str] | None = Field(
+        None, min_length=1, max_length=8, description="Collections to search (fused across them); default: the default one."
+    )
+    filters: dict[str, Any] | None = Field(
+        None, description='Metadata filter, e.g. {"year": {"gte": 2010}, "topic": ["a", "b"], "lang": "en"}.'
+    )
+    min_relevance_score: float | None = Field(None, description="Drop results whose final score is below this.")
+    fusion: Fusion | None = Field(None, description="rrf or weighted (over min-max normalized scores); default rrf.")
+    rrf_k: int | None = Field(None, ge=1, le=10_000, description="RRF constant (default 60).")
+    weights: Weights | None = Field(None, description="Weighted fusion weights (default 0.7 dense / 0.3 keyword).")
+    mmr_lambda: float | None = Field(None, ge=0, le=1, description="Diversify with MMR; 1 = pure relevance. Off when null.")
+    include_context: bool = Field(False, description="Assemble a context (adjacent chunks merged, token budget).")
+    include_citations: bool = Field(True, description="Return the citation list of the assembled context.")
+    token_budget: int | None = Field(None, ge=16, le=32_000, description="Token budget of the assembled context.")
+    expand_synonyms: bool = Field(False, description="Add synonyms from the configured list to the query.")
+    conversation_history: list[Turn | str] | None = Field(
+        None, max_length=MAX_HISTORY_TURNS, description="Earlier turns; recent user turns are added to the query."
+    )
+    debug: bool = Field(False, description="Return each stage's candidates and scores, drops and token counts.")
+
+    @field_validator("query")
+    @classmethod
+    def _query_has_text(cls, v: str) -> str:
+        if not v or not v.strip():
+            raise ValueError("query is empty; send some text to search for")
+        if len(v) > MAX_QUERY_CHARS:
+            raise ValueError(f"query is {len(v)} characters; the limit is {MAX_QUERY_CHARS}")
+        return v
+
+    @field_validator("collections")
+    @classmethod
+    def _distinct(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("collections are listed more than once")
+        return v
+
+
+class StageScores(BaseModel):
+    dense: float | None = None
+    keyword: float | None = None
+    fused: float | None = None
+    reranked: float | None = None
+
+
+class Result(BaseModel):
+    rank: int
+    chunk_id: str
+    doc_id: str
+    collection: str
+    content: str
+    title: str
+    section: str
+    metadata: dict[str, Any]
+    score: float
+    scores: StageScores
+    char_start: int
+    char_end: int
+
+
+class Coverage(BaseModel):
+    shards_asked: int
+    shards_answered: int
+    ratio: float
+    degraded: bool
+    failed: list[str] = Field(default_factory=list)
+
+
+class SearchResponse(BaseModel):
+    query: str
+    method: Method
+    results: list[Result]
+    total: int
+    citations: list[dict[str, Any]] | None = None
+    context: list[dict[str, Any]] | None = None
+    index_version: dict[str, str]
+    timings_ms: dict[str, float]
+    coverage: Coverage
+    cached: bool = False
+    debug: dict[str, Any] | None = None
+
+
+class ShardHealth(BaseModel):
+    collection: str
+    shard: str
+    ok: bool
+    chunks: int | None = None
+    error: str | None = None
+
+
+class HealthResponse(BaseModel):
+    status: str  # ok | degraded | down
+    collections: dict[str, str]  # name -> index version
+    default_collection: str
+    shards: list[ShardHealth]
+
+
+class ErrorResponse(BaseModel):
+    error: str
+    detail: Any = None

@@ -1,0 +1,102 @@
+"""What one shard answers, Ray-free: both retrieval legs in one call, filters applied inside the shard.
+
+One call returns the dense and the BM25 candidates (saving a hop per request), as (chunk id, score)
+pairs only; texts and vectors are fetched later for the few chunks that survive fusion.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index_build.bm25_stats import CollectionStats
+from index_build.build import EMBEDDINGS_FILE
+
+from .filters import FilterError, MetadataTable
+from .shard_searcher import ShardSearcher
+
+
+@dataclass
+class ShardAnswer:
+    shard: str
+    dense: list[tuple[str, float]] = field(default_factory=list)
+    keyword: list[tuple[str, float]] = field(default_factory=list)
+    allowed: int | None = None  # rows passing the filter (None: no filter)
+    filter_error: str | None = None
+    took_ms: float = 0.0
+
+
+class ShardService:
+    def __init__(
+        self,
+        shard_dir: Path,
+        corpus: CollectionStats,
+        corpus_df: Mapping[str, int],
+        expect: Mapping[str, Any] | None = None,
+        verify_checksums: bool = True,
+    ):
+        self.searcher = ShardSearcher(shard_dir, corpus, corpus_df, expect, verify_checksums)
+        self.name = Path(shard_dir).name
+        self.metadata = MetadataTable.from_json_column(self.searcher.chunks["metadata_json"].to_pylist())
+        self.embeddings = np.load(Path(shard_dir) / EMBEDDINGS_FILE, mmap_mode="r")
+
+    @property
+    def chunks(self) -> int:
+        return self.searcher.chunks.num_rows
+
+    def fields(self) -> dict[str, str]:
+        return self.metadata.fields()
+
+    def search(
+        self,
+        vector: np.ndarray | None,
+        text: str | None,
+        k_dense: int,
+        k_keyword: int,
+        filters: dict[str, Any] | None = None,
+    ) -> ShardAnswer:
+        t0 = time.perf_counter()
+        answer = ShardAnswer(self.name)
+        allowed = None
+        if filters:
+            try:
+                allowed = self._allowed(filters)
+            except FilterError as e:
+                answer.filter_error = str(e)
+                return answer
+            answer.allowed = len(allowed)
+        if vector is not None and k_dense > 0:
+            (hits,) = self.searcher.dense_search(np.asarray(vector, dtype=np.float32), k_dense, allowed)
+            answer.dense = [(h.chunk_id, h.score) for h in hits]
+        if text and k_keyword > 0:
+            answer.keyword = [(h.chunk_id, h.score) for h in self.searcher.bm25_search(text, k_keyword, allowed)]
+        answer.took_ms = (time.perf_counter() - t0) * 1000
+        return answer
+
+    def _allowed(self, filters: dict[str, Any]) -> np.ndarray:
+        # A field the collection knows but this shard never saw matches nothing here; the router
+        # has already refused fields unknown to every shard.
+        known = self.metadata.fields()
+        if any(name not in known for name in filters):
+            positive = {k: v for k, v in filters.items() if k in known}
+            missing_only_negated = all(
+                isinstance(v, dict) and set(v) <= {"ne", "nin"} for k, v in filters.items() if k not in known
+            )
+            if not missing_only_negated:
+                return np.zeros(0, dtype=np.int64)
+            filters = positive
+            if not filters:
+                return np.arange(self.chunks, dtype=np.int64)
+        return self.metadata.allowed_rows(filters)
+
+    def fetch(self, chunk_ids: list[str]) -> list[dict]:
+        return self.searcher.fetch(chunk_ids)
+
+    def vectors(self, chunk_ids: list[str]) -> np.ndarray:
+        rows = [self.searcher.row_of[c] for c in chunk_ids]
+        return np.asarray(self.embeddings[rows], dtype=np.float32)

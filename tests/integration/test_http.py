@@ -1,0 +1,79 @@
+"""One real Ray Serve application over a 3-shard index, spoken to over HTTP on loopback."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from deployments.local_index import LocalIndex
+
+PORT = 18231
+
+
+@pytest.fixture(scope="module")
+def served(built, ray_local):
+    from ray import serve
+
+    from deployments.app import build_app
+
+    _, summary = built[3]
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    serve.run(build_app({"index": str(summary.version_dir), "router": {"shard_timeout_s": 10}}),
+              name="raysearch", route_prefix="/", blocking=False)
+    with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
+        yield client, summary
+    serve.shutdown()
+
+
+def test_search_over_http_equals_the_cores(served):
+    client, summary = served
+    local = LocalIndex(summary.version_dir)
+    r = client.post("/search", json={"query": "telescope galaxy", "method": "keyword", "limit": 5})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [x["chunk_id"] for x in body["results"]] == [h.chunk_id for h in local.bm25("telescope galaxy", 5)]
+    assert body["index_version"] == {"default": summary.version}
+    assert body["coverage"] == {"shards_asked": 3, "shards_answered": 3, "ratio": 1.0, "degraded": False, "failed": []}
+    assert {"embed", "retrieve", "fuse", "fetch", "assemble", "total"} >= set(body["timings_ms"]) >= {"retrieve", "total"}
+    assert "embed" not in body["timings_ms"]  # a keyword search embeds nothing
+    hybrid = client.post("/search", json={"query": "telescope galaxy", "limit": 3, "include_context": True}).json()
+    assert hybrid["method"] == "hybrid" and len(hybrid["results"]) == 3 and hybrid["citations"]
+    assert "embed" in hybrid["timings_ms"]
+
+
+@pytest.mark.parametrize(
+    "payload, status, needle",
+    [
+        ({"query": "   "}, 422, "query is empty"),
+        ({"query": "x" * 2001}, 422, "limit is 2000"),
+        ({"query": "x", "limit": 0}, 422, "greater than or equal to 1"),
+        ({"query": "x", "limit": 101}, 422, "less than or equal to 100"),
+        ({"query": "x", "method": "magic"}, 422, "vector"),
+        ({"query": "x", "filters": {"colour": "red"}}, 422, "unknown filter field 'colour'"),
+        ({"query": "x", "filters": {"year": {"gte": "soon"}}}, 422, "year"),
+        ({"query": "x", "collections": ["elsewhere"]}, 400, "unknown collection 'elsewhere'"),
+        ({"query": "x", "surprise": 1}, 422, "surprise"),
+    ],
+)
+def test_bad_requests_get_a_4xx_with_the_reason(served, payload, status, needle):
+    client, _ = served
+    r = client.post("/search", json=payload)
+    assert r.status_code == status, r.text
+    assert needle in r.text
+
+
+def test_lucene_syntax_is_searched_as_text(served):
+    client, _ = served
+    for q in ['title:(anchor AND "mast', "a*b?c~2 ^3 [x TO y] \\ / !", "AND OR NOT"]:
+        r = client.post("/search", json={"query": q, "method": "keyword"})
+        assert r.status_code == 200, r.text
+
+
+def test_health_openapi_and_docs(served):
+    client, summary = served
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["collections"] == {"default": summary.version}
+    assert sorted(s["shard"] for s in health["shards"]) == ["shard-000", "shard-001", "shard-002"]
+    spec = client.get("/openapi.json").json()
+    assert "/search" in spec["paths"] and "/health" in spec["paths"]
+    assert client.get("/docs").status_code == 200

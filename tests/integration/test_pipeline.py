@@ -1,0 +1,162 @@
+"""The request pipeline in-process over a real 3-shard index (real FAISS and Lucene, no Ray Serve)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from deployments.config import RouterSettings
+from deployments.inprocess import inprocess_pipeline
+from deployments.local_index import LocalIndex
+from deployments.pipeline import RequestError
+from deployments.schemas import SearchRequest
+from tests.integration.conftest import shard_dirs
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def pipeline(built):
+    (_, one), (_, three) = built[1], built[3]
+    return inprocess_pipeline({"main": three.version_dir, "single": one.version_dir}, default="main")
+
+
+@pytest.fixture(scope="module")
+def local(built):
+    return LocalIndex(built[3][1].version_dir)
+
+
+def search(pipeline, **kw):
+    return run(pipeline.search(SearchRequest(**kw)))
+
+
+def test_keyword_and_vector_equal_the_sharded_cores(pipeline, local):
+    for q in ("telescope galaxy", "bread oven"):
+        kw = search(pipeline, query=q, method="keyword", limit=5)
+        assert [r.chunk_id for r in kw.results] == [h.chunk_id for h in local.bm25(q, 5)]
+        assert [r.score for r in kw.results] == pytest.approx([h.score for h in local.bm25(q, 5)])
+        vec = search(pipeline, query=q, method="vector", limit=5)
+        assert [r.score for r in vec.results] == pytest.approx([h.score for h in local.dense(q, 5)], abs=1e-6)
+        assert kw.index_version == {"main": pipeline.collections["main"].version}
+        assert kw.coverage.shards_answered == kw.coverage.shards_asked == 3 and not kw.coverage.degraded
+
+
+def test_hybrid_rrf_scores_are_the_rrf_formula(pipeline, local):
+    q = "lucene shard replica"
+    depth = 50
+    dense = [h.chunk_id for h in local.dense(q, depth)]
+    bm25 = [h.chunk_id for h in local.bm25(q, depth)]
+    expected = {}
+    for run_ in (dense, bm25):
+        for rank, cid in enumerate(run_, start=1):
+            expected[cid] = expected.get(cid, 0.0) + 1 / (60 + rank)
+    resp = search(pipeline, query=q, limit=10)
+    assert resp.method.value == "hybrid"
+    for r in resp.results:
+        assert r.score == pytest.approx(expected[r.chunk_id])
+        assert r.scores.fused == r.score
+    assert [r.score for r in resp.results] == sorted(expected.values(), reverse=True)[:10]
+    top = resp.results[0]
+    assert top.content and top.doc_id == top.chunk_id.rsplit("#", 1)[0] and set(top.metadata) == {"topic", "year"}
+
+
+def test_weighted_fusion_with_request_weights(pipeline):
+    a = search(pipeline, query="piano chord", fusion="weighted", weights={"dense": 1.0, "keyword": 0.0}, limit=5)
+    b = search(pipeline, query="piano chord", method="vector", limit=5)
+    assert [r.chunk_id for r in a.results] == [r.chunk_id for r in b.results]
+    assert a.results[0].score == pytest.approx(1.0)  # min-max normalized best dense hit, weight 1
+
+
+def test_filters_are_complete_and_validated(pipeline, built):
+    _, summary = built[3]
+    sailing = set()
+    for folder in shard_dirs(summary):
+        t = pq.read_table(folder / "chunks.parquet")
+        for cid, meta in zip(t["chunk_id"].to_pylist(), t["metadata_json"].to_pylist(), strict=True):
+            m = json.loads(meta)
+            if m["topic"] == "sailing" and m["year"] >= 2010:
+                sailing.add(cid)
+    resp = search(pipeline, query="telescope galaxy", method="keyword", limit=100,
+                  filters={"topic": "sailing", "year": {"gte": 2010}})
+    assert {r.chunk_id for r in resp.results} <= sailing
+    resp = search(pipeline, query="telescope galaxy sail wind boat the", method="vector", limit=100,
+                  filters={"topic": ["sailing"], "year": {"gte": 2010}})
+    assert {r.chunk_id for r in resp.results} == sailing  # every allowed chunk, not a post-filtered slice
+    with pytest.raises(RequestError, match="unknown filter field 'colour'; known fields: topic, year") as e:
+        search(pipeline, query="x", filters={"colour": "red"})
+    assert e.value.status == 422
+    with pytest.raises(RequestError) as e:
+        search(pipeline, query="x", filters={"year": {"gte": "not a number"}})
+    assert e.value.status == 422
+
+
+def test_threshold_mmr_context_and_citations(pipeline):
+    base = search(pipeline, query="bread oven butter", method="keyword", limit=10)
+    cut = base.results[3].score
+    kept = search(pipeline, query="bread oven butter", method="keyword", limit=10, min_relevance_score=cut, debug=True)
+    assert all(r.score >= cut for r in kept.results) and len(kept.results) == 4
+    assert kept.debug["dropped_below_min_relevance_score"]
+    same = search(pipeline, query="bread oven butter", limit=5, mmr_lambda=1.0)
+    plain = search(pipeline, query="bread oven butter", limit=5)
+    assert [r.chunk_id for r in same.results] == [r.chunk_id for r in plain.results]
+    diverse = search(pipeline, query="bread oven butter", limit=5, mmr_lambda=0.1)
+    assert len({r.chunk_id for r in diverse.results}) == 5
+    ctx = search(pipeline, query="bread oven butter", limit=5, include_context=True, token_budget=60)
+    assert sum(len(p["text"].split()) for p in ctx.context) <= 60
+    assert [c["id"] for c in ctx.citations] == list(range(1, len(ctx.citations) + 1))
+    assert {c["doc_id"] for c in ctx.citations} <= {r.doc_id for r in ctx.results}
+
+
+def test_collections_fuse_and_unknown_ones_are_refused(pipeline):
+    both = search(pipeline, query="violin concert", collections=["main", "single"], limit=6)
+    assert {r.collection for r in both.results} == {"main", "single"}
+    assert set(both.index_version) == {"main", "single"} and both.coverage.shards_asked == 4
+    with pytest.raises(RequestError, match="unknown collection 'nope'"):
+        search(pipeline, query="x", collections=["nope"])
+
+
+def test_a_failing_or_slow_shard_degrades_instead_of_failing(built):
+    pipe = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(shard_timeout_s=0.2, cache_size=0))
+    shards = pipe.collections["main"].shards
+
+    async def boom(*args):
+        raise RuntimeError("replica died")
+
+    async def slow(*args):
+        await asyncio.sleep(5)
+
+    shards[0].search, shards[1].search = boom, slow
+    resp = search(pipe, query="telescope galaxy", limit=5)
+    assert resp.coverage.degraded and resp.coverage.shards_answered == 1 and resp.coverage.ratio == pytest.approx(1 / 3)
+    assert sorted(f.split(": ")[1] for f in resp.coverage.failed) == ["RuntimeError", "timeout"]
+    assert resp.results and all(r.chunk_id in shards[2].service.searcher.row_of for r in resp.results)
+
+
+def test_identical_requests_are_cached_per_version(pipeline):
+    first = search(pipeline, query="anchor mast keel", limit=3)
+    second = search(pipeline, query="anchor mast keel", limit=3)
+    assert not first.cached and second.cached and second.results == first.results
+    other = search(pipeline, query="anchor mast keel", limit=4)
+    assert not other.cached
+
+
+def test_history_and_synonyms_change_the_effective_query(built):
+    pipe = inprocess_pipeline({"main": built[3][1].version_dir},
+                              RouterSettings(synonyms={"boat": ["keel", "mast"]}, cache_size=0))
+    resp = search(pipe, query="boat", method="keyword", expand_synonyms=True, debug=True,
+                  conversation_history=[{"role": "user", "content": "tell me about telescopes"}])
+    assert resp.debug["synonyms_added"] == ["keel", "mast"]
+    assert "telescopes" in resp.debug["effective_query"] and "keel" in resp.debug["effective_query"]
+
+
+def test_vectors_for_mmr_come_from_the_index(pipeline, local):
+    shard = pipeline.collections["main"].shards[0]
+    ids = shard.service.searcher.chunks["chunk_id"].to_pylist()[:3]
+    got = run(shard.vectors(ids))
+    assert np.allclose(got, np.load(shard.service.searcher.folder / "embeddings.npy")[:3])

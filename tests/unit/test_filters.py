@@ -1,0 +1,234 @@
+import json
+import random
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+
+from deployments.filters import FilterError, MetadataTable
+
+ROWS = [
+    {"year": 2001, "topic": "music", "tags": ["a", "b"], "published": "2020-01-31", "draft": False},
+    {"year": 2005, "topic": "sailing", "tags": ["b"], "published": "2020-01-31T10:00:00Z", "draft": True},
+    {"year": 2010.5, "topic": "music", "tags": [], "published": "2021-06-01T00:00:00+02:00"},
+    {"topic": None, "tags": ["c", 3]},
+    {"year": 2005, "topic": "cooking", "published": "2019-12-31"},
+]
+TABLE = MetadataTable(ROWS)
+
+
+def rows(filter_):
+    out = TABLE.allowed_rows(filter_)
+    assert out.dtype == np.int64
+    return out.tolist()
+
+
+def test_field_kinds():
+    table = MetadataTable([
+        {"n": 1, "f": 1.5, "s": "x", "d": "2020-01-01", "t": "2020-01-01T00:00:00Z", "b": True, "l": ["x", 1],
+         "m": "x", "id": "20200131", "half": "2020-01-01", "nothing": None},
+        {"n": 2, "f": None, "s": "y", "d": "1999-12-31", "t": "2020-01-01T09:30", "b": False, "l": [],
+         "m": 2, "id": "20200201", "half": "soon"},
+    ])
+    assert table.fields() == {
+        "b": "bool", "d": "date", "f": "number", "half": "string", "id": "string", "l": "list", "m": "mixed",
+        "n": "number", "nothing": "mixed", "s": "string", "t": "date",
+    }
+
+
+@pytest.mark.parametrize(
+    ("filter_", "expected"),
+    [
+        ({"topic": "music"}, [0, 2]),
+        ({"topic": ["music", "cooking", "nope"]}, [0, 2, 4]),
+        ({"topic": {"ne": "music"}}, [1, 3, 4]),  # row 3 (topic null) matches ne
+        ({"topic": {"nin": ["music", "sailing"]}}, [3, 4]),
+        ({"year": 2005}, [1, 4]),
+        ({"year": 2005.0}, [1, 4]),
+        ({"year": {"gte": 2005, "lt": 2010.5}}, [1, 4]),
+        ({"year": {"gt": 2005}}, [2]),
+        ({"year": {"lte": 2001}}, [0]),
+        ({"year": {"ne": 2005}}, [0, 2, 3]),  # row 3 has no year
+        ({"tags": "b"}, [0, 1]),
+        ({"tags": ["c", "a"]}, [0, 3]),
+        ({"tags": 3}, [3]),
+        ({"tags": "3"}, []),  # a string is not the number 3
+        ({"tags": {"nin": ["b"]}}, [2, 3, 4]),  # empty list and missing match nin
+        ({"draft": True}, [1]),
+        ({"draft": {"ne": True}}, [0, 2, 3, 4]),
+        # Dates compare as instants: "2020-01-31" is midnight UTC; +02:00 is two hours earlier in UTC.
+        ({"published": {"gte": "2020-01-31"}}, [0, 1, 2]),
+        ({"published": {"gt": "2020-01-31"}}, [1, 2]),
+        ({"published": {"lt": "2021-06-01"}}, [0, 1, 2, 4]),
+        ({"published": "2020-01-31T00:00:00Z"}, [0]),
+        ({"published": {"gte": "2020-01-01", "lt": "2020-02-01"}}, [0, 1]),
+        ({"topic": "music", "year": {"gt": 2005}}, [2]),  # fields are ANDed
+        ({"topic": []}, []),
+        ({"topic": {"nin": []}}, [0, 1, 2, 3, 4]),
+    ],
+)
+def test_conditions(filter_, expected):
+    assert rows(filter_) == expected
+
+
+def test_no_filter():
+    assert TABLE.allowed_rows(None) is None
+    assert TABLE.allowed_rows({}) is None
+
+
+def test_unknown_field_lists_known_fields():
+    with pytest.raises(FilterError) as err:
+        TABLE.allowed_rows({"yaer": 2005})
+    assert str(err.value) == "unknown filter field 'yaer'; known fields: draft, published, tags, topic, year"
+
+
+@pytest.mark.parametrize(
+    ("filter_", "message"),
+    [
+        ({"year": {"between": [1, 2]}}, "unknown operator 'between'"),
+        ({"year": {}}, "empty condition"),
+        ({"topic": {"gt": "m"}}, "range operators need a number or date field"),
+        ({"tags": {"lt": "b"}}, "range operators need a number or date field"),
+        ({"draft": {"gte": True}}, "range operators need a number or date field"),
+        ({"year": "2005"}, "is not a number"),
+        ({"year": {"gt": True}}, "is not a number"),
+        ({"year": ["2005", 2006]}, "is not a number"),
+        ({"topic": 5}, "is not a string"),
+        ({"draft": 1}, "is not true or false"),
+        ({"published": {"gt": "last week"}}, "is not an ISO-8601 date string"),
+        ({"published": {"gt": "2020-02-30"}}, "is not an ISO-8601 date string"),
+        ({"published": {"gt": 2020}}, "is not an ISO-8601 date string"),
+        ({"topic": {"eq": ["music"]}}, "use 'in'"),
+        ({"topic": {"in": "music"}}, "'in' and 'nin' take a JSON array"),
+        ({"topic": None}, "missing values never equal anything"),
+    ],
+)
+def test_bad_filters_name_the_field_and_the_fix(filter_, message):
+    with pytest.raises(FilterError, match=message) as err:
+        TABLE.allowed_rows(filter_)
+    assert f"'{next(iter(filter_))}'" in str(err.value)
+
+
+def test_filter_must_be_an_object():
+    with pytest.raises(FilterError, match="must be a JSON object"):
+        TABLE.allowed_rows([{"topic": "music"}])
+
+
+def test_from_json_column():
+    table = MetadataTable.from_json_column([json.dumps(r) for r in ROWS[:2]] + ["", None, '{"year": 1999}'])
+    assert table.num_rows == 5
+    assert table.allowed_rows({"year": {"lt": 2002}}).tolist() == [0, 4]
+    for bad in ("[1, 2]", "1, 2", "{oops"):
+        with pytest.raises(ValueError, match="row 1"):
+            MetadataTable.from_json_column(['{"a": 1}', bad])
+
+
+def test_empty_table():
+    table = MetadataTable([])
+    assert table.fields() == {}
+    with pytest.raises(FilterError, match=r"known fields: \(none\)"):
+        table.allowed_rows({"a": 1})
+
+
+# --- oracle: the vectorized table against a plain-Python reading of the rules over the row dicts -----------
+
+KINDS = {"year": "number", "topic": "string", "published": "date", "tags": "list", "draft": "bool",
+         "misc": "mixed"}
+POOLS = {
+    "year": [1999, 2000, 2001, 2002, 2003.5, 2004, 2010],
+    "topic": ["music", "sailing", "cooking", "astronomy", "databases"],
+    "published": ["2020-01-01", "2020-01-02", "2020-01-01T12:00:00Z", "2020-01-02T01:00:00+02:00",
+                  "2020-01-03T00:00:00", "2019-12-31"],
+    "tags": ["x", "y", "z", 1, 2],
+    "draft": [True, False],
+    "misc": ["x", 1, 2.0, True, "2", "true"],
+}
+
+
+def random_row(rng):
+    row = {}
+    for field in KINDS:
+        roll = rng.random()
+        if roll < 0.15:
+            continue
+        if roll < 0.25:
+            row[field] = None
+        elif field == "tags":
+            row[field] = rng.sample(POOLS["tags"], rng.randint(0, 3))
+        elif field == "misc" and rng.random() < 0.3:
+            row[field] = rng.sample(POOLS["misc"], 2)
+        else:
+            row[field] = rng.choice(POOLS[field])
+    return row
+
+
+def random_value(rng, field):
+    extra = {"year": [1998, 2001.0], "topic": ["nope"], "published": ["2018-05-05", "2020-01-01T12:00:00+00:00"],
+             "tags": ["w", 2.0], "draft": [], "misc": [False, "y"]}[field]
+    return rng.choice(POOLS[field] + extra)
+
+
+def random_condition(rng, field):
+    ops = ["eq", "ne", "in", "nin"] + (["gt", "gte", "lt", "lte"] if KINDS[field] in ("number", "date") else [])
+    form = rng.random()
+    if form < 0.2:
+        return random_value(rng, field)
+    if form < 0.35:
+        return [random_value(rng, field) for _ in range(rng.randint(0, 3))]
+    cond = {}
+    for op in rng.sample(ops, rng.randint(1, 2)):
+        many = op in ("in", "nin")
+        cond[op] = [random_value(rng, field) for _ in range(rng.randint(0, 3))] if many else random_value(rng, field)
+    return cond
+
+
+def as_instant(text):
+    when = datetime.fromisoformat(text)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def same_value(stored, wanted):
+    def tag(v):
+        return "bool" if isinstance(v, bool) else "num" if isinstance(v, int | float) else "str"
+
+    return tag(stored) == tag(wanted) and stored == wanted
+
+
+def brute_force(row, field, op, value):
+    stored = row.get(field)
+    if op in ("ne", "nin"):
+        return not brute_force(row, field, "eq" if op == "ne" else "in", value)
+    if stored is None:
+        return False
+    if op == "in":
+        return any(brute_force(row, field, "eq", v) for v in value)
+    kind = KINDS[field]
+    if kind == "date":
+        stored, value = as_instant(stored), as_instant(value)
+    if op == "eq":
+        elements = stored if isinstance(stored, list) else [stored]
+        return any(same_value(e, value) if kind in ("list", "mixed") else e == value for e in elements)
+    return {"gt": stored > value, "gte": stored >= value, "lt": stored < value, "lte": stored <= value}[op]
+
+
+def matches(row, filter_):
+    for field, cond in filter_.items():
+        pairs = [("in", cond)] if isinstance(cond, list) else cond.items() if isinstance(cond, dict) else [("eq", cond)]
+        if not all(brute_force(row, field, op, value) for op, value in pairs):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_matches_brute_force(seed):
+    rng = random.Random(seed)
+    data = [random_row(rng) for _ in range(200)]
+    table = MetadataTable.from_json_column([json.dumps(r) for r in data])
+    assert table.fields() == KINDS
+    nonempty = 0
+    for _ in range(100):
+        filter_ = {f: random_condition(rng, f) for f in rng.sample(sorted(KINDS), rng.randint(1, 3))}
+        expected = [i for i, row in enumerate(data) if matches(row, filter_)]
+        assert table.allowed_rows(filter_).tolist() == expected, filter_
+        nonempty += 0 < len(expected) < len(data)
+    assert nonempty > 20  # the random filters do select something, and not everything

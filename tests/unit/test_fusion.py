@@ -1,0 +1,181 @@
+import pytest
+from pytest import approx
+
+from deployments.fusion import apply_threshold, candidate_depth, dedupe, is_flat, min_max, rrf, weighted
+from deployments.hits import Hit
+
+
+def run(*pairs, shard=-1):
+    return [Hit(cid, score, shard) for cid, score in pairs]
+
+
+BM25 = run(("a", 12.0), ("b", 9.0), ("c", 3.0), shard=0)
+DENSE = run(("b", 0.9), ("d", 0.8), ("a", 0.5), shard=1)
+
+
+def scores(hits):
+    return {h.chunk_id: h.score for h in hits}
+
+
+def test_rrf_golden():
+    fused = rrf([BM25, DENSE])
+    assert [h.chunk_id for h in fused] == ["b", "a", "d", "c"]
+    assert scores(fused) == approx({
+        "a": 1 / 61 + 1 / 63,
+        "b": 1 / 62 + 1 / 61,
+        "c": 1 / 63,
+        "d": 1 / 62,
+    })
+
+
+def test_rrf_weights_and_constant():
+    fused = rrf([BM25, DENSE], rrf_k=0, weights=[2.0, 1.0])
+    assert scores(fused) == approx({"a": 2 / 1 + 1 / 3, "b": 2 / 2 + 1 / 1, "c": 2 / 3, "d": 1 / 2})
+    assert [h.chunk_id for h in fused] == ["a", "b", "c", "d"]
+
+
+def test_rrf_shard_comes_from_first_run_containing_the_chunk():
+    fused = {h.chunk_id: h.shard for h in rrf([BM25, DENSE])}
+    assert fused == {"a": 0, "b": 0, "c": 0, "d": 1}
+
+
+def test_rrf_ties_break_by_chunk_id():
+    # z and y are each first in one run: equal scores 1/61, so chunk id ascending decides.
+    fused = rrf([run(("z", 5.0)), run(("y", 1.0))])
+    assert [h.chunk_id for h in fused] == ["y", "z"]
+    assert fused[0].score == fused[1].score == approx(1 / 61)
+
+
+def test_rrf_ignores_run_scores():
+    assert scores(rrf([run(("a", 1e9), ("b", -5.0))])) == approx({"a": 1 / 61, "b": 1 / 62})
+
+
+def test_weighted_golden():
+    # BM25 normalized: a (12-3)/9 = 1, b (9-3)/9 = 2/3, c 0. Dense: b 1, d (0.8-0.5)/0.4 = 3/4, a 0.
+    fused = weighted([BM25, DENSE], [0.25, 0.75])
+    assert scores(fused) == approx({
+        "a": 0.25 * 1 + 0.75 * 0,
+        "b": 0.25 * (2 / 3) + 0.75 * 1,
+        "c": 0.25 * 0,
+        "d": 0.75 * (3 / 4),
+    })
+    assert [h.chunk_id for h in fused] == ["b", "d", "a", "c"]
+    assert {h.chunk_id: h.shard for h in fused} == {"a": 0, "b": 0, "c": 0, "d": 1}
+
+
+def test_weighted_needs_one_weight_per_run():
+    with pytest.raises(ValueError, match="2 weights for 3 runs"):
+        weighted([BM25, DENSE, BM25], [0.5, 0.5])
+    with pytest.raises(ValueError, match="1 weights for 2 runs"):
+        rrf([BM25, DENSE], weights=[1.0])
+
+
+FUSERS = {
+    "rrf": lambda runs: rrf(runs),
+    "weighted": lambda runs: weighted(runs, [1.0] * len(runs)),
+}
+
+
+@pytest.mark.parametrize("fuse", FUSERS.values(), ids=FUSERS.keys())
+def test_no_runs_and_empty_runs(fuse):
+    assert fuse([]) == []
+    assert fuse([[], []]) == []
+
+
+@pytest.mark.parametrize("fuse", FUSERS.values(), ids=FUSERS.keys())
+def test_one_empty_run_is_the_other_run(fuse):
+    alone = fuse([BM25])
+    assert fuse([BM25, []]) == alone
+    assert [h.chunk_id for h in alone] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        # Ranks after removing the later copy of a: a 1, b 2. The second "a" must not count.
+        ("rrf", {"a": 1 / 61, "b": 1 / 62}),
+        # First occurrences a 4, b 2 -> (s - 2) / 2. The duplicate a=1 must not lower the minimum.
+        ("weighted", {"a": 1.0, "b": 0.0}),
+    ],
+)
+def test_duplicates_within_a_run_count_once(mode, expected):
+    dup = run(("a", 4.0), ("a", 1.0), ("b", 2.0))
+    fused = FUSERS[mode]([dup])
+    assert [h.chunk_id for h in fused] == ["a", "b"]
+    assert scores(fused) == approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("rrf", {"c": 1 / 61, "a": 1 / 62, "b": 1 / 63}),
+        ("weighted", {"a": 1.0, "b": 1.0, "c": 1.0}),
+    ],
+)
+def test_all_equal_scores(mode, expected):
+    flat = run(("c", 0.5), ("a", 0.5), ("b", 0.5))
+    fused = FUSERS[mode]([flat])
+    assert scores(fused) == approx(expected)
+    # rrf keeps the run's order; weighted gives every member 1.0, so chunk id ascending decides.
+    assert [h.chunk_id for h in fused] == (["c", "a", "b"] if mode == "rrf" else ["a", "b", "c"])
+
+
+def test_min_max():
+    out = min_max(run(("a", 3.0), ("b", 1.0), ("c", 2.0)))
+    assert [(h.chunk_id, h.score) for h in out] == [("a", approx(1.0)), ("b", approx(0.0)), ("c", approx(0.5))]
+    assert [h.score for h in min_max(run(("a", 7.0), ("b", 7.0)))] == [1.0, 1.0]
+    assert [h.score for h in min_max(run(("a", -3.0)))] == [1.0]
+    assert min_max([]) == []
+
+
+def test_dedupe_keeps_best_occurrence():
+    hits = [Hit("b", 1.0, 0), Hit("a", 2.0, 0), Hit("b", 3.0, 1), Hit("a", 2.0, 2), Hit("c", 3.0, 0)]
+    assert dedupe(hits) == [Hit("b", 3.0, 1), Hit("c", 3.0, 0), Hit("a", 2.0, 0)]
+    assert dedupe([]) == []
+
+
+@pytest.mark.parametrize(
+    ("limit", "expected"),
+    [(0, 50), (10, 50), (12, 50), (13, 52), (100, 400), (250, 1000), (10_000, 1000)],
+)
+def test_candidate_depth(limit, expected):
+    assert candidate_depth(limit) == expected
+
+
+def test_candidate_depth_knobs_and_bad_limit():
+    assert candidate_depth(5, base=1, factor=3, cap=100) == 3 * 5
+    assert candidate_depth(5, base=20, factor=3, cap=10) == 10
+    with pytest.raises(ValueError):
+        candidate_depth(-1)
+
+
+@pytest.mark.parametrize(
+    ("hit_scores", "expected"),
+    [
+        ([10.0, 9.6, 9.5], True),  # spread 0.5 <= 0.05 * 10
+        ([10.0, 9.6, 9.4], False),  # spread 0.6 > 0.5
+        ([9.4, 10.0, 9.6], False),  # input order does not matter
+        ([-1.0, -1.04], True),  # |best| is used: 0.04 <= 0.05
+        ([0.0, 0.0], True),
+        ([0.0, -0.01], False),
+        ([3.0], False),
+        ([], False),
+    ],
+)
+def test_is_flat(hit_scores, expected):
+    assert is_flat([Hit(f"c{i}", s) for i, s in enumerate(hit_scores)]) is expected
+
+
+def test_is_flat_only_looks_at_the_top():
+    hits = [Hit("a", 10.0), Hit("b", 9.9), Hit("c", 1.0)]
+    assert is_flat(hits, top=2)
+    assert not is_flat(hits, top=3)
+
+
+def test_apply_threshold():
+    hits = run(("a", 0.9), ("b", 0.5), ("c", 0.2), ("d", 0.5))
+    kept, dropped = apply_threshold(hits, 0.5)
+    assert [h.chunk_id for h in kept] == ["a", "b", "d"]
+    assert [h.chunk_id for h in dropped] == ["c"]
+    assert apply_threshold(hits, None) == (hits, [])
+    assert apply_threshold([], 0.1) == ([], [])

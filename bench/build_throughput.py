@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/out/build_throughput.json"))
     args = parser.parse_args(argv)
 
-    from index_build.build import build_index, contents_of, read_and_chunk
+    from index_build.build import build_index, read_and_chunk
     from index_build.config import BuildConfig
 
     record = {"machine": machine(), "encoder": args.encoder, "runs": []}

@@ -1,4 +1,4 @@
-# Two targets a new user needs: `make demo` (set up, build the demo index, search it) and `make test`.
+# Two targets a new user needs: `make demo` (set up, build the demo index, serve it) and `make test`.
 # Everything else is for people working on the project.
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
@@ -29,8 +29,11 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)
 
+DEMO_PORT ?= 8000
+
 demo: setup
-	$(PY) -m index_build.demo
+	$(PY) -m index_build.demo --no-search
+	$(PY) -m deployments --index indexes/demo --port $(DEMO_PORT) --example "how do I parse command line arguments"
 
 test: setup
 	$(PY) -m ruff check .

@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", nargs="+", default=["scifact", "cranfield"])
     parser.add_argument("--shards", nargs="+", type=int, default=[1, 4])
     parser.add_argument("--encoder", default="all-MiniLM-L6-v2")
+    parser.add_argument("--chunk-size", type=int, default=128, help="words per chunk (1024: BEIR docs stay whole)")
+    parser.add_argument("--chunk-overlap", type=int, default=24)
     parser.add_argument("--bare-sample", type=int, default=1024, help="chunks embedded for the bare figure")
     parser.add_argument("--work", type=Path, default=Path("bench/out/indexes"))
     parser.add_argument("--out", type=Path, default=Path("bench/out/build_throughput.json"))
@@ -86,10 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     from index_build.build import build_index, read_and_chunk
     from index_build.config import BuildConfig
 
-    record = {"machine": machine(), "encoder": args.encoder, "runs": []}
+    record = {"machine": machine(), "encoder": args.encoder, "chunk_size": args.chunk_size,
+              "chunk_overlap": args.chunk_overlap, "runs": []}
     for name in args.datasets:
         corpus = args.data / name
-        base = BuildConfig(corpus=corpus, out=args.work / name, shards=1, encoder=args.encoder, progress=False)
+        base = BuildConfig(corpus=corpus, out=args.work / name, shards=1, encoder=args.encoder, progress=False,
+                           chunk_size=args.chunk_size, chunk_overlap=args.chunk_overlap)
         chunks_by_shard, _, _ = read_and_chunk(base)
         chunks = chunks_by_shard[0]
         contents = [c.contents(base.prepend_title) for c in chunks]
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         lucene_alone = anserini_alone([(c.chunk_id, text) for c, text in zip(chunks, contents, strict=True)])
         print(f"{name}: bare embedding {bare['chunks_per_s']:.1f} chunks/s; Anserini alone {lucene_alone:.1f}s", flush=True)
         for shards in args.shards:
-            cfg = base.model_copy(update={"shards": shards, "out": args.work / f"{name}-{shards}"})
+            cfg = BuildConfig(**(base.model_dump() | {"shards": shards, "out": args.work / f"{name}-{shards}"}))
             shutil.rmtree(cfg.out, ignore_errors=True)
             summary = build_index(cfg)
             total = summary.total_s

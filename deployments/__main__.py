@@ -10,6 +10,21 @@ import time
 from pathlib import Path
 
 
+def show_example(base: str, query: str) -> None:
+    import json
+
+    import httpx
+
+    body = {"query": query, "limit": 3}
+    r = httpx.post(f"{base}/search", json=body, timeout=60)
+    print(f"\nPOST /search {json.dumps(body)} -> {r.status_code}")
+    data = r.json()
+    for hit in data.get("results", []):
+        snippet = " ".join(hit["content"].split())[:80]
+        print(f"  {hit['rank']}. {hit['score']:.4f}  {hit['doc_id']}  {snippet}")
+    print(f"  timings_ms {data.get('timings_ms')}  coverage {data.get('coverage')}\n", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m deployments",
@@ -22,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--shard-replicas", type=int, default=1)
     parser.add_argument("--no-verify", action="store_true", help="skip checking shard files against their checksums")
+    parser.add_argument("--no-cache", action="store_true", help="answer every request afresh (for load tests)")
+    parser.add_argument("--example", metavar="QUERY", help="once serving, send this query and print the answer")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -33,11 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     from index_build.manifest import IndexMismatch
 
     from .app import build_app
-    from .config import AppConfig, CollectionConfig
+    from .config import AppConfig, CollectionConfig, RouterSettings
 
     try:
         cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
-                        shard_replicas=args.shard_replicas, verify_checksums=not args.no_verify)
+                        shard_replicas=args.shard_replicas, verify_checksums=not args.no_verify,
+                        router=RouterSettings(cache_size=0) if args.no_cache else RouterSettings())
         application = build_app(cfg)
     except (IndexMismatch, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -53,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serving {args.index} at {base}  (docs: {base}/docs, health: {base}/health); Ctrl-C to stop")
     print(f"  curl -s {base}/search -H 'content-type: application/json' -d '{{\"query\": \"how to parse arguments\", \"limit\": 3}}'",
           flush=True)
+    if args.example:
+        show_example(base, args.example)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:

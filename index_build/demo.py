@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-size", type=int, default=40, help="docstrings are short and dense: small chunks")
     parser.add_argument("--chunk-overlap", type=int, default=8)
     parser.add_argument("--rebuild", action="store_true", help="build a new version even if one is current")
+    parser.add_argument("--no-search", action="store_true", help="build only; skip the in-process example searches")
     parser.add_argument("query", nargs="*", help="queries to run (default: a few examples)")
     args = parser.parse_args(argv)
 
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"building {args.out} with {cfg.shards} shards, encoder {cfg.encoder} ...")
         print(build_index(cfg).render())
 
+    if args.no_search:
+        return 0
     os.environ.setdefault("OPENAI_API_KEY", "unused")
     from deployments.local_index import LocalIndex
 

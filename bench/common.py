@@ -1,0 +1,78 @@
+"""Shared pieces of the benchmarks: machine description, BEIR loading, a served app's life cycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OPENAI_API_KEY", "unused")
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "git_sha": sha,
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def load_beir(folder: Path, split: str = "test") -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+    """(queries of the split, qrels) from a BEIR folder; only queries that have judgments."""
+    qrels: dict[str, dict[str, int]] = {}
+    with open(folder / "qrels" / f"{split}.tsv") as f:
+        next(f)
+        for line in f:
+            qid, did, score = line.rstrip("\n").split("\t")
+            qrels.setdefault(qid, {})[did] = int(score)
+    queries = {}
+    with open(folder / "queries.jsonl") as f:
+        for line in f:
+            q = json.loads(line)
+            if q["_id"] in qrels:
+                queries[q["_id"]] = q["text"]
+    return queries, qrels
+
+
+@contextmanager
+def served(index: Path, port: int, extra: list[str] | None = None, startup_s: float = 300):
+    """``python -m deployments`` in a child process, until the block ends; yields the base URL."""
+    cmd = [sys.executable, "-m", "deployments", "--index", str(index), "--port", str(port), *(extra or [])]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + startup_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise TimeoutError(f"service on {base} not healthy after {startup_s}s")
+            time.sleep(1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()

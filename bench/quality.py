@@ -1,0 +1,142 @@
+"""Retrieval quality through the HTTP API, next to Pyserini's own single-index BM25 on the same data.
+
+For each BEIR dataset: the test queries are sent to ``POST /search`` of a running service (started
+here from ``--index`` unless ``--url`` is given), once per method (keyword, vector, hybrid RRF, hybrid
+weighted, each with and without MMR); chunk results become document rankings (a document ranks at its
+best chunk); ir_measures scores nDCG@10, R@100 and RR@10 (MRR@10). The reference row is Pyserini's
+``LuceneSearcher`` BM25 (k1=0.9, b=0.4) over one unsharded index of the same title+text documents.
+
+    python -m bench.quality --data ../shared/data --dataset scifact --index bench/out/indexes/scifact-4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import ir_measures
+from ir_measures import RR, R, nDCG
+
+from bench.common import load_beir, machine, served
+
+MEASURES = [nDCG @ 10, R @ 100, RR @ 10]
+CONFIGS = {
+    "keyword": {"method": "keyword"},
+    "vector": {"method": "vector"},
+    "hybrid rrf": {"method": "hybrid", "fusion": "rrf"},
+    "hybrid weighted 0.7/0.3": {"method": "hybrid", "fusion": "weighted"},
+}
+MMR_LAMBDA = 0.7
+
+
+def rank_run(scored: list[tuple[str, float]]) -> dict[str, float]:
+    """Scores that encode the given order (trec_eval would re-break score ties by doc id)."""
+    return {d: float(len(scored) - i) for i, (d, _) in enumerate(scored)}
+
+
+def run_config(base: str, queries: dict[str, str], body: dict, workers: int = 4):
+    """(run by rank, raw document scores per query, seconds, errors)."""
+    errors = 0
+    raw: dict[str, list[tuple[str, float]]] = {}
+
+    def one(item):
+        nonlocal errors
+        qid, text = item
+        r = httpx.post(f"{base}/search", json={"query": text, "limit": 100, "include_citations": False} | body,
+                       timeout=120)
+        if r.status_code != 200:
+            errors += 1
+            return qid, {}
+        best: dict[str, float] = {}
+        for hit in r.json()["results"]:
+            best.setdefault(hit["doc_id"], hit["score"])  # a document ranks at its best chunk
+        raw[qid] = list(best.items())
+        return qid, rank_run(raw[qid])
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        run = dict(pool.map(one, queries.items()))
+    return run, raw, time.perf_counter() - t, errors
+
+
+def pyserini_reference(corpus: Path, queries: dict[str, str], work: Path) -> dict:
+    from index_build.lucene import boot, build_lucene_index, write_collection
+
+    boot()
+    from pyserini.search.lucene import LuceneSearcher
+
+    index = work / "pyserini-flat"
+    if not index.exists():
+        rows = []
+        with open(corpus) as f:
+            for line in f:
+                d = json.loads(line)
+                rows.append((d["_id"], f"{d.get('title', '')}\n{d.get('text', '')}".strip()))
+        write_collection(rows, work / "pyserini-coll")
+        build_lucene_index(work / "pyserini-coll", index, threads=2)
+    searcher = LuceneSearcher(str(index))
+    searcher.set_bm25(0.9, 0.4)
+    return {qid: [(h.docid, h.score) for h in searcher.search(text, k=100)] for qid, text in queries.items()}
+
+
+def evaluate(qrels, run) -> dict[str, float]:
+    return {str(m): v for m, v in ir_measures.calc_aggregate(MEASURES, qrels, run).items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--index", type=Path, help="index to serve (started and stopped here)")
+    parser.add_argument("--url", help="an already running service instead of --index")
+    parser.add_argument("--port", type=int, default=18400)
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    folder = args.data / args.dataset
+    queries, qrels = load_beir(folder, args.split)
+    out = args.out or Path(f"bench/out/quality_{args.dataset}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    record = {"machine": machine(), "dataset": args.dataset, "split": args.split, "queries": len(queries),
+              "index": str(args.index), "rows": []}
+    ref = pyserini_reference(folder / "corpus.jsonl", queries, out.parent / f"pyserini-{args.dataset}")
+    ref_run = {q: rank_run(scored) for q, scored in ref.items()}
+    record["rows"].append({"config": "Pyserini LuceneSearcher BM25 (one index)"} | evaluate(qrels, ref_run))
+    print(record["rows"][-1], flush=True)
+
+    def measure(base: str) -> None:
+        for name, body in CONFIGS.items():
+            for mmr in (None, MMR_LAMBDA):
+                full = body | ({"mmr_lambda": mmr} if mmr is not None else {})
+                run, raw, seconds, errors = run_config(base, queries, full)
+                row = {"config": name + (f" + MMR {mmr}" if mmr is not None else ""), "request": full,
+                       "seconds": seconds, "errors": errors} | evaluate(qrels, run)
+                if name == "keyword" and mmr is None:  # must equal the reference row: check it score by score
+                    diffs = [abs(a[1] - b[1]) for q in queries for a, b in zip(raw.get(q, [])[:10], ref[q][:10], strict=False)]
+                    row["max_abs_top10_score_diff_vs_pyserini"] = max(diffs) if diffs else None
+                record["rows"].append(row)
+                print({k: v for k, v in row.items() if k != "request"}, flush=True)
+
+    if args.url:
+        measure(args.url)
+    else:
+        with served(args.index, args.port, ["--no-cache"]) as base:
+            measure(base)
+    out.write_text(json.dumps(record, indent=2))
+    print(f"\n{args.dataset} {args.split} ({len(queries)} queries), {record['machine']['date']}, "
+          f"{record['machine']['cpu']}, {record['machine']['cores']} cores\n")
+    print("| config | nDCG@10 | R@100 | MRR@10 |")
+    print("|---|---|---|---|")
+    for row in record["rows"]:
+        print(f"| {row['config']} | {row['nDCG@10']:.4f} | {row['R@100']:.4f} | {row['RR@10']:.4f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+import pytest
+from pydantic import ValidationError
+
+from deployments.config import AppConfig, CollectionConfig, RouterSettings
+from deployments.schemas import SearchRequest
+
+
+def test_index_shorthand_is_the_default_collection():
+    cfg = AppConfig(index="indexes/demo")
+    assert list(cfg.resolved_collections()) == ["default"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({}, "no index to serve"),
+        ({"index": "a", "collections": {"x": {"index": "b"}}}, "not both"),
+        ({"collections": {"x": {"index": "b"}}, "default_collection": "y"}, "'y' is not one of ['x']"),
+        ({"index": "a", "shard_replicas": 0}, "greater than or equal to 1"),
+        ({"index": "a", "router": {"fusion": "borda"}}, "String should match pattern"),
+        ({"index": "a", "typo": 1}, "Extra inputs are not permitted"),
+    ],
+)
+def test_bad_app_configs_fail_before_anything_starts(args, message):
+    with pytest.raises(ValidationError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        AppConfig.model_validate(args)
+
+
+def test_collections_keep_their_versions():
+    cfg = AppConfig(collections={"a": CollectionConfig(index="x", version="v1")}, default_collection="a")
+    assert cfg.resolved_collections()["a"].version == "v1"
+    assert RouterSettings().rrf_k == 60 and RouterSettings().dense_weight == 0.7
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"query": ""}, "query"),
+        ({"query": " \t\n"}, "query"),
+        ({"query": "x" * 2001}, "query"),
+        ({"query": "x", "limit": 0}, "limit"),
+        ({"query": "x", "limit": 101}, "limit"),
+        ({"query": "x", "weights": {"dense": 0, "keyword": 0}}, "weights"),
+        ({"query": "x", "weights": {"dense": 1.5}}, "weights"),
+        ({"query": "x", "mmr_lambda": 2}, "mmr_lambda"),
+        ({"query": "x", "collections": ["a", "a"]}, "collections"),
+        ({"query": "x", "collections": []}, "collections"),
+        ({"query": "x", "unknown": 1}, "unknown"),
+    ],
+)
+def test_request_limits(body, field):
+    with pytest.raises(ValidationError) as e:
+        SearchRequest(**body)
+    assert e.value.errors()[0]["loc"][0] == field
+
+
+def test_request_defaults():
+    r = SearchRequest(query="  hello  ")
+    assert (r.method.value, r.limit, r.fusion, r.mmr_lambda, r.include_citations) == ("hybrid", 10, None, None, True)

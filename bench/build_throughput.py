@@ -14,31 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import subprocess
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("OPENAI_API_KEY", "unused")
-
-
-def machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "git_sha": sha,
-            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
+from bench.common import machine
 
 
 def bare_embedding(contents: list[str], encoder: str, sample: int, batch_size: int) -> dict:

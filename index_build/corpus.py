@@ -6,7 +6,6 @@ Parquet) and why, so the build can count and report them, or stop at the first o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+
+from .manifest import sha256_file
 
 
 class CorpusError(ValueError):
@@ -60,11 +61,7 @@ def resolve_corpus_file(path: Path) -> Path:
 
 def fingerprint(path: Path) -> str:
     """Content hash of the corpus file, so a resumed build notices a corpus that changed under it."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
 def _pick(record: dict[str, Any], names: tuple[str, ...]) -> tuple[str | None, Any]:

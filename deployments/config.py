@@ -25,6 +25,9 @@ class RouterSettings(BaseModel):
     candidate_cap: int = Field(1000, ge=1, description="... but never more than this.")
     deepen_when_flat: bool = Field(True, description="Ask for twice the candidates once when top scores are flat.")
     mmr_pool_factor: int = Field(4, ge=1, description="MMR picks from limit * this many fused candidates.")
+    rows_with_answers: int = Field(
+        20, ge=0, description="Shards send the texts of each leg's best min(limit, this) hits with their "
+        "answer, sparing a fetch round trip; 0 always fetches afterwards.")
     shard_timeout_s: float = Field(2.0, gt=0, description="Per-shard deadline; late shards count as not answered.")
     token_budget: int = Field(2000, ge=16, description="Default token budget of the assembled context.")
     history_turns: int = Field(2, ge=0, description="Recent user turns added to the query.")

@@ -44,7 +44,7 @@ class RequestError(ValueError):
 class ShardClient(Protocol):
     name: str
 
-    async def search(self, vector, text, k_dense: int, k_keyword: int, filters) -> ShardAnswer: ...
+    async def search(self, vector, text, k_dense: int, k_keyword: int, filters, rows_for_top: int = 0) -> ShardAnswer: ...
     async def fetch(self, chunk_ids: list[str]) -> list[dict]: ...
     async def vectors(self, chunk_ids: list[str]) -> np.ndarray: ...
 
@@ -128,14 +128,15 @@ class SearchPipeline:
         trace["effective_query"] = text
         return text
 
-    async def _fan_out(self, targets, vectors, text, k_dense, k_keyword, filters, timings):
+    async def _fan_out(self, targets, vectors, text, k_dense, k_keyword, filters, timings, rows_for_top):
         t = time.perf_counter()
         calls = []
         for c in targets:
             vector = vectors.get(c.name)
             for shard in c.shards:
                 calls.append((c, shard, asyncio.wait_for(
-                    shard.search(vector, text, k_dense, k_keyword, filters), self.settings.shard_timeout_s)))
+                    shard.search(vector, text, k_dense, k_keyword, filters, rows_for_top),
+                    self.settings.shard_timeout_s)))
         answers = await asyncio.gather(*(call for _, _, call in calls), return_exceptions=True)
         timings["retrieve"] = timings.get("retrieve", 0.0) + (time.perf_counter() - t) * 1000
         per_collection: dict[str, list[tuple[int, ShardAnswer]]] = {c.name: [] for c in targets}
@@ -195,22 +196,31 @@ class SearchPipeline:
             timings["embed"] = (time.perf_counter() - t) * 1000
 
         s = self.settings
-        depth = candidate_depth(req.limit, s.candidate_base, s.candidate_factor, s.candidate_cap)
+        hybrid = req.method is Method.hybrid
+        if hybrid or req.mmr_lambda is not None or len(targets) > 1:
+            # Fusion and MMR look past the final top-n: ask each leg for more candidates.
+            depth = candidate_depth(req.limit, s.candidate_base, s.candidate_factor, s.candidate_cap)
+            if req.mmr_lambda is not None:
+                depth = max(depth, min(req.limit * s.mmr_pool_factor, s.candidate_cap))
+        else:
+            depth = req.limit  # one leg, no reordering: each shard's top-limit merged is the exact top-limit
         k_dense = depth if req.method is not Method.keyword else 0
         k_keyword = depth if req.method is not Method.vector else 0
         fan_vectors = vectors if req.method is not Method.keyword else {}
+        rows_for_top = min(req.limit, s.rows_with_answers)
         per_collection, failed, asked = await self._fan_out(targets, fan_vectors, text, k_dense, k_keyword,
-                                                           req.filters, timings)
+                                                           req.filters, timings, rows_for_top)
 
         t = time.perf_counter()
         legs = {name: self._legs(name, answers, depth) for name, answers in per_collection.items()}
         fused_per = [self._fuse(req, *legs[c.name]) for c in targets]
         fused = fused_per[0] if len(fused_per) == 1 else rrf(fused_per, rrf_k=req.rrf_k or s.rrf_k)
         deepened = False
-        if s.deepen_when_flat and is_flat(fused) and depth < s.candidate_cap and len(fused) >= depth:
+        if hybrid and s.deepen_when_flat and is_flat(fused) and depth < s.candidate_cap and len(fused) >= depth:
             depth = min(2 * depth, s.candidate_cap)
             per_collection, failed, asked = await self._fan_out(
-                targets, fan_vectors, text, depth if k_dense else 0, depth if k_keyword else 0, req.filters, timings)
+                targets, fan_vectors, text, depth if k_dense else 0, depth if k_keyword else 0, req.filters, timings,
+                rows_for_top)
             legs = {name: self._legs(name, answers, depth) for name, answers in per_collection.items()}
             fused_per = [self._fuse(req, *legs[c.name]) for c in targets]
             fused = fused_per[0] if len(fused_per) == 1 else rrf(fused_per, rrf_k=req.rrf_k or s.rrf_k)
@@ -230,7 +240,9 @@ class SearchPipeline:
         top = final[: req.limit]
 
         t = time.perf_counter()
-        rows = await self._fetch(top, targets)
+        known = {f"{name}{SEP}{row['chunk_id']}": row | {"collection": name}
+                 for name, answers in per_collection.items() for _, a in answers for row in a.rows}
+        rows = await self._fetch(top, targets, known)
         timings["fetch"] = (time.perf_counter() - t) * 1000
         results = self._results(req, top, rows, legs)
 
@@ -280,14 +292,16 @@ class SearchPipeline:
                 out[i] = v
         return np.stack(out)
 
-    async def _fetch(self, hits: list[Hit], targets: list[Collection]) -> list[dict]:
+    async def _fetch(self, hits: list[Hit], targets: list[Collection], known: dict[str, dict]) -> list[dict]:
+        """Rows of the final hits: those the shards sent along, the rest fetched (one call per shard)."""
         by_name = {c.name: c for c in targets}
         groups: dict[tuple[str, int], list[str]] = {}
         for h in hits:
-            name, cid = h.chunk_id.split(SEP, 1)
-            groups.setdefault((name, h.shard), []).append(cid)
+            if h.chunk_id not in known:
+                name, cid = h.chunk_id.split(SEP, 1)
+                groups.setdefault((name, h.shard), []).append(cid)
         calls = [by_name[name].shards[shard].fetch(ids) for (name, shard), ids in groups.items()]
-        rows: dict[str, dict] = {}
+        rows: dict[str, dict] = dict(known)
         for (name, _), fetched in zip(groups, await asyncio.gather(*calls), strict=True):
             for row in fetched:
                 rows[f"{name}{SEP}{row['chunk_id']}"] = row | {"collection": name}

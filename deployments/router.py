@@ -47,8 +47,8 @@ class HandleShard:
     def __init__(self, name: str, handle):
         self.name, self.handle = name, handle
 
-    async def search(self, vector, text, k_dense, k_keyword, filters):
-        return await self.handle.search.remote(vector, text, k_dense, k_keyword, filters)
+    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0):
+        return await self.handle.search.remote(vector, text, k_dense, k_keyword, filters, rows_for_top)
 
     async def fetch(self, chunk_ids):
         return await self.handle.fetch.remote(chunk_ids)

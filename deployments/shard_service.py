@@ -29,6 +29,7 @@ class ShardAnswer:
     allowed: int | None = None  # rows passing the filter (None: no filter)
     filter_error: str | None = None
     took_ms: float = 0.0
+    rows: list[dict] = field(default_factory=list)  # chunk rows of the best hits, sent along to save a hop
 
 
 class ShardService:
@@ -59,7 +60,13 @@ class ShardService:
         k_dense: int,
         k_keyword: int,
         filters: dict[str, Any] | None = None,
+        rows_for_top: int = 0,
     ) -> ShardAnswer:
+        """Both legs' top hits; with ``rows_for_top``, the chunk rows of each leg's best few too.
+
+        The final results are nearly always among each shard's best ``limit`` hits of some leg, so
+        sending those rows along spares the router a second round trip to fetch texts.
+        """
         t0 = time.perf_counter()
         answer = ShardAnswer(self.name)
         allowed = None
@@ -75,6 +82,9 @@ class ShardService:
             answer.dense = [(h.chunk_id, h.score) for h in hits]
         if text and k_keyword > 0:
             answer.keyword = [(h.chunk_id, h.score) for h in self.searcher.bm25_search(text, k_keyword, allowed)]
+        if rows_for_top > 0:
+            best = dict.fromkeys(cid for cid, _ in answer.dense[:rows_for_top] + answer.keyword[:rows_for_top])
+            answer.rows = self.fetch(list(best))
         answer.took_ms = (time.perf_counter() - t0) * 1000
         return answer
 

@@ -160,3 +160,12 @@ def test_vectors_for_mmr_come_from_the_index(pipeline, local):
     ids = shard.service.searcher.chunks["chunk_id"].to_pylist()[:3]
     got = run(shard.vectors(ids))
     assert np.allclose(got, np.load(shard.service.searcher.folder / "embeddings.npy")[:3])
+
+
+def test_rows_sent_with_answers_equal_rows_fetched_afterwards(built):
+    fetched = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(rows_with_answers=0, cache_size=0))
+    along = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(rows_with_answers=20, cache_size=0))
+    for q in ("telescope galaxy", "bread oven", "violin"):
+        a = search(fetched, query=q, limit=15).results
+        b = search(along, query=q, limit=15).results
+        assert [r.model_dump() for r in a] == [r.model_dump() for r in b]

@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"machine": machine(), "dataset": args.dataset, "index": str(args.index), "request": body, "levels": []}
 
+    # The in-process baseline first, on a quiet machine (a stopping Ray cluster would still use CPU).
+    record["in_process"] = in_process(args.index, texts, body, n=min(300, len(texts)))
+    print(json.dumps(record["in_process"]), flush=True)
     with served(args.index, args.port, ["--no-cache"]) as base:
         with httpx.Client(timeout=60) as http:
             for i in range(args.warmup):
@@ -151,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
             level = load_level(base, texts, body, c, args.seconds)
             record["levels"].append(level)
             print(json.dumps(level), flush=True)
-    record["in_process"] = in_process(args.index, texts, body, n=min(300, len(texts)))
-    print(json.dumps(record["in_process"]), flush=True)
     best = min((lv for lv in record["levels"] if lv["server_cpu_s_per_query"]), key=lambda lv: lv["server_cpu_s_per_query"])
     record["cpu_ratio_http_vs_in_process"] = best["server_cpu_s_per_query"] / record["in_process"]["cpu_s_per_query"]
     out.write_text(json.dumps(record, indent=2))

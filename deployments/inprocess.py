@@ -11,12 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from index_build.bm25_stats import read_stats
 from index_build.encoders import load_encoder
-from index_build.versions import read_version_manifest, resolve_version_dir
 
 from .config import RouterSettings
-from .local_index import corpus_df_map
+from .local_index import open_version
 from .pipeline import Collection, SearchPipeline
 from .shard_service import ShardAnswer, ShardService
 
@@ -48,11 +46,7 @@ class InProcessEncoder:
 
 def open_collection(name: str, index: Path, version: str | None = None, threaded: bool = False,
                     verify_checksums: bool = True) -> Collection:
-    version_dir = resolve_version_dir(Path(index), version)
-    manifest = read_version_manifest(version_dir)
-    stats, terms = read_stats(version_dir / "bm25")
-    df = corpus_df_map(terms)
-    expect = {"encoder": manifest.encoder, "dimension": manifest.dimension}
+    version_dir, manifest, stats, df, expect = open_version(index, version)
     services = [ShardService(version_dir / "shards" / s, stats, df, expect, verify_checksums) for s in manifest.shards]
     fields: dict[str, str] = {}
     for s in services:

@@ -21,13 +21,18 @@ def corpus_df_map(terms) -> dict[str, int]:
     return dict(zip(terms["term"].to_pylist(), terms["df"].to_pylist(), strict=True))
 
 
+def open_version(path: Path, version: str | None = None):
+    """(version folder, its manifest, corpus BM25 stats, df per term, what every shard must match)."""
+    version_dir = resolve_version_dir(Path(path), version)
+    manifest = read_version_manifest(version_dir)
+    stats, terms = read_stats(version_dir / "bm25")
+    expect = {"encoder": manifest.encoder, "dimension": manifest.dimension}
+    return version_dir, manifest, stats, corpus_df_map(terms), expect
+
+
 class LocalIndex:
     def __init__(self, path: Path, version: str | None = None, verify_checksums: bool = True):
-        self.version_dir = resolve_version_dir(Path(path), version)
-        self.manifest = read_version_manifest(self.version_dir)
-        stats, terms = read_stats(self.version_dir / "bm25")
-        df = corpus_df_map(terms)
-        expect = {"encoder": self.manifest.encoder, "dimension": self.manifest.dimension}
+        self.version_dir, self.manifest, stats, df, expect = open_version(path, version)
         self.shards = [
             ShardSearcher(self.version_dir / "shards" / name, stats, df, expect, verify_checksums)
             for name in self.manifest.shards

@@ -140,6 +140,7 @@ class SearchPipeline:
         answers = await asyncio.gather(*(call for _, _, call in calls), return_exceptions=True)
         timings["retrieve"] = timings.get("retrieve", 0.0) + (time.perf_counter() - t) * 1000
         per_collection: dict[str, list[tuple[int, ShardAnswer]]] = {c.name: [] for c in targets}
+        shard_ms = timings.setdefault("_shards", {})
         failed = []
         for (c, shard, _), answer in zip(calls, answers, strict=True):
             if isinstance(answer, BaseException):
@@ -149,6 +150,7 @@ class SearchPipeline:
             if answer.filter_error:
                 raise RequestError(answer.filter_error, status=422)
             per_collection[c.name].append((c.shards.index(shard), answer))
+            shard_ms[f"{c.name}/{shard.name}"] = round(answer.took_ms, 3)
         return per_collection, failed, len(calls)
 
     @staticmethod
@@ -260,6 +262,7 @@ class SearchPipeline:
                 citation_payload = citations(passages)
             timings["assemble"] = (time.perf_counter() - t) * 1000
 
+        trace["shard_search_ms"] = timings.pop("_shards", {})
         timings["total"] = (time.perf_counter() - t_start) * 1000
         answered = asked - len(failed)
         response = SearchResponse(

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 
@@ -73,11 +72,3 @@ def read_stats(folder: Path) -> tuple[CollectionStats, pa.Table]:
     body = json.loads((folder / "stats.json").read_text())
     body.pop("avgdl", None)
     return CollectionStats(**body), pq.read_table(folder / "terms.parquet")
-
-
-def document_frequencies(terms: pa.Table, wanted: list[str]) -> dict[str, int]:
-    """df of each wanted term (0 when absent)."""
-    mask = pc.is_in(terms["term"], value_set=pa.array(wanted, pa.string()))
-    hit = terms.filter(mask)
-    found = dict(zip(hit["term"].to_pylist(), hit["df"].to_pylist(), strict=True))
-    return {t: int(found.get(t, 0)) for t in wanted}

@@ -102,6 +102,7 @@ def test_threshold_mmr_context_and_citations(pipeline):
     kept = search(pipeline, query="bread oven butter", method="keyword", limit=10, min_relevance_score=cut, debug=True)
     assert all(r.score >= cut for r in kept.results) and len(kept.results) == 4
     assert kept.debug["dropped_below_min_relevance_score"]
+    assert sorted(kept.debug["shard_search_ms"]) == ["main/shard-000", "main/shard-001", "main/shard-002"]
     same = search(pipeline, query="bread oven butter", limit=5, mmr_lambda=1.0)
     plain = search(pipeline, query="bread oven butter", limit=5)
     assert [r.chunk_id for r in same.results] == [r.chunk_id for r in plain.results]

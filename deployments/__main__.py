@@ -10,18 +10,24 @@ import time
 from pathlib import Path
 
 
-def show_example(base: str, query: str) -> None:
+def show_example(base: str, query: str, synthesize: bool = False) -> None:
     import json
 
     import httpx
 
-    body = {"query": query, "limit": 3}
-    r = httpx.post(f"{base}/search", json=body, timeout=60)
+    body = {"query": query, "limit": 3} | ({"synthesize": True} if synthesize else {})
+    r = httpx.post(f"{base}/search", json=body, timeout=300)
     print(f"\nPOST /search {json.dumps(body)} -> {r.status_code}")
     data = r.json()
     for hit in data.get("results", []):
         snippet = " ".join(hit["content"].split())[:80]
         print(f"  {hit['rank']}. {hit['score']:.4f}  {hit['doc_id']}  {snippet}")
+    if data.get("answer"):
+        a = data["answer"]
+        print(f"  answer ({a['model']}, {a['completion_tokens']} tokens in {a['ms'] / 1000:.1f} s): {a['text']}")
+        print(f"  citations {[(c['n'], c['doc_id']) for c in a['citations']]}")
+    for warning in data.get("warnings", []):
+        print(f"  warning: {warning}")
     print(f"  timings_ms {data.get('timings_ms')}  coverage {data.get('coverage')}\n", flush=True)
 
 
@@ -38,6 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-replicas", type=int, default=1)
     parser.add_argument("--no-verify", action="store_true", help="skip checking shard files against their checksums")
     parser.add_argument("--no-cache", action="store_true", help="answer every request afresh (for load tests)")
+    parser.add_argument("--reranker", metavar="MODEL",
+                        help="deploy a cross-encoder reranker (hub name or folder); requests are then reranked "
+                             "unless they say rerank: false")
+    parser.add_argument("--synthesis", action="store_true",
+                        help="deploy the answer writer (SmolLM2-135M on CPU unless --synthesis-model); "
+                             "requests ask for an answer with synthesize: true")
+    parser.add_argument("--synthesis-model", default="smollm2", help="instruct model for --synthesis")
+    parser.add_argument("--llm-rerank", action="store_true", help="with --synthesis: allow rerank_with: llm")
     parser.add_argument("--example", metavar="QUERY", help="once serving, send this query and print the answer")
     args = parser.parse_args(argv)
 
@@ -50,12 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     from index_build.manifest import IndexMismatch
 
     from .app import build_app
-    from .config import AppConfig, CollectionConfig, RouterSettings
+    from .config import AppConfig, CollectionConfig, RerankerConfig, RouterSettings, SynthesisConfig
 
     try:
         cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
                         shard_replicas=args.shard_replicas, verify_checksums=not args.no_verify,
-                        router=RouterSettings(cache_size=0) if args.no_cache else RouterSettings())
+                        router=RouterSettings(cache_size=0) if args.no_cache else RouterSettings(),
+                        # Logical CPUs: small reservations so everything fits on a 2-core machine; torch threads
+                        # are set separately.
+                        reranker=RerankerConfig(model=args.reranker, num_cpus=0.25, threads=os.cpu_count()),
+                        synthesis=SynthesisConfig(enabled=args.synthesis, model=args.synthesis_model,
+                                                  llm_rerank=args.llm_rerank, num_cpus=0.25,
+                                                  threads=os.cpu_count()))
         application = build_app(cfg)
     except (IndexMismatch, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -72,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  curl -s {base}/search -H 'content-type: application/json' -d '{{\"query\": \"how to parse arguments\", \"limit\": 3}}'",
           flush=True)
     if args.example:
-        show_example(base, args.example)
+        show_example(base, args.example, synthesize=args.synthesis)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:

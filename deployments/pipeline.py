@@ -1,4 +1,5 @@
-"""The request path, Ray-free: query -> fan-out -> fusion -> threshold -> MMR -> fetch -> context.
+"""The request path, Ray-free: query -> fan-out -> fusion -> rerank -> threshold -> MMR -> fetch ->
+context -> answer.
 
 The router deployment runs this with Serve handles as its shard and encoder clients; tests run it with
 in-process clients over the same shard services. Shards answer with ids and scores only; texts and
@@ -6,7 +7,11 @@ vectors are fetched for the few candidates that survive fusion.
 
 Scores in a response: ``scores.dense`` is cosine similarity, ``scores.keyword`` corpus-exact BM25,
 ``scores.fused`` the RRF or weighted score; ``score`` (the one ``min_relevance_score`` applies to) is the
-score of the method used: dense for ``vector``, BM25 for ``keyword``, fused for ``hybrid``.
+score of the method used: dense for ``vector``, BM25 for ``keyword``, fused for ``hybrid``, and the
+reranker's (in [0, 1]) whenever the results were reranked (``reranked: true``).
+
+Reranking and synthesis are optional stages behind clients: when one fails or is too slow the request
+still succeeds, with the earlier stage's output and a line in ``warnings``.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import hashlib
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,7 +32,18 @@ from .fusion import apply_threshold, candidate_depth, is_flat, min_max, rrf, wei
 from .hits import Hit, merge_top_k
 from .mmr import mmr
 from .query_text import expand_synonyms, expand_with_history, normalize_query
-from .schemas import Coverage, Fusion, Method, Result, SearchRequest, SearchResponse, StageScores
+from .reranking import passage_text
+from .schemas import (
+    Answer,
+    Coverage,
+    Fusion,
+    Method,
+    RerankWith,
+    Result,
+    SearchRequest,
+    SearchResponse,
+    StageScores,
+)
 from .shard_service import ShardAnswer
 
 SEP = "\x1f"  # collection SEP chunk_id: hits stay distinct across collections
@@ -53,6 +69,18 @@ class EncoderClient(Protocol):
     async def embed(self, text: str) -> np.ndarray: ...
 
 
+class RerankerClient(Protocol):
+    async def score(self, query: str, passages: list[str]) -> list[float]: ...
+
+
+class SynthesizerClient(Protocol):
+    llm_rerank: bool
+
+    async def answer(self, query: str, results: list[dict], max_new_tokens: int | None) -> dict: ...
+    def stream(self, query: str, results: list[dict], max_new_tokens: int | None) -> AsyncIterator[dict]: ...
+    async def relevance(self, query: str, passages: list[str]) -> list[float]: ...
+
+
 @dataclass
 class Collection:
     name: str
@@ -60,6 +88,11 @@ class Collection:
     shards: list[ShardClient]
     encoder: EncoderClient
     fields: dict[str, str] = field(default_factory=dict)
+    rerank: bool = True  # rerank by default (when a reranker is deployed)
+
+
+def failure(exc: BaseException) -> str:
+    return "timed out" if isinstance(exc, asyncio.TimeoutError | TimeoutError) else f"failed ({type(exc).__name__})"
 
 
 def redact(text: str) -> str:
@@ -87,10 +120,13 @@ class LRUCache:
 
 
 class SearchPipeline:
-    def __init__(self, collections: dict[str, Collection], default_collection: str, settings):
+    def __init__(self, collections: dict[str, Collection], default_collection: str, settings,
+                 reranker: RerankerClient | None = None, synthesizer: SynthesizerClient | None = None):
         self.collections = collections
         self.default_collection = default_collection
         self.settings = settings
+        self.reranker = reranker
+        self.synthesizer = synthesizer
         self.cache = LRUCache(settings.cache_size)
 
     def reconfigure(self, settings) -> None:
@@ -116,6 +152,33 @@ class SearchPipeline:
                 if condition is None:
                     raise RequestError(f"filter on {name!r} has no condition (null)", status=422)
         return targets
+
+    def _wants_rerank(self, req: SearchRequest, targets: list[Collection]) -> bool:
+        """Whether to rerank, refusing up front (400) what this service cannot do rather than ignoring it."""
+        llm = req.rerank_with is RerankWith.llm
+        if llm and req.rerank is not False and not (self.synthesizer and self.synthesizer.llm_rerank):
+            raise RequestError("rerank_with: llm is not enabled on this service "
+                               "(its config needs synthesis.enabled and synthesis.llm_rerank)")
+        if req.rerank and not llm and self.reranker is None:
+            raise RequestError("rerank: true, but this service deploys no reranker (set reranker.model in its config)")
+        if req.synthesize and self.synthesizer is None:
+            raise RequestError("synthesize: true, but synthesis is not enabled on this service "
+                               "(set synthesis.enabled: true in its config)")
+        if req.rerank is not None:
+            return req.rerank
+        return llm or (self.reranker is not None and all(c.rerank for c in targets))
+
+    async def _rerank(self, req: SearchRequest, text: str, pool: list[Hit], rows: list[dict]) -> list[Hit]:
+        passages = [passage_text(r["title"], r["text"]) for r in rows]
+        if req.rerank_with is RerankWith.llm:
+            scores = await self.synthesizer.relevance(text, passages)
+        else:
+            scores = await self.reranker.score(text, passages)
+        if len(scores) != len(pool):
+            raise ValueError(f"the reranker returned {len(scores)} scores for {len(pool)} passages")
+        # Ties keep the fused order (sorted is stable).
+        return sorted((Hit(h.chunk_id, float(sc), h.shard) for h, sc in zip(pool, scores, strict=True)),
+                      key=lambda h: -h.score)
 
     def _query_text(self, req: SearchRequest, trace: dict) -> str:
         text = normalize_query(req.query)
@@ -187,6 +250,8 @@ class SearchPipeline:
                                           "timings_ms": {"total": (time.perf_counter() - t_start) * 1000}})
         timings: dict[str, float] = {}
         trace: dict[str, Any] = {}
+        warnings: list[str] = []
+        rerank = self._wants_rerank(req, targets)
         text = self._query_text(req, trace)
 
         need_vector = req.method is not Method.keyword or req.mmr_lambda is not None
@@ -206,10 +271,14 @@ class SearchPipeline:
                 depth = max(depth, min(req.limit * s.mmr_pool_factor, s.candidate_cap))
         else:
             depth = req.limit  # one leg, no reordering: each shard's top-limit merged is the exact top-limit
+        rerank_depth = 0
+        if rerank:
+            rerank_depth = max(req.rerank_depth or s.rerank_depth, req.limit)
+            depth = max(depth, min(rerank_depth, s.candidate_cap))
         k_dense = depth if req.method is not Method.keyword else 0
         k_keyword = depth if req.method is not Method.vector else 0
         fan_vectors = vectors if req.method is not Method.keyword else {}
-        rows_for_top = min(req.limit, s.rows_with_answers)
+        rows_for_top = min(max(req.limit, rerank_depth), s.rows_with_answers)
         per_collection, failed, asked = await self._fan_out(targets, fan_vectors, text, k_dense, k_keyword,
                                                            req.filters, timings, rows_for_top)
 
@@ -227,8 +296,24 @@ class SearchPipeline:
             fused_per = [self._fuse(req, *legs[c.name]) for c in targets]
             fused = fused_per[0] if len(fused_per) == 1 else rrf(fused_per, rrf_k=req.rrf_k or s.rrf_k)
             deepened = True
-        kept, dropped = apply_threshold(fused, req.min_relevance_score)
         timings["fuse"] = (time.perf_counter() - t) * 1000
+
+        known = {f"{name}{SEP}{row['chunk_id']}": row | {"collection": name}
+                 for name, answers in per_collection.items() for _, a in answers for row in a.rows}
+        ranked, reranked = fused, False
+        if rerank and fused:
+            t = time.perf_counter()
+            pool = fused[:rerank_depth]
+            pool_rows = await self._fetch(pool, targets, known)
+            known.update((h.chunk_id, row) for h, row in zip(pool, pool_rows, strict=True))
+            try:
+                ranked = await asyncio.wait_for(self._rerank(req, text, pool, pool_rows), s.rerank_timeout_s)
+                reranked = True
+            except Exception as exc:  # the fused order stands; the request still succeeds
+                warnings.append(f"reranking {failure(exc)}: results are in fused order")
+            timings["rerank"] = (time.perf_counter() - t) * 1000
+            trace["rerank"] = {"depth": len(pool), "with": req.rerank_with.value, "applied": reranked}
+        kept, dropped = apply_threshold(ranked, req.min_relevance_score)
 
         final = kept
         if req.mmr_lambda is not None and kept:
@@ -242,11 +327,10 @@ class SearchPipeline:
         top = final[: req.limit]
 
         t = time.perf_counter()
-        known = {f"{name}{SEP}{row['chunk_id']}": row | {"collection": name}
-                 for name, answers in per_collection.items() for _, a in answers for row in a.rows}
         rows = await self._fetch(top, targets, known)
         timings["fetch"] = (time.perf_counter() - t) * 1000
-        results = self._results(req, top, rows, legs)
+        fused_scores = {h.chunk_id: h.score for h in fused} if hybrid else {}
+        results = self._results(top, rows, legs, fused_scores, reranked)
 
         context_payload = citation_payload = None
         if req.include_context or req.include_citations:
@@ -262,6 +346,12 @@ class SearchPipeline:
                 citation_payload = citations(passages)
             timings["assemble"] = (time.perf_counter() - t) * 1000
 
+        answer = None
+        if req.synthesize and not req.stream:
+            t = time.perf_counter()
+            answer = await self._answer(req, results, warnings)
+            timings["synthesize"] = (time.perf_counter() - t) * 1000
+
         trace["shard_search_ms"] = timings.pop("_shards", {})
         timings["total"] = (time.perf_counter() - t_start) * 1000
         answered = asked - len(failed)
@@ -276,11 +366,41 @@ class SearchPipeline:
             timings_ms={k: round(v, 3) for k, v in timings.items()},
             coverage=Coverage(shards_asked=asked, shards_answered=answered, ratio=answered / asked if asked else 0.0,
                               degraded=bool(failed), failed=failed),
-            debug=self._debug(trace, legs, fused, dropped, final, depth, deepened, req) if req.debug else None,
+            reranked=reranked,
+            answer=answer,
+            warnings=warnings,
+            debug=self._debug(trace, legs, fused, ranked if reranked else None, dropped, final, depth, deepened, req)
+            if req.debug else None,
         )
-        if not failed and not req.debug:
+        if not failed and not warnings and not req.debug and not req.stream:
             self.cache.put(key, response)
         return response
+
+    async def _answer(self, req: SearchRequest, results: list[Result], warnings: list[str]) -> Answer | None:
+        try:
+            answer = await asyncio.wait_for(
+                self.synthesizer.answer(req.query, [r.model_dump() for r in results], req.max_answer_tokens),
+                self.settings.synthesis_timeout_s)
+            return Answer.model_validate(answer)
+        except Exception as exc:
+            warnings.append(f"synthesis {failure(exc)}: no answer, results only")
+            return None
+
+    async def stream_answer(self, req: SearchRequest, response: SearchResponse) -> AsyncIterator[dict]:
+        """Events for ``stream: true``, after ``search`` answered (so a bad request is still a plain 4xx):
+        the search response, the answer's tokens, then the answer. A synthesis failure is an ``error``
+        event, since the status line has been sent by then."""
+        yield {"type": "results", **response.model_dump(mode="json", exclude_none=True)}
+        deadline = time.monotonic() + self.settings.synthesis_timeout_s
+        try:
+            events = self.synthesizer.stream(req.query, [r.model_dump() for r in response.results],
+                                             req.max_answer_tokens)
+            async for event in events:
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                yield event
+        except Exception as exc:
+            yield {"type": "error", "error": f"synthesis {failure(exc)}: no answer, results only"}
 
     async def _vectors(self, hits: list[Hit], targets: list[Collection]) -> np.ndarray:
         by_name = {c.name: c for c in targets}
@@ -311,7 +431,8 @@ class SearchPipeline:
         return [rows[h.chunk_id] for h in hits]
 
     @staticmethod
-    def _results(req: SearchRequest, top: list[Hit], rows: list[dict], legs) -> list[Result]:
+    def _results(top: list[Hit], rows: list[dict], legs, fused_scores: dict[str, float],
+                 reranked: bool) -> list[Result]:
         leg_scores = {}
         for dense, keyword in legs.values():
             for h in dense:
@@ -326,13 +447,13 @@ class SearchPipeline:
                 content=row["text"], title=row["title"], section=row["section"],
                 metadata=json.loads(row["metadata_json"]), score=hit.score,
                 scores=StageScores(dense=stage.get("dense"), keyword=stage.get("keyword"),
-                                   fused=hit.score if req.method is Method.hybrid else None),
+                                   fused=fused_scores.get(hit.chunk_id), reranked=hit.score if reranked else None),
                 char_start=row["char_start"], char_end=row["char_end"],
             ))
         return results
 
     @staticmethod
-    def _debug(trace, legs, fused, dropped, final, depth, deepened, req) -> dict:
+    def _debug(trace, legs, fused, reranked, dropped, final, depth, deepened, req) -> dict:
         def show(hits, n=50):
             return [{"chunk_id": h.chunk_id.split(SEP, 1)[1], "score": h.score} for h in hits[:n]]
 
@@ -341,6 +462,7 @@ class SearchPipeline:
             "deepened_because_flat": deepened,
             "legs": {name: {"dense": show(d), "keyword": show(k)} for name, (d, k) in legs.items()},
             "fused": show(fused),
+            "reranked": show(reranked) if reranked is not None else None,
             "dropped_below_min_relevance_score": show(dropped),
             "after_mmr": show(final) if req.mmr_lambda is not None else None,
             "query_tokens": len(trace.get("effective_query", "").split()),

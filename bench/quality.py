@@ -7,6 +7,12 @@ best chunk); ir_measures scores nDCG@10, R@100 and RR@10 (MRR@10). The reference
 ``LuceneSearcher`` BM25 (k1=0.9, b=0.4) over one unsharded index of the same title+text documents.
 
     python -m bench.quality --data ../shared/data --dataset scifact --index bench/out/indexes/scifact-4
+
+With ``--reranker MODEL`` the service also deploys that cross-encoder, and rows "hybrid rrf + rerank@D"
+rerank the best D fused candidates for each ``--rerank-depths`` D (those rows return D results, so their
+R@100 is not comparable); each row records the mean server-side rerank time per query. ``--reranker
+minilm-l6-arch`` serves ms-marco-MiniLM-L-6-v2's architecture with random weights: its latency is the real
+model's, its quality is meaningless.
 """
 
 from __future__ import annotations
@@ -39,9 +45,10 @@ def rank_run(scored: list[tuple[str, float]]) -> dict[str, float]:
 
 
 def run_config(base: str, queries: dict[str, str], body: dict, workers: int = 4):
-    """(run by rank, raw document scores per query, seconds, errors)."""
+    """(run by rank, raw document scores per query, seconds, errors, stage timings per query)."""
     errors = 0
     raw: dict[str, list[tuple[str, float]]] = {}
+    stage_ms: list[dict[str, float]] = []
 
     def one(item):
         nonlocal errors
@@ -52,6 +59,7 @@ def run_config(base: str, queries: dict[str, str], body: dict, workers: int = 4)
             errors += 1
             return qid, {}
         best: dict[str, float] = {}
+        stage_ms.append(r.json()["timings_ms"] | {"reranked": r.json().get("reranked", False)})
         for hit in r.json()["results"]:
             best.setdefault(hit["doc_id"], hit["score"])  # a document ranks at its best chunk
         raw[qid] = list(best.items())
@@ -60,7 +68,7 @@ def run_config(base: str, queries: dict[str, str], body: dict, workers: int = 4)
     t = time.perf_counter()
     with ThreadPoolExecutor(workers) as pool:
         run = dict(pool.map(one, queries.items()))
-    return run, raw, time.perf_counter() - t, errors
+    return run, raw, time.perf_counter() - t, errors, stage_ms
 
 
 def pyserini_reference(corpus: Path, queries: dict[str, str], work: Path) -> dict:
@@ -97,9 +105,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=18400)
     parser.add_argument("--split", default="test")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--reranker", help="deploy this cross-encoder (or minilm-l6-arch) and add rerank rows")
+    parser.add_argument("--rerank-depths", type=int, nargs="+", default=[20, 40, 100])
+    parser.add_argument("--max-queries", type=int, help="the first N queries only (for slow rerank runs)")
+    parser.add_argument("--only-rerank", action="store_true", help="skip the rows without reranking")
     args = parser.parse_args(argv)
     folder = args.data / args.dataset
     queries, qrels = load_beir(folder, args.split)
+    if args.max_queries:
+        queries = dict(list(queries.items())[: args.max_queries])
+        qrels = {q: qrels[q] for q in queries}
+    extra = ["--no-cache"]
+    reranker = args.reranker
+    if reranker == "minilm-l6-arch":
+        from bench.reranker_throughput import build_minilm_arch
+
+        reranker = build_minilm_arch(None)
+    if reranker:
+        extra += ["--reranker", reranker, "--rerank-timeout-s", "600"]  # measure it, never fall back
     out = args.out or Path(f"bench/out/quality_{args.dataset}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -111,10 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     print(record["rows"][-1], flush=True)
 
     def measure(base: str) -> None:
-        for name, body in CONFIGS.items():
+        for name, body in ({} if args.only_rerank else CONFIGS).items():
             for mmr in (None, MMR_LAMBDA):
-                full = body | ({"mmr_lambda": mmr} if mmr is not None else {})
-                run, raw, seconds, errors = run_config(base, queries, full)
+                full = body | {"rerank": False} | ({"mmr_lambda": mmr} if mmr is not None else {})
+                run, raw, seconds, errors, _ = run_config(base, queries, full)
                 row = {"config": name + (f" + MMR {mmr}" if mmr is not None else ""), "request": full,
                        "seconds": seconds, "errors": errors} | evaluate(qrels, run)
                 if name == "keyword" and mmr is None:  # must equal the reference row: check it score by score
@@ -122,11 +145,21 @@ def main(argv: list[str] | None = None) -> int:
                     row["max_abs_top10_score_diff_vs_pyserini"] = max(diffs) if diffs else None
                 record["rows"].append(row)
                 print({k: v for k, v in row.items() if k != "request"}, flush=True)
+        for depth in args.rerank_depths if args.reranker else []:
+            full = {"method": "hybrid", "fusion": "rrf", "rerank": True, "rerank_depth": depth, "limit": depth}
+            run, raw, seconds, errors, stage_ms = run_config(base, queries, full, workers=1)
+            rerank_ms = [t["rerank"] for t in stage_ms if "rerank" in t]
+            row = {"config": f"hybrid rrf + rerank@{depth} ({args.reranker})", "request": full, "seconds": seconds,
+                   "errors": errors, "mean_rerank_ms": sum(rerank_ms) / max(len(rerank_ms), 1),
+                   "mean_total_ms": sum(t["total"] for t in stage_ms) / max(len(stage_ms), 1),
+                   "reranked_responses": sum(t["reranked"] for t in stage_ms)} | evaluate(qrels, run)
+            record["rows"].append(row)
+            print({k: v for k, v in row.items() if k != "request"}, flush=True)
 
     if args.url:
         measure(args.url)
     else:
-        with served(args.index, args.port, ["--no-cache"]) as base:
+        with served(args.index, args.port, extra) as base:
             measure(base)
     out.write_text(json.dumps(record, indent=2))
     print(f"\n{args.dataset} {args.split} ({len(queries)} queries), {record['machine']['date']}, "

@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
                              "requests ask for an answer with synthesize: true")
     parser.add_argument("--synthesis-model", default="smollm2", help="instruct model for --synthesis")
     parser.add_argument("--llm-rerank", action="store_true", help="with --synthesis: allow rerank_with: llm")
+    parser.add_argument("--rerank-timeout-s", type=float, default=5.0,
+                        help="past this the fused order is returned (reranked: false); a MiniLM-L6 cross-encoder "
+                             "takes about 5 s for 40 candidates on 2 CPU cores")
     parser.add_argument("--example", metavar="QUERY", help="once serving, send this query and print the answer")
     args = parser.parse_args(argv)
 
@@ -69,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
                         shard_replicas=args.shard_replicas, verify_checksums=not args.no_verify,
-                        router=RouterSettings(cache_size=0) if args.no_cache else RouterSettings(),
+                        router=RouterSettings(cache_size=0 if args.no_cache else 1024,
+                                              rerank_timeout_s=args.rerank_timeout_s),
                         # Logical CPUs: small reservations so everything fits on a 2-core machine; torch threads
                         # are set separately.
                         reranker=RerankerConfig(model=args.reranker, num_cpus=0.25, threads=os.cpu_count()),

@@ -208,11 +208,22 @@ class Answer:
     ms: float  # wall time of generation
 
 
+ECHOED_SOURCE = re.compile(r"</?\s*source\b|&lt;/?\s*source\b", re.IGNORECASE)
+
+
+def cut_echoed_sources(raw: str) -> str:
+    """A small model sometimes goes on to write source blocks of its own, copying the prompt's format:
+    everything from the first such tag on is not answer (seen with SmolLM2-135M in the demo)."""
+    match = ECHOED_SOURCE.search(raw)
+    return raw[: match.start()].rstrip() if match else raw
+
+
 def make_answer(raw: str, sources: Sequence[Source], model: str, prompt_tokens: int, completion_tokens: int,
                 ms: float) -> Answer:
-    """The checked answer for a model's raw reply: invalid citations removed, valid ones resolved to sources."""
+    """The checked answer for a model's raw reply: echoed source blocks cut, invalid citations removed,
+    valid ones resolved to sources."""
     by_n = {s.n: s for s in sources}
-    text, cited, removed = parse_citations(raw, set(by_n))
+    text, cited, removed = parse_citations(cut_echoed_sources(raw), set(by_n))
     citations = [{"n": n, "chunk_id": by_n[n].chunk_id, "doc_id": by_n[n].doc_id, "title": by_n[n].title}
                  for n in cited]
     return Answer(text, citations, removed, model, prompt_tokens, completion_tokens, ms)
@@ -274,6 +285,8 @@ class Synthesizer:
                 if piece:
                     pieces.append(piece)
                     yield {"type": "token", "text": piece}
+                    if ECHOED_SOURCE.search("".join(pieces[-8:])):
+                        break  # the model has started writing source blocks: the answer is over
         finally:
             close = getattr(stream, "close", None)
             if close is not None:

@@ -19,6 +19,10 @@ def test_index_shorthand_is_the_default_collection():
         ({"index": "a", "shard_replicas": 0}, "greater than or equal to 1"),
         ({"index": "a", "router": {"fusion": "borda"}}, "String should match pattern"),
         ({"index": "a", "typo": 1}, "Extra inputs are not permitted"),
+        ({"index": "a", "reranker": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}, "min_replicas 3 >"),
+        ({"index": "a", "reranker": {"dtype": "int4"}}, "String should match pattern"),
+        ({"index": "a", "synthesis": {"engine": "llama"}}, "String should match pattern"),
+        ({"index": "a", "router": {"rerank_timeout_s": 0}}, "greater than 0"),
     ],
 )
 def test_bad_app_configs_fail_before_anything_starts(args, message):
@@ -46,6 +50,9 @@ def test_collections_keep_their_versions():
         ({"query": "x", "collections": ["a", "a"]}, "collections"),
         ({"query": "x", "collections": []}, "collections"),
         ({"query": "x", "unknown": 1}, "unknown"),
+        ({"query": "x", "rerank_depth": 201}, "rerank_depth"),
+        ({"query": "x", "rerank_with": "coin"}, "rerank_with"),
+        ({"query": "x", "max_answer_tokens": 0}, "max_answer_tokens"),
     ],
 )
 def test_request_limits(body, field):
@@ -57,3 +64,31 @@ def test_request_limits(body, field):
 def test_request_defaults():
     r = SearchRequest(query="  hello  ")
     assert (r.method.value, r.limit, r.fusion, r.mmr_lambda, r.include_citations) == ("hybrid", 10, None, None, True)
+
+
+def test_serve_config_yaml_is_a_valid_app_config():
+    from pathlib import Path
+
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).parents[2] / "serve_config.yaml").read_text())
+    cfg = AppConfig.model_validate(spec["applications"][0]["args"])
+    assert cfg.synthesis.enabled and cfg.reranker.model is None  # the demo: answers on, no reranker to deploy
+    assert cfg.reranker.autoscaling.max_replicas >= cfg.reranker.autoscaling.min_replicas
+
+
+def test_stages_of_a_request_default_off():
+    r = SearchRequest(query="x")
+    assert (r.rerank, r.rerank_depth, r.rerank_with.value, r.synthesize, r.stream) == (
+        None, None, "cross_encoder", False, False)
+    with pytest.raises(ValidationError, match="set synthesize: true"):
+        SearchRequest(query="x", stream=True)
+
+
+def test_offline_model_names_are_checked_before_start(monkeypatch, tmp_path):
+    from deployments.app import check_model_available
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    check_model_available(str(tmp_path), "reranker.model")  # a folder is fine
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE=1 forbids downloading"):
+        check_model_available("someone/no-such-reranker", "reranker.model")

@@ -347,3 +347,15 @@ def test_smollm2_relevance_is_a_probability_per_passage_and_batch_free(smollm2):
     assert len(scores) == len(passages) and all(isinstance(s, float) and 0 <= s <= 1 for s in scores)
     one_by_one = [synthesizer.relevance("What is BM25?", [p])[0] for p in passages]
     assert scores == pytest.approx(one_by_one, abs=1e-4)
+
+
+def test_echoed_source_blocks_are_cut_from_the_answer():
+    from deployments.synthesis import cut_echoed_sources
+
+    raw = 'getopt parses options [1].\n<source id="4" title="getopt">\nParser for command line options.'
+    assert cut_echoed_sources(raw) == "getopt parses options [1]."
+    assert cut_echoed_sources("no tags here [2]") == "no tags here [2]"
+    assert cut_echoed_sources("x &lt;/source&gt; y") == "x"
+    sources = [Source(1, "c1", "d1", "t1", "text")]
+    answer = synthesis.make_answer(raw, sources, "m", 10, 5, 1.0)
+    assert answer.text == "getopt parses options [1]." and [c["n"] for c in answer.citations] == [1]

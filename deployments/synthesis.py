@@ -418,8 +418,10 @@ class TransformersEngine:
     def _generate_kwargs(self, enc: dict[str, Any], max_new_tokens: int) -> dict[str, Any]:
         # temperature/top_p set to None: a model's generation_config may carry sampling defaults that would
         # otherwise warn next to do_sample=False.
+        # stop_strings: a reply that starts writing source blocks of its own is over (see cut_echoed_sources).
         return {**enc, "max_new_tokens": max_new_tokens, "do_sample": False, "temperature": None, "top_p": None,
-                "top_k": None, "pad_token_id": self.tokenizer.pad_token_id}
+                "top_k": None, "pad_token_id": self.tokenizer.pad_token_id, "stop_strings": ["<source", "</source"],
+                "tokenizer": self.tokenizer}
 
     def generate(self, messages: list[dict], max_new_tokens: int) -> tuple[str, int, int]:
         enc = self._encode(messages)

@@ -98,5 +98,6 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
         name="router",
         num_replicas=cfg.router_replicas,
         ray_actor_options={"num_cpus": cfg.router_num_cpus},
+        max_queued_requests=cfg.router_max_queued_requests,
         user_config=cfg.router.model_dump(mode="json"),
-    ).bind(collections, default, reranker, synthesis, cfg.synthesis.llm_rerank)
+    ).bind(collections, default, reranker, synthesis, cfg.synthesis.llm_rerank, cfg.security.model_dump(mode="json"))

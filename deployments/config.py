@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class RouterSettings(BaseModel):
@@ -125,6 +125,31 @@ class SynthesisConfig(BaseModel):
     replicas: int = Field(1, ge=1)
 
 
+class SecurityConfig(BaseModel):
+    """The router's front door: optional API keys, body size, and load shedding per router replica."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    api_key_digests: list[str] = Field(
+        default_factory=list, description="SHA-256 hex digests of the accepted API keys (python -m deployments.keys "
+        "new prints a key and its digest); empty and no api_keys_env: keys off.")
+    api_keys_env: str | None = Field(
+        None, description="Name of an environment variable holding comma-separated keys, read when a replica starts.")
+    max_body_bytes: int = Field(65_536, ge=1024, description="Larger request bodies get a 413.")
+    max_inflight: int = Field(64, ge=1, description="Requests one router replica works on at once; more get a 503 "
+                              "with Retry-After rather than a queue that makes everyone slow.")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After of a 503.")
+
+    @field_validator("api_key_digests")
+    @classmethod
+    def _hex_digests(cls, v: list[str]) -> list[str]:
+        for d in v:
+            if len(d) != 64 or any(c not in "0123456789abcdef" for c in d):
+                raise ValueError("api_key_digests holds SHA-256 hex digests (64 lowercase hex characters), "
+                                 "not keys: python -m deployments.keys new")
+        return v
+
+
 class AppConfig(BaseModel):
     """Everything the app builder needs; ``index`` is shorthand for one collection named ``default``."""
 
@@ -143,6 +168,9 @@ class AppConfig(BaseModel):
     encoder_batch_wait_s: float = Field(0.003, ge=0, description="How long a batch waits to fill.")
     router_replicas: int = Field(1, ge=1)
     router_num_cpus: float = Field(0.25, gt=0)
+    router_max_queued_requests: int = Field(
+        512, ge=-1, description="Requests waiting for a router replica before Serve's proxy answers 503 (-1: no limit).")
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
     verify_checksums: bool = Field(True, description="Check every shard file against its manifest at start.")
     lucene_heap: str = Field("512m", pattern=r"^\d+[mMgG]$", description="JVM heap per shard replica.")
     router: RouterSettings = Field(default_factory=RouterSettings)

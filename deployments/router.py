@@ -19,7 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
-from .config import RouterSettings
+from .config import RouterSettings, SecurityConfig
+from .guard import Guard, key_digest
 from .pipeline import Collection, RequestError, SearchPipeline, failure, redact
 from .schemas import HealthResponse, SearchRequest, SearchResponse, ShardHealth
 
@@ -30,6 +31,46 @@ app = FastAPI(
     version="0.1.0",
     description="Hybrid (dense + BM25) retrieval over sharded indexes, fused, diversified and assembled.",
 )
+
+
+# One router replica per process: the middleware reads the guard its replica configured.
+_guard = Guard()
+
+
+def _refuse(refusal) -> JSONResponse:
+    return JSONResponse(status_code=refusal.status, content={"error": refusal.message}, headers=refusal.headers)
+
+
+@app.middleware("http")
+async def _front_door(request: Request, call_next):
+    refusal = _guard.check(request.method, request.url.path, request.headers)
+    if refusal is not None:
+        return _refuse(refusal)
+    if request.url.path != "/search":
+        return await call_next(request)
+    refusal = _guard.admit()
+    if refusal is not None:
+        return _refuse(refusal)
+    try:
+        return await call_next(request)
+    finally:
+        _guard.release()
+
+
+def configure_guard(security: SecurityConfig) -> Guard:
+    import os
+
+    digests = set(security.api_key_digests)
+    if security.api_keys_env:
+        keys = [k.strip() for k in os.environ.get(security.api_keys_env, "").split(",") if k.strip()]
+        if not keys and not digests:
+            raise ValueError(f"security.api_keys_env names {security.api_keys_env!r}, which holds no keys here")
+        digests |= {key_digest(k) for k in keys}
+    _guard.key_digests = frozenset(digests)
+    _guard.max_body_bytes = security.max_body_bytes
+    _guard.max_inflight = security.max_inflight
+    _guard.retry_after_s = security.retry_after_s
+    return _guard
 
 
 @app.exception_handler(RequestValidationError)
@@ -126,8 +167,9 @@ class _Metrics:
 @serve.ingress(app)
 class SearchRouter:
     def __init__(self, collections: dict[str, dict[str, Any]], default_collection: str, reranker=None,
-                 synthesis=None, llm_rerank: bool = False, settings: dict | None = None):
+                 synthesis=None, llm_rerank: bool = False, security: dict | None = None, settings: dict | None = None):
         self.settings = RouterSettings(**(settings or {}))
+        self.guard = configure_guard(SecurityConfig.model_validate(security or {}))
         self.stage_handles = {"reranker": reranker, "synthesis": synthesis}
         self.pipeline = SearchPipeline(
             {

@@ -57,6 +57,7 @@ def test_search_over_http_equals_the_cores(served):
         ({"query": "x", "synthesize": True}, 400, "synthesis is not enabled"),
         ({"query": "x", "stream": True}, 422, "set synthesize: true"),
         ({"query": "x", "rerank_depth": 0}, 422, "rerank_depth"),
+        ({"query": "x", "conversation_history": ["y" * 2000] * 40}, 413, "the limit is 65536"),
     ],
 )
 def test_bad_requests_get_a_4xx_with_the_reason(served, payload, status, needle):

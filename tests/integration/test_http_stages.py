@@ -1,5 +1,6 @@
 """The optional stages served for real: a cross-encoder reranker (tiny, random) and the synthesis
-deployment (SmolLM2-135M on CPU), in one Serve application spoken to over HTTP."""
+deployment (SmolLM2-135M on CPU), in one Serve application spoken to over HTTP, with API keys on and a
+small in-flight limit (the front door's checks, through the real proxy and router)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ import time
 import httpx
 import pytest
 
+from deployments.guard import new_key
+
 PORT = 18232
+KEY, DIGEST = new_key()
+AUTH = {"Authorization": f"Bearer {KEY}"}
 QUERIES = ["telescope galaxy", "bread oven butter", "boat wind anchor", "piano chord", "lucene shard",
            "comet nebula", "dough recipe", "violin concert"]
 
@@ -32,9 +37,10 @@ def served(built, ray_local, tiny_cross_encoder):
                      "batching": {"batch_wait_s": 0.05, "max_batch_pairs": 512},
                      "autoscaling": {"min_replicas": 1, "max_replicas": 1}},
         "synthesis": {"enabled": True, "num_cpus": 0.1, "threads": 2, "max_new_tokens": 40, "llm_rerank": True},
+        "security": {"api_key_digests": [DIGEST], "max_inflight": 8, "max_body_bytes": 4096, "retry_after_s": 2},
     })
     serve.run(app, name="stages", route_prefix="/", blocking=False)
-    with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=300) as client:
+    with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=300, headers=AUTH) as client:
         yield client, summary
     serve.delete("stages")
 
@@ -52,7 +58,7 @@ def test_reranked_over_http_and_batched_equals_one_at_a_time(served):
     assert all(r["reranked"] and not r["warnings"] for r in alone.values())
 
     async def together():
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{PORT}", timeout=300) as c:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{PORT}", timeout=300, headers=AUTH) as c:
             return await asyncio.gather(*(c.post("/search", json={"query": q, "limit": 5}) for q in QUERIES))
 
     for q, r in zip(QUERIES, asyncio.run(together()), strict=True):
@@ -125,3 +131,27 @@ def test_llm_rerank_behind_its_flag(served):
     assert body["reranked"], body.get("warnings")
     scores = [x["scores"]["reranked"] for x in body["results"]]
     assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+
+
+def test_keys_size_and_overload_at_the_front_door(served):
+    client, _ = served
+    base = f"http://127.0.0.1:{PORT}"
+    assert httpx.post(f"{base}/search", json={"query": "comet"}).status_code == 401
+    wrong = httpx.post(f"{base}/search", json={"query": "comet"}, headers={"X-API-Key": "rsk_wrong"})
+    assert wrong.status_code == 401 and wrong.json() == {"error": "this API key is not valid"}
+    assert httpx.get(f"{base}/health").status_code == 200  # probes need no key
+    big = client.post("/search", json={"query": "comet", "conversation_history": ["tide " * 100] * 10})
+    assert big.status_code == 413 and "the limit is 4096" in big.json()["error"]
+
+    async def flood():
+        async with httpx.AsyncClient(base_url=base, timeout=300, headers=AUTH) as c:
+            return await asyncio.gather(*(c.post("/search", json={
+                "query": f"{q} {i}", "limit": 2, "synthesize": True, "max_answer_tokens": 4})
+                for i, q in enumerate(QUERIES * 3)))
+
+    answers = asyncio.run(flood())
+    statuses = [r.status_code for r in answers]
+    assert set(statuses) <= {200, 503} and statuses.count(200) >= 1 and statuses.count(503) >= 1, statuses
+    shed = next(r for r in answers if r.status_code == 503)
+    assert shed.headers["retry-after"] == "2" and "overloaded" in shed.json()["error"]
+    assert client.post("/search", json={"query": "comet", "limit": 2}).status_code == 200  # and it recovers

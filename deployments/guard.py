@@ -1,0 +1,83 @@
+"""The front door, Ray-free: API keys, request size, and how many requests a router replica takes on.
+
+Checked before a request body is read or parsed, so a caller without a key, with an oversized body,
+or arriving when the replica is full costs almost nothing and gets a clear 401, 411, 413 or 503 (with
+``Retry-After``) instead of queuing until everything is slow. Keys are stored as SHA-256 digests: a
+configuration file never holds a usable key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass, field
+
+OPEN_PATHS = frozenset({"/health", "/docs", "/openapi.json", "/redoc", "/docs/oauth2-redirect"})
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> tuple[str, str]:
+    """(key to hand to a caller, digest to put in the configuration)."""
+    key = "rsk_" + secrets.token_urlsafe(24)
+    return key, key_digest(key)
+
+
+@dataclass
+class Refusal:
+    status: int
+    message: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Guard:
+    key_digests: frozenset[str] = frozenset()
+    max_body_bytes: int = 65_536
+    max_inflight: int = 64
+    retry_after_s: int = 1
+    inflight: int = 0
+
+    @property
+    def keys_on(self) -> bool:
+        return bool(self.key_digests)
+
+    def presented_key(self, headers) -> str | None:
+        auth = headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        return headers.get("x-api-key")
+
+    def check(self, method: str, path: str, headers) -> Refusal | None:
+        """Why this request is refused before its body is read, or None."""
+        if self.keys_on and path not in OPEN_PATHS:
+            key = self.presented_key(headers)
+            if not key:
+                return Refusal(401, "an API key is required: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
+                               {"WWW-Authenticate": "Bearer"})
+            digest = key_digest(key)
+            if not any(hmac.compare_digest(digest, d) for d in self.key_digests):
+                return Refusal(401, "this API key is not valid", {"WWW-Authenticate": "Bearer"})
+        if method in ("POST", "PUT", "PATCH"):
+            length = headers.get("content-length")
+            if length is None:
+                return Refusal(411, "send the body with a Content-Length header (chunked bodies are not accepted)")
+            if not length.isdigit():
+                return Refusal(400, "Content-Length is not a number")
+            if int(length) > self.max_body_bytes:
+                return Refusal(413, f"the body is {int(length)} bytes; the limit is {self.max_body_bytes}")
+        return None
+
+    def admit(self) -> Refusal | None:
+        """Take one request on, or refuse it (503) when ``max_inflight`` are already in progress."""
+        if self.inflight >= self.max_inflight:
+            return Refusal(503, f"overloaded: {self.inflight} requests in progress on this replica; retry shortly",
+                           {"Retry-After": str(self.retry_after_s)})
+        self.inflight += 1
+        return None
+
+    def release(self) -> None:
+        self.inflight = max(0, self.inflight - 1)

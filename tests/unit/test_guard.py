@@ -1,0 +1,76 @@
+"""The front door: keys, body size and load shedding, decided from the method, path and headers."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from deployments.config import SecurityConfig
+from deployments.guard import Guard, key_digest, new_key
+from deployments.keys import main as keys_main
+
+
+def headers(**kw) -> dict[str, str]:
+    return {k.replace("_", "-"): v for k, v in kw.items()}
+
+
+def test_keys_off_lets_everyone_in():
+    assert Guard().check("POST", "/search", headers(content_length="10")) is None
+
+
+def test_keys_on():
+    key, digest = new_key()
+    guard = Guard(key_digests=frozenset({digest}))
+    ok = headers(content_length="10")
+    assert guard.check("POST", "/search", ok | {"authorization": f"Bearer {key}"}) is None
+    assert guard.check("POST", "/search", ok | {"x-api-key": key}) is None
+    missing = guard.check("POST", "/search", ok)
+    assert missing.status == 401 and "API key is required" in missing.message
+    assert missing.headers == {"WWW-Authenticate": "Bearer"}
+    assert guard.check("POST", "/search", ok | {"x-api-key": key + "x"}).message == "this API key is not valid"
+    for path in ("/health", "/docs", "/openapi.json"):
+        assert guard.check("GET", path, {}) is None  # probes and docs stay open
+
+
+def test_body_size_is_checked_before_reading_it():
+    guard = Guard(max_body_bytes=2048)
+    assert guard.check("POST", "/search", headers(content_length="2048")) is None
+    assert guard.check("POST", "/search", headers(content_length="2049")).status == 413
+    assert guard.check("POST", "/search", {}).status == 411
+    assert guard.check("POST", "/search", headers(content_length="12a")).status == 400
+    assert guard.check("GET", "/health", {}) is None
+
+
+def test_overload_is_shed_with_retry_after():
+    guard = Guard(max_inflight=2, retry_after_s=3)
+    assert guard.admit() is None and guard.admit() is None
+    refused = guard.admit()
+    assert refused.status == 503 and refused.headers == {"Retry-After": "3"} and guard.inflight == 2
+    guard.release()
+    assert guard.admit() is None
+    guard.release(), guard.release(), guard.release()
+    assert guard.inflight == 0
+
+
+def test_configuration_holds_digests_not_keys(capsys):
+    key, digest = new_key()
+    assert SecurityConfig(api_key_digests=[digest]).api_key_digests == [digest]
+    with pytest.raises(ValidationError, match="not keys"):
+        SecurityConfig(api_key_digests=[key])
+    keys_main(["digest", key])
+    assert capsys.readouterr().out.strip() == key_digest(key) == digest
+    keys_main(["new"])
+    out = capsys.readouterr().out.split()
+    assert out[0] == "key:" and key_digest(out[1]) == out[3]
+
+
+def test_router_guard_reads_keys_from_the_environment(monkeypatch):
+    from deployments.router import configure_guard
+
+    monkeypatch.setenv("RS_KEYS", "alpha, beta")
+    guard = configure_guard(SecurityConfig(api_keys_env="RS_KEYS", max_inflight=5))
+    assert guard.key_digests == {key_digest("alpha"), key_digest("beta")} and guard.max_inflight == 5
+    monkeypatch.setenv("RS_KEYS", "")
+    with pytest.raises(ValueError, match="holds no keys"):
+        configure_guard(SecurityConfig(api_keys_env="RS_KEYS"))
+    configure_guard(SecurityConfig())  # back to keys off for whatever runs next in this process

@@ -84,18 +84,33 @@ async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
     return JSONResponse(status_code=exc.status, content={"error": str(exc)})
 
 
+async def call_with_retry(method, *args, attempts: int = 5, pause_s: float = 0.05):
+    """A call through a Serve handle, sent again when the replica it went to died or is unreachable:
+    Serve's router drops that replica and picks a live one. Shard calls only read, so a second try
+    is safe. The caller's deadline (``asyncio.wait_for``) still bounds the whole."""
+    from ray.exceptions import RayActorError
+
+    for attempt in range(attempts):
+        try:
+            return await method.remote(*args)
+        except RayActorError:
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(pause_s * 2**attempt)  # until Serve has taken the dead replica out
+
+
 class HandleShard:
     def __init__(self, name: str, handle):
         self.name, self.handle = name, handle
 
     async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0):
-        return await self.handle.search.remote(vector, text, k_dense, k_keyword, filters, rows_for_top)
+        return await call_with_retry(self.handle.search, vector, text, k_dense, k_keyword, filters, rows_for_top)
 
     async def fetch(self, chunk_ids):
-        return await self.handle.fetch.remote(chunk_ids)
+        return await call_with_retry(self.handle.fetch, chunk_ids)
 
     async def vectors(self, chunk_ids):
-        return await self.handle.vectors.remote(chunk_ids)
+        return await call_with_retry(self.handle.vectors, chunk_ids)
 
     async def info(self):
         return await self.handle.info.remote()

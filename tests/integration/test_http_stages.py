@@ -31,6 +31,7 @@ def served(built, ray_local, tiny_cross_encoder):
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     app = build_app({
         "index": str(summary.version_dir),
+        "shard_replicas": 2, "shard_num_cpus": 0.1,
         "router": {"shard_timeout_s": 10, "cache_size": 0, "rerank_timeout_s": 5, "rerank_depth": 20},
         # Logical CPUs small enough for a 2-CPU test Ray; 50 ms of batch wait so concurrent requests meet.
         "reranker": {"model": str(tiny_cross_encoder), "num_cpus": 0.1,
@@ -155,3 +156,38 @@ def test_keys_size_and_overload_at_the_front_door(served):
     shed = next(r for r in answers if r.status_code == 503)
     assert shed.headers["retry-after"] == "2" and "overloaded" in shed.json()["error"]
     assert client.post("/search", json={"query": "comet", "limit": 2}).status_code == 200  # and it recovers
+
+
+def test_a_shard_replica_killed_under_load_costs_no_request(served):
+    import threading
+
+    import ray
+
+    client, _ = served
+    victims = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "#default-shard-000#" in a["name"]]
+    assert len(victims) == 2  # two replicas of that shard
+    answers, stop = [], threading.Event()
+
+    def load():
+        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60, headers=AUTH) as c:
+            i = 0
+            while not stop.is_set():
+                r = c.post("/search", json={"query": f"{QUERIES[i % len(QUERIES)]} {i}", "limit": 3, "rerank": False})
+                answers.append((r.status_code, r.json().get("coverage")))
+                i += 1
+
+    workers = [threading.Thread(target=load) for _ in range(3)]
+    for w in workers:
+        w.start()
+    time.sleep(2)
+    ray.kill(ray.get_actor(victims[0], namespace="serve"), no_restart=True)
+    time.sleep(4)
+    stop.set()
+    for w in workers:
+        w.join()
+    assert len(answers) > 10
+    assert all(status == 200 for status, _ in answers), [a for a in answers if a[0] != 200][:3]
+    # Retried on the live replica: answers are whole; one that is not must say so (degraded, coverage < 1).
+    partial = [cov for _, cov in answers if cov["ratio"] < 1]
+    assert all(cov["degraded"] and cov["failed"] for cov in partial)
+    assert len(partial) <= len(answers) // 10, [(c["failed"], len(answers)) for c in partial][:3]

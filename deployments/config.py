@@ -139,10 +139,18 @@ class SecurityConfig(BaseModel):
     max_inflight: int = Field(64, ge=1, description="Requests one router replica works on at once; more get a 503 "
                               "with Retry-After rather than a queue that makes everyone slow.")
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 503.")
+    key_principals: dict[str, list[str]] = Field(
+        default_factory=dict, description="Key digest -> the principals (tenant, groups) its holder is; these keys "
+        "are accepted too. Used by acl_field.")
+    acl_field: str | None = Field(
+        None, description="Metadata field listing who may see a chunk (e.g. acl: [tenant-a, staff]). When set, every "
+        "search sees only chunks whose field holds one of the caller's principals or public_principal, enforced "
+        "inside the shards; chunks without the field are seen by nobody.")
+    public_principal: str = Field("public", description="The principal every caller has.")
 
-    @field_validator("api_key_digests")
+    @field_validator("api_key_digests", "key_principals")
     @classmethod
-    def _hex_digests(cls, v: list[str]) -> list[str]:
+    def _hex_digests(cls, v):
         for d in v:
             if len(d) != 64 or any(c not in "0123456789abcdef" for c in d):
                 raise ValueError("api_key_digests holds SHA-256 hex digests (64 lowercase hex characters), "

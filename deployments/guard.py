@@ -40,6 +40,7 @@ class Guard:
     max_inflight: int = 64
     retry_after_s: int = 1
     inflight: int = 0
+    key_principals: dict[str, tuple[str, ...]] = field(default_factory=dict)  # digest -> who its holder is
 
     @property
     def keys_on(self) -> bool:
@@ -50,6 +51,11 @@ class Guard:
         if auth.lower().startswith("bearer "):
             return auth[7:].strip()
         return headers.get("x-api-key")
+
+    def principals(self, headers) -> list[str]:
+        """Who the caller is, for document ACLs: the principals of its key (none without one)."""
+        key = self.presented_key(headers)
+        return list(self.key_principals.get(key_digest(key), ())) if key else []
 
     def check(self, method: str, path: str, headers) -> Refusal | None:
         """Why this request is refused before its body is read, or None."""

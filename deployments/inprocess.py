@@ -26,8 +26,8 @@ class InProcessShard:
     async def _call(self, fn, *args):
         return await asyncio.to_thread(fn, *args) if self.threaded else fn(*args)
 
-    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0) -> ShardAnswer:
-        return await self._call(self.service.search, vector, text, k_dense, k_keyword, filters, rows_for_top)
+    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None) -> ShardAnswer:
+        return await self._call(self.service.search, vector, text, k_dense, k_keyword, filters, rows_for_top, acl)
 
     async def fetch(self, chunk_ids):
         return self.service.fetch(chunk_ids)
@@ -65,7 +65,7 @@ def open_collection(name: str, index: Path, version: str | None = None, threaded
 
 def inprocess_pipeline(collections: dict[str, Path], settings: RouterSettings | None = None,
                        default: str | None = None, threaded: bool = False, reranker=None,
-                       synthesizer=None) -> SearchPipeline:
+                       synthesizer=None, acl_field: str | None = None) -> SearchPipeline:
     opened = {name: open_collection(name, path, threaded=threaded) for name, path in collections.items()}
     return SearchPipeline(opened, default or next(iter(opened)), settings or RouterSettings(),
-                          reranker=reranker, synthesizer=synthesizer)
+                          reranker=reranker, synthesizer=synthesizer, acl_field=acl_field)

@@ -149,5 +149,8 @@ class LuceneShard:
             for row in allowed_rows:
                 ids.add(self.j.BytesRef(self.chunk_ids[row].encode("utf-8")))
             builder.add(self.j.TermInSetQuery("id", ids), self.j.Occur.FILTER)
+            # With a FILTER clause, SHOULD clauses become optional: without this every allowed chunk would
+            # match with score 0, query terms or not.
+            builder.setMinimumNumberShouldMatch(1)
         top = self.searcher.search(builder.build(), int(k))
         return [Hit(self.chunk_ids[self.row_of_doc[sd.doc]], float(sd.score), self.shard) for sd in top.scoreDocs]

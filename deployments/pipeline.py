@@ -60,7 +60,8 @@ class RequestError(ValueError):
 class ShardClient(Protocol):
     name: str
 
-    async def search(self, vector, text, k_dense: int, k_keyword: int, filters, rows_for_top: int = 0) -> ShardAnswer: ...
+    async def search(self, vector, text, k_dense: int, k_keyword: int, filters, rows_for_top: int = 0,
+                     acl: tuple[str, list[str]] | None = None) -> ShardAnswer: ...
     async def fetch(self, chunk_ids: list[str]) -> list[dict]: ...
     async def vectors(self, chunk_ids: list[str]) -> np.ndarray: ...
 
@@ -121,12 +122,15 @@ class LRUCache:
 
 class SearchPipeline:
     def __init__(self, collections: dict[str, Collection], default_collection: str, settings,
-                 reranker: RerankerClient | None = None, synthesizer: SynthesizerClient | None = None):
+                 reranker: RerankerClient | None = None, synthesizer: SynthesizerClient | None = None,
+                 acl_field: str | None = None, public_principal: str = "public"):
         self.collections = collections
         self.default_collection = default_collection
         self.settings = settings
         self.reranker = reranker
         self.synthesizer = synthesizer
+        self.acl_field = acl_field
+        self.public_principal = public_principal
         self.cache = LRUCache(settings.cache_size)
 
     def reconfigure(self, settings) -> None:
@@ -191,14 +195,14 @@ class SearchPipeline:
         trace["effective_query"] = text
         return text
 
-    async def _fan_out(self, targets, vectors, text, k_dense, k_keyword, filters, timings, rows_for_top):
+    async def _fan_out(self, targets, vectors, text, k_dense, k_keyword, filters, timings, rows_for_top, acl=None):
         t = time.perf_counter()
         calls = []
         for c in targets:
             vector = vectors.get(c.name)
             for shard in c.shards:
                 calls.append((c, shard, asyncio.wait_for(
-                    shard.search(vector, text, k_dense, k_keyword, filters, rows_for_top),
+                    shard.search(vector, text, k_dense, k_keyword, filters, rows_for_top, acl),
                     self.settings.shard_timeout_s)))
         answers = await asyncio.gather(*(call for _, _, call in calls), return_exceptions=True)
         timings["retrieve"] = timings.get("retrieve", 0.0) + (time.perf_counter() - t) * 1000
@@ -237,14 +241,20 @@ class SearchPipeline:
 
     # ------------------------------------------------------------------ the request
 
-    def cache_key(self, req: SearchRequest, targets: Sequence[Collection]) -> str:
+    def cache_key(self, req: SearchRequest, targets: Sequence[Collection], acl=None) -> str:
         versions = {c.name: c.version for c in targets}
-        return json.dumps({"v": versions, "r": req.model_dump(mode="json", exclude={"debug"})}, sort_keys=True)
+        return json.dumps({"v": versions, "r": req.model_dump(mode="json", exclude={"debug"}), "acl": acl},
+                          sort_keys=True)
 
-    async def search(self, req: SearchRequest) -> SearchResponse:
+    async def search(self, req: SearchRequest, principals: list[str] | None = None) -> SearchResponse:
+        """``principals``: who the caller is; with an ACL field configured it sees only chunks listed for
+        one of them (or public), decided inside each shard before ranking."""
         t_start = time.perf_counter()
         targets = self._targets(req)
-        key = self.cache_key(req, targets)
+        acl = None
+        if self.acl_field:
+            acl = (self.acl_field, sorted(set(principals or ()) | {self.public_principal}))
+        key = self.cache_key(req, targets, acl)
         if not req.debug and (hit := self.cache.get(key)) is not None:
             return hit.model_copy(update={"cached": True,
                                           "timings_ms": {"total": (time.perf_counter() - t_start) * 1000}})
@@ -280,7 +290,7 @@ class SearchPipeline:
         fan_vectors = vectors if req.method is not Method.keyword else {}
         rows_for_top = min(max(req.limit, rerank_depth), s.rows_with_answers)
         per_collection, failed, asked = await self._fan_out(targets, fan_vectors, text, k_dense, k_keyword,
-                                                           req.filters, timings, rows_for_top)
+                                                           req.filters, timings, rows_for_top, acl)
 
         t = time.perf_counter()
         legs = {name: self._legs(name, answers, depth) for name, answers in per_collection.items()}
@@ -291,7 +301,7 @@ class SearchPipeline:
             depth = min(2 * depth, s.candidate_cap)
             per_collection, failed, asked = await self._fan_out(
                 targets, fan_vectors, text, depth if k_dense else 0, depth if k_keyword else 0, req.filters, timings,
-                rows_for_top)
+                rows_for_top, acl)
             legs = {name: self._legs(name, answers, depth) for name, answers in per_collection.items()}
             fused_per = [self._fuse(req, *legs[c.name]) for c in targets]
             fused = fused_per[0] if len(fused_per) == 1 else rrf(fused_per, rrf_k=req.rrf_k or s.rrf_k)

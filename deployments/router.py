@@ -46,6 +46,7 @@ async def _front_door(request: Request, call_next):
     refusal = _guard.check(request.method, request.url.path, request.headers)
     if refusal is not None:
         return _refuse(refusal)
+    request.state.principals = _guard.principals(request.headers)
     if request.url.path != "/search":
         return await call_next(request)
     refusal = _guard.admit()
@@ -66,7 +67,8 @@ def configure_guard(security: SecurityConfig) -> Guard:
         if not keys and not digests:
             raise ValueError(f"security.api_keys_env names {security.api_keys_env!r}, which holds no keys here")
         digests |= {key_digest(k) for k in keys}
-    _guard.key_digests = frozenset(digests)
+    _guard.key_principals = {d: tuple(p) for d, p in security.key_principals.items()}
+    _guard.key_digests = frozenset(digests | set(security.key_principals))
     _guard.max_body_bytes = security.max_body_bytes
     _guard.max_inflight = security.max_inflight
     _guard.retry_after_s = security.retry_after_s
@@ -103,8 +105,9 @@ class HandleShard:
     def __init__(self, name: str, handle):
         self.name, self.handle = name, handle
 
-    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0):
-        return await call_with_retry(self.handle.search, vector, text, k_dense, k_keyword, filters, rows_for_top)
+    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None):
+        return await call_with_retry(self.handle.search, vector, text, k_dense, k_keyword, filters, rows_for_top,
+                                     acl)
 
     async def fetch(self, chunk_ids):
         return await call_with_retry(self.handle.fetch, chunk_ids)
@@ -184,7 +187,8 @@ class SearchRouter:
     def __init__(self, collections: dict[str, dict[str, Any]], default_collection: str, reranker=None,
                  synthesis=None, llm_rerank: bool = False, security: dict | None = None, settings: dict | None = None):
         self.settings = RouterSettings(**(settings or {}))
-        self.guard = configure_guard(SecurityConfig.model_validate(security or {}))
+        security_cfg = SecurityConfig.model_validate(security or {})
+        self.guard = configure_guard(security_cfg)
         self.stage_handles = {"reranker": reranker, "synthesis": synthesis}
         self.pipeline = SearchPipeline(
             {
@@ -201,6 +205,7 @@ class SearchRouter:
             self.settings,
             reranker=HandleReranker(reranker) if reranker is not None else None,
             synthesizer=HandleSynthesizer(synthesis, llm_rerank) if synthesis is not None else None,
+            acl_field=security_cfg.acl_field, public_principal=security_cfg.public_principal,
         )
         self._info_lock = asyncio.Lock()
         self._info_loaded = False
@@ -231,12 +236,12 @@ class SearchRouter:
                                "'token' events, then one 'answer' (or 'error') event."},
                          400: {"description": "Request cannot be served (unknown collection, stage not enabled)"},
                          422: {"description": "Invalid request (field, rule and fix in the message)"}})
-    async def search(self, body: SearchRequest) -> SearchResponse:
+    async def search(self, body: SearchRequest, request: Request) -> SearchResponse:
         await self._load_info()
         t0 = time.perf_counter()
         outcome = "error"
         try:
-            response = await self.pipeline.search(body)
+            response = await self.pipeline.search(body, principals=getattr(request.state, "principals", None))
             outcome = "degraded" if response.coverage.degraded else "ok"
             self.metrics.record(response)
             if body.stream:

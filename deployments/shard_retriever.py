@@ -24,8 +24,9 @@ class ShardRetriever:
         self.service = ShardService(Path(shard_dir), stats, corpus_df_map(terms), expect, verify_checksums)
 
     # Sync methods: Serve runs them on worker threads; FAISS and Lucene release the GIL while searching.
-    def search(self, vector, text, k_dense: int, k_keyword: int, filters=None, rows_for_top: int = 0) -> ShardAnswer:
-        return self.service.search(vector, text, k_dense, k_keyword, filters, rows_for_top)
+    def search(self, vector, text, k_dense: int, k_keyword: int, filters=None, rows_for_top: int = 0,
+               acl=None) -> ShardAnswer:
+        return self.service.search(vector, text, k_dense, k_keyword, filters, rows_for_top, acl)
 
     def fetch(self, chunk_ids: list[str]) -> list[dict]:
         return self.service.fetch(chunk_ids)

@@ -61,11 +61,15 @@ class ShardService:
         k_keyword: int,
         filters: dict[str, Any] | None = None,
         rows_for_top: int = 0,
+        acl: tuple[str, list[str]] | None = None,
     ) -> ShardAnswer:
         """Both legs' top hits; with ``rows_for_top``, the chunk rows of each leg's best few too.
 
         The final results are nearly always among each shard's best ``limit`` hits of some leg, so
         sending those rows along spares the router a second round trip to fetch texts.
+
+        ``acl`` = (field, principals): only chunks whose field holds one of the principals exist for this
+        call, in both legs, before any ranking; a chunk without the field is seen by nobody.
         """
         t0 = time.perf_counter()
         answer = ShardAnswer(self.name)
@@ -76,6 +80,10 @@ class ShardService:
             except FilterError as e:
                 answer.filter_error = str(e)
                 return answer
+            answer.allowed = len(allowed)
+        if acl is not None:
+            visible = self._visible(*acl)
+            allowed = visible if allowed is None else np.intersect1d(allowed, visible, assume_unique=True)
             answer.allowed = len(allowed)
         if vector is not None and k_dense > 0:
             (hits,) = self.searcher.dense_search(np.asarray(vector, dtype=np.float32), k_dense, allowed)
@@ -103,6 +111,11 @@ class ShardService:
             if not filters:
                 return np.arange(self.chunks, dtype=np.int64)
         return self.metadata.allowed_rows(filters)
+
+    def _visible(self, field_name: str, principals: list[str]) -> np.ndarray:
+        if field_name not in self.metadata.fields() or not principals:
+            return np.zeros(0, dtype=np.int64)
+        return self.metadata.allowed_rows({field_name: list(principals)})
 
     def fetch(self, chunk_ids: list[str]) -> list[dict]:
         return self.searcher.fetch(chunk_ids)

@@ -83,3 +83,36 @@ def test_health_openapi_and_docs(served):
     spec = client.get("/openapi.json").json()
     assert "/search" in spec["paths"] and "/health" in spec["paths"]
     assert client.get("/docs").status_code == 200
+
+
+def test_fuzzed_requests_from_the_openapi_spec_never_get_a_5xx(served):
+    """1,000+ requests generated from the service's own OpenAPI spec (schemathesis): valid ones and ones
+    that break the schema. Every answer must be a 2xx or a 4xx, never a 5xx."""
+    from collections import Counter
+
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis import GenerationMode
+
+    base = f"http://127.0.0.1:{PORT}"
+    schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
+    statuses: Counter = Counter()
+    server_errors = []
+
+    for operation, mode, examples in [(("/search", "POST"), GenerationMode.POSITIVE, 700),
+                                      (("/search", "POST"), GenerationMode.NEGATIVE, 300),
+                                      (("/health", "GET"), GenerationMode.POSITIVE, 20)]:
+        op = schema[operation[0]][operation[1]]
+
+        @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(case=op.as_strategy(generation_mode=mode))
+        def run(case):
+            r = case.call(base_url=base, timeout=60)
+            statuses[r.status_code] += 1
+            if r.status_code >= 500:
+                server_errors.append((case.body, r.status_code, r.text[:200]))
+
+        run()
+    assert sum(statuses.values()) >= 1000, statuses
+    assert not server_errors, server_errors[:3]
+    assert statuses[200] > 100 and any(400 <= s < 500 for s in statuses), statuses

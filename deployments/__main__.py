@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--shard-replicas", type=int, default=1)
+    parser.add_argument("--shard-num-cpus", type=float, default=0.25,
+                        help="logical CPUs Ray reserves per shard replica (lower it to fit more replicas)")
     parser.add_argument("--no-verify", action="store_true", help="skip checking shard files against their checksums")
     parser.add_argument("--no-cache", action="store_true", help="answer every request afresh (for load tests)")
     parser.add_argument("--reranker", metavar="MODEL",
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
-                        shard_replicas=args.shard_replicas, verify_checksums=not args.no_verify,
+                        shard_replicas=args.shard_replicas, shard_num_cpus=args.shard_num_cpus,
+                        verify_checksums=not args.no_verify,
                         router=RouterSettings(cache_size=0 if args.no_cache else 1024,
                                               rerank_timeout_s=args.rerank_timeout_s),
                         # Logical CPUs: small reservations so everything fits on a 2-core machine; torch threads

@@ -1,0 +1,104 @@
+"""Chaos under load: kill a random shard (or reranker) replica every few seconds while clients search.
+
+Starts the service (``python -m deployments``, 2 replicas per shard by default), attaches to its Ray
+cluster, runs closed-loop clients for ``--seconds`` and every ``--every`` seconds kills one random
+replica of a shard retriever (and of the reranker when one is deployed) with ``ray.kill``; Serve
+starts a replacement by itself. Counts answers by status, degraded answers (coverage < 1) and
+latency; the target is 0 failed requests.
+
+    python -m bench.chaos --index bench/out/indexes/scifact-4 --data ../shared/data --dataset scifact
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from bench.common import load_beir, machine, served
+
+
+def replicas(ray, pattern: str) -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith("SERVE_REPLICA::") and pattern in a["name"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", type=Path, required=True)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--dataset", default="scifact")
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--every", type=float, default=5)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--shard-replicas", type=int, default=2)
+    ap.add_argument("--port", type=int, default=18450)
+    ap.add_argument("--out", type=Path, default=Path("bench/out/chaos.json"))
+    args = ap.parse_args(argv)
+
+    queries = list(load_beir(args.data / args.dataset)[0].values())
+    extra = ["--no-cache", "--shard-replicas", str(args.shard_replicas), "--shard-num-cpus", "0.1"]
+    answers: list[tuple[int, bool, float]] = []
+    kills: list[dict] = []
+    stop = threading.Event()
+
+    def client(seed: int) -> None:
+        rng = random.Random(seed)
+        with httpx.Client(base_url=base, timeout=60) as c:
+            while not stop.is_set():
+                t = time.perf_counter()
+                try:
+                    r = c.post("/search", json={"query": rng.choice(queries), "limit": 10})
+                    degraded = r.status_code == 200 and r.json()["coverage"]["degraded"]
+                    answers.append((r.status_code, degraded, time.perf_counter() - t))
+                except httpx.HTTPError:
+                    answers.append((-1, False, time.perf_counter() - t))
+
+    with served(args.index, args.port, extra) as base:
+        import ray
+
+        ray.init(address="auto", log_to_driver=False)
+        for _ in range(20):  # warm every replica up
+            httpx.post(f"{base}/search", json={"query": queries[0], "limit": 10}, timeout=60)
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
+        for th in threads:
+            th.start()
+        rng = random.Random(0)
+        t_end = time.time() + args.seconds
+        while time.time() < t_end:
+            time.sleep(args.every)
+            victims = replicas(ray, "-shard-") + replicas(ray, "#reranker#")
+            if victims:
+                victim = rng.choice(victims)
+                ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+                kills.append({"t": round(args.seconds - (t_end - time.time()), 1), "replica": victim.split("::")[1]})
+                print(f"killed {kills[-1]['replica']} at {kills[-1]['t']} s", flush=True)
+        stop.set()
+        for th in threads:
+            th.join()
+        ray.shutdown()
+
+    statuses = Counter(s for s, _, _ in answers)
+    latencies = sorted(lat for s, _, lat in answers if s == 200)
+    record = {"machine": machine(), "index": str(args.index), "seconds": args.seconds, "every_s": args.every,
+              "clients": args.clients, "shard_replicas": args.shard_replicas, "kills": kills,
+              "requests": len(answers), "statuses": {str(k): v for k, v in statuses.items()},
+              "failed": len(answers) - statuses.get(200, 0), "degraded": sum(d for _, d, _ in answers),
+              "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
+              "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 1) if latencies else None}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2))
+    print(json.dumps({k: v for k, v in record.items() if k != "kills"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

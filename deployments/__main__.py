@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rerank-timeout-s", type=float, default=5.0,
                         help="past this the fused order is returned (reranked: false); a MiniLM-L6 cross-encoder "
                              "takes about 5 s for 40 candidates on 2 CPU cores")
+    parser.add_argument("--max-inflight", type=int, default=64,
+                        help="requests the router works on at once; more are answered 503 with Retry-After")
     parser.add_argument("--example", metavar="QUERY", help="once serving, send this query and print the answer")
     args = parser.parse_args(argv)
 
@@ -69,12 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     from index_build.manifest import IndexMismatch
 
     from .app import build_app
-    from .config import AppConfig, CollectionConfig, RerankerConfig, RouterSettings, SynthesisConfig
+    from .config import (
+        AppConfig,
+        CollectionConfig,
+        RerankerConfig,
+        RouterSettings,
+        SecurityConfig,
+        SynthesisConfig,
+    )
 
     try:
         cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
                         shard_replicas=args.shard_replicas, shard_num_cpus=args.shard_num_cpus,
                         verify_checksums=not args.no_verify,
+                        security=SecurityConfig(max_inflight=args.max_inflight),
                         router=RouterSettings(cache_size=0 if args.no_cache else 1024,
                                               rerank_timeout_s=args.rerank_timeout_s),
                         # Logical CPUs: small reservations so everything fits on a 2-core machine; torch threads

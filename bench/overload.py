@@ -1,0 +1,138 @@
+"""Overload: requests arriving at several times what the service can answer.
+
+Starts the service (``python -m deployments --no-cache --max-inflight N``), measures its capacity with
+closed-loop clients, then sends an open-loop stream at ``--factor`` times that rate (arrivals do not
+wait for answers, as real traffic does not) and counts answers by status, latency of the answered
+ones, and the resident memory of the service's processes (the service and every Ray process) sampled
+each second. The target: the excess is shed with 503 + Retry-After, memory stays bounded, and the
+service still answers afterwards.
+
+    python -m bench.overload --index bench/out/indexes/scifact-4 --data ../shared/data --dataset scifact
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import psutil
+
+from bench.common import load_beir, machine, served
+
+
+def service_rss_mb() -> float:
+    total = 0
+    for p in psutil.process_iter(["cmdline", "memory_info"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        ours = "deployments" in cmd or "ray" in cmd.lower() or "gcs_server" in cmd
+        if ours and p.info["memory_info"] is not None:
+            total += p.info["memory_info"].rss
+    return total / 2**20
+
+
+def capacity(base: str, queries: list[str], seconds: float, clients: int = 2) -> float:
+    done, stop = [], threading.Event()
+
+    def loop(seed: int) -> None:
+        rng = random.Random(seed)
+        with httpx.Client(base_url=base, timeout=60) as c:
+            while not stop.is_set():
+                if c.post("/search", json={"query": rng.choice(queries), "limit": 10}).status_code == 200:
+                    done.append(1)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return len(done) / seconds
+
+
+async def open_loop(base: str, queries: list[str], rate: float, seconds: float):
+    rng = random.Random(1)
+    results: list[tuple[int, float, str | None]] = []
+
+    async def one(c: httpx.AsyncClient, q: str) -> None:
+        t = time.perf_counter()
+        try:
+            r = await c.post("/search", json={"query": q, "limit": 10})
+            results.append((r.status_code, time.perf_counter() - t, r.headers.get("retry-after")))
+        except httpx.HTTPError as e:
+            results.append((-1, time.perf_counter() - t, type(e).__name__))
+
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as c:
+        tasks, start, n = [], time.perf_counter(), 0
+        while (elapsed := time.perf_counter() - start) < seconds:
+            while n < elapsed * rate:
+                tasks.append(asyncio.create_task(one(c, rng.choice(queries))))
+                n += 1
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*tasks)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", type=Path, required=True)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--dataset", default="scifact")
+    ap.add_argument("--factor", type=float, default=4.0)
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--max-inflight", type=int, default=8)
+    ap.add_argument("--port", type=int, default=18460)
+    ap.add_argument("--out", type=Path, default=Path("bench/out/overload.json"))
+    args = ap.parse_args(argv)
+    queries = list(load_beir(args.data / args.dataset)[0].values())
+
+    with served(args.index, args.port, ["--no-cache", "--max-inflight", str(args.max_inflight)]) as base:
+        for _ in range(20):
+            httpx.post(f"{base}/search", json={"query": queries[0], "limit": 10}, timeout=60)
+        cap = capacity(base, queries, 15)
+        rss = [service_rss_mb()]
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.wait(1.0):
+                rss.append(service_rss_mb())
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        results = asyncio.run(open_loop(base, queries, args.factor * cap, args.seconds))
+        sampling.set()
+        sampler.join()
+        after = httpx.post(f"{base}/search", json={"query": queries[1], "limit": 10}, timeout=60).status_code
+        health = httpx.get(f"{base}/health", timeout=30).status_code
+
+    statuses = Counter(s for s, _, _ in results)
+    ok = sorted(lat for s, lat, _ in results if s == 200)
+    record = {
+        "machine": machine(), "index": str(args.index), "max_inflight": args.max_inflight,
+        "capacity_qps": round(cap, 2), "offered_qps": round(args.factor * cap, 2), "seconds": args.seconds,
+        "requests": len(results), "statuses": {str(k): v for k, v in statuses.items()},
+        "answered_qps": round(statuses.get(200, 0) / args.seconds, 2),
+        "shed_with_retry_after": sum(1 for s, _, ra in results if s == 503 and ra),
+        "p50_ms_answered": round(1000 * statistics.median(ok), 1) if ok else None,
+        "p99_ms_answered": round(1000 * ok[int(0.99 * (len(ok) - 1))], 1) if ok else None,
+        "rss_mb_before": round(rss[0]), "rss_mb_max": round(max(rss)), "rss_mb_end": round(rss[-1]),
+        "after_overload_search_status": after, "after_overload_health_status": health,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2))
+    print(json.dumps(record, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

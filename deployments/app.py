@@ -42,7 +42,7 @@ def reranker_deployment(cfg: RerankerConfig):
     return Reranker.options(
         name="reranker",
         max_ongoing_requests=cfg.max_ongoing_requests,
-        ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
+        ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "resources": dict(cfg.resources)},
         autoscaling_config={"min_replicas": a.min_replicas, "max_replicas": a.max_replicas,
                             "initial_replicas": max(1, a.min_replicas),
                             "target_ongoing_requests": a.target_ongoing_requests,
@@ -58,7 +58,7 @@ def synthesis_deployment(cfg: SynthesisConfig):
     return Synthesis.options(
         name="synthesis",
         num_replicas=cfg.replicas,
-        ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
+        ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "resources": dict(cfg.resources)},
     ).bind(cfg.model_dump(mode="json"))
 
 
@@ -84,7 +84,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
                 name=f"{name}-{shard}",
                 num_replicas=cfg.shard_replicas,
                 max_ongoing_requests=cfg.shard_max_ongoing_requests,
-                ray_actor_options={"num_cpus": cfg.shard_num_cpus},
+                ray_actor_options={"num_cpus": cfg.shard_num_cpus, "resources": dict(cfg.shard_resources)},
             ).bind(str(version_dir / "shards" / shard), str(version_dir), expect, cfg.verify_checksums,
                    cfg.lucene_heap))
             for shard in manifest.shards

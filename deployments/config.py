@@ -96,6 +96,7 @@ class RerankerConfig(BaseModel):
     num_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves per replica.")
     threads: int | None = Field(None, ge=1, description="torch threads per replica (default: num_cpus, at least 1).")
     num_gpus: float = Field(0, ge=0, description="GPUs per replica: 1 on GPU nodes, 0 on CPU machines.")
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per replica.")
     max_ongoing_requests: int = Field(64, ge=1)
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
 
@@ -122,6 +123,7 @@ class SynthesisConfig(BaseModel):
     num_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves per replica.")
     threads: int | None = Field(None, ge=1, description="torch threads per replica (default: num_cpus, at least 1).")
     num_gpus: float = Field(0, ge=0, description="GPUs per replica.")
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per replica.")
     replicas: int = Field(1, ge=1)
 
 
@@ -169,6 +171,9 @@ class AppConfig(BaseModel):
     shard_replicas: int = Field(1, ge=1, description="Replicas of each shard retriever.")
     shard_num_cpus: float = Field(0.25, gt=0, description="CPUs reserved per shard replica.")
     shard_max_ongoing_requests: int = Field(32, ge=1)
+    shard_resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources each shard replica needs, to place shards on "
+        "chosen nodes of a cluster (e.g. {search_node: 1} with `ray start --resources='{\"search_node\": 8}'`).")
     encoder_replicas: int = Field(1, ge=1)
     encoder_num_cpus: float = Field(0.5, gt=0, description="CPUs reserved per query-encoder replica.")
     encoder_num_gpus: float = Field(0, ge=0, description="GPUs per query-encoder replica (0 on CPU machines).")

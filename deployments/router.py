@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from ray.exceptions import RayActorError
 
 from .config import RouterSettings, SecurityConfig
 from .guard import Guard, key_digest
@@ -81,6 +82,13 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return JSONResponse(status_code=422, content={"error": "invalid request", "detail": problems})
 
 
+@app.exception_handler(RayActorError)
+async def _replica_gone(request: Request, exc: RayActorError) -> JSONResponse:
+    # A needed replica died and its retries found no live one yet: Serve is starting a replacement.
+    return JSONResponse(status_code=503, headers={"Retry-After": "2"},
+                        content={"error": "a replica this request needs is restarting; retry shortly"})
+
+
 @app.exception_handler(RequestError)
 async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
     return JSONResponse(status_code=exc.status, content={"error": str(exc)})
@@ -90,8 +98,6 @@ async def call_with_retry(method, *args, attempts: int = 5, pause_s: float = 0.0
     """A call through a Serve handle, sent again when the replica it went to died or is unreachable:
     Serve's router drops that replica and picks a live one. Shard calls only read, so a second try
     is safe. The caller's deadline (``asyncio.wait_for``) still bounds the whole."""
-    from ray.exceptions import RayActorError
-
     for attempt in range(attempts):
         try:
             return await method.remote(*args)
@@ -124,7 +130,7 @@ class HandleEncoder:
         self.handle = handle
 
     async def embed(self, text: str):
-        return await self.handle.embed.remote(text)
+        return await call_with_retry(self.handle.embed, text)
 
 
 class HandleReranker:

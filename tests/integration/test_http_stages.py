@@ -43,7 +43,7 @@ def served(built, ray_local, tiny_cross_encoder):
     serve.run(app, name="stages", route_prefix="/", blocking=False)
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=300, headers=AUTH) as client:
         yield client, summary
-    serve.delete("stages")
+    serve.shutdown()
 
 
 def test_health_lists_the_stages(served):

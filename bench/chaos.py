@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import threading
 import time
 from collections import Counter
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import load_beir, machine, served
+from bench.common import load_beir, machine, percentile_ms, served, write_record
 
 
 def replicas(ray, pattern: str) -> list[str]:
@@ -92,10 +91,8 @@ def main(argv: list[str] | None = None) -> int:
               "clients": args.clients, "shard_replicas": args.shard_replicas, "kills": kills,
               "requests": len(answers), "statuses": {str(k): v for k, v in statuses.items()},
               "failed": len(answers) - statuses.get(200, 0), "degraded": sum(d for _, d, _ in answers),
-              "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
-              "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 1) if latencies else None}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2))
+              "p50_ms": percentile_ms(latencies, 0.5), "p99_ms": percentile_ms(latencies, 0.99)}
+    write_record(args.out, record)
     print(json.dumps({k: v for k, v in record.items() if k != "kills"}, indent=2))
     return 0
 

@@ -50,6 +50,19 @@ def load_beir(folder: Path, split: str = "test") -> tuple[dict[str, str], dict[s
     return queries, qrels
 
 
+def write_record(path: Path, record: dict) -> None:
+    """A bench's JSON record, written where it was asked for (folders made as needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2))
+
+
+def percentile_ms(sorted_seconds: list[float], q: float) -> float | None:
+    """The q-quantile (0-1) of ascending latencies in seconds, in ms; None when there are none."""
+    if not sorted_seconds:
+        return None
+    return round(1000 * sorted_seconds[int(q * (len(sorted_seconds) - 1))], 1)
+
+
 @contextmanager
 def served(index: Path, port: int, extra: list[str] | None = None, startup_s: float = 300):
     """``python -m deployments`` in a child process, until the block ends; yields the base URL."""

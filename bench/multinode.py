@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import machine
+from bench.common import machine, write_record
 
 QUERIES = ["boundary layer flow", "heat transfer", "shock wave", "supersonic wing", "pressure distribution",
            "telescope galaxy", "bread oven", "lucene shard"]
@@ -108,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "partial": sum(1 for s, r in answers if s == 200 and r is not None and r < 1),
         "errors": errors[:5],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2))
+    write_record(args.out, record)
     print(json.dumps(record, indent=2))
     return 0
 

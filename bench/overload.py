@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import threading
 import time
 from collections import Counter
@@ -25,7 +24,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from bench.common import load_beir, machine, served
+from bench.common import load_beir, machine, percentile_ms, served, write_record
 
 
 def service_rss_mb() -> float:
@@ -123,13 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         "requests": len(results), "statuses": {str(k): v for k, v in statuses.items()},
         "answered_qps": round(statuses.get(200, 0) / args.seconds, 2),
         "shed_with_retry_after": sum(1 for s, _, ra in results if s == 503 and ra),
-        "p50_ms_answered": round(1000 * statistics.median(ok), 1) if ok else None,
-        "p99_ms_answered": round(1000 * ok[int(0.99 * (len(ok) - 1))], 1) if ok else None,
+        "p50_ms_answered": percentile_ms(ok, 0.5), "p99_ms_answered": percentile_ms(ok, 0.99),
         "rss_mb_before": round(rss[0]), "rss_mb_max": round(max(rss)), "rss_mb_end": round(rss[-1]),
         "after_overload_search_status": after, "after_overload_health_status": health,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2))
+    write_record(args.out, record)
     print(json.dumps(record, indent=2))
     return 0
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import machine
+from bench.common import machine, write_record
 
 ARCH = "minilm-l6-arch"
 
@@ -146,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         row["pairs_per_s"] = round(row["pairs_per_s"], 1)
         row["vs_naive"] = round(row["pairs_per_s"] / base, 2)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2))
+        write_record(args.out, results)
     print(json.dumps(results["rows"], indent=2))
     return 0
 

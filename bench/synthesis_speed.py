@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import machine
+from bench.common import machine, write_record
 
 
 def random_model(config_dir: Path) -> str:
@@ -98,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if engine.device == "cuda":
         result["machine"]["gpu"] = torch.cuda.get_device_name(0)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
+        write_record(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
     return 0
 

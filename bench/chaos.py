@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import httpx
 
-from bench.common import load_beir, machine, percentile_ms, served, write_record
+from bench.common import ClosedLoop, load_beir, machine, percentile_ms, served, write_record
 
 
 def replicas(ray, pattern: str) -> list[str]:
@@ -45,21 +44,11 @@ def main(argv: list[str] | None = None) -> int:
 
     queries = list(load_beir(args.data / args.dataset)[0].values())
     extra = ["--no-cache", "--shard-replicas", str(args.shard_replicas), "--shard-num-cpus", "0.1"]
-    answers: list[tuple[int, bool, float]] = []
     kills: list[dict] = []
-    stop = threading.Event()
 
-    def client(seed: int) -> None:
-        rng = random.Random(seed)
-        with httpx.Client(base_url=base, timeout=60) as c:
-            while not stop.is_set():
-                t = time.perf_counter()
-                try:
-                    r = c.post("/search", json={"query": rng.choice(queries), "limit": 10})
-                    degraded = r.status_code == 200 and r.json()["coverage"]["degraded"]
-                    answers.append((r.status_code, degraded, time.perf_counter() - t))
-                except httpx.HTTPError:
-                    answers.append((-1, False, time.perf_counter() - t))
+    def search(client: httpx.Client, rng: random.Random) -> tuple[int, bool]:
+        r = client.post("/search", json={"query": rng.choice(queries), "limit": 10})
+        return r.status_code, r.status_code == 200 and r.json()["coverage"]["degraded"]
 
     with served(args.index, args.port, extra) as base:
         import ray
@@ -67,24 +56,21 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(address="auto", log_to_driver=False)
         for _ in range(20):  # warm every replica up
             httpx.post(f"{base}/search", json={"query": queries[0], "limit": 10}, timeout=60)
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
-        for th in threads:
-            th.start()
-        rng = random.Random(0)
-        t_end = time.time() + args.seconds
-        while time.time() < t_end:
-            time.sleep(args.every)
-            victims = replicas(ray, "-shard-") + replicas(ray, "#reranker#")
-            if victims:
-                victim = rng.choice(victims)
-                ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-                kills.append({"t": round(args.seconds - (t_end - time.time()), 1), "replica": victim.split("::")[1]})
-                print(f"killed {kills[-1]['replica']} at {kills[-1]['t']} s", flush=True)
-        stop.set()
-        for th in threads:
-            th.join()
+        with ClosedLoop(base, args.clients, search, on_error=lambda e, s: (-1, False)) as load:
+            rng = random.Random(0)
+            t_end = time.time() + args.seconds
+            while time.time() < t_end:
+                time.sleep(args.every)
+                victims = replicas(ray, "-shard-") + replicas(ray, "#reranker#")
+                if victims:
+                    victim = rng.choice(victims)
+                    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+                    kills.append({"t": round(args.seconds - (t_end - time.time()), 1),
+                                  "replica": victim.split("::")[1]})
+                    print(f"killed {kills[-1]['replica']} at {kills[-1]['t']} s", flush=True)
         ray.shutdown()
 
+    answers = [(status, degraded, seconds) for _, seconds, (status, degraded) in load.answers]
     statuses = Counter(s for s, _, _ in answers)
     latencies = sorted(lat for s, _, lat in answers if s == 200)
     record = {"machine": machine(), "index": str(args.index), "seconds": args.seconds, "every_s": args.every,

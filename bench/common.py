@@ -89,3 +89,42 @@ def served(index: Path, port: int, extra: list[str] | None = None, startup_s: fl
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+class ClosedLoop:
+    """Clients that each send one request after another until stopped (``with ClosedLoop(...) as load``).
+
+    ``request(client, rng)`` sends one request and returns what to keep for it; an ``httpx.HTTPError``
+    (no HTTP answer at all) is kept as ``on_error(error, seconds)``. Every kept item is appended to
+    ``answers`` with the start time (``time.monotonic()``) and the latency in seconds.
+    """
+
+    def __init__(self, base: str, clients: int, request, on_error=None, timeout_s: float = 60):
+        import random
+        import threading
+
+        self.base, self.request, self.timeout_s = base, request, timeout_s
+        self.on_error = on_error or (lambda error, seconds: {"status": -1, "error": type(error).__name__})
+        self.answers: list[tuple[float, float, object]] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(random.Random(i),)) for i in range(clients)]
+
+    def _run(self, rng) -> None:
+        with httpx.Client(base_url=self.base, timeout=self.timeout_s) as client:
+            while not self.stop.is_set():
+                started = time.monotonic()
+                try:
+                    kept = self.request(client, rng)
+                except httpx.HTTPError as e:
+                    kept = self.on_error(e, time.monotonic() - started)
+                self.answers.append((started, time.monotonic() - started, kept))
+
+    def __enter__(self) -> ClosedLoop:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from bench.common import load_beir, machine, percentile_ms, served, write_record
+from bench.common import ClosedLoop, load_beir, machine, percentile_ms, served, write_record
 
 
 def service_rss_mb() -> float:
@@ -38,23 +38,12 @@ def service_rss_mb() -> float:
 
 
 def capacity(base: str, queries: list[str], seconds: float, clients: int = 2) -> float:
-    done, stop = [], threading.Event()
+    def search(client: httpx.Client, rng: random.Random) -> int:
+        return client.post("/search", json={"query": rng.choice(queries), "limit": 10}).status_code
 
-    def loop(seed: int) -> None:
-        rng = random.Random(seed)
-        with httpx.Client(base_url=base, timeout=60) as c:
-            while not stop.is_set():
-                if c.post("/search", json={"query": rng.choice(queries), "limit": 10}).status_code == 200:
-                    done.append(1)
-
-    threads = [threading.Thread(target=loop, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    return len(done) / seconds
+    with ClosedLoop(base, clients, search) as load:
+        time.sleep(seconds)
+    return sum(status == 200 for *_, status in load.answers) / seconds
 
 
 async def open_loop(base: str, queries: list[str], rate: float, seconds: float):

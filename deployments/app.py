@@ -13,6 +13,7 @@ from typing import Any
 
 from ray.serve import Application
 
+from index_build.manifest import MANIFEST
 from index_build.versions import read_version_manifest, resolve_version_dir
 
 from .config import AppConfig, RerankerConfig, SynthesisConfig
@@ -69,8 +70,11 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
     for name, coll in cfg.resolved_collections().items():
         if not _NAME.match(name):
             raise ValueError(f"collection name {name!r}: use 1-48 letters, digits, '-' or '_'")
-        version_dir = resolve_version_dir(Path(coll.index).resolve(), coll.version)
+        index = Path(coll.index).resolve()
+        version_dir = resolve_version_dir(index, coll.version)
         manifest = read_version_manifest(version_dir)
+        # An index root without a pinned version follows its ACTIVE pointer; a version folder never moves.
+        follows = coll.version is None and not (index / MANIFEST).is_file()
         if manifest.encoder not in encoders:
             encoders[manifest.encoder] = QueryEncoder.options(
                 name=f"encoder-{len(encoders)}",
@@ -79,18 +83,20 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
             ).bind(manifest.encoder, cfg.encoder_max_batch_size, cfg.encoder_batch_wait_s,
                    max(1, int(cfg.encoder_num_cpus)), "cuda" if cfg.encoder_num_gpus else "cpu")
         expect = {"encoder": manifest.encoder, "dimension": manifest.dimension}
-        shards = [
+        # One deployment per shard slot: slot i serves shard i of whichever version a request is pinned to.
+        slots = [
             (shard, ShardRetriever.options(
                 name=f"{name}-{shard}",
                 num_replicas=cfg.shard_replicas,
                 max_ongoing_requests=cfg.shard_max_ongoing_requests,
                 ray_actor_options={"num_cpus": cfg.shard_num_cpus, "resources": dict(cfg.shard_resources)},
-            ).bind(str(version_dir / "shards" / shard), str(version_dir), expect, cfg.verify_checksums,
-                   cfg.lucene_heap))
+            ).bind(str(index) if follows else None, str(version_dir), shard, expect, cfg.verify_checksums,
+                   cfg.lucene_heap, cfg.shard_max_versions))
             for shard in manifest.shards
         ]
-        collections[name] = {"version": manifest.version, "shards": shards, "encoder": encoders[manifest.encoder],
-                             "rerank": coll.rerank}
+        collections[name] = {"version": manifest.version, "shards": slots, "encoder": encoders[manifest.encoder],
+                             "encoder_model": manifest.encoder, "dimension": manifest.dimension,
+                             "root": str(index) if follows else None, "rerank": coll.rerank}
     default = cfg.default_collection if cfg.collections else next(iter(collections))
     reranker = reranker_deployment(cfg.reranker) if cfg.reranker.model else None
     synthesis = synthesis_deployment(cfg.synthesis) if cfg.synthesis.enabled else None

@@ -39,6 +39,12 @@ class RouterSettings(BaseModel):
         5.0, gt=0, description="Past this the reranker is given up on and the fused order is returned (reranked: false).")
     synthesis_timeout_s: float = Field(
         60.0, gt=0, description="Past this the answer is given up on; the results are still returned.")
+    version_poll_s: float = Field(
+        1.0, gt=0, description="How often each router replica reads its index roots' ACTIVE pointers to follow an "
+        "activation made elsewhere (index_build, the versions CLI, another replica).")
+    activation_timeout_s: float = Field(
+        120.0, gt=0, description="How long the shards may take to load a newly activated version before the "
+        "switch is abandoned (the old version keeps serving).")
 
 
 class CollectionConfig(BaseModel):
@@ -149,8 +155,12 @@ class SecurityConfig(BaseModel):
         "search sees only chunks whose field holds one of the caller's principals or public_principal, enforced "
         "inside the shards; chunks without the field are seen by nobody.")
     public_principal: str = Field("public", description="The principal every caller has.")
+    admin_key_digests: list[str] = Field(
+        default_factory=list, description="Digests of the keys allowed on /admin (activating and rolling back index "
+        "versions); accepted on /search too. With keys on and none here, /admin is closed. With keys off, /admin "
+        "is open like everything else: turn keys on wherever the port is reachable by others.")
 
-    @field_validator("api_key_digests", "key_principals")
+    @field_validator("api_key_digests", "key_principals", "admin_key_digests")
     @classmethod
     def _hex_digests(cls, v):
         for d in v:
@@ -171,6 +181,9 @@ class AppConfig(BaseModel):
     shard_replicas: int = Field(1, ge=1, description="Replicas of each shard retriever.")
     shard_num_cpus: float = Field(0.25, gt=0, description="CPUs reserved per shard replica.")
     shard_max_ongoing_requests: int = Field(32, ge=1)
+    shard_max_versions: int = Field(
+        2, ge=1, description="Index versions a shard replica holds at once: 2 keeps the one before the active "
+        "version loaded, so a rollback is instant; a switch needs room for the new one beside the old one.")
     shard_resources: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources each shard replica needs, to place shards on "
         "chosen nodes of a cluster (e.g. {search_node: 1} with `ray start --resources='{\"search_node\": 8}'`).")

@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass, field
 
 OPEN_PATHS = frozenset({"/health", "/docs", "/openapi.json", "/redoc", "/docs/oauth2-redirect"})
+ADMIN_PREFIX = "/admin/"
 
 
 def key_digest(key: str) -> str:
@@ -41,6 +42,7 @@ class Guard:
     retry_after_s: int = 1
     inflight: int = 0
     key_principals: dict[str, tuple[str, ...]] = field(default_factory=dict)  # digest -> who its holder is
+    admin_digests: frozenset[str] = frozenset()  # keys allowed on /admin/ (also in key_digests)
 
     @property
     def keys_on(self) -> bool:
@@ -67,6 +69,8 @@ class Guard:
             digest = key_digest(key)
             if not any(hmac.compare_digest(digest, d) for d in self.key_digests):
                 return Refusal(401, "this API key is not valid", {"WWW-Authenticate": "Bearer"})
+            if path.startswith(ADMIN_PREFIX) and not any(hmac.compare_digest(digest, d) for d in self.admin_digests):
+                return Refusal(403, "this API key may not use /admin/: add its digest to security.admin_key_digests")
         if method in ("POST", "PUT", "PATCH"):
             length = headers.get("content-length")
             if length is None:

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,10 +21,19 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.exceptions import RayActorError
 
+from .activation import ActivationError, DeployedCollection, VersionSwitch
 from .config import RouterSettings, SecurityConfig
 from .guard import Guard, key_digest
 from .pipeline import Collection, RequestError, SearchPipeline, failure, redact
-from .schemas import HealthResponse, SearchRequest, SearchResponse, ShardHealth
+from .schemas import (
+    ActivateRequest,
+    ActivationResponse,
+    HealthResponse,
+    SearchRequest,
+    SearchResponse,
+    ShardHealth,
+    VersionsResponse,
+)
 
 logger = logging.getLogger("ray.serve")
 
@@ -69,7 +79,8 @@ def configure_guard(security: SecurityConfig) -> Guard:
             raise ValueError(f"security.api_keys_env names {security.api_keys_env!r}, which holds no keys here")
         digests |= {key_digest(k) for k in keys}
     _guard.key_principals = {d: tuple(p) for d, p in security.key_principals.items()}
-    _guard.key_digests = frozenset(digests | set(security.key_principals))
+    _guard.admin_digests = frozenset(security.admin_key_digests)
+    _guard.key_digests = frozenset(digests | set(security.key_principals) | _guard.admin_digests)
     _guard.max_body_bytes = security.max_body_bytes
     _guard.max_inflight = security.max_inflight
     _guard.retry_after_s = security.retry_after_s
@@ -94,6 +105,11 @@ async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
     return JSONResponse(status_code=exc.status, content={"error": str(exc)})
 
 
+@app.exception_handler(ActivationError)
+async def _activation_error(request: Request, exc: ActivationError) -> JSONResponse:
+    return JSONResponse(status_code=exc.status, content={"error": str(exc)})
+
+
 async def call_with_retry(method, *args, attempts: int = 5, pause_s: float = 0.05):
     """A call through a Serve handle, sent again when the replica it went to died or is unreachable:
     Serve's router drops that replica and picks a live one. Shard calls only read, so a second try
@@ -108,8 +124,11 @@ async def call_with_retry(method, *args, attempts: int = 5, pause_s: float = 0.0
 
 
 class HandleShard:
-    def __init__(self, name: str, handle):
-        self.name, self.handle = name, handle
+    """One shard slot, pinned to one index version: every call carries it as the multiplexed model id."""
+
+    def __init__(self, name: str, handle, version: str):
+        self.name, self.version = name, version
+        self.handle = handle.options(multiplexed_model_id=version)
 
     async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None):
         return await call_with_retry(self.handle.search, vector, text, k_dense, k_keyword, filters, rows_for_top,
@@ -122,7 +141,7 @@ class HandleShard:
         return await call_with_retry(self.handle.vectors, chunk_ids)
 
     async def info(self):
-        return await self.handle.info.remote()
+        return await call_with_retry(self.handle.info)
 
 
 class HandleEncoder:
@@ -196,16 +215,23 @@ class SearchRouter:
         security_cfg = SecurityConfig.model_validate(security or {})
         self.guard = configure_guard(security_cfg)
         self.stage_handles = {"reranker": reranker, "synthesis": synthesis}
+        deployed = {
+            name: DeployedCollection(
+                name=name, root=Path(spec["root"]) if spec.get("root") else None,
+                encoder_model=spec["encoder_model"], dimension=spec["dimension"], slots=list(spec["shards"]),
+                encoder=HandleEncoder(spec["encoder"]), rerank=spec.get("rerank", True))
+            for name, spec in collections.items()
+        }
         self.pipeline = SearchPipeline(
             {
                 name: Collection(
                     name=name,
-                    version=spec["version"],
-                    shards=[HandleShard(shard, handle) for shard, handle in spec["shards"]],
-                    encoder=HandleEncoder(spec["encoder"]),
-                    rerank=spec.get("rerank", True),
+                    version=collections[name]["version"],
+                    shards=[HandleShard(shard, handle, collections[name]["version"]) for shard, handle in d.slots],
+                    encoder=d.encoder,
+                    rerank=d.rerank,
                 )
-                for name, spec in collections.items()
+                for name, d in deployed.items()
             },
             default_collection,
             self.settings,
@@ -213,13 +239,31 @@ class SearchRouter:
             synthesizer=HandleSynthesizer(synthesis, llm_rerank) if synthesis is not None else None,
             acl_field=security_cfg.acl_field, public_principal=security_cfg.public_principal,
         )
+        self.versions = VersionSwitch(self.pipeline.collections, deployed, HandleShard,
+                                      self.settings.activation_timeout_s)
+        self._watcher: asyncio.Task | None = None
         self._info_lock = asyncio.Lock()
         self._info_loaded = False
         self.metrics = _Metrics()
 
-    def reconfigure(self, user_config: dict) -> None:
+    async def reconfigure(self, user_config: dict) -> None:
         self.settings = RouterSettings(**(user_config or {}))
         self.pipeline.reconfigure(self.settings)
+        self.versions.warm_timeout_s = self.settings.activation_timeout_s
+        self._watch()
+
+    def _watch(self) -> None:
+        """Follow the ACTIVE pointers from this replica's event loop (started once, kept alive)."""
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._follow_versions())
+
+    async def _follow_versions(self) -> None:
+        while True:
+            try:
+                await self.versions.follow()
+            except Exception:  # a watcher that died would silently stop every later switch
+                logger.exception("following the active index versions")
+            await asyncio.sleep(self.settings.version_poll_s)
 
     async def _load_info(self) -> None:
         """Metadata field kinds per collection, asked of the shards once (they validate filters)."""
@@ -243,6 +287,7 @@ class SearchRouter:
                          400: {"description": "Request cannot be served (unknown collection, stage not enabled)"},
                          422: {"description": "Invalid request (field, rule and fix in the message)"}})
     async def search(self, body: SearchRequest, request: Request) -> SearchResponse:
+        self._watch()
         await self._load_info()
         t0 = time.perf_counter()
         outcome = "error"
@@ -262,8 +307,33 @@ class SearchRouter:
                 "ms": round((time.perf_counter() - t0) * 1000, 2),
             }))
 
+    @app.get("/admin/versions", response_model=VersionsResponse)
+    async def versions_status(self) -> VersionsResponse:
+        """Per collection: the version this replica serves, the active one, the one before, what is published."""
+        self._watch()
+        return VersionsResponse(collections=await asyncio.to_thread(self.versions.describe))
+
+    @app.post("/admin/collections/{collection}/activate", response_model=ActivationResponse,
+              responses={404: {"description": "Unknown collection or version"},
+                         409: {"description": "The version cannot be served by this app without a redeploy"},
+                         503: {"description": "The shards could not load the version; the old one still serves"}})
+    async def activate(self, collection: str, body: ActivateRequest) -> ActivationResponse:
+        """Switch to an index version: the shards load it beside the current one, then every request that
+        starts afterwards uses it. Other router replicas follow within ``version_poll_s``."""
+        self._watch()
+        return ActivationResponse(**await self.versions.activate(collection, body.version))
+
+    @app.post("/admin/collections/{collection}/rollback", response_model=ActivationResponse,
+              responses={404: {"description": "Unknown collection"},
+                         409: {"description": "No earlier activation, or it cannot be served"}})
+    async def rollback(self, collection: str) -> ActivationResponse:
+        """Activate the version that was active before the current one."""
+        self._watch()
+        return ActivationResponse(**await self.versions.rollback(collection))
+
     @app.get("/health", response_model=HealthResponse)
     async def health(self) -> JSONResponse:
+        self._watch()
         shards = []
         for c in self.pipeline.collections.values():
             results = await asyncio.gather(

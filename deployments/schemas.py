@@ -198,3 +198,31 @@ class HealthResponse(BaseModel):
 class ErrorResponse(BaseModel):
     error: str
     detail: Any = None
+
+
+class ActivateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$",
+                         description="A published version's name (python -m index_build.versions list ROOT).")
+
+
+class ActivationResponse(BaseModel):
+    collection: str
+    version: str = Field(description="The version served now (by this router replica; others follow within "
+                         "version_poll_s).")
+    previous: str
+    warm_ms: float = Field(description="Time the shards took to load the version.")
+
+
+class CollectionVersions(BaseModel):
+    serving: str = Field(description="The version this router replica answers from.")
+    follows_active: bool = Field(description="False when the configuration pins a version or a version folder.")
+    active: str | None = None
+    previous: str | None = Field(None, description="Where a rollback goes.")
+    published: list[str] = Field(default_factory=list)
+    error: str | None = Field(None, description="Why the active version is not the one served, if it is not.")
+
+
+class VersionsResponse(BaseModel):
+    collections: dict[str, CollectionVersions]

@@ -288,7 +288,7 @@ def build_index(cfg: BuildConfig) -> BuildSummary:
     write_json_atomic(staging / MANIFEST, manifest.model_dump(mode="json"))
     version_dir = publish(staging, root, name)
     if cfg.activate:
-        activate(root, name)
+        activate(root, name, by="index_build")
     seconds["publish"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
     return BuildSummary(name, version_dir, cfg.activate, total_docs, total_chunks, cfg.shards, reused, bad, seconds)

@@ -3,6 +3,7 @@
 Layout::
 
     ROOT/ACTIVE                  name of the live version (replaced with os.replace, never edited)
+    ROOT/activations.jsonl       one line per activation: when, which version, which it replaced, by whom
     ROOT/versions/<name>/        complete, immutable versions
     ROOT/staging/<build_key>/    builds in progress; a rerun with the same key resumes here
 
@@ -12,13 +13,16 @@ a reader never sees a half-built version. Older versions stay until ``remove_ver
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 from .manifest import MANIFEST, IndexMismatch, VersionManifest
 
 ACTIVE = "ACTIVE"
+ACTIVATIONS = "activations.jsonl"
 
 
 def versions_dir(root: Path) -> Path:
@@ -81,18 +85,56 @@ def publish(staging: Path, root: Path, name: str) -> Path:
     return target
 
 
-def activate(root: Path, name: str) -> None:
-    """Point ACTIVE at ``name``: write a temporary file and rename it over the old pointer."""
+def activate(root: Path, name: str, by: str = "cli") -> str | None:
+    """Point ACTIVE at ``name``: write a temporary file and rename it over the old pointer.
+
+    Returns the version it replaced. Running services watch ACTIVE and switch to the new version once
+    their shards have loaded it. ``name`` is looked up among the published versions, never joined
+    into a path unchecked, since it may come from an HTTP request.
+    """
     root = Path(root)
-    if not (versions_dir(root) / name / MANIFEST).is_file():
+    if name not in list_versions(root):
         raise IndexMismatch(f"cannot activate {name!r}: no such version under {versions_dir(root)}")
-    tmp = root / f".{ACTIVE}.{os.getpid()}.tmp"
+    previous = active_version(root)
+    tmp = root / f".{ACTIVE}.{os.getpid()}.{time.monotonic_ns()}.tmp"
     with open(tmp, "w") as f:
         f.write(name + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, root / ACTIVE)
     _fsync_dir(root)
+    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": name, "previous": previous,
+             "by": by}
+    with open(root / ACTIVATIONS, "a") as f:  # one short line per write: appends do not interleave
+        f.write(json.dumps(entry) + "\n")
+    return previous
+
+
+def activation_history(root: Path) -> list[dict]:
+    try:
+        lines = (Path(root) / ACTIVATIONS).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def previous_version(root: Path) -> str | None:
+    """The version that was active before the current one (what a rollback returns to)."""
+    live = active_version(root)
+    for entry in reversed(activation_history(root)):
+        if entry.get("version") == live:
+            return entry.get("previous")
+    return None
+
+
+def rollback(root: Path, by: str = "cli") -> tuple[str, str]:
+    """Activate the version that was active before this one; returns (from, to)."""
+    target = previous_version(root)
+    if target is None:
+        raise IndexMismatch(f"{root}: no earlier activation to roll back to")
+    if target not in list_versions(root):
+        raise IndexMismatch(f"cannot roll back to {target!r}: it was removed from {versions_dir(root)}")
+    return activate(root, target, by=by), target
 
 
 def remove_version(root: Path, name: str) -> None:
@@ -125,10 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="versions under ROOT, the active one marked with *")
     p.add_argument("root", type=Path)
-    for name, text in (("activate", "point ROOT/ACTIVE at VERSION (atomic)"), ("remove", "delete VERSION (not the active one)")):
+    for name, text in (("activate", "point ROOT/ACTIVE at VERSION (atomic); running services follow it"),
+                       ("remove", "delete VERSION (not the active one)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("root", type=Path)
         p.add_argument("version")
+    p = sub.add_parser("rollback", help="activate the version that was active before the current one")
+    p.add_argument("root", type=Path)
+    p = sub.add_parser("history", help="past activations, oldest first")
+    p.add_argument("root", type=Path)
     p = sub.add_parser("verify", help="check every shard's files against its manifest")
     p.add_argument("root", type=Path)
     p.add_argument("version", nargs="?")
@@ -141,8 +188,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{'*' if name == live else ' '} {name}  {m.counts['docs']:>9,} docs {m.counts['chunks']:>10,} chunks"
                       f"  {m.num_shards} shards  {m.encoder}  {m.created}")
         elif args.command == "activate":
-            activate(args.root, args.version)
-            print(f"active version: {args.version}")
+            previous = activate(args.root, args.version)
+            print(f"active version: {args.version} (was {previous or 'none'}); running services switch once their "
+                  "shards have loaded it")
+        elif args.command == "rollback":
+            was, now = rollback(args.root)
+            print(f"rolled back: active version {now} (was {was})")
+        elif args.command == "history":
+            for entry in activation_history(args.root):
+                print(f"{entry['time']}  {entry['version']}  (was {entry.get('previous') or 'none'}, by {entry.get('by')})")
         elif args.command == "remove":
             remove_version(args.root, args.version)
             print(f"removed {args.version}")

@@ -32,6 +32,19 @@ def test_keys_on():
         assert guard.check("GET", path, {}) is None  # probes and docs stay open
 
 
+def test_admin_routes_need_an_admin_key_when_keys_are_on():
+    user, user_digest = new_key()
+    admin, admin_digest = new_key()
+    guard = Guard(key_digests=frozenset({user_digest, admin_digest}), admin_digests=frozenset({admin_digest}))
+    body = headers(content_length="20")
+    path = "/admin/collections/default/activate"
+    assert guard.check("POST", path, body | {"x-api-key": admin}) is None
+    assert guard.check("POST", "/search", body | {"x-api-key": admin}) is None
+    assert guard.check("POST", path, body | {"x-api-key": user}).status == 403
+    assert guard.check("POST", path, body).status == 401
+    assert Guard().check("POST", path, body) is None  # keys off: open, like every route
+
+
 def test_body_size_is_checked_before_reading_it():
     guard = Guard(max_body_bytes=2048)
     assert guard.check("POST", "/search", headers(content_length="2048")) is None

@@ -54,3 +54,32 @@ def test_existing_names_and_unknown_versions_are_refused(tmp_path):
         publish(_staged(tmp_path, "k2"), tmp_path, "v")
     with pytest.raises(IndexMismatch):
         activate(tmp_path, "nope")
+
+
+def test_activations_are_logged_and_rollback_returns_to_the_one_before(tmp_path):
+    from index_build.versions import activation_history, previous_version, rollback
+
+    for key in ("v1", "v2", "v3"):
+        publish(_staged(tmp_path, key), tmp_path, key)
+    with pytest.raises(IndexMismatch, match="no earlier activation"):
+        rollback(tmp_path)
+    assert activate(tmp_path, "v1") is None
+    assert activate(tmp_path, "v2", by="api") == "v1"
+    assert previous_version(tmp_path) == "v1"
+    assert rollback(tmp_path) == ("v2", "v1") and active_version(tmp_path) == "v1"
+    assert rollback(tmp_path) == ("v1", "v2")  # a second rollback undoes the first
+    activate(tmp_path, "v3")
+    assert [(e["version"], e["previous"], e["by"]) for e in activation_history(tmp_path)] == [
+        ("v1", None, "cli"), ("v2", "v1", "api"), ("v1", "v2", "cli"), ("v2", "v1", "cli"), ("v3", "v2", "cli")]
+    remove_version(tmp_path, "v2")
+    with pytest.raises(IndexMismatch, match="removed"):
+        rollback(tmp_path)
+
+
+def test_activate_only_opens_published_names(tmp_path):
+    publish(_staged(tmp_path, "v1"), tmp_path, "v1")
+    (tmp_path / "versions" / "half").mkdir()  # no manifest: not a published version
+    for name in ("../v1", "versions/v1", "half", ""):
+        with pytest.raises(IndexMismatch):
+            activate(tmp_path, name)
+    assert active_version(tmp_path) is None

@@ -1,0 +1,192 @@
+"""Switching a running router to another index version: warm first, then one swap, never a mix.
+
+The index root's ``ACTIVE`` pointer is the one source of truth, written by ``index_build`` when a build
+finishes, by ``python -m index_build.versions activate|rollback``, or by the admin API. Every router
+replica watches it. To switch a collection, a replica first asks each shard slot for the new version
+(each slot's replicas load it beside the old one), and only when every shard has answered does it
+replace the collection with one object pinned to the new version. A request takes its collection
+once, at its start, and passes that version with every shard call, so a request that began on the old
+version finishes on it and none sees both.
+
+What a running app cannot switch to without a redeploy is refused with the reason: a version built
+with another encoder (the query encoder is deployed per model), or with more shards than the app has
+shard slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from index_build.manifest import IndexMismatch, VersionManifest
+from index_build.versions import (
+    activate,
+    active_version,
+    list_versions,
+    previous_version,
+    read_version_manifest,
+    versions_dir,
+)
+
+from .pipeline import Collection, EncoderClient, ShardClient, failure
+
+logger = logging.getLogger("ray.serve")
+
+
+class ActivationError(Exception):
+    """An activation that cannot happen; ``status`` is the HTTP status the admin API answers with."""
+
+    def __init__(self, message: str, status: int = 409):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class DeployedCollection:
+    """What a collection was deployed with; fixed until the next deploy."""
+
+    name: str
+    root: Path | None  # None: the config named a version folder or pinned a version, so it never moves
+    encoder_model: str
+    dimension: int
+    slots: list[tuple[str, Any]]  # (shard name, handle of that shard slot's deployment)
+    encoder: EncoderClient
+    rerank: bool = True
+
+    @property
+    def follows_active(self) -> bool:
+        return self.root is not None
+
+
+def check_switchable(deployed: DeployedCollection, manifest: VersionManifest) -> None:
+    """Why this running app cannot serve ``manifest``'s version without a redeploy, or nothing."""
+    if manifest.encoder != deployed.encoder_model or manifest.dimension != deployed.dimension:
+        raise ActivationError(
+            f"version {manifest.version!r} was embedded with {manifest.encoder} ({manifest.dimension} dims); this app "
+            f"encodes queries with {deployed.encoder_model} ({deployed.dimension} dims): redeploy to serve it")
+    slot_names = [name for name, _ in deployed.slots]
+    if list(manifest.shards) != slot_names[: len(manifest.shards)]:
+        raise ActivationError(
+            f"version {manifest.version!r} has {len(manifest.shards)} shards; this app was deployed with "
+            f"{len(slot_names)} shard slots ({', '.join(slot_names)}): redeploy with that version to serve it")
+
+
+@dataclass
+class SwitchState:
+    attempted: dict[str, tuple[str, float]] = field(default_factory=dict)  # collection -> (version, when tried)
+    errors: dict[str, str] = field(default_factory=dict)  # collection -> why that version is not served
+
+
+class VersionSwitch:
+    """Moves one router replica's collections to the active index version, warming shards first."""
+
+    def __init__(self, collections: dict[str, Collection], deployed: dict[str, DeployedCollection],
+                 make_shard: Callable[[str, Any, str], ShardClient], warm_timeout_s: float = 120.0,
+                 retry_s: float = 30.0):
+        self.collections = collections  # the pipeline's own dict: a switch replaces one entry
+        self.deployed = deployed
+        self.make_shard = make_shard
+        self.warm_timeout_s = warm_timeout_s
+        self.retry_s = retry_s  # a version that failed to switch is tried again after this long
+        self.state = SwitchState()
+        self._locks = {name: asyncio.Lock() for name in deployed}
+
+    def _deployed(self, name: str) -> DeployedCollection:
+        deployed = self.deployed.get(name)
+        if deployed is None:
+            raise ActivationError(f"unknown collection {name!r}; known: {', '.join(sorted(self.deployed))}", 404)
+        if not deployed.follows_active:
+            raise ActivationError(f"collection {name!r} is pinned to version {self.collections[name].version!r} in "
+                                  "the configuration (a version folder, or 'version' set): edit it and redeploy")
+        return deployed
+
+    def _manifest(self, deployed: DeployedCollection, version: str) -> VersionManifest:
+        # The name may come from an HTTP request: it is matched against the published versions first.
+        if version not in list_versions(deployed.root):
+            raise ActivationError(f"no index version {version!r} under {deployed.name!r}; published: "
+                                  f"{', '.join(list_versions(deployed.root)) or 'none'}", 404)
+        try:
+            manifest = read_version_manifest(versions_dir(deployed.root) / version)
+        except IndexMismatch as e:
+            raise ActivationError(str(e)) from None
+        check_switchable(deployed, manifest)
+        return manifest
+
+    async def switch(self, name: str, version: str) -> dict:
+        """Serve ``version`` of collection ``name`` from this replica, once all its shards hold it."""
+        deployed = self._deployed(name)
+        async with self._locks[name]:
+            current = self.collections[name]
+            if current.version == version:
+                return {"collection": name, "version": version, "previous": version, "warm_ms": 0.0}
+            self.state.attempted[name] = (version, time.monotonic())
+            manifest = self._manifest(deployed, version)
+            shards = [self.make_shard(shard, handle, version) for shard, handle in deployed.slots[: manifest.num_shards]]
+            t0 = time.perf_counter()
+            try:
+                infos = await asyncio.wait_for(asyncio.gather(*(s.info() for s in shards)), self.warm_timeout_s)
+            except Exception as exc:
+                reason = f"loading {version!r} on the shards {failure(exc)}: {exc}"[:500]
+                self.state.errors[name] = reason
+                raise ActivationError(reason, 503) from exc
+            fields: dict[str, str] = {}
+            for info in infos:
+                fields.update(info["fields"])
+            self.collections[name] = Collection(name=name, version=version, shards=shards, encoder=deployed.encoder,
+                                                fields=fields, rerank=deployed.rerank)
+            self.state.errors.pop(name, None)
+            warm_ms = round((time.perf_counter() - t0) * 1000, 1)
+            logger.info(f"collection {name!r}: now serving index version {version!r} (was {current.version!r}; "
+                        f"shards warmed in {warm_ms} ms)")
+            return {"collection": name, "version": version, "previous": current.version, "warm_ms": warm_ms}
+
+    async def activate(self, name: str, version: str, by: str = "api") -> dict:
+        """Warm, switch this replica, then move ACTIVE so the other replicas follow."""
+        deployed = self._deployed(name)
+        self._manifest(deployed, version)
+        result = await self.switch(name, version)
+        if active_version(deployed.root) != version:
+            activate(deployed.root, version, by=by)
+        return result
+
+    async def rollback(self, name: str, by: str = "api") -> dict:
+        deployed = self._deployed(name)
+        target = previous_version(deployed.root)
+        if target is None:
+            raise ActivationError(f"collection {name!r}: no earlier activation to roll back to")
+        return await self.activate(name, target, by=by)
+
+    async def follow(self) -> None:
+        """One look at every ACTIVE pointer; switch where it moved (a version that failed waits ``retry_s``)."""
+        for name, deployed in self.deployed.items():
+            if not deployed.follows_active:
+                continue
+            wanted = active_version(deployed.root)
+            if wanted is None or wanted == self.collections[name].version:
+                continue
+            tried, when = self.state.attempted.get(name, (None, 0.0))
+            if tried == wanted and time.monotonic() - when < self.retry_s:
+                continue
+            try:
+                await self.switch(name, wanted)
+            except ActivationError as e:
+                self.state.errors[name] = str(e)
+                logger.error(f"collection {name!r}: not switching to index version {wanted!r}: {e}")
+
+    def describe(self, names: Sequence[str] | None = None) -> dict[str, dict]:
+        out = {}
+        for name in names or sorted(self.deployed):
+            deployed = self.deployed[name]
+            entry: dict[str, Any] = {"serving": self.collections[name].version, "follows_active": deployed.follows_active}
+            if deployed.follows_active:
+                entry.update(active=active_version(deployed.root), previous=previous_version(deployed.root),
+                             published=list_versions(deployed.root))
+            if name in self.state.errors:
+                entry["error"] = self.state.errors[name]
+            out[name] = entry
+        return out

@@ -1,0 +1,170 @@
+"""Activating another index version in a running application, under load, over HTTP.
+
+Two versions of one corpus are built into one index root; their document ids differ ("d..." in v1,
+"v2-d..." in v2), so a response that mixed versions would show it. Clients search without pause while
+the admin API switches to v2 and the versions CLI rolls back to v1; every response must be a 200 whose
+results all come from the one version it names.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from deployments.guard import new_key
+from index_build.build import build_index
+from index_build.config import BuildConfig
+from index_build.versions import active_version, rollback
+from tests.conftest import make_corpus, write_jsonl
+from tests.integration.conftest import ENCODER
+
+PORT = 18233
+ADMIN_KEY, ADMIN_DIGEST = new_key()
+USER_KEY, USER_DIGEST = new_key()
+QUERIES = ["telescope galaxy", "bread oven butter", "boat wind anchor", "piano chord", "lucene shard replica"]
+
+
+def _version_of(doc_id: str) -> str:
+    return "v2" if doc_id.startswith("v2-") else "v1"
+
+
+@pytest.fixture(scope="module")
+def root(ray_local, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("activation")
+    docs = make_corpus(40)
+    renamed = [{**d, "_id": "v2-" + d["_id"]} for d in docs]
+    common = {"out": folder / "index", "encoder": ENCODER, "chunk_size": 40, "chunk_overlap": 8, "progress": False}
+    for version, records, shards, active in (("v1", docs, 2, True), ("v2", renamed, 2, False),
+                                              ("v3-three-shards", docs, 3, False), ("v4-one-shard", renamed, 1, False)):
+        corpus = write_jsonl(folder / f"{version}.jsonl", records)
+        build_index(BuildConfig(corpus=corpus, shards=shards, version=version, activate=active, **common))
+    return folder / "index"
+
+
+@pytest.fixture(scope="module")
+def served(root):
+    from ray import serve
+
+    from deployments.app import build_app
+
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    app = build_app({
+        "index": str(root), "shard_replicas": 2, "shard_num_cpus": 0.1,
+        "router": {"shard_timeout_s": 10, "cache_size": 0, "version_poll_s": 0.2},
+        "security": {"api_key_digests": [USER_DIGEST], "admin_key_digests": [ADMIN_DIGEST]},
+    })
+    serve.run(app, name="activation", route_prefix="/", blocking=False)
+    with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60,
+                      headers={"Authorization": f"Bearer {USER_KEY}"}) as client:
+        yield client
+    serve.delete("activation")
+    serve.shutdown()
+
+
+class Load:
+    """Clients searching without pause; every response kept with the time its request started."""
+
+    def __init__(self, clients: int = 3):
+        self.seen: list[tuple[float, int, str | None, set[str]]] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(clients)]
+
+    def _run(self, i: int) -> None:
+        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60,
+                          headers={"Authorization": f"Bearer {USER_KEY}"}) as client:
+            n = i
+            while not self.stop.is_set():
+                started = time.monotonic()
+                r = client.post("/search", json={"query": QUERIES[n % len(QUERIES)], "limit": 10})
+                n += 1
+                body = r.json() if r.status_code == 200 else {}
+                self.seen.append((started, r.status_code, body.get("index_version", {}).get("default"),
+                                  {_version_of(x["doc_id"]) for x in body.get("results", [])}))
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def _wait_serving(client, version: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    while time.monotonic() < deadline:
+        if client.get("/admin/versions", headers=admin).json()["collections"]["default"]["serving"] == version:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"still not serving {version} after {timeout_s} s")
+
+
+def test_admin_routes_need_an_admin_key(served):
+    client = served
+    assert client.get("/admin/versions", headers={"Authorization": ""}).status_code == 401
+    r = client.post("/admin/collections/default/activate", json={"version": "v2"})  # a search key
+    assert r.status_code == 403 and "admin_key_digests" in r.json()["error"]
+    state = client.get("/admin/versions", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
+    assert state["collections"]["default"]["serving"] == "v1"
+    assert state["collections"]["default"]["published"] == ["v1", "v2", "v3-three-shards", "v4-one-shard"]
+
+
+def test_refused_activations_say_why_and_change_nothing(served, root):
+    client = served
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    r = client.post("/admin/collections/default/activate", json={"version": "v3-three-shards"}, headers=admin)
+    assert r.status_code == 409 and "3 shards" in r.json()["error"] and "redeploy" in r.json()["error"]
+    r = client.post("/admin/collections/default/activate", json={"version": "v9"}, headers=admin)
+    assert r.status_code == 404 and "published: v1, v2" in r.json()["error"]
+    assert client.post("/admin/collections/default/activate", json={"version": "../../etc"},
+                       headers=admin).status_code == 422
+    assert client.post("/admin/collections/nope/activate", json={"version": "v2"}, headers=admin).status_code == 404
+    assert active_version(root) == "v1"
+    assert client.post("/search", json={"query": "telescope"}).json()["index_version"] == {"default": "v1"}
+
+
+def test_activate_and_roll_back_under_load_without_errors_or_mixed_responses(served, root):
+    client = served
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with Load() as load:
+        time.sleep(1.5)
+        r = client.post("/admin/collections/default/activate", json={"version": "v2"}, headers=admin)
+        switched = time.monotonic()
+        assert r.status_code == 200, r.text
+        assert r.json()["previous"] == "v1" and r.json()["version"] == "v2"
+        assert active_version(root) == "v2"
+        time.sleep(1.5)
+        cli_at = time.monotonic()
+        was, now = rollback(root)  # the CLI's way: only the ACTIVE file changes; the router follows it
+        assert (was, now) == ("v2", "v1")
+        _wait_serving(client, "v1")
+        rolled_back = time.monotonic()
+        time.sleep(1.0)
+    seen = load.seen
+    assert len(seen) > 30
+    assert [s for s in seen if s[1] != 200] == []
+    for _, _, version, from_versions in seen:
+        assert from_versions <= {version}, f"a response named {version} but held results of {from_versions}"
+    # One router replica: a request that starts after the switch returned is on the new version.
+    assert {v for t, _, v, _ in seen if switched < t < cli_at} <= {"v2"}
+    assert {v for t, _, v, _ in seen if t > rolled_back} == {"v1"}
+    assert {v for *_, v, _ in seen} == {"v1", "v2"}
+
+
+def test_a_version_with_fewer_shards_is_served_by_the_first_slots(served, root):
+    client = served
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    r = client.post("/admin/collections/default/activate", json={"version": "v4-one-shard"}, headers=admin)
+    assert r.status_code == 200, r.text
+    body = client.post("/search", json={"query": "telescope galaxy", "limit": 5}).json()
+    assert body["index_version"] == {"default": "v4-one-shard"} and body["coverage"]["shards_asked"] == 1
+    assert body["results"] and all(x["doc_id"].startswith("v2-") for x in body["results"])
+    r = client.post("/admin/collections/default/rollback", headers=admin)
+    assert r.status_code == 200 and r.json()["version"] == "v1"
+    assert active_version(root) == "v1"

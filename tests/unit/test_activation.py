@@ -1,0 +1,125 @@
+"""The router's version switch, Ray-free: warm every shard, then one swap; refusals keep the old version."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from deployments.activation import ActivationError, DeployedCollection, VersionSwitch
+from deployments.pipeline import Collection
+from index_build.manifest import MANIFEST
+from index_build.versions import activate, active_version, versions_dir
+
+
+def _publish(root, name, shards=2, encoder="hashing:64", dimension=64):
+    folder = versions_dir(root) / name
+    folder.mkdir(parents=True)
+    (folder / MANIFEST).write_text(json.dumps({
+        "version": name, "build_key": name, "created": "2026-11-22T00:00:00Z", "corpus": {}, "encoder": encoder,
+        "dimension": dimension, "metric": "ip", "num_shards": shards, "shards": [f"shard-{i:03d}" for i in range(shards)],
+        "counts": {"docs": 1, "chunks": 1}, "bm25": {}, "build_config": {}, "code_version": "test"}))
+
+
+class Slot:
+    """A shard slot's stand-in: answers ``info`` for a version, slowly, or fails for one named version."""
+
+    def __init__(self, name, version, log, broken=frozenset(), delay_s=0.0):
+        self.name, self.version, self.log, self.broken, self.delay_s = name, version, log, broken, delay_s
+
+    async def info(self):
+        self.log.append((self.name, self.version))
+        await asyncio.sleep(self.delay_s)
+        if self.version in self.broken:
+            raise OSError("checksum mismatch")
+        return {"fields": {f"field-of-{self.version}": "keyword"}}
+
+
+@pytest.fixture
+def setup(tmp_path):
+    for name, shards in (("v1", 2), ("v2", 2), ("v3", 3), ("v4", 1)):
+        _publish(tmp_path, name, shards)
+    _publish(tmp_path, "other-encoder", encoder="some/other-model", dimension=384)
+    activate(tmp_path, "v1")
+    log: list = []
+    broken: set = set()
+    slots = [("shard-000", None), ("shard-001", None)]
+    deployed = {"docs": DeployedCollection("docs", tmp_path, "hashing:64", 64, slots, encoder=None)}
+
+    def make_shard(name, _handle, version):
+        return Slot(name, version, log, broken, delay_s=0.05)
+
+    collections = {"docs": Collection("docs", "v1", [make_shard(n, h, "v1") for n, h in slots], None)}
+    return VersionSwitch(collections, deployed, make_shard, warm_timeout_s=5, retry_s=0.0), collections, log, broken
+
+
+def test_every_shard_loads_the_version_before_the_one_swap(setup, tmp_path):
+    switch, collections, log, _ = setup
+    before = collections["docs"]
+
+    async def run():
+        task = asyncio.create_task(switch.activate("docs", "v2"))
+        await asyncio.sleep(0.02)
+        assert collections["docs"] is before  # still warming: requests keep the old version
+        return await task
+
+    result = asyncio.run(run())
+    assert result["previous"] == "v1" and result["version"] == "v2"
+    assert sorted(log) == [("shard-000", "v2"), ("shard-001", "v2")]
+    now = collections["docs"]
+    assert now.version == "v2" and {s.version for s in now.shards} == {"v2"}
+    assert now.fields == {"field-of-v2": "keyword"}
+    assert before.version == "v1" and {s.version for s in before.shards} == {"v1"}  # in-flight requests' view
+    assert active_version(tmp_path) == "v2"
+    assert asyncio.run(switch.rollback("docs"))["version"] == "v1" and active_version(tmp_path) == "v1"
+
+
+def test_what_needs_a_redeploy_is_refused_with_the_reason(setup, tmp_path):
+    switch, collections, _, _ = setup
+    with pytest.raises(ActivationError, match="3 shards; this app was deployed with 2 shard slots") as e:
+        asyncio.run(switch.activate("docs", "v3"))
+    assert e.value.status == 409
+    with pytest.raises(ActivationError, match="some/other-model"):
+        asyncio.run(switch.activate("docs", "other-encoder"))
+    with pytest.raises(ActivationError, match="no index version 'v9'") as e:
+        asyncio.run(switch.activate("docs", "v9"))
+    assert e.value.status == 404
+    assert collections["docs"].version == "v1" and active_version(tmp_path) == "v1"
+    assert asyncio.run(switch.activate("docs", "v4"))["version"] == "v4"
+    assert [s.name for s in collections["docs"].shards] == ["shard-000"]  # fewer shards: the first slots
+
+
+def test_a_version_the_shards_cannot_load_leaves_the_old_one_serving(setup, tmp_path):
+    switch, collections, _, broken = setup
+    broken.add("v2")
+    with pytest.raises(ActivationError, match="checksum mismatch") as e:
+        asyncio.run(switch.activate("docs", "v2"))
+    assert e.value.status == 503
+    assert collections["docs"].version == "v1" and active_version(tmp_path) == "v1"  # ACTIVE not moved
+
+
+def test_follow_switches_when_active_moves_elsewhere_and_reports_what_it_cannot_serve(setup, tmp_path):
+    switch, collections, _, broken = setup
+    asyncio.run(switch.follow())
+    assert collections["docs"].version == "v1"
+    activate(tmp_path, "v2")  # e.g. index_build finishing, or the versions CLI
+    asyncio.run(switch.follow())
+    assert collections["docs"].version == "v2"
+    activate(tmp_path, "v3")
+    asyncio.run(switch.follow())
+    assert collections["docs"].version == "v2"
+    state = switch.describe()["docs"]
+    assert state["serving"] == "v2" and state["active"] == "v3" and "3 shards" in state["error"]
+    assert state["previous"] == "v2"
+
+
+def test_a_pinned_collection_never_moves(tmp_path):
+    _publish(tmp_path, "v1")
+    deployed = {"docs": DeployedCollection("docs", None, "hashing:64", 64, [("shard-000", None)], encoder=None)}
+    collections = {"docs": Collection("docs", "v1", [], None)}
+    switch = VersionSwitch(collections, deployed, lambda *a: None)
+    with pytest.raises(ActivationError, match="pinned"):
+        asyncio.run(switch.activate("docs", "v1"))
+    asyncio.run(switch.follow())
+    assert switch.describe() == {"docs": {"serving": "v1", "follows_active": False}}

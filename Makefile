@@ -17,7 +17,7 @@ export TOKENIZERS_PARALLELISM := false
 # pip 23 prints a harmless warning per missing local index folder; keep real errors visible.
 PIP_QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: setup demo test test-slow lint bench-build clean-demo
+.PHONY: setup demo test test-slow lint bench-build bench-peers clean-demo
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,13 @@ lint: setup
 
 bench-build: setup
 	$(PY) -m bench.build_throughput --data ../shared/data
+
+# Peers side by side (bench/README.md); DATA holds BEIR folders, indexes are built by bench-build.
+DATA ?= ../shared/data
+bench-peers: setup
+	$(PY) -m pip install -q --disable-pip-version-check -r bench/requirements-peers.txt $(PIP_QUIET)
+	$(PY) -m bench.peers --data $(DATA) --datasets scifact cranfield \
+		--index scifact=bench/out/indexes/scifact-4 --index cranfield=bench/out/indexes/cranfield-4
 
 clean-demo:
 	rm -rf indexes/demo data/demo

@@ -38,17 +38,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=float, default=5)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--shard-replicas", type=int, default=2)
+    ap.add_argument("--reranker", metavar="MODEL", help="also deploy this cross-encoder (or minilm-l6-arch: its "
+                    "architecture with random weights) and kill its replicas too")
+    ap.add_argument("--rerank-depth", type=int, default=10)
     ap.add_argument("--port", type=int, default=18450)
     ap.add_argument("--out", type=Path, default=Path("bench/out/chaos.json"))
     args = ap.parse_args(argv)
 
     queries = list(load_beir(args.data / args.dataset)[0].values())
     extra = ["--no-cache", "--shard-replicas", str(args.shard_replicas), "--shard-num-cpus", "0.1"]
+    body: dict = {"limit": 10}
+    if args.reranker:
+        from bench.reranker_throughput import ARCH, build_minilm_arch
+
+        model = build_minilm_arch(None) if args.reranker == ARCH else args.reranker
+        extra += ["--reranker", model, "--rerank-timeout-s", "10"]
+        body["rerank_depth"] = args.rerank_depth
     kills: list[dict] = []
 
-    def search(client: httpx.Client, rng: random.Random) -> tuple[int, bool]:
-        r = client.post("/search", json={"query": rng.choice(queries), "limit": 10})
-        return r.status_code, r.status_code == 200 and r.json()["coverage"]["degraded"]
+    def search(client: httpx.Client, rng: random.Random) -> tuple[int, bool, bool]:
+        r = client.post("/search", json={"query": rng.choice(queries), **body})
+        ok = r.status_code == 200
+        return r.status_code, ok and r.json()["coverage"]["degraded"], ok and not r.json()["reranked"]
 
     with served(args.index, args.port, extra) as base:
         import ray
@@ -56,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(address="auto", log_to_driver=False)
         for _ in range(20):  # warm every replica up
             httpx.post(f"{base}/search", json={"query": queries[0], "limit": 10}, timeout=60)
-        with ClosedLoop(base, args.clients, search, on_error=lambda e, s: (-1, False)) as load:
+        with ClosedLoop(base, args.clients, search, on_error=lambda e, s: (-1, False, False)) as load:
             rng = random.Random(0)
             t_end = time.time() + args.seconds
             while time.time() < t_end:
@@ -70,13 +81,16 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"killed {kills[-1]['replica']} at {kills[-1]['t']} s", flush=True)
         ray.shutdown()
 
-    answers = [(status, degraded, seconds) for _, seconds, (status, degraded) in load.answers]
+    answers = [(status, degraded, seconds) for _, seconds, (status, degraded, _) in load.answers]
+    not_reranked = sum(fallback for *_, (_, _, fallback) in load.answers)
     statuses = Counter(s for s, _, _ in answers)
     latencies = sorted(lat for s, _, lat in answers if s == 200)
     record = {"machine": machine(), "index": str(args.index), "seconds": args.seconds, "every_s": args.every,
               "clients": args.clients, "shard_replicas": args.shard_replicas, "kills": kills,
               "requests": len(answers), "statuses": {str(k): v for k, v in statuses.items()},
               "failed": len(answers) - statuses.get(200, 0), "degraded": sum(d for _, d, _ in answers),
+              "reranker": args.reranker, "rerank_depth": args.rerank_depth if args.reranker else None,
+              "not_reranked": not_reranked if args.reranker else None,
               "p50_ms": percentile_ms(latencies, 0.5), "p99_ms": percentile_ms(latencies, 0.99)}
     write_record(args.out, record)
     print(json.dumps({k: v for k, v in record.items() if k != "kills"}, indent=2))

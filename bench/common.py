@@ -67,6 +67,13 @@ def percentile_ms(sorted_seconds: list[float], q: float) -> float | None:
 def served(index: Path, port: int, extra: list[str] | None = None, startup_s: float = 300):
     """``python -m deployments`` in a child process, until the block ends; yields the base URL."""
     cmd = [sys.executable, "-m", "deployments", "--index", str(index), "--port", str(port), *(extra or [])]
+    with service_process(cmd, port, startup_s) as base:
+        yield base
+
+
+@contextmanager
+def service_process(cmd: list[str], port: int, startup_s: float = 300):
+    """Any HTTP service started by ``cmd``, once its ``/health`` answers 200; stopped when the block ends."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:

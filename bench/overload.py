@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         "shed_with_retry_after": sum(1 for s, _, ra in results if s == 503 and ra),
         "p50_ms_answered": percentile_ms(ok, 0.5), "p99_ms_answered": percentile_ms(ok, 0.99),
         "rss_mb_before": round(rss[0]), "rss_mb_max": round(max(rss)), "rss_mb_end": round(rss[-1]),
+        # Bounded means flat once warm: the second half of the run should add (almost) nothing.
+        "rss_mb_mid": round(rss[len(rss) // 2]), "rss_mb_every_10s": [round(x) for x in rss[::10]],
         "after_overload_search_status": after, "after_overload_health_status": health,
     }
     write_record(args.out, record)

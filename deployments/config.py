@@ -29,6 +29,9 @@ class RouterSettings(BaseModel):
         20, ge=0, description="Shards send the texts of each leg's best min(limit, this) hits with their "
         "answer, sparing a fetch round trip; 0 always fetches afterwards.")
     shard_timeout_s: float = Field(2.0, gt=0, description="Per-shard deadline; late shards count as not answered.")
+    encoder_timeout_s: float = Field(
+        5.0, gt=0, description="Deadline of the query embedding; past it a hybrid search answers from BM25 alone "
+        "(with a warning) and a vector search gets a 503.")
     token_budget: int = Field(2000, ge=16, description="Default token budget of the assembled context.")
     history_turns: int = Field(2, ge=0, description="Recent user turns added to the query.")
     synonyms: dict[str, list[str]] = Field(default_factory=dict, description="term -> synonyms for expansion.")

@@ -157,8 +157,8 @@ class SearchPipeline:
                     raise RequestError(f"filter on {name!r} has no condition (null)", status=422)
         return targets
 
-    def _wants_rerank(self, req: SearchRequest, targets: list[Collection]) -> bool:
-        """Whether to rerank, refusing up front (400) what this service cannot do rather than ignoring it."""
+    def _check_stages(self, req: SearchRequest, targets: list[Collection]) -> bool:
+        """Refuse up front (400) a stage this service cannot run rather than ignoring it; returns whether to rerank."""
         llm = req.rerank_with is RerankWith.llm
         if llm and req.rerank is not False and not (self.synthesizer and self.synthesizer.llm_rerank):
             raise RequestError("rerank_with: llm is not enabled on this service "
@@ -261,18 +261,24 @@ class SearchPipeline:
         timings: dict[str, float] = {}
         trace: dict[str, Any] = {}
         warnings: list[str] = []
-        rerank = self._wants_rerank(req, targets)
+        rerank = self._check_stages(req, targets)
         text = self._query_text(req, trace)
 
+        s = self.settings
         need_vector = req.method is not Method.keyword or req.mmr_lambda is not None
         vectors: dict[str, np.ndarray] = {}
         if need_vector:
             t = time.perf_counter()
-            embedded = await asyncio.gather(*(c.encoder.embed(text) for c in targets))
-            vectors = dict(zip((c.name for c in targets), embedded, strict=True))
+            try:
+                embedded = await asyncio.wait_for(asyncio.gather(*(c.encoder.embed(text) for c in targets)),
+                                                  s.encoder_timeout_s)
+                vectors = dict(zip((c.name for c in targets), embedded, strict=True))
+            except Exception as exc:  # a hybrid search can still answer from its keyword leg
+                if req.method is not Method.hybrid or req.mmr_lambda is not None:
+                    raise RequestError(f"the query encoder {failure(exc)}; retry shortly", 503) from exc
+                warnings.append(f"query encoder {failure(exc)}: keyword results only")
             timings["embed"] = (time.perf_counter() - t) * 1000
 
-        s = self.settings
         hybrid = req.method is Method.hybrid
         if hybrid or req.mmr_lambda is not None or len(targets) > 1:
             # Fusion and MMR look past the final top-n: ask each leg for more candidates.
@@ -285,7 +291,7 @@ class SearchPipeline:
         if rerank:
             rerank_depth = max(req.rerank_depth or s.rerank_depth, req.limit)
             depth = max(depth, min(rerank_depth, s.candidate_cap))
-        k_dense = depth if req.method is not Method.keyword else 0
+        k_dense = depth if req.method is not Method.keyword and vectors else 0
         k_keyword = depth if req.method is not Method.vector else 0
         fan_vectors = vectors if req.method is not Method.keyword else {}
         rows_for_top = min(max(req.limit, rerank_depth), s.rows_with_answers)

@@ -102,7 +102,8 @@ async def _replica_gone(request: Request, exc: RayActorError) -> JSONResponse:
 
 @app.exception_handler(RequestError)
 async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
-    return JSONResponse(status_code=exc.status, content={"error": str(exc)})
+    headers = {"Retry-After": "2"} if exc.status == 503 else None
+    return JSONResponse(status_code=exc.status, content={"error": str(exc)}, headers=headers)
 
 
 @app.exception_handler(ActivationError)

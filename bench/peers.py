@@ -99,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         if "langchain" in args.only:
             cmd = [sys.executable, "-m", "bench.langchain_service", "--corpus", str(folder / "corpus.jsonl"),
                    "--port", str(args.port + 1)]
-            if dataset in indexes:
-                cmd += ["--vectors-from", indexes[dataset]]
+            if dataset in indexes:  # the same encoder as this project's index, and its document vectors
+                from index_build.versions import read_version_manifest, resolve_version_dir
+
+                encoder = read_version_manifest(resolve_version_dir(Path(indexes[dataset]))).encoder
+                cmd += ["--vectors-from", indexes[dataset], "--model", encoder]
             with service_process(cmd, args.port + 1, startup_s=1800) as base:
                 rows["langchain ensemble 0.7/0.3 (FastAPI)"] = over_http(base, queries, qrels, {}, args.concurrency,
                                                                          args.seconds)

@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rerank-timeout-s", type=float, default=5.0,
                         help="past this the fused order is returned (reranked: false); a MiniLM-L6 cross-encoder "
                              "takes about 5 s for 40 candidates on 2 CPU cores")
+    parser.add_argument("--reranker-replicas", type=int, metavar="N",
+                        help="with --reranker: exactly N replicas (default: autoscaled between 1 and 2)")
     parser.add_argument("--max-inflight", type=int, default=64,
                         help="requests the router works on at once; more are answered 503 with Retry-After")
     parser.add_argument("--example", metavar="QUERY", help="once serving, send this query and print the answer")
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from .app import build_app
     from .config import (
         AppConfig,
+        Autoscaling,
         CollectionConfig,
         RerankerConfig,
         RouterSettings,
@@ -89,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
                                               rerank_timeout_s=args.rerank_timeout_s),
                         # Logical CPUs: small reservations so everything fits on a 2-core machine; torch threads
                         # are set separately.
-                        reranker=RerankerConfig(model=args.reranker, num_cpus=0.25, threads=os.cpu_count()),
+                        reranker=RerankerConfig(
+                            model=args.reranker, num_cpus=0.25, threads=os.cpu_count(),
+                            **({"autoscaling": Autoscaling(min_replicas=args.reranker_replicas,
+                                                           max_replicas=args.reranker_replicas)}
+                               if args.reranker_replicas else {})),
                         synthesis=SynthesisConfig(enabled=args.synthesis, model=args.synthesis_model,
                                                   llm_rerank=args.llm_rerank, num_cpus=0.25,
                                                   threads=os.cpu_count()))

@@ -89,9 +89,10 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
                 name=f"{name}-{shard}",
                 num_replicas=cfg.shard_replicas,
                 max_ongoing_requests=cfg.shard_max_ongoing_requests,
-                ray_actor_options={"num_cpus": cfg.shard_num_cpus, "resources": dict(cfg.shard_resources)},
+                ray_actor_options={"num_cpus": cfg.shard_num_cpus, "num_gpus": cfg.shard_num_gpus,
+                                   "resources": dict(cfg.shard_resources)},
             ).bind(str(index) if follows else None, str(version_dir), shard, expect, cfg.verify_checksums,
-                   cfg.lucene_heap, cfg.shard_max_versions))
+                   cfg.lucene_heap, cfg.shard_max_versions, cfg.shard_search_device))
             for shard in manifest.shards
         ]
         collections[name] = {"version": manifest.version, "shards": slots, "encoder": encoders[manifest.encoder],

@@ -187,6 +187,10 @@ class AppConfig(BaseModel):
     shard_max_versions: int = Field(
         2, ge=1, description="Index versions a shard replica holds at once: 2 keeps the one before the active "
         "version loaded, so a rollback is instant; a switch needs room for the new one beside the old one.")
+    shard_search_device: str = Field(
+        "cpu", pattern="^(auto|cpu|cuda)$", description="cpu: each shard's FAISS index as built. cuda: exact search "
+        "with torch on the GPU (float16 vectors; set shard_num_gpus). auto: cuda where the replica sees a GPU.")
+    shard_num_gpus: float = Field(0, ge=0, description="GPUs per shard replica (fractions share one GPU).")
     shard_resources: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources each shard replica needs, to place shards on "
         "chosen nodes of a cluster (e.g. {search_node: 1} with `ray start --resources='{\"search_node\": 8}'`).")

@@ -48,3 +48,47 @@ class DenseShard:
             [Hit(self.chunk_ids[r], float(s), self.shard) for s, r in zip(srow, rrow, strict=True) if r >= 0]
             for srow, rrow in zip(scores, rows, strict=True)
         ]
+
+
+class TorchDenseShard:
+    """Exact inner-product search with torch on a chosen device: the GPU path of a shard replica.
+
+    On a GPU a shard's vectors fit in memory as float16 and one matrix product over all of them is
+    faster than any CPU index, so the replica keeps them there and needs no approximate index. The same
+    code runs on CPU (where it is tested against FAISS); ``DenseShard`` stays the CPU default.
+    """
+
+    def __init__(self, vectors: np.ndarray, chunk_ids: Sequence[str], shard: int = -1, device: str = "cuda",
+                 dtype: str = "float16"):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, dtype) if self.device.type == "cuda" else torch.float32
+        self.vectors = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32)).to(self.device, self.dtype)
+        self.chunk_ids = list(chunk_ids)
+        self.shard = shard
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.vectors.shape[0])
+
+    def search(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None = None) -> list[list[Hit]]:
+        torch = self.torch
+        queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+        if self.ntotal == 0 or (allowed_rows is not None and len(allowed_rows) == 0):
+            return [[] for _ in range(len(queries))]
+        with torch.inference_mode():
+            q = torch.from_numpy(queries).to(self.device, self.dtype)
+            scores = (q @ self.vectors.T).float()
+            if allowed_rows is not None:
+                keep = torch.full((self.ntotal,), float("-inf"), device=self.device)
+                keep[torch.from_numpy(np.asarray(allowed_rows, dtype=np.int64)).to(self.device)] = 0.0
+                scores = scores + keep
+            k = min(k, self.ntotal if allowed_rows is None else len(allowed_rows))
+            top, rows = torch.topk(scores, k, dim=1)
+        top, rows = top.cpu().numpy(), rows.cpu().numpy()
+        return [
+            [Hit(self.chunk_ids[r], float(s), self.shard) for s, r in zip(srow, rrow, strict=True) if np.isfinite(s)]
+            for srow, rrow in zip(top, rows, strict=True)
+        ]

@@ -26,10 +26,12 @@ from .shard_service import ShardAnswer, ShardService
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32, health_check_period_s=10)
 class ShardRetriever:
     def __init__(self, index_root: str | None, version_dir: str, shard: str, expect: dict,
-                 verify_checksums: bool = True, lucene_heap: str = "512m", max_versions: int = 2):
+                 verify_checksums: bool = True, lucene_heap: str = "512m", max_versions: int = 2,
+                 search_device: str = "cpu"):
         os.environ["LUCENE_JVM_HEAP"] = lucene_heap  # before the JVM starts in this replica
         self.root = Path(index_root) if index_root else None  # None: pinned to one version folder
         self.shard, self.expect, self.verify_checksums = shard, dict(expect), verify_checksums
+        self.search_device = search_device
         initial = Path(version_dir)
         self.initial_version = initial.name
         # Opened now, so a broken index fails the deployment instead of its first request.
@@ -49,7 +51,8 @@ class ShardRetriever:
         if not shard_dir.is_dir():
             raise IndexMismatch(f"index version {version_dir.name!r} has no {self.shard}")
         stats, terms = read_stats(version_dir / "bm25")
-        return ShardService(shard_dir, stats, corpus_df_map(terms), self.expect, self.verify_checksums)
+        return ShardService(shard_dir, stats, corpus_df_map(terms), self.expect, self.verify_checksums,
+                            self.search_device)
 
     def _open_version(self, version: str) -> ShardService:
         opened = self._opened.pop(version, None)

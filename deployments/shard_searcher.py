@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from index_build.bm25_stats import CollectionStats
-from index_build.build import CHUNKS_FILE, FAISS_FILE, LUCENE_DIR
+from index_build.build import CHUNKS_FILE, EMBEDDINGS_FILE, FAISS_FILE, LUCENE_DIR
 from index_build.manifest import ShardManifest, verify_shard
 
-from .dense_shard import DenseShard
+from .dense_shard import DenseShard, TorchDenseShard
 from .hits import Hit
 from .lucene_shard import LuceneShard
 
@@ -27,8 +27,11 @@ class ShardSearcher:
         corpus_df: Mapping[str, int],
         expect: Mapping[str, Any] | None = None,
         verify_checksums: bool = True,
+        search_device: str = "cpu",
     ):
         import faiss
+
+        from index_build.encoders import resolve_device
 
         self.folder = Path(shard_dir)
         self.manifest: ShardManifest = verify_shard(self.folder, expect=dict(expect or {}), checksums=verify_checksums)
@@ -36,7 +39,10 @@ class ShardSearcher:
         self.chunks: pa.Table = pq.read_table(self.folder / CHUNKS_FILE)
         chunk_ids = self.chunks["chunk_id"].to_pylist()
         self.row_of = {cid: i for i, cid in enumerate(chunk_ids)}
-        self.dense = DenseShard(faiss.read_index(str(self.folder / FAISS_FILE)), chunk_ids, self.shard)
+        if resolve_device(search_device) == "cuda":  # exact search on the GPU, from the shard's vectors
+            self.dense = TorchDenseShard(np.load(self.folder / EMBEDDINGS_FILE), chunk_ids, self.shard, "cuda")
+        else:
+            self.dense = DenseShard(faiss.read_index(str(self.folder / FAISS_FILE)), chunk_ids, self.shard)
         self.lucene = LuceneShard(self.folder / LUCENE_DIR, chunk_ids, self.manifest.lucene, corpus, corpus_df,
                                   self.shard)
 

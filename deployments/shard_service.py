@@ -40,8 +40,9 @@ class ShardService:
         corpus_df: Mapping[str, int],
         expect: Mapping[str, Any] | None = None,
         verify_checksums: bool = True,
+        search_device: str = "cpu",
     ):
-        self.searcher = ShardSearcher(shard_dir, corpus, corpus_df, expect, verify_checksums)
+        self.searcher = ShardSearcher(shard_dir, corpus, corpus_df, expect, verify_checksums, search_device)
         self.name = Path(shard_dir).name
         self.metadata = MetadataTable.from_json_column(self.searcher.chunks["metadata_json"].to_pylist())
         self.embeddings = np.load(Path(shard_dir) / EMBEDDINGS_FILE, mmap_mode="r")

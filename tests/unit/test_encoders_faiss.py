@@ -46,3 +46,32 @@ def test_gpu_paths_are_selectable_and_refuse_clearly_without_a_gpu():
         resolve_device("cuda")
     with pytest.raises(RuntimeError, match="faiss sees no GPU"):
         use_gpu("cuda")
+
+
+def test_torch_shard_search_the_gpu_path_equals_faiss_flat_on_cpu():
+    from deployments.dense_shard import DenseShard, TorchDenseShard
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 24)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = [f"c{i}" for i in range(300)]
+    faiss_shard = DenseShard(build_faiss_index(x, FaissSpec(kind="flat", device="cpu")), ids, shard=2)
+    torch_shard = TorchDenseShard(x, ids, shard=2, device="cpu")
+    queries = rng.normal(size=(5, 24)).astype(np.float32)
+    allowed = np.sort(rng.choice(300, size=40, replace=False))
+    for rows, k in ((None, 10), (allowed, 10), (allowed[:3], 10), (np.array([], dtype=np.int64), 5)):
+        want, got = faiss_shard.search(queries, k, rows), torch_shard.search(queries, k, rows)
+        assert [[h.chunk_id for h in q] for q in got] == [[h.chunk_id for h in q] for q in want]
+        assert [h.score for q in got for h in q] == pytest.approx([h.score for q in want for h in q], abs=1e-5)
+    assert len(torch_shard.search(queries, 10, allowed[:3])[0]) == 3  # fewer allowed rows than k: no padding
+
+
+def test_shard_search_device_is_a_config_choice():
+    from pydantic import ValidationError
+
+    from deployments.config import AppConfig
+
+    assert AppConfig(index="x").shard_search_device == "cpu"
+    assert AppConfig(index="x", shard_search_device="cuda", shard_num_gpus=0.5).shard_num_gpus == 0.5
+    with pytest.raises(ValidationError):
+        AppConfig(index="x", shard_search_device="tpu")

@@ -27,14 +27,21 @@ import psutil
 from bench.common import ClosedLoop, load_beir, machine, percentile_ms, served, write_record
 
 
-def service_rss_mb() -> float:
-    total = 0
+def service_rss_by_process() -> dict[str, float]:
+    """Resident MB of the service's processes (the service and every Ray process), by process title."""
+    out: dict[str, float] = {}
     for p in psutil.process_iter(["cmdline", "memory_info"]):
         cmd = " ".join(p.info["cmdline"] or [])
         ours = "deployments" in cmd or "ray" in cmd.lower() or "gcs_server" in cmd
         if ours and p.info["memory_info"] is not None:
-            total += p.info["memory_info"].rss
-    return total / 2**20
+            # "ray::ServeController.listen_for_change": the part after the dot is the method now running.
+            title = f"{cmd.split(' ')[0].rsplit('/', 1)[-1].split('.')[0][:60]} [{p.pid}]"
+            out[title] = round(p.info["memory_info"].rss / 2**20, 1)
+    return out
+
+
+def service_rss_mb() -> float:
+    return sum(service_rss_by_process().values())
 
 
 def capacity(base: str, queries: list[str], seconds: float, clients: int = 2) -> float:
@@ -88,18 +95,24 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(20):
             httpx.post(f"{base}/search", json={"query": queries[0], "limit": 10}, timeout=60)
         cap = capacity(base, queries, 15)
+        by_process_before = service_rss_by_process()
         rss = [service_rss_mb()]
         sampling = threading.Event()
+
+        series: list[dict[str, float]] = [by_process_before]
 
         def sample() -> None:
             while not sampling.wait(1.0):
                 rss.append(service_rss_mb())
+                if len(rss) % 10 == 1:
+                    series.append(service_rss_by_process())
 
         sampler = threading.Thread(target=sample)
         sampler.start()
         results = asyncio.run(open_loop(base, queries, args.factor * cap, args.seconds))
         sampling.set()
         sampler.join()
+        by_process_after = service_rss_by_process()
         after = httpx.post(f"{base}/search", json={"query": queries[1], "limit": 10}, timeout=60).status_code
         health = httpx.get(f"{base}/health", timeout=30).status_code
 
@@ -115,6 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         "rss_mb_before": round(rss[0]), "rss_mb_max": round(max(rss)), "rss_mb_end": round(rss[-1]),
         # Bounded means flat once warm: the second half of the run should add (almost) nothing.
         "rss_mb_mid": round(rss[len(rss) // 2]), "rss_mb_every_10s": [round(x) for x in rss[::10]],
+        # The processes that grew most, each sampled every 10 s: does each one level off?
+        "rss_mb_every_10s_by_process": {k: [snap.get(k) for snap in series] for k in sorted(
+            by_process_after, key=lambda k: by_process_before.get(k, 0) - by_process_after[k])[:8]},
+        "rss_mb_growth_by_process": dict(sorted(
+            ((k, round(v - by_process_before.get(k, 0), 1)) for k, v in by_process_after.items()),
+            key=lambda kv: -kv[1])[:8]),
         "after_overload_search_status": after, "after_overload_health_status": health,
     }
     write_record(args.out, record)

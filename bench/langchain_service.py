@@ -1,7 +1,7 @@
 """The LangChain peer, built the way LangChain's documentation shows a hybrid retriever, behind FastAPI.
 
 An ``EnsembleRetriever`` of a ``BM25Retriever`` (rank_bm25 over whitespace tokens) and a FAISS vector
-store, weights 0.7 / 0.3 (BM25 / dense), over the same documents this project indexes (title + text,
+store, weights 0.7 / 0.3 (BM25 / dense; ``--dense-weight``), over the same documents this project indexes (title + text,
 whole documents), with the same embedding model. ``POST /search`` takes ``{"query", "limit"}`` and
 answers in this project's result shape so the same bench client measures both.
 
@@ -22,8 +22,10 @@ import json
 import time
 from pathlib import Path
 
+from pydantic import BaseModel, Field
+
 K = 100  # candidates each retriever returns (LangChain's default is 4; a ranking bench needs depth)
-WEIGHTS = (0.7, 0.3)  # BM25, dense
+DENSE_WEIGHT = 0.3  # the BM25 retriever gets 1 - this
 
 
 def read_corpus(path: Path) -> list[tuple[str, str]]:
@@ -58,7 +60,7 @@ def index_vectors(version_dir: Path) -> dict[str, list[float]]:
     return {d: v for d, v in out.items() if d not in split}
 
 
-def build_retriever(corpus: Path, model: str, vectors_from: Path | None):
+def build_retriever(corpus: Path, model: str, vectors_from: Path | None, dense_weight: float = DENSE_WEIGHT):
     from langchain_classic.retrievers import EnsembleRetriever
     from langchain_community.retrievers import BM25Retriever
     from langchain_community.vectorstores import FAISS
@@ -100,20 +102,20 @@ def build_retriever(corpus: Path, model: str, vectors_from: Path | None):
     else:
         store = FAISS.from_documents(docs, embeddings)
     retriever = EnsembleRetriever(retrievers=[bm25, store.as_retriever(search_kwargs={"k": K})],
-                                  weights=list(WEIGHTS))
+                                  weights=[1 - dense_weight, dense_weight])
     print(f"LangChain retriever over {len(docs):,} documents ready in {time.perf_counter() - t:.1f} s", flush=True)
     return retriever
 
 
+class Query(BaseModel):  # at module level: FastAPI resolves the (string) annotation of the route here
+    query: str
+    limit: int = Field(10, ge=1, le=K)
+
+
 def make_app(retriever):
     from fastapi import FastAPI
-    from pydantic import BaseModel, Field
 
     app = FastAPI(title="LangChain EnsembleRetriever service")
-
-    class Query(BaseModel):
-        query: str
-        limit: int = Field(10, ge=1, le=K)
 
     @app.post("/search")
     def search(q: Query) -> dict:  # a plain def: FastAPI runs it on its thread pool, as such services do
@@ -140,9 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="all-MiniLM-L6-v2",
                     help="sentence-transformers model, or hashing:DIM (default: the packaged all-MiniLM-L6-v2)")
     ap.add_argument("--vectors-from", type=Path, help="index root or version whose document vectors fill FAISS")
+    ap.add_argument("--dense-weight", type=float, default=DENSE_WEIGHT,
+                    help="EnsembleRetriever weight of the FAISS retriever; BM25 gets the rest")
     ap.add_argument("--port", type=int, default=18500)
     args = ap.parse_args(argv)
-    app = make_app(build_retriever(args.corpus, args.model, args.vectors_from))
+    app = make_app(build_retriever(args.corpus, args.model, args.vectors_from, args.dense_weight))
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
     return 0
 

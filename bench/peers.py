@@ -2,7 +2,8 @@
 
 (a) Pyserini: ``LuceneSearcher`` BM25 (k1=0.9, b=0.4) in-process over one unsharded index, one
     thread: what a single Lucene searcher does without any service around it.
-(b) LangChain: ``EnsembleRetriever`` of ``BM25Retriever`` + FAISS (weights 0.7 / 0.3) behind FastAPI
+(b) LangChain: ``EnsembleRetriever`` of ``BM25Retriever`` + FAISS (weights 0.7 / 0.3, or
+    ``--langchain-dense-weight``) behind FastAPI
     (``bench/langchain_service.py``, in its own process).
 (c) This project over HTTP (``python -m deployments``), hybrid search with its defaults.
 
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--work", type=Path, default=Path("bench/out/peers"))
     ap.add_argument("--out", type=Path, default=Path("bench/out/peers.json"))
+    ap.add_argument("--langchain-dense-weight", type=float, default=0.3,
+                    help="the LangChain EnsembleRetriever's FAISS weight (BM25 gets the rest)")
     ap.add_argument("--port", type=int, default=18470)
     ap.add_argument("--only", nargs="+", choices=["pyserini", "langchain", "raysearch"],
                     default=["pyserini", "langchain", "raysearch"])
@@ -98,16 +101,17 @@ def main(argv: list[str] | None = None) -> int:
             print(dataset, "pyserini", json.dumps(rows["pyserini bm25 (in-process)"]), flush=True)
         if "langchain" in args.only:
             cmd = [sys.executable, "-m", "bench.langchain_service", "--corpus", str(folder / "corpus.jsonl"),
-                   "--port", str(args.port + 1)]
+                   "--port", str(args.port + 1), "--dense-weight", str(args.langchain_dense_weight)]
+            w = args.langchain_dense_weight
+            peer = f"langchain ensemble bm25 {1 - w:.1f} / dense {w:.1f} (FastAPI)"
             if dataset in indexes:  # the same encoder as this project's index, and its document vectors
                 from index_build.versions import read_version_manifest, resolve_version_dir
 
                 encoder = read_version_manifest(resolve_version_dir(Path(indexes[dataset]))).encoder
                 cmd += ["--vectors-from", indexes[dataset], "--model", encoder]
             with service_process(cmd, args.port + 1, startup_s=1800) as base:
-                rows["langchain ensemble 0.7/0.3 (FastAPI)"] = over_http(base, queries, qrels, {}, args.concurrency,
-                                                                         args.seconds)
-            print(dataset, "langchain", json.dumps(rows["langchain ensemble 0.7/0.3 (FastAPI)"]), flush=True)
+                rows[peer] = over_http(base, queries, qrels, {}, args.concurrency, args.seconds)
+            print(dataset, "langchain", json.dumps(rows[peer]), flush=True)
         if "raysearch" in args.only:
             with served(Path(indexes[dataset]), args.port, ["--no-cache"]) as base:
                 rows["raysearch hybrid (HTTP)"] = over_http(base, queries, qrels, {"method": "hybrid"},
@@ -115,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
             print(dataset, "raysearch", json.dumps(rows["raysearch hybrid (HTTP)"]), flush=True)
         write_record(args.out, record)
 
-    print(f"\n{'dataset':10} {'peer':38} {'nDCG@10':>8} {'QPS':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/q':>9}")
+    print(f"\n{'dataset':10} {'peer':46} {'nDCG@10':>8} {'QPS':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/q':>9}")
     for dataset, rows in record["datasets"].items():
         for name, row in rows.items():
             sp = row["speed"]
-            print(f"{dataset:10} {name:38} {row['quality']['nDCG@10']:8.4f} {sp['qps']:7.1f} {sp['p50_ms']:8.1f} "
+            print(f"{dataset:10} {name:46} {row['quality']['nDCG@10']:8.4f} {sp['qps']:7.1f} {sp['p50_ms']:8.1f} "
                   f"{sp['p99_ms']:8.1f} {1000 * sp['server_cpu_s_per_query']:9.1f}")
     return 0
 

@@ -2,7 +2,7 @@
 
 (a) Pyserini: ``LuceneSearcher`` BM25 (k1=0.9, b=0.4) in-process over one unsharded index, one
     thread: what a single Lucene searcher does without any service around it.
-(b) LangChain: ``EnsembleRetriever`` of ``BM25Retriever`` + FAISS (weights 0.7 / 0.3, or
+(b) LangChain: ``EnsembleRetriever`` of ``BM25Retriever`` + FAISS (weights 0.7 dense / 0.3 BM25, or
     ``--langchain-dense-weight``) behind FastAPI
     (``bench/langchain_service.py``, in its own process).
 (c) This project over HTTP (``python -m deployments``), hybrid search with its defaults.
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--work", type=Path, default=Path("bench/out/peers"))
     ap.add_argument("--out", type=Path, default=Path("bench/out/peers.json"))
-    ap.add_argument("--langchain-dense-weight", type=float, default=0.3,
+    ap.add_argument("--langchain-dense-weight", type=float, default=0.7,
                     help="the LangChain EnsembleRetriever's FAISS weight (BM25 gets the rest)")
     ap.add_argument("--port", type=int, default=18470)
     ap.add_argument("--only", nargs="+", choices=["pyserini", "langchain", "raysearch"],

@@ -40,13 +40,14 @@ def main(argv: list[str] | None = None) -> int:
 
     texts = list(load_beir(args.data / args.dataset)[0].values())
     configs = [(f"shards x{r}", ["--shard-replicas", str(r), "--shard-num-cpus", "0.1"], {})
-               for r in args.shard_replicas]
+               for r in args.shard_replicas if r > 0]
     if args.reranker_replicas:
         from bench.reranker_throughput import ARCH, build_minilm_arch
 
         model = build_minilm_arch(None) if args.reranker == ARCH else args.reranker
         configs += [(f"rerank x{n} (depth {args.rerank_depth})",
-                     ["--reranker", model, "--reranker-replicas", str(n), "--rerank-timeout-s", "60"],
+                     ["--reranker", model, "--reranker-replicas", str(n), "--rerank-timeout-s", "60",
+                      "--shard-num-cpus", "0.1"],
                      {"rerank_depth": args.rerank_depth}) for n in args.reranker_replicas]
     rows = []
     for name, extra, body in configs:

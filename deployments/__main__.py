@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from index_build.manifest import IndexMismatch
 
-    from .app import build_app
+    from .app import build_app, logical_cpus_needed
     from .config import (
         AppConfig,
         Autoscaling,
@@ -107,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"])
     else:
+        need = logical_cpus_needed(cfg)
+        if need > (os.cpu_count() or 1) + 1e-9:
+            print(f"error: these settings reserve {need:g} Ray CPUs to start, and this machine has {os.cpu_count()}: "
+                  "lower --shard-num-cpus, --shard-replicas or --reranker-replicas",
+                  file=sys.stderr)
+            return 1
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=512 * 2**20,
                  log_to_driver=False)
     serve.start(http_options={"host": args.host, "port": args.port})

@@ -63,6 +63,29 @@ def synthesis_deployment(cfg: SynthesisConfig):
     ).bind(cfg.model_dump(mode="json"))
 
 
+def judgments_root(index: Path, version_dir: Path) -> Path:
+    """The index root a collection's judgments live in, also when the config names a version folder."""
+    if index != version_dir:
+        return index
+    return version_dir.parent.parent if version_dir.parent.name == "versions" else version_dir
+
+
+def logical_cpus_needed(cfg: AppConfig) -> float:
+    """Ray CPUs the app reserves to start (the reranker at its initial replicas), so a machine too small
+    for it is told so instead of leaving replicas unscheduled forever."""
+    shards = sum(read_version_manifest(resolve_version_dir(Path(c.index).resolve(), c.version)).num_shards
+                 for c in cfg.resolved_collections().values())
+    encoders = len({read_version_manifest(resolve_version_dir(Path(c.index).resolve(), c.version)).encoder
+                    for c in cfg.resolved_collections().values()})
+    need = shards * cfg.shard_replicas * cfg.shard_num_cpus + encoders * cfg.encoder_replicas * cfg.encoder_num_cpus
+    need += cfg.router_replicas * cfg.router_num_cpus
+    if cfg.reranker.model:
+        need += max(1, cfg.reranker.autoscaling.min_replicas) * cfg.reranker.num_cpus
+    if cfg.synthesis.enabled:
+        need += cfg.synthesis.replicas * cfg.synthesis.num_cpus
+    return need
+
+
 def build_app(args: dict[str, Any] | AppConfig) -> Application:
     cfg = args if isinstance(args, AppConfig) else AppConfig.model_validate(args)
     encoders: dict[str, Any] = {}
@@ -97,7 +120,9 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
         ]
         collections[name] = {"version": manifest.version, "shards": slots, "encoder": encoders[manifest.encoder],
                              "encoder_model": manifest.encoder, "dimension": manifest.dimension,
-                             "root": str(index) if follows else None, "rerank": coll.rerank}
+                             "root": str(index) if follows else None, "rerank": coll.rerank,
+                             # Beside the versions, so judgments outlive restarts and reindexing.
+                             "judgments": str(judgments_root(index, version_dir) / "judgments")}
     default = cfg.default_collection if cfg.collections else next(iter(collections))
     reranker = reranker_deployment(cfg.reranker) if cfg.reranker.model else None
     synthesis = synthesis_deployment(cfg.synthesis) if cfg.synthesis.enabled else None

@@ -17,17 +17,20 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ray import serve
 from ray.exceptions import RayActorError
 
 from .activation import ActivationError, DeployedCollection, VersionSwitch
 from .config import RouterSettings, SecurityConfig
 from .guard import Guard, key_digest
+from .judgments import JudgmentStore, doc_of_chunk
 from .pipeline import Collection, RequestError, SearchPipeline, failure, redact
 from .schemas import (
     ActivateRequest,
     ActivationResponse,
+    FeedbackRequest,
+    FeedbackResponse,
     HealthResponse,
     SearchRequest,
     SearchResponse,
@@ -240,6 +243,8 @@ class SearchRouter:
             synthesizer=HandleSynthesizer(synthesis, llm_rerank) if synthesis is not None else None,
             acl_field=security_cfg.acl_field, public_principal=security_cfg.public_principal,
         )
+        self.judgments = {name: JudgmentStore(Path(spec["judgments"])) for name, spec in collections.items()
+                          if spec.get("judgments")}
         self.versions = VersionSwitch(self.pipeline.collections, deployed, HandleShard,
                                       self.settings.activation_timeout_s)
         self._watcher: asyncio.Task | None = None
@@ -307,6 +312,32 @@ class SearchRouter:
                 "method": body.method.value, "limit": body.limit, "outcome": outcome,
                 "ms": round((time.perf_counter() - t0) * 1000, 2),
             }))
+
+    def _judgments(self, collection: str | None) -> tuple[str, JudgmentStore]:
+        name = collection or self.pipeline.default_collection
+        if name not in self.judgments:
+            raise RequestError(f"unknown collection {name!r}; known collections: {', '.join(sorted(self.judgments))}")
+        return name, self.judgments[name]
+
+    @app.post("/feedback", response_model=FeedbackResponse, status_code=201,
+              responses={400: {"description": "Unknown collection"}, 422: {"description": "Invalid judgment"}})
+    async def feedback(self, body: FeedbackRequest) -> FeedbackResponse:
+        """Store a relevance judgment durably (appended and fsynced before the 201)."""
+        name, store = self._judgments(body.collection)
+        doc_id = body.doc_id or doc_of_chunk(body.chunk_id)
+        record = await asyncio.to_thread(store.add, body.query, doc_id, body.label, body.chunk_id, body.user,
+                                         body.tenant)
+        return FeedbackResponse(collection=name, query_id=record["query_id"], doc_id=doc_id, label=body.label)
+
+    @app.get("/feedback/qrels", response_class=PlainTextResponse,
+             responses={200: {"content": {"text/tab-separated-values": {}},
+                              "description": "query-id, corpus-id, score: BEIR's qrels format"}})
+    async def feedback_qrels(self, collection: str | None = None) -> PlainTextResponse:
+        """A collection's judgments as a qrels file (query ids from ``POST /feedback``'s answers)."""
+        _, store = self._judgments(collection)
+        _, qrels = await asyncio.to_thread(store.qrels)
+        lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, docs in qrels.items() for d, g in docs.items()]
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/tab-separated-values")
 
     @app.get("/admin/versions", response_model=VersionsResponse)
     async def versions_status(self) -> VersionsResponse:

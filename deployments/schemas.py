@@ -226,3 +226,31 @@ class CollectionVersions(BaseModel):
 
 class VersionsResponse(BaseModel):
     collections: dict[str, CollectionVersions]
+
+
+class FeedbackRequest(BaseModel):
+    """One relevance judgment: this result was (or was not) relevant to this query."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=2000)
+    chunk_id: str | None = Field(None, min_length=1, max_length=512, description="The judged result's chunk_id.")
+    doc_id: str | None = Field(None, min_length=1, max_length=512,
+                               description="The judged document (default: the chunk's document).")
+    label: int = Field(ge=0, le=3, description="0 not relevant, 1 relevant; 2-3 for graded judgments.")
+    collection: str | None = Field(None, description="Default: the default collection.")
+    user: str | None = Field(None, max_length=128, description="Who judged; a user's latest label counts.")
+    tenant: str | None = Field(None, max_length=128)
+
+    @model_validator(mode="after")
+    def _names_a_result(self) -> FeedbackRequest:
+        if self.chunk_id is None and self.doc_id is None:
+            raise ValueError("give chunk_id or doc_id: the judged result")
+        return self
+
+
+class FeedbackResponse(BaseModel):
+    collection: str
+    query_id: str = Field(description="Digest of the normalized query: the qrels query id.")
+    doc_id: str
+    label: int

@@ -116,3 +116,26 @@ def test_fuzzed_requests_from_the_openapi_spec_never_get_a_5xx(served):
     assert sum(statuses.values()) >= 1000, statuses
     assert not server_errors, server_errors[:3]
     assert statuses[200] > 100 and any(400 <= s < 500 for s in statuses), statuses
+
+
+def test_feedback_is_stored_and_read_back_as_qrels(served):
+    from deployments.judgments import JudgmentStore, query_id
+
+    client, summary = served
+    hit = client.post("/search", json={"query": "telescope galaxy", "limit": 1}).json()["results"][0]
+    r = client.post("/feedback", json={"query": "telescope galaxy", "chunk_id": hit["chunk_id"], "label": 1,
+                                       "user": "ann"})
+    assert r.status_code == 201, r.text
+    assert r.json() == {"collection": "default", "query_id": query_id("telescope galaxy"), "doc_id": hit["doc_id"],
+                        "label": 1}
+    qrels = client.get("/feedback/qrels").text.splitlines()
+    assert qrels[0] == "query-id\tcorpus-id\tscore" and f"{query_id('telescope galaxy')}\t{hit['doc_id']}\t1" in qrels
+    # Stored on disk beside the versions: a restarted service (a new store) reads the same judgment.
+    stored = JudgmentStore(summary.version_dir.parent.parent / "judgments").records()
+    assert any(s["chunk_id"] == hit["chunk_id"] and s["user"] == "ann" for s in stored)
+    for body, status in (({"query": "x", "label": 1}, 422), ({"query": "x", "doc_id": "d1", "label": 7}, 422),
+                         ({"query": "", "doc_id": "d1", "label": 1}, 422),
+                         ({"query": "x", "doc_id": "d1", "label": 1, "collection": "nope"}, 400)):
+        r = client.post("/feedback", json=body)
+        assert r.status_code == status and "error" in r.json(), (body, r.text)
+    assert client.get("/feedback/qrels", params={"collection": "nope"}).status_code == 400

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from deployments.config import AppConfig, CollectionConfig, RouterSettings
+from deployments.config import AppConfig, CollectionConfig, RerankerConfig, RouterSettings
 from deployments.schemas import SearchRequest
 
 
@@ -92,3 +92,17 @@ def test_offline_model_names_are_checked_before_start(monkeypatch, tmp_path):
     check_model_available(str(tmp_path), "reranker.model")  # a folder is fine
     with pytest.raises(ValueError, match="HF_HUB_OFFLINE=1 forbids downloading"):
         check_model_available("someone/no-such-reranker", "reranker.model")
+
+
+def test_cpus_needed_to_start_counts_every_replica(tmp_path):
+    from deployments.app import logical_cpus_needed
+    from index_build.versions import activate
+    from tests.unit.test_activation import _publish
+
+    _publish(tmp_path, "v1", shards=4)
+    activate(tmp_path, "v1")
+    cfg = AppConfig(index=tmp_path, shard_replicas=2, shard_num_cpus=0.25, encoder_num_cpus=0.5, router_num_cpus=0.25)
+    assert logical_cpus_needed(cfg) == pytest.approx(4 * 2 * 0.25 + 0.5 + 0.25)
+    rerank = cfg.model_copy(update={"reranker": RerankerConfig(model="m", num_cpus=0.5,
+                                                               autoscaling={"min_replicas": 2, "max_replicas": 4})})
+    assert logical_cpus_needed(rerank) == pytest.approx(2.75 + 2 * 0.5)

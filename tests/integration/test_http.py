@@ -139,3 +139,29 @@ def test_feedback_is_stored_and_read_back_as_qrels(served):
         r = client.post("/feedback", json=body)
         assert r.status_code == status and "error" in r.json(), (body, r.text)
     assert client.get("/feedback/qrels", params={"collection": "nope"}).status_code == 400
+
+
+def test_evaluate_command_over_the_running_service(served, tmp_path, capsys):
+    import json
+
+    from deployments.evaluate import main as evaluate_main
+
+    client, _ = served
+    top = client.post("/search", json={"query": "telescope galaxy", "limit": 100}).json()["results"]
+    first_doc = top[0]["doc_id"]
+    (tmp_path / "queries.jsonl").write_text(
+        json.dumps({"_id": "found", "text": "telescope galaxy"}) + "\n" + json.dumps({"_id": "missed", "text": "piano"})
+        + "\n" + json.dumps({"_id": "unjudged", "text": "boat"}) + "\n")
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "qrels" / "test.tsv").write_text(
+        f"query-id\tcorpus-id\tscore\nfound\t{first_doc}\t1\nmissed\tno-such-doc\t2\n")
+    code = evaluate_main(["--url", str(client.base_url), "--data", str(tmp_path), "--no-progress",
+                          "--out", str(tmp_path / "figures.json")])
+    assert code == 0
+    figures = json.loads((tmp_path / "figures.json").read_text())["figures"]
+    # By construction: "found" has its one relevant document at rank 1, "missed" can never be found.
+    assert figures["queries"] == 2 and figures["RR@10"] == 0.5 and figures["nDCG@10"] == 0.5
+    assert figures["R@100"] == 0.5 and figures["context_recall@10"] == 0.5
+    chunks_of_first = sum(hit["doc_id"] == first_doc for hit in top[:10])
+    assert figures["context_precision@10"] == pytest.approx(chunks_of_first / min(10, len(top)) / 2)
+    assert "nDCG@10" in capsys.readouterr().out

@@ -1,0 +1,127 @@
+"""Evaluate a running service against judgments: one command, one table.
+
+    python -m deployments.evaluate --url http://127.0.0.1:8000 --data path/to/beir/scifact
+    python -m deployments.evaluate --url ... --queries q.jsonl --qrels judged.tsv --method keyword
+
+Sends every judged query to ``POST /search`` (``limit`` 100, so Recall@100 means something), ranks each
+document at its best chunk, and prints nDCG@10, Recall@100 and MRR@10, plus context precision and
+recall at k: how much of what a RAG prompt would receive (the first k chunks) comes from relevant
+documents, and how many relevant documents it covers. The judgments can be any BEIR qrels file, or
+the service's own (``GET /feedback/qrels``, ``python -m deployments.judgments export``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+from tqdm import tqdm
+
+from .metrics import evaluate
+
+
+def read_queries(path: Path) -> dict[str, str]:
+    with open(path, encoding="utf-8") as f:
+        return {str(q["_id"]): q["text"] for q in map(json.loads, filter(str.strip, f))}
+
+
+def read_qrels(path: Path) -> dict[str, dict[str, int]]:
+    qrels: dict[str, dict[str, int]] = {}
+    with open(path) as f:
+        for n, line in enumerate(f):
+            parts = line.rstrip("\n").split("\t")
+            if n == 0 and parts[0] == "query-id":
+                continue
+            if len(parts) == 4:  # TREC style: qid 0 doc grade
+                parts = [parts[0], parts[2], parts[3]]
+            if len(parts) != 3:
+                raise ValueError(f"{path}:{n + 1}: expected 'query-id<TAB>corpus-id<TAB>score'")
+            qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
+    return qrels
+
+
+def search_all(url: str, queries: dict[str, str], body: dict, headers: dict, workers: int, progress: bool):
+    """(run: qid -> doc -> score, chunk runs: qid -> document of each returned chunk, failures)."""
+    run: dict[str, dict[str, float]] = {}
+    chunks: dict[str, list[str]] = {}
+    failures: list[str] = []
+
+    def one(item):
+        qid, text = item
+        r = httpx.post(f"{url}/search", json={"query": text, "limit": 100, "include_citations": False} | body,
+                       headers=headers, timeout=300)
+        return qid, r
+
+    with ThreadPoolExecutor(workers) as pool, tqdm(total=len(queries), desc="queries", disable=not progress) as bar:
+        for qid, r in pool.map(one, queries.items()):
+            bar.update(1)
+            if r.status_code != 200:
+                failures.append(f"{qid}: {r.status_code} {r.text[:200]}")
+                continue
+            results = r.json()["results"]
+            chunks[qid] = [hit["doc_id"] for hit in results]
+            best: dict[str, float] = {}
+            for rank, hit in enumerate(results):
+                best.setdefault(hit["doc_id"], float(len(results) - rank))  # the order the service gave
+            run[qid] = best
+    return run, chunks, failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m deployments.evaluate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default="http://127.0.0.1:8000", help="the running service")
+    ap.add_argument("--data", type=Path, help="a BEIR folder (queries.jsonl, qrels/SPLIT.tsv)")
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--queries", type=Path, help="queries.jsonl (instead of --data)")
+    ap.add_argument("--qrels", type=Path, help="qrels TSV (instead of --data)")
+    ap.add_argument("--collection", help="search this collection (default: the service's default)")
+    ap.add_argument("--method", choices=["hybrid", "vector", "keyword"], default="hybrid")
+    ap.add_argument("--k", type=int, default=10, help="cut-off of nDCG, MRR and the context measures")
+    ap.add_argument("--request", type=json.loads, default={}, metavar="JSON",
+                    help='more request fields, e.g. \'{"rerank": true, "fusion": "weighted"}\'')
+    ap.add_argument("--api-key", help="sent as a bearer token when the service has keys on")
+    ap.add_argument("--workers", type=int, default=4, help="requests in flight")
+    ap.add_argument("--out", type=Path, help="also write the figures here as JSON")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    queries_path = args.queries or (args.data / "queries.jsonl" if args.data else None)
+    qrels_path = args.qrels or (args.data / "qrels" / f"{args.split}.tsv" if args.data else None)
+    if queries_path is None or qrels_path is None:
+        ap.error("give --data, or both --queries and --qrels")
+    try:
+        qrels = read_qrels(qrels_path)
+        queries = {q: t for q, t in read_queries(queries_path).items() if q in qrels}
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if not queries:
+        print(f"error: no query of {queries_path} has judgments in {qrels_path}", file=sys.stderr)
+        return 1
+    body = {"method": args.method} | ({"collections": [args.collection]} if args.collection else {}) | args.request
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        run, chunks, failures = search_all(args.url.rstrip("/"), queries, body, headers, args.workers,
+                                           not args.no_progress)
+    except httpx.HTTPError as e:
+        print(f"error: cannot reach {args.url}: {e}", file=sys.stderr)
+        return 1
+    figures = evaluate(run, {q: qrels[q] for q in queries}, chunks, k=args.k)  # a failed query counts 0
+    print(f"\n{len(queries)} judged queries, {len(failures)} failed, request {json.dumps(body)}")
+    for name, value in figures.items():
+        print(f"  {name:24} {value:.4f}" if name != "queries" else f"  {'queries evaluated':24} {value}")
+    for line in failures[:5]:
+        print(f"  failed: {line}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"request": body, "figures": figures, "failures": failures}, indent=2))
+    return 0 if not failures else 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

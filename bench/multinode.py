@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     from deployments.app import build_app
 
     t0 = time.perf_counter()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    # The router (the ingress) stays on the head beside the proxy: a node that is removed takes the requests
+    # in flight on its replicas with it, and Serve's proxy answers those with 500.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"ingress_node": 4}})
     workers = [cluster.add_node(num_cpus=1, resources={"search_node": 8}) for _ in range(args.workers)]
     ray.init(address=cluster.address, log_to_driver=False)
     base = f"http://127.0.0.1:{args.port}"
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": args.port})
         serve.run(build_app({"index": str(args.index), "shard_replicas": 2, "shard_num_cpus": 0.1,
                              "encoder_replicas": 2, "encoder_num_cpus": 0.25,
-                             "shard_resources": {"search_node": 1},
+                             "shard_resources": {"search_node": 1}, "router_resources": {"ingress_node": 1},
                              "router": {"shard_timeout_s": 10, "cache_size": 0}}), name="multinode", route_prefix="/")
         ready_s = time.perf_counter() - t0
         placement: dict[str, list[str]] = {}

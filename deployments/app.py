@@ -129,7 +129,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
     return SearchRouter.options(
         name="router",
         num_replicas=cfg.router_replicas,
-        ray_actor_options={"num_cpus": cfg.router_num_cpus},
+        ray_actor_options={"num_cpus": cfg.router_num_cpus, "resources": dict(cfg.router_resources)},
         max_queued_requests=cfg.router_max_queued_requests,
         user_config=cfg.router.model_dump(mode="json"),
     ).bind(collections, default, reranker, synthesis, cfg.synthesis.llm_rerank, cfg.security.model_dump(mode="json"))

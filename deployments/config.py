@@ -201,6 +201,10 @@ class AppConfig(BaseModel):
     encoder_batch_wait_s: float = Field(0.003, ge=0, description="How long a batch waits to fill.")
     router_replicas: int = Field(1, ge=1)
     router_num_cpus: float = Field(0.25, gt=0)
+    router_resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources each router replica needs: keep the ingress beside "
+        "the HTTP proxies (e.g. on nodes that are not drained), since a request in flight on a router replica "
+        "whose node is lost gets Serve's 500.")
     router_max_queued_requests: int = Field(
         512, ge=-1, description="Requests waiting for a router replica before Serve's proxy answers 503 (-1: no limit).")
     security: SecurityConfig = Field(default_factory=SecurityConfig)

@@ -11,16 +11,22 @@ latency; the target is 0 failed requests.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import time
 from collections import Counter
-from pathlib import Path
 
 import httpx
 
-from bench.common import ClosedLoop, load_beir, machine, percentile_ms, served, write_record
+from bench.common import (
+    ClosedLoop,
+    load_beir,
+    machine,
+    percentile_ms,
+    served,
+    service_bench_parser,
+    write_record,
+)
 
 
 def replicas(ray, pattern: str) -> list[str]:
@@ -29,11 +35,7 @@ def replicas(ray, pattern: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--index", type=Path, required=True)
-    ap.add_argument("--data", type=Path, required=True)
-    ap.add_argument("--dataset", default="scifact")
+    ap = service_bench_parser("chaos", __doc__, port=18450)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--every", type=float, default=5)
     ap.add_argument("--clients", type=int, default=4)
@@ -41,8 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reranker", metavar="MODEL", help="also deploy this cross-encoder (or minilm-l6-arch: its "
                     "architecture with random weights) and kill its replicas too")
     ap.add_argument("--rerank-depth", type=int, default=10)
-    ap.add_argument("--port", type=int, default=18450)
-    ap.add_argument("--out", type=Path, default=Path("bench/out/chaos.json"))
     args = ap.parse_args(argv)
 
     queries = list(load_beir(args.data / args.dataset)[0].values())

@@ -135,3 +135,18 @@ class ClosedLoop:
         self.stop.set()
         for t in self.threads:
             t.join()
+
+
+def service_bench_parser(name: str, doc: str | None, port: int):
+    """The arguments every bench that serves an index under load takes: --index, --data, --dataset,
+    --port and --out (default bench/out/NAME.json)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", type=Path, required=True, help="index root or version folder to serve")
+    ap.add_argument("--data", type=Path, required=True, help="folder holding BEIR datasets")
+    ap.add_argument("--dataset", default="scifact")
+    ap.add_argument("--port", type=int, default=port)
+    ap.add_argument("--out", type=Path, default=Path(f"bench/out/{name}.json"))
+    return ap

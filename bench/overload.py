@@ -12,19 +12,25 @@ service still answers afterwards.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import psutil
 
-from bench.common import ClosedLoop, load_beir, machine, percentile_ms, served, write_record
+from bench.common import (
+    ClosedLoop,
+    load_beir,
+    machine,
+    percentile_ms,
+    served,
+    service_bench_parser,
+    write_record,
+)
 
 
 def service_rss_by_process() -> dict[str, float]:
@@ -78,16 +84,10 @@ async def open_loop(base: str, queries: list[str], rate: float, seconds: float):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--index", type=Path, required=True)
-    ap.add_argument("--data", type=Path, required=True)
-    ap.add_argument("--dataset", default="scifact")
+    ap = service_bench_parser("overload", __doc__, port=18460)
     ap.add_argument("--factor", type=float, default=4.0)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--max-inflight", type=int, default=8)
-    ap.add_argument("--port", type=int, default=18460)
-    ap.add_argument("--out", type=Path, default=Path("bench/out/overload.json"))
     args = ap.parse_args(argv)
     queries = list(load_beir(args.data / args.dataset)[0].values())
 

@@ -14,28 +14,20 @@ The per-replica figures feed the cluster model in bench/README.md.
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
-from bench.common import load_beir, machine, served, write_record
+from bench.common import load_beir, machine, served, service_bench_parser, write_record
 from bench.speed import load_level
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--index", type=Path, required=True)
-    ap.add_argument("--data", type=Path, required=True)
-    ap.add_argument("--dataset", default="scifact")
+    ap = service_bench_parser("scaling", __doc__, port=18480)
     ap.add_argument("--shard-replicas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reranker-replicas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reranker", default="minilm-l6-arch")
     ap.add_argument("--rerank-depth", type=int, default=10)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=20)
-    ap.add_argument("--port", type=int, default=18480)
-    ap.add_argument("--out", type=Path, default=Path("bench/out/scaling.json"))
     args = ap.parse_args(argv)
 
     texts = list(load_beir(args.data / args.dataset)[0].values())

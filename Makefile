@@ -17,7 +17,7 @@ export TOKENIZERS_PARALLELISM := false
 # pip 23 prints a harmless warning per missing local index folder; keep real errors visible.
 PIP_QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: setup demo test test-slow lint bench-build bench-peers clean-demo
+.PHONY: setup demo test test-slow lint browser bench-build bench-peers clean-demo
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,7 +36,16 @@ demo: setup
 	$(PY) -m index_build.demo --no-search
 	$(PY) -m deployments --index indexes/demo --port $(DEMO_PORT) --synthesis --example "how do I parse command line arguments"
 
-test: setup
+# Debian's Chromium for the console's browser test (tests/integration/test_console.py). Installed only
+# as root with apt-get (CI, containers); elsewhere install it yourself or the test skips (fails with CI=true).
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	else echo "$(CHROMIUM) is missing and cannot be installed here (needs root and apt-get)"; fi
+
+test: setup browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 

@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         SecurityConfig,
         SynthesisConfig,
     )
+    from .settings import deploy_app
 
     try:
         cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                         synthesis=SynthesisConfig(enabled=args.synthesis, model=args.synthesis_model,
                                                   llm_rerank=args.llm_rerank, num_cpus=0.25,
                                                   threads=os.cpu_count()))
-        application = build_app(cfg)
+        build_app(cfg)  # every check that can fail, before Ray starts
     except (IndexMismatch, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -116,7 +117,17 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=512 * 2**20,
                  log_to_driver=False)
     serve.start(http_options={"host": args.host, "port": args.port})
-    serve.run(application, name="raysearch", route_prefix="/", blocking=False)
+    # Deployed from a config, as `serve run serve_config.yaml` is, so that python -m deployments.settings
+    # (and deployments.tune --apply) can change the router's settings in place.
+    offline = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OPENAI_API_KEY",
+                                          "TOKENIZERS_PARALLELISM") if k in os.environ}
+    try:
+        deploy_app(cfg.model_dump(mode="json", exclude_defaults=True), "raysearch", env_vars=offline)
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        serve.shutdown()
+        ray.shutdown()
+        return 1
     base = f"http://{args.host}:{args.port}"
     print(f"serving {args.index} at {base}  (docs: {base}/docs, health: {base}/health); Ctrl-C to stop")
     print(f"  curl -s {base}/search -H 'content-type: application/json' -d '{{\"query\": \"how to parse arguments\", \"limit\": 3}}'",

@@ -16,14 +16,21 @@ class RouterSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    fusion: str = Field("rrf", pattern="^(rrf|weighted)$", description="Default fusion for hybrid search.")
+    # Fusion defaults chosen on SciFact's train queries (bench/README.md, "Fusion defaults"): min-max weighted
+    # fusion at 0.5 / 0.5 over 400 candidates per leg beat every RRF setting tried there.
+    fusion: str = Field("weighted", pattern="^(rrf|weighted)$", description="Default fusion for hybrid search.")
     rrf_k: int = Field(60, ge=1, description="RRF constant (Cormack et al. 2009 use 60).")
-    dense_weight: float = Field(0.7, ge=0, le=1, description="Default dense weight of weighted fusion.")
-    keyword_weight: float = Field(0.3, ge=0, le=1, description="Default keyword weight of weighted fusion.")
-    candidate_base: int = Field(50, ge=1, description="Candidates asked of each leg and shard, at least.")
-    candidate_factor: int = Field(4, ge=1, description="... or this many times the requested limit.")
+    dense_weight: float = Field(0.5, ge=0, le=1, description="Default dense weight of weighted fusion.")
+    keyword_weight: float = Field(0.5, ge=0, le=1, description="Default keyword weight of weighted fusion.")
+    candidate_base: int = Field(400, ge=1, description="Candidates asked of each leg and shard, at least.")
+    candidate_factor: int = Field(1, ge=1, description="... or this many times the requested limit.")
     candidate_cap: int = Field(1000, ge=1, description="... but never more than this.")
-    deepen_when_flat: bool = Field(True, description="Ask for twice the candidates once when top scores are flat.")
+    deepen_when_flat: bool = Field(
+        False, description="Ask for twice the candidates once when the top fused scores are flat (within 5%).")
+    mmr_lambda: float | None = Field(
+        None, ge=0, le=1, description="MMR lambda applied when a request gives none (null: no MMR unless asked).")
+    min_relevance_score: float | None = Field(
+        None, description="Results scoring below this are dropped when a request gives no threshold (null: none).")
     mmr_pool_factor: int = Field(4, ge=1, description="MMR picks from limit * this many fused candidates.")
     rows_with_answers: int = Field(
         20, ge=0, description="Shards send the texts of each leg's best min(limit, this) hits with their "

@@ -13,7 +13,11 @@ import hmac
 import secrets
 from dataclasses import dataclass, field
 
-OPEN_PATHS = frozenset({"/health", "/docs", "/openapi.json", "/redoc", "/docs/oauth2-redirect"})
+# The search console's page and assets (router.py serves them): a browser must load them before it can
+# know a key. The page asks for one when the API answers 401, and every API call it makes carries it.
+CONSOLE_ASSETS = frozenset({"console.css", "console.js"})
+CONSOLE_PATHS = frozenset({"/", "/console", "/console/"} | {f"/console/{name}" for name in CONSOLE_ASSETS})
+OPEN_PATHS = frozenset({"/health", "/docs", "/openapi.json", "/redoc", "/docs/oauth2-redirect"}) | CONSOLE_PATHS
 ADMIN_PREFIX = "/admin/"
 
 

@@ -35,6 +35,9 @@ class InProcessShard:
     async def vectors(self, chunk_ids) -> np.ndarray:
         return self.service.vectors(chunk_ids)
 
+    async def vocabulary(self, acl=None) -> dict[str, int]:
+        return self.service.vocabulary(acl)
+
 
 class InProcessReranker:
     def __init__(self, scorer):

@@ -45,6 +45,7 @@ from .schemas import (
     StageScores,
 )
 from .shard_service import ShardAnswer
+from .spelling import Speller
 
 SEP = "\x1f"  # collection SEP chunk_id: hits stay distinct across collections
 
@@ -64,6 +65,7 @@ class ShardClient(Protocol):
                      acl: tuple[str, list[str]] | None = None) -> ShardAnswer: ...
     async def fetch(self, chunk_ids: list[str]) -> list[dict]: ...
     async def vectors(self, chunk_ids: list[str]) -> np.ndarray: ...
+    async def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]: ...
 
 
 class EncoderClient(Protocol):
@@ -132,6 +134,7 @@ class SearchPipeline:
         self.acl_field = acl_field
         self.public_principal = public_principal
         self.cache = LRUCache(settings.cache_size)
+        self.spellers: OrderedDict[tuple, Speller] = OrderedDict()  # per (collections, versions, ACL)
 
     def reconfigure(self, settings) -> None:
         self.settings = settings
@@ -194,6 +197,21 @@ class SearchPipeline:
             text = expand_with_history(text, history, turns=self.settings.history_turns)
         trace["effective_query"] = text
         return text
+
+    async def _speller(self, targets: Sequence[Collection], acl) -> Speller:
+        """The vocabulary of the searched collections (summed over their shards), built once per version."""
+        key = (tuple((c.name, c.version) for c in targets), json.dumps(acl))
+        if key not in self.spellers:
+            calls = [asyncio.wait_for(shard.vocabulary(acl), self.settings.shard_timeout_s * 10)
+                     for c in targets for shard in c.shards]
+            df: dict[str, int] = {}
+            for part in await asyncio.gather(*calls):
+                for word, n in part.items():
+                    df[word] = df.get(word, 0) + n
+            self.spellers[key] = Speller(df)
+            while len(self.spellers) > 8:
+                self.spellers.popitem(last=False)
+        return self.spellers[key]
 
     async def _fan_out(self, targets, vectors, text, k_dense, k_keyword, filters, timings, rows_for_top, acl=None):
         t = time.perf_counter()
@@ -261,10 +279,33 @@ class SearchPipeline:
         timings: dict[str, float] = {}
         trace: dict[str, Any] = {}
         warnings: list[str] = []
+        s = self.settings
         rerank = self._check_stages(req, targets)
+        # Tuned defaults (deployments.tune) stand wherever a hybrid request says nothing; a threshold tuned
+        # on fused scores means nothing on BM25, cosine or reranker scores, so it stays off for those.
+        defaults = {}
+        if req.method is Method.hybrid and req.mmr_lambda is None and s.mmr_lambda is not None:
+            defaults["mmr_lambda"] = s.mmr_lambda
+        if (req.method is Method.hybrid and not rerank and req.min_relevance_score is None
+                and s.min_relevance_score is not None):
+            defaults["min_relevance_score"] = s.min_relevance_score
+        if defaults:
+            req = req.model_copy(update=defaults)
+        corrected, asked_query = None, req.query
+        if req.spell_correct:
+            t = time.perf_counter()
+            try:
+                fixed, corrections = (await self._speller(targets, acl)).correct(req.query)
+            except Exception as exc:  # the query is searched as typed
+                warnings.append(f"spell correction {failure(exc)}: the query was searched as typed")
+            else:
+                trace["spelling"] = {"corrected_query": fixed, "corrections": [c.__dict__ for c in corrections]}
+                if corrections:
+                    corrected = fixed
+                    req = req.model_copy(update={"query": fixed})
+            timings["spell"] = (time.perf_counter() - t) * 1000
         text = self._query_text(req, trace)
 
-        s = self.settings
         need_vector = req.method is not Method.keyword or req.mmr_lambda is not None
         vectors: dict[str, np.ndarray] = {}
         if need_vector:
@@ -282,7 +323,10 @@ class SearchPipeline:
         hybrid = req.method is Method.hybrid
         if hybrid or req.mmr_lambda is not None or len(targets) > 1:
             # Fusion and MMR look past the final top-n: ask each leg for more candidates.
-            depth = candidate_depth(req.limit, s.candidate_base, s.candidate_factor, s.candidate_cap)
+            if req.candidates:
+                depth = max(req.candidates, req.limit)
+            else:
+                depth = candidate_depth(req.limit, s.candidate_base, s.candidate_factor, s.candidate_cap)
             if req.mmr_lambda is not None:
                 depth = max(depth, min(req.limit * s.mmr_pool_factor, s.candidate_cap))
         else:
@@ -303,7 +347,7 @@ class SearchPipeline:
         fused_per = [self._fuse(req, *legs[c.name]) for c in targets]
         fused = fused_per[0] if len(fused_per) == 1 else rrf(fused_per, rrf_k=req.rrf_k or s.rrf_k)
         deepened = False
-        if hybrid and s.deepen_when_flat and is_flat(fused) and depth < s.candidate_cap and len(fused) >= depth:
+        if hybrid and s.deepen_when_flat and not req.candidates and is_flat(fused) and depth < s.candidate_cap and len(fused) >= depth:
             depth = min(2 * depth, s.candidate_cap)
             per_collection, failed, asked = await self._fan_out(
                 targets, fan_vectors, text, depth if k_dense else 0, depth if k_keyword else 0, req.filters, timings,
@@ -313,6 +357,12 @@ class SearchPipeline:
             fused = fused_per[0] if len(fused_per) == 1 else rrf(fused_per, rrf_k=req.rrf_k or s.rrf_k)
             deepened = True
         timings["fuse"] = (time.perf_counter() - t) * 1000
+        if hybrid:
+            method = (req.fusion or Fusion(s.fusion)).value
+            trace["fusion"] = {"method": method} | (
+                {"rrf_k": req.rrf_k or s.rrf_k} if method == "rrf" else
+                {"weights": req.weights.model_dump() if req.weights else
+                 {"dense": s.dense_weight, "keyword": s.keyword_weight}})
 
         known = {f"{name}{SEP}{row['chunk_id']}": row | {"collection": name}
                  for name, answers in per_collection.items() for _, a in answers for row in a.rows}
@@ -372,7 +422,8 @@ class SearchPipeline:
         timings["total"] = (time.perf_counter() - t_start) * 1000
         answered = asked - len(failed)
         response = SearchResponse(
-            query=req.query,
+            query=asked_query,
+            corrected_query=corrected,
             method=req.method,
             results=results,
             total=len(kept),
@@ -473,10 +524,13 @@ class SearchPipeline:
         def show(hits, n=50):
             return [{"chunk_id": h.chunk_id.split(SEP, 1)[1], "score": h.score} for h in hits[:n]]
 
+        def whole(hits):  # each leg in full, so fusion settings can be replayed offline (deployments.tune)
+            return show(hits, None)
+
         return trace | {
             "candidate_depth": depth,
             "deepened_because_flat": deepened,
-            "legs": {name: {"dense": show(d), "keyword": show(k)} for name, (d, k) in legs.items()},
+            "legs": {name: {"dense": whole(d), "keyword": whole(k)} for name, (d, k) in legs.items()},
             "fused": show(fused),
             "reranked": show(reranked) if reranked is not None else None,
             "dropped_below_min_relevance_score": show(dropped),

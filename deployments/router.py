@@ -17,13 +17,20 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from ray import serve
 from ray.exceptions import RayActorError
 
 from .activation import ActivationError, DeployedCollection, VersionSwitch
 from .config import RouterSettings, SecurityConfig
-from .guard import Guard, key_digest
+from .guard import CONSOLE_ASSETS, Guard, key_digest
 from .judgments import JudgmentStore, doc_of_chunk
 from .pipeline import Collection, RequestError, SearchPipeline, failure, redact
 from .schemas import (
@@ -144,6 +151,9 @@ class HandleShard:
     async def vectors(self, chunk_ids):
         return await call_with_retry(self.handle.vectors, chunk_ids)
 
+    async def vocabulary(self, acl=None):
+        return await call_with_retry(self.handle.vocabulary, acl)
+
     async def info(self):
         return await call_with_retry(self.handle.info)
 
@@ -176,6 +186,24 @@ class HandleSynthesizer:
 
     async def relevance(self, query, passages):
         return await self.handle.relevance.remote(query, passages)
+
+
+# The search console: static files in deployments/console/, served by name from a fixed list (a requested
+# name is looked up, never joined onto a path). The policy lets the page load only its own files and call
+# only this origin, so a result's text can never run as script even if it slipped past the page's escaping.
+_CONSOLE_DIR = Path(__file__).with_name("console")
+_CONSOLE_TYPES = {"index.html": "text/html; charset=utf-8", "console.css": "text/css; charset=utf-8",
+                  "console.js": "text/javascript; charset=utf-8"}
+_CONSOLE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",  # revalidate, so a redeployed console is picked up at once
+}
+
+
+def _console_file(name: str) -> FileResponse:
+    return FileResponse(_CONSOLE_DIR / name, media_type=_CONSOLE_TYPES[name], headers=_CONSOLE_HEADERS)
 
 
 async def _ndjson(events):
@@ -391,3 +419,19 @@ class SearchRouter:
                               collections={c.name: c.version for c in self.pipeline.collections.values()},
                               shards=shards, stages=stages)
         return JSONResponse(status_code=200 if up else 503, content=body.model_dump())
+
+    @app.get("/", include_in_schema=False)
+    async def console_home(self, request: Request) -> RedirectResponse:
+        # root_path: under a route prefix the console lives at PREFIX/console.
+        return RedirectResponse(request.scope.get("root_path", "").rstrip("/") + "/console")
+
+    @app.get("/console", include_in_schema=False)
+    async def console(self) -> FileResponse:
+        """The search console: a page that searches, explains the ranking and records judgments."""
+        return _console_file("index.html")
+
+    @app.get("/console/{asset}", include_in_schema=False)
+    async def console_asset(self, asset: str) -> Response:
+        if asset not in CONSOLE_ASSETS:
+            return JSONResponse(status_code=404, content={"error": f"no console file {asset!r}"})
+        return _console_file(asset)

@@ -29,8 +29,8 @@ class Fusion(StrEnum):
 class Weights(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    dense: float = Field(0.7, ge=0, le=1, description="Weight of the dense (vector) leg in weighted fusion.")
-    keyword: float = Field(0.3, ge=0, le=1, description="Weight of the BM25 leg in weighted fusion.")
+    dense: float = Field(0.5, ge=0, le=1, description="Weight of the dense (vector) leg in weighted fusion.")
+    keyword: float = Field(0.5, ge=0, le=1, description="Weight of the BM25 leg in weighted fusion.")
 
     @model_validator(mode="after")
     def _not_both_zero(self) -> Weights:
@@ -63,15 +63,29 @@ class SearchRequest(BaseModel):
     filters: dict[str, Any] | None = Field(
         None, description='Metadata filter, e.g. {"year": {"gte": 2010}, "topic": ["a", "b"], "lang": "en"}.'
     )
-    min_relevance_score: float | None = Field(None, description="Drop results whose final score is below this.")
-    fusion: Fusion | None = Field(None, description="rrf or weighted (over min-max normalized scores); default rrf.")
-    rrf_k: int | None = Field(None, ge=1, le=10_000, description="RRF constant (default 60).")
-    weights: Weights | None = Field(None, description="Weighted fusion weights (default 0.7 dense / 0.3 keyword).")
-    mmr_lambda: float | None = Field(None, ge=0, le=1, description="Diversify with MMR; 1 = pure relevance. Off when null.")
+    min_relevance_score: float | None = Field(
+        None, description="Drop results whose final score is below this (default: the service's setting, none "
+        "unless tuned).")
+    fusion: Fusion | None = Field(
+        None, description="rrf or weighted (over min-max normalized scores); default: the service's setting "
+        "(weighted unless changed).")
+    rrf_k: int | None = Field(None, ge=1, le=10_000, description="RRF constant (default: the service's setting).")
+    candidates: int | None = Field(
+        None, ge=1, le=1000, description="Candidates each leg asks of each shard before fusion (at least `limit`); "
+        "default: the service's rule (candidate_base, candidate_factor x limit).")
+    weights: Weights | None = Field(
+        None, description="Weighted fusion weights (default: the service's, 0.5 dense / 0.5 keyword unless changed).")
+    mmr_lambda: float | None = Field(
+        None, ge=0, le=1, description="Diversify with MMR; 1 = pure relevance. Null: the service's setting (off "
+        "unless tuned).")
     include_context: bool = Field(False, description="Assemble a context (adjacent chunks merged, token budget).")
     include_citations: bool = Field(True, description="Return the citation list of the assembled context.")
     token_budget: int | None = Field(None, ge=16, le=32_000, description="Token budget of the assembled context.")
     expand_synonyms: bool = Field(False, description="Add synonyms from the configured list to the query.")
+    spell_correct: bool = Field(
+        False, description="Replace query words the searched collections have never seen by the closest known word "
+        "(1 edit for words of 3-5 letters, 2 for longer ones; the most frequent among equally close words). Known "
+        "words are never changed. The corrected query is returned as corrected_query.")
     conversation_history: list[Turn | str] | None = Field(
         None, max_length=MAX_HISTORY_TURNS, description="Earlier turns; recent user turns are added to the query."
     )
@@ -162,6 +176,7 @@ class Coverage(BaseModel):
 
 class SearchResponse(BaseModel):
     query: str
+    corrected_query: str | None = Field(None, description="The query as searched, when spell_correct changed it.")
     method: Method
     results: list[Result]
     total: int

@@ -78,6 +78,10 @@ class ShardRetriever:
     async def vectors(self, chunk_ids: list[str]) -> np.ndarray:
         return (await self._service()).vectors(chunk_ids)
 
+    async def vocabulary(self, acl=None) -> dict[str, int]:
+        service = await self._service()
+        return await asyncio.to_thread(service.vocabulary, acl)
+
     async def info(self) -> dict:
         """Loading the call's version first makes ``info`` the warm-up call of an activation."""
         service = await self._service()

@@ -19,6 +19,7 @@ from index_build.build import EMBEDDINGS_FILE
 
 from .filters import FilterError, MetadataTable
 from .shard_searcher import ShardSearcher
+from .spelling import document_frequencies
 
 
 @dataclass
@@ -46,6 +47,7 @@ class ShardService:
         self.name = Path(shard_dir).name
         self.metadata = MetadataTable.from_json_column(self.searcher.chunks["metadata_json"].to_pylist())
         self.embeddings = np.load(Path(shard_dir) / EMBEDDINGS_FILE, mmap_mode="r")
+        self._vocabularies: dict = {}  # computed on the first spell-corrected query, then kept
 
     @property
     def chunks(self) -> int:
@@ -120,6 +122,17 @@ class ShardService:
 
     def fetch(self, chunk_ids: list[str]) -> list[dict]:
         return self.searcher.fetch(chunk_ids)
+
+    def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]:
+        """Word -> number of this shard's chunks (title and text) holding it: what spell correction may
+        suggest. With ``acl`` only the chunks those principals may see count, so a suggestion never
+        reveals a word of a chunk the caller cannot read."""
+        key = None if acl is None else (acl[0], tuple(sorted(acl[1])))
+        if key not in self._vocabularies:
+            titles, texts = self.searcher.chunks["title"].to_pylist(), self.searcher.chunks["text"].to_pylist()
+            rows = range(len(texts)) if acl is None else self._visible(*acl).tolist()
+            self._vocabularies[key] = dict(document_frequencies(f"{titles[i]} {texts[i]}" for i in rows))
+        return self._vocabularies[key]
 
     def vectors(self, chunk_ids: list[str]) -> np.ndarray:
         rows = [self.searcher.row_of[c] for c in chunk_ids]

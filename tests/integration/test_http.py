@@ -14,12 +14,12 @@ PORT = 18231
 def served(built, ray_local):
     from ray import serve
 
-    from deployments.app import build_app
+    from deployments.settings import deploy_app
 
     _, summary = built[3]
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    serve.run(build_app({"index": str(summary.version_dir), "router": {"shard_timeout_s": 10}}),
-              name="raysearch", route_prefix="/", blocking=False)
+    # From a config, as python -m deployments and serve run do, so settings can be applied in place.
+    deploy_app({"index": str(summary.version_dir), "router": {"shard_timeout_s": 10}}, "raysearch")
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
         yield client, summary
     serve.shutdown()
@@ -165,3 +165,64 @@ def test_evaluate_command_over_the_running_service(served, tmp_path, capsys):
     chunks_of_first = sum(hit["doc_id"] == first_doc for hit in top[:10])
     assert figures["context_precision@10"] == pytest.approx(chunks_of_first / min(10, len(top)) / 2)
     assert "nDCG@10" in capsys.readouterr().out
+
+
+def test_tune_command_tunes_writes_and_applies_settings_in_place(served, corpus, tmp_path, capsys):
+    """python -m deployments.tune end to end: judgments -> replay -> held-out check -> settings file ->
+    applied through the router's user_config, with the router replicas kept (no restart)."""
+    import json
+    import time
+
+    import yaml
+    from ray.serve.context import _connect
+
+    from deployments.settings import apply_router_settings, current_router_settings
+    from deployments.tune import main as tune_main
+    from tests.conftest import TOPICS
+
+    client, _ = served
+    _, docs = corpus
+    queries, qrels = [], ["query-id\tcorpus-id\tscore"]
+    for topic, words in sorted(TOPICS.items()):
+        words = words.split()
+        for i in range(4):
+            qid = f"{topic}{i}"
+            queries.append(json.dumps({"_id": qid, "text": f"{words[i]} {words[i + 4]}"}))
+            qrels += [f"{qid}\t{d['_id']}\t1" for d in docs if d["metadata"]["topic"] == topic]
+    (tmp_path / "q.jsonl").write_text("\n".join(queries) + "\n")
+    (tmp_path / "qrels.tsv").write_text("\n".join(qrels) + "\n")
+
+    def router_replicas():
+        details = _connect().get_serve_details()["applications"]["raysearch"]["deployments"]["router"]
+        return sorted(r["replica_id"] for r in details["replicas"])
+
+    original = current_router_settings()
+    replicas = router_replicas()
+    out = tmp_path / "tuned.yaml"
+    code = tune_main(["--url", str(client.base_url), "--queries", str(tmp_path / "q.jsonl"),
+                      "--qrels", str(tmp_path / "qrels.tsv"), "--held-out", "0.4", "--candidates", "20", "40",
+                      "--rrf-ks", "10", "60", "--dense-weights", "0.2", "0.8", "--mmr-lambdas", "0.8",
+                      "--out", str(out), "--report", str(tmp_path / "report.json"), "--no-progress", "--apply"])
+    try:
+        assert code == 0
+        tuned = yaml.safe_load(out.read_text())
+        report = json.loads((tmp_path / "report.json").read_text())
+        assert report["train_queries"] + report["held_out_queries"] == 20 and report["grid_size"] == 8
+        assert report["held_out"]["low"] <= report["held_out"]["diff"] <= report["held_out"]["high"]
+        assert tuned["candidate_base"] in (20, 40) and tuned["fusion"] in ("rrf", "weighted")
+        assert "held-out" in capsys.readouterr().out
+        # Applied in place: the settings are live, the replicas are the same ones.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            debug = client.post("/search", json={"query": "telescope galaxy", "debug": True}).json()["debug"]
+            if debug["fusion"]["method"] == tuned["fusion"] and debug["candidate_depth"] == tuned["candidate_base"]:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"the tuned settings did not take effect: {debug['fusion']}, {debug['candidate_depth']}")
+        assert {k: current_router_settings()[k] for k in tuned} == tuned
+        assert router_replicas() == replicas
+    finally:
+        apply_router_settings(original)
+    with pytest.raises(ValueError, match="rrf_k"):
+        apply_router_settings({"rrf_k": 0})  # refused before anything changes

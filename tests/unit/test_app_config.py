@@ -33,7 +33,7 @@ def test_bad_app_configs_fail_before_anything_starts(args, message):
 def test_collections_keep_their_versions():
     cfg = AppConfig(collections={"a": CollectionConfig(index="x", version="v1")}, default_collection="a")
     assert cfg.resolved_collections()["a"].version == "v1"
-    assert RouterSettings().rrf_k == 60 and RouterSettings().dense_weight == 0.7
+    assert RouterSettings().rrf_k == 60 and RouterSettings().dense_weight == 0.5
 
 
 @pytest.mark.parametrize(

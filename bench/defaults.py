@@ -1,0 +1,162 @@
+"""The experiments behind the service's fusion defaults: tuned on SciFact train, confirmed elsewhere.
+
+    python -m bench.defaults --data ../shared/data \\
+        --index scifact-whole=bench/out/indexes/scifact-4 --index scifact-c128=bench/out/indexes/scifact-c128 \\
+        --index cranfield-whole=bench/out/indexes/cranfield-4 --index cranfield-c128=bench/out/indexes/cranfield-c128
+
+For each index (NAME=PATH; the dataset is NAME's part before the first '-'), the service is started,
+every judged query of every split is searched once over HTTP with ``debug: true`` at the deepest
+candidate depth, and both recorded legs are kept under ``bench/out/legs/``. Every setting (fusion
+method, RRF k, dense weight, candidates per leg, and how a document's chunks rank it) is then
+replayed with the router's fusion code and scored by nDCG@10 on every split. The choice is made on
+SciFact *train* alone; the table reports it on SciFact test and Cranfield too.
+
+How a document is ranked from chunk results ("aggregate"):
+  chunk-max   fuse chunks, a document at its best fused chunk (what the service returns)
+  chunk-sum   fuse chunks, a document by the sum of its chunks' fused scores
+  doc-max     each leg collapsed to documents (best chunk) first, then fused
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tqdm import tqdm
+
+from bench.common import load_beir, machine, served
+from deployments.hits import Hit
+from deployments.metrics import ndcg_at
+from deployments.tune import Service
+from deployments.tuning import FusionSetting, Legs, doc_of, doc_ranking, fuse, grid, mean
+
+AGGREGATES = ("chunk-max", "chunk-sum", "doc-max")
+
+
+def collapse(leg: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+    """A leg of chunks as a leg of documents, each at its best chunk (chunk id kept as "doc#0")."""
+    seen: dict[str, float] = {}
+    for cid, score in leg:
+        seen.setdefault(doc_of(cid), score)
+    return tuple((f"{d}#0", s) for d, s in seen.items())
+
+
+def fast_fuse(legs: Legs, setting: FusionSetting) -> list[tuple[str, float]]:
+    """``tuning.fuse`` without the Hit objects (the grid replays it millions of times); the same scores and
+    the same order (score descending, then chunk id), checked against it in ``main``."""
+    d = setting.candidates
+    scores: dict[str, float] = {}
+    if setting.fusion == "rrf":
+        k = setting.rrf_k
+        for leg in (legs.dense[:d], legs.keyword[:d]):
+            for rank, (cid, _) in enumerate(leg, start=1):
+                scores[cid] = scores.get(cid, 0.0) + 1.0 / (k + rank)
+    else:
+        for leg, w in ((legs.dense[:d], setting.dense_weight), (legs.keyword[:d], 1 - setting.dense_weight)):
+            if not leg:
+                continue
+            lo, hi = leg[-1][1], leg[0][1]
+            for cid, s in leg:
+                norm = 1.0 if hi == lo else (s - lo) / (hi - lo)
+                scores[cid] = scores.get(cid, 0.0) + w * norm
+    return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def ranking(fused: list[tuple[str, float]], aggregate: str) -> list[str]:
+    if aggregate == "chunk-sum":
+        return doc_ranking((Hit(c, s) for c, s in fused), "sum")
+    docs: dict[str, None] = {}
+    for cid, _ in fused:
+        docs.setdefault(doc_of(cid))
+        if len(docs) == 10:
+            break
+    return list(docs)
+
+
+def score(legs: dict[str, Legs], collapsed: dict[str, Legs], qrels: dict, setting: FusionSetting,
+          aggregate: str) -> float:
+    out = []
+    for qid, judged in qrels.items():
+        q = (collapsed if aggregate == "doc-max" else legs).get(qid)
+        out.append(ndcg_at(ranking(fast_fuse(q, setting), aggregate), judged, 10) if q else 0.0)
+    return mean(out)
+
+
+def record(name: str, index: Path, data: Path, depth: int, port: int, out: Path) -> dict:
+    path = out / f"{name}-{depth}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    dataset = name.split("-")[0]
+    splits = sorted(p.stem for p in (data / dataset / "qrels").glob("*.tsv"))
+    texts: dict[str, str] = {}
+    for split in splits:
+        queries, _ = load_beir(data / dataset, split)
+        texts |= queries
+    with served(index, port, ["--no-cache"]) as base:
+        legs = Service(base, {}, None, workers=4, progress=True).record_legs(texts, depth)
+    payload = {q: {"dense": leg.dense, "keyword": leg.keyword} for q, leg in legs.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload))
+    return json.loads(path.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.defaults", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="folder of BEIR datasets (scifact, cranfield)")
+    ap.add_argument("--index", action="append", required=True, metavar="NAME=PATH",
+                    help="an index to serve; NAME starts with the dataset (scifact-whole=...)")
+    ap.add_argument("--depth", type=int, default=1000, help="candidates per leg recorded (the deepest tried)")
+    ap.add_argument("--candidates", nargs="+", type=int, default=[50, 100, 200, 400, 1000])
+    ap.add_argument("--train", default="scifact-whole:train", help="INDEX:SPLIT the defaults are chosen on")
+    ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--legs", type=Path, default=Path("bench/out/legs"))
+    ap.add_argument("--out", type=Path, default=Path("bench/out/defaults.json"))
+    args = ap.parse_args(argv)
+
+    indexes = dict(spec.split("=", 1) for spec in args.index)
+    columns = []  # (index name, split, qrels, legs)
+    for name, index in indexes.items():
+        legs_raw = record(name, Path(index), args.data, args.depth, args.port, args.legs)
+        legs = {q: Legs(tuple(map(tuple, v["dense"])), tuple(map(tuple, v["keyword"]))) for q, v in legs_raw.items()}
+        collapsed = {q: Legs(collapse(v.dense), collapse(v.keyword)) for q, v in legs.items()}
+        dataset = name.split("-")[0]
+        for split in sorted(p.stem for p in (args.data / dataset / "qrels").glob("*.tsv")):
+            _, qrels = load_beir(args.data / dataset, split)
+            columns.append((name, split, qrels, legs, collapsed))
+
+    settings = grid(candidates=args.candidates)
+    some_legs = list(columns[0][3].values())[:20]
+    for setting in settings:  # the fast replay is the router's fusion, to the last tie
+        for q in some_legs:
+            assert [(h.chunk_id, round(h.score, 9)) for h in fuse(q, setting)] == \
+                   [(c, round(s, 9)) for c, s in fast_fuse(q, setting)], setting
+    rows = []
+    for setting in tqdm(settings, desc="replaying"):
+        for aggregate in AGGREGATES:
+            row = {"setting": setting.label(), "aggregate": aggregate, **setting.__dict__}
+            for name, split, qrels, legs, collapsed in columns:
+                row[f"{name}:{split}"] = score(legs, collapsed, qrels, setting, aggregate)
+            rows.append(row)
+    train_key = args.train
+    best = max(rows, key=lambda r: r[train_key])
+    reference = {"rrf k=60": lambda r: r["fusion"] == "rrf" and r["rrf_k"] == 60,
+                 "weighted 0.5": lambda r: r["fusion"] == "weighted" and r["dense_weight"] == 0.5}
+    keys = [f"{n}:{s}" for n, s, *_ in columns]
+    print(f"\nchosen on {train_key}: {best['setting']}, {best['aggregate']}")
+    print("| setting | aggregate | " + " | ".join(keys) + " |")
+    print("|---|---|" + "---|" * len(keys))
+    shown = sorted(rows, key=lambda r: -r[train_key])[:10]
+    for pick in reference.values():
+        shown += [r for r in rows if pick(r) and r["candidates"] == 1000 and r["aggregate"] == "chunk-max"]
+    for r in shown:
+        print(f"| {r['setting']} | {r['aggregate']} | " + " | ".join(f"{r[k]:.4f}" for k in keys) + " |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"machine": machine(), "train": train_key, "chosen": best, "rows": rows},
+                                   indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""Query spell correction against a collection's own vocabulary, Ray-free.
+
+A query word the collection has never seen is replaced by the known word closest to it in Levenshtein
+distance, the most frequent one (document frequency) among equally close words. How far a word may
+be changed grows with its length, as Elasticsearch's ``fuzziness: AUTO`` does: words of 1-2 letters
+are never changed, 3-5 letters by one edit, longer words by up to two. A word the vocabulary knows is
+never changed, so a query whose words are all known comes back as it was. Numbers and words with
+digits are left alone (model numbers, years).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from rapidfuzz import process
+from rapidfuzz.distance import Levenshtein
+
+WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?|\w+", re.UNICODE)
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased words, as the vocabulary and the corrector both see them."""
+    return [m.group(0).lower() for m in WORD.finditer(text)]
+
+
+def document_frequencies(texts: Iterable[str]) -> Counter:
+    """Word -> how many of the texts contain it."""
+    df: Counter = Counter()
+    for text in texts:
+        df.update(set(words(text)))
+    return df
+
+
+def allowed_edits(word: str) -> int:
+    return 0 if len(word) <= 2 else (1 if len(word) <= 5 else 2)
+
+
+@dataclass(frozen=True)
+class Correction:
+    original: str
+    corrected: str
+    edits: int
+    df: int
+
+
+class Speller:
+    """One collection's (or several collections') vocabulary, ready to correct queries."""
+
+    def __init__(self, df: Mapping[str, int]):
+        self.df = dict(df)
+        self._choices = list(self.df)
+
+    def suggest(self, word: str) -> Correction | None:
+        """The replacement of an unknown word, or None (known, too short, a number, or nothing close)."""
+        w = word.lower()
+        limit = allowed_edits(w)
+        if w in self.df or limit == 0 or not w.isalpha():
+            return None
+        found = process.extract(w, self._choices, scorer=Levenshtein.distance, score_cutoff=limit, limit=None)
+        if not found:
+            return None
+        best, edits, _ = min(found, key=lambda m: (m[1], -self.df[m[0]], m[0]))
+        return Correction(word, best, int(edits), self.df[best])
+
+    def correct(self, query: str) -> tuple[str, list[Correction]]:
+        """(the query with unknown words replaced, the replacements made). Everything else of the query,
+        spacing and punctuation included, is kept as it was."""
+        corrections: list[Correction] = []
+        out, last = [], 0
+        for m in WORD.finditer(query):
+            fix = self.suggest(m.group(0))
+            if fix is None:
+                continue
+            out += [query[last:m.start()], fix.corrected]
+            last = m.end()
+            corrections.append(fix)
+        return "".join(out) + query[last:], corrections

@@ -4,12 +4,18 @@
         --index scifact-whole=bench/out/indexes/scifact-4 --index scifact-c128=bench/out/indexes/scifact-c128 \\
         --index cranfield-whole=bench/out/indexes/cranfield-4 --index cranfield-c128=bench/out/indexes/cranfield-c128
 
+Titles, at the default setting only:
+
+    python -m bench.defaults --data ../shared/data --fusions weighted --dense-weights 0.5 --candidates 200 \
+        --index scifact-c128=... --index scifact-c128notitle=... --index cranfield-whole=... \
+        --index cranfield-wholenotitle=... --out bench/out/defaults-titles.json
+
 For each index (NAME=PATH; the dataset is NAME's part before the first '-'), the service is started,
 every judged query of every split is searched once over HTTP with ``debug: true`` at the deepest
 candidate depth, and both recorded legs are kept under ``bench/out/legs/``. Every setting (fusion
 method, RRF k, dense weight, candidates per leg, and how a document's chunks rank it) is then
 replayed with the router's fusion code and scored by nDCG@10 on every split. The choice is made on
-SciFact *train* alone; the table reports it on SciFact test and Cranfield too.
+SciFact *train* of the default (128-word chunk) index alone; the table reports the other columns beside it.
 
 How a document is ranked from chunk results ("aggregate"):
   chunk-max   fuse chunks, a document at its best fused chunk (what the service returns)
@@ -94,7 +100,7 @@ def record(name: str, index: Path, data: Path, depth: int, port: int, out: Path)
         queries, _ = load_beir(data / dataset, split)
         texts |= queries
     with served(index, port, ["--no-cache"]) as base:
-        legs = Service(base, {}, None, workers=4, progress=True).record_legs(texts, depth)
+        legs = Service(base, {}, None, workers=2, progress=True).record_legs(texts, depth)
     payload = {q: {"dense": leg.dense, "keyword": leg.keyword} for q, leg in legs.items()}
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload))
@@ -109,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="an index to serve; NAME starts with the dataset (scifact-whole=...)")
     ap.add_argument("--depth", type=int, default=1000, help="candidates per leg recorded (the deepest tried)")
     ap.add_argument("--candidates", nargs="+", type=int, default=[50, 100, 200, 400, 1000])
-    ap.add_argument("--train", default="scifact-whole:train", help="INDEX:SPLIT the defaults are chosen on")
+    ap.add_argument("--fusions", nargs="+", default=["rrf", "weighted"], choices=["rrf", "weighted"])
+    ap.add_argument("--dense-weights", nargs="+", type=float, default=[round(0.1 * i, 1) for i in range(1, 10)])
+    ap.add_argument("--train", default="scifact-c128:train", help="INDEX:SPLIT the defaults are chosen on")
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--legs", type=Path, default=Path("bench/out/legs"))
     ap.add_argument("--out", type=Path, default=Path("bench/out/defaults.json"))
@@ -126,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             _, qrels = load_beir(args.data / dataset, split)
             columns.append((name, split, qrels, legs, collapsed))
 
-    settings = grid(candidates=args.candidates)
+    settings = grid(fusions=args.fusions, dense_weights=args.dense_weights, candidates=args.candidates)
     some_legs = list(columns[0][3].values())[:20]
     for setting in settings:  # the fast replay is the router's fusion, to the last tie
         for q in some_legs:

@@ -17,12 +17,12 @@ class RouterSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # Fusion defaults chosen on SciFact's train queries (bench/README.md, "Fusion defaults"): min-max weighted
-    # fusion at 0.5 / 0.5 over 400 candidates per leg beat every RRF setting tried there.
+    # fusion at 0.5 / 0.5 over 200 candidates per leg beat every RRF setting tried there.
     fusion: str = Field("weighted", pattern="^(rrf|weighted)$", description="Default fusion for hybrid search.")
     rrf_k: int = Field(60, ge=1, description="RRF constant (Cormack et al. 2009 use 60).")
     dense_weight: float = Field(0.5, ge=0, le=1, description="Default dense weight of weighted fusion.")
     keyword_weight: float = Field(0.5, ge=0, le=1, description="Default keyword weight of weighted fusion.")
-    candidate_base: int = Field(400, ge=1, description="Candidates asked of each leg and shard, at least.")
+    candidate_base: int = Field(200, ge=1, description="Candidates asked of each leg and shard, at least.")
     candidate_factor: int = Field(1, ge=1, description="... or this many times the requested limit.")
     candidate_cap: int = Field(1000, ge=1, description="... but never more than this.")
     deepen_when_flat: bool = Field(

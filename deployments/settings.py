@@ -27,12 +27,16 @@ from .config import RouterSettings
 ROUTER = "router"  # the router deployment's name (app.build_app)
 
 
-def _client():
+def _client(address: str | None = None):
+    """Serve's controller client. ``address``: the Ray cluster (default RAY_ADDRESS, else the newest cluster
+    started on this machine)."""
+    import os
+
     import ray
     from ray.serve.context import _connect
 
     if not ray.is_initialized():
-        ray.init(address="auto", namespace="serve", log_to_driver=False)
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace="serve", log_to_driver=False)
     return _connect()
 
 
@@ -70,8 +74,8 @@ def _declared_apps(client) -> dict[str, dict]:
     return out
 
 
-def current_router_settings(app: str = "raysearch") -> dict[str, Any]:
-    details = _client().get_serve_details()
+def current_router_settings(app: str = "raysearch", address: str | None = None) -> dict[str, Any]:
+    details = _client(address).get_serve_details()
     try:
         deployment = details["applications"][app]["deployments"][ROUTER]
     except KeyError:
@@ -79,17 +83,17 @@ def current_router_settings(app: str = "raysearch") -> dict[str, Any]:
     return dict(deployment["deployment_config"].get("user_config") or {})
 
 
-def apply_router_settings(settings: dict[str, Any], app: str = "raysearch") -> RouterSettings:
+def apply_router_settings(settings: dict[str, Any], app: str = "raysearch", address: str | None = None) -> RouterSettings:
     """Merge ``settings`` into the running router's user_config and deploy it in place. Raises ValueError
     for settings RouterSettings refuses (nothing is applied) and RuntimeError for an application that
     was not deployed from a config."""
-    client = _client()
+    client = _client(address)
     apps = _declared_apps(client)
     if app not in apps:
         raise RuntimeError(
             f"application {app!r} is not running from a config (serve run CONFIG, serve deploy or python -m "
             "deployments), so its settings cannot be changed in place; redeploy it with the settings instead")
-    merged = RouterSettings(**(current_router_settings(app) | settings))  # validates before anything changes
+    merged = RouterSettings(**(current_router_settings(app, address) | settings))  # validates before anything changes
     config = apps[app]
     overrides = [d for d in config.get("deployments") or [] if d.get("name") != ROUTER]
     router = next((d for d in config.get("deployments") or [] if d.get("name") == ROUTER), {"name": ROUTER})
@@ -114,15 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("apply", help="merge a settings file into the running router's user_config")
     p.add_argument("file", type=Path, help="YAML mapping of router settings (python -m deployments.tune writes one)")
-    p.add_argument("--app", default="raysearch")
     p = sub.add_parser("show", help="print the running router's settings")
-    p.add_argument("--app", default="raysearch")
+    for p in sub.choices.values():
+        p.add_argument("--app", default="raysearch", help="the Serve application's name")
+        p.add_argument("--address", help="the Ray cluster (default: RAY_ADDRESS, else the newest one on this machine)")
     args = ap.parse_args(argv)
     try:
         if args.command == "show":
-            print(yaml.safe_dump(current_router_settings(args.app), sort_keys=True), end="")
+            print(yaml.safe_dump(current_router_settings(args.app, args.address), sort_keys=True), end="")
             return 0
-        merged = apply_router_settings(read_settings(args.file), args.app)
+        merged = apply_router_settings(read_settings(args.file), args.app, args.address)
     except (OSError, ValueError, RuntimeError, ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

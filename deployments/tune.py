@@ -56,6 +56,7 @@ class Service:
         self.collection = collection
         self.workers = workers
         self.progress = progress
+        self.attempts = 5
 
     def _post_all(self, queries: dict[str, str], body: dict, desc: str) -> dict[str, dict]:
         base = {"method": "hybrid", "include_citations": False, "rerank": False}
@@ -63,16 +64,24 @@ class Service:
             base["collections"] = [self.collection]
 
         def one(item):
+            # A partial answer (a shard or the encoder late under load: coverage degraded, or a warning such
+            # as "keyword results only") would be scored as if the setting were worse: ask again, or stop.
             qid, text = item
-            for attempt in range(3):
+            for attempt in range(self.attempts):
                 r = httpx.post(f"{self.url}/search", json=base | body | {"query": text}, headers=self.headers,
                                timeout=300)
-                if r.status_code != 503:
-                    break
-                time.sleep(1 + attempt)
-            if r.status_code != 200:
-                raise SystemExit(f"error: POST /search answered {r.status_code} for query {qid}: {r.text[:300]}")
-            return qid, r.json()
+                if r.status_code == 200:
+                    answer = r.json()
+                    if not answer["coverage"]["degraded"] and not answer.get("warnings"):
+                        return qid, answer
+                    problem = f"a partial answer ({answer.get('warnings') or answer['coverage']})"
+                elif r.status_code == 503:
+                    problem = f"503 {r.text[:200]}"
+                else:
+                    raise SystemExit(f"error: POST /search answered {r.status_code} for query {qid}: {r.text[:300]}")
+                time.sleep(1 + 2 * attempt)
+            raise SystemExit(f"error: query {qid} got {problem} {self.attempts} times: the service is overloaded or "
+                             "a shard is down; lower --workers or fix the service, then run again")
 
         with ThreadPoolExecutor(self.workers) as pool, \
                 tqdm(total=len(queries), desc=desc, disable=not self.progress, file=sys.stderr) as bar:
@@ -160,7 +169,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--apply", action="store_true",
                     help="apply the settings to the running application (through the router's user_config)")
     ap.add_argument("--app", default="raysearch", help="with --apply: the Serve application's name")
-    ap.add_argument("--workers", type=int, default=4, help="requests in flight")
+    ap.add_argument("--address", help="with --apply: the Ray cluster (default: RAY_ADDRESS, else the newest one here)")
+    ap.add_argument("--workers", type=int, default=2, help="requests in flight")
     ap.add_argument("--no-progress", action="store_true")
     return ap
 
@@ -260,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         from .settings import apply_router_settings
 
         try:
-            apply_router_settings(router, app=args.app)
+            apply_router_settings(router, app=args.app, address=args.address)
         except (RuntimeError, ValueError) as e:
             print(f"error: could not apply: {e}", file=sys.stderr)
             return 1

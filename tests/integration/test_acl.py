@@ -85,3 +85,22 @@ def test_callers_do_not_share_cached_answers(pipeline):
     everyone = asyncio.run(pipeline.search(req, principals=PRINCIPALS))
     nobody = asyncio.run(pipeline.search(req, principals=[]))  # public chunks only
     assert not nobody.cached and len(nobody.results) < len(everyone.results)
+
+
+def test_spelling_suggests_only_words_of_chunks_the_caller_may_see(pipeline, acl_index):
+    import pyarrow.parquet as pq
+
+    from deployments.spelling import document_frequencies
+
+    rows = [r for shard in sorted((acl_index / "shards").iterdir())
+            for r in pq.read_table(shard / "chunks.parquet").to_pylist()]
+    shards = pipeline.collections["main"].shards
+    for principals in ({"t1"}, {"t2", "staff"}, set()):
+        acl = ("acl", sorted(principals | {"public"}))
+        merged: dict[str, int] = {}
+        for shard in shards:
+            for word, n in asyncio.run(shard.vocabulary(acl)).items():
+                merged[word] = merged.get(word, 0) + n
+        seen = [r for r in rows if visible(json.loads(r["metadata_json"]), principals)]
+        assert merged == dict(document_frequencies(f"{r['title']} {r['text']}" for r in seen))
+        assert len(seen) < len(rows)

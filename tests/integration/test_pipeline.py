@@ -73,16 +73,16 @@ def test_weighted_fusion_with_request_weights(pipeline):
     assert a.results[0].score == pytest.approx(1.0)  # min-max normalized best dense hit, weight 1
 
 
-def test_default_hybrid_is_weighted_min_max_at_half_over_400_candidates(pipeline, local):
+def test_default_hybrid_is_weighted_min_max_at_half_over_200_candidates(pipeline, local):
     q = "galaxy oven"
     expected: dict[str, float] = {}
-    for hits in (local.dense(q, 400), local.bm25(q, 400)):  # the oracle: one unsharded index
+    for hits in (local.dense(q, 200), local.bm25(q, 200)):  # the oracle: one unsharded index
         lo, hi = min(h.score for h in hits), max(h.score for h in hits)
         for h in hits:
             expected[h.chunk_id] = expected.get(h.chunk_id, 0.0) + 0.5 * (h.score - lo) / (hi - lo)
     resp = search(pipeline, query=q, limit=10, debug=True)
     assert resp.debug["fusion"] == {"method": "weighted", "weights": {"dense": 0.5, "keyword": 0.5}}
-    assert resp.debug["candidate_depth"] == 400
+    assert resp.debug["candidate_depth"] == 200
     assert [r.score for r in resp.results] == pytest.approx(sorted(expected.values(), reverse=True)[:10])
     for r in resp.results:
         assert r.score == pytest.approx(expected[r.chunk_id])

@@ -129,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
         return 1
     base = f"http://{args.host}:{args.port}"
-    print(f"serving {args.index} at {base}  (docs: {base}/docs, health: {base}/health); Ctrl-C to stop")
+    print(f"serving {args.index} at {base}  (docs: {base}/docs, console: {base}/console, health: {base}/health); "
+          "Ctrl-C to stop")
+    print(f"  Ray cluster {ray.get_runtime_context().gcs_address}: pass it as --address to python -m "
+          "deployments.settings (settings changed in place)")
     print(f"  curl -s {base}/search -H 'content-type: application/json' -d '{{\"query\": \"how to parse arguments\", \"limit\": 3}}'",
           flush=True)
     if args.example:

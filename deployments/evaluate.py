@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -44,6 +45,10 @@ def read_qrels(path: Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
+def partial(answer: dict) -> bool:
+    return bool(answer["coverage"]["degraded"] or answer.get("warnings"))
+
+
 def search_all(url: str, queries: dict[str, str], body: dict, headers: dict, workers: int, progress: bool):
     """(run: qid -> doc -> score, chunk runs: qid -> document of each returned chunk, failures)."""
     run: dict[str, dict[str, float]] = {}
@@ -51,9 +56,15 @@ def search_all(url: str, queries: dict[str, str], body: dict, headers: dict, wor
     failures: list[str] = []
 
     def one(item):
+        # A partial answer (a shard or the encoder late: coverage degraded, or a warning) is asked again; one
+        # that stays partial is counted as failed, so the figures never quietly include it.
         qid, text = item
-        r = httpx.post(f"{url}/search", json={"query": text, "limit": 100, "include_citations": False} | body,
-                       headers=headers, timeout=300)
+        for attempt in range(3):
+            r = httpx.post(f"{url}/search", json={"query": text, "limit": 100, "include_citations": False} | body,
+                           headers=headers, timeout=300)
+            if r.status_code not in (200, 503) or (r.status_code == 200 and not partial(r.json())):
+                break
+            time.sleep(1 + attempt)
         return qid, r
 
     with ThreadPoolExecutor(workers) as pool, tqdm(total=len(queries), desc="queries", disable=not progress) as bar:
@@ -61,6 +72,9 @@ def search_all(url: str, queries: dict[str, str], body: dict, headers: dict, wor
             bar.update(1)
             if r.status_code != 200:
                 failures.append(f"{qid}: {r.status_code} {r.text[:200]}")
+                continue
+            if partial(r.json()):
+                failures.append(f"{qid}: a partial answer: {r.json().get('warnings') or r.json()['coverage']}")
                 continue
             results = r.json()["results"]
             chunks[qid] = [hit["doc_id"] for hit in results]
@@ -85,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--request", type=json.loads, default={}, metavar="JSON",
                     help='more request fields, e.g. \'{"rerank": true, "fusion": "weighted"}\'')
     ap.add_argument("--api-key", help="sent as a bearer token when the service has keys on")
-    ap.add_argument("--workers", type=int, default=4, help="requests in flight")
+    ap.add_argument("--workers", type=int, default=2, help="requests in flight")
     ap.add_argument("--out", type=Path, help="also write the figures here as JSON")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)

@@ -32,61 +32,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bench.common import load_beir, machine, served
-from deployments.hits import Hit
-from deployments.metrics import ndcg_at
 from deployments.tune import Service
-from deployments.tuning import FusionSetting, Legs, doc_of, doc_ranking, fuse, grid, mean
-
-AGGREGATES = ("chunk-max", "chunk-sum", "doc-max")
-
-
-def collapse(leg: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
-    """A leg of chunks as a leg of documents, each at its best chunk (chunk id kept as "doc#0")."""
-    seen: dict[str, float] = {}
-    for cid, score in leg:
-        seen.setdefault(doc_of(cid), score)
-    return tuple((f"{d}#0", s) for d, s in seen.items())
-
-
-def fast_fuse(legs: Legs, setting: FusionSetting) -> list[tuple[str, float]]:
-    """``tuning.fuse`` without the Hit objects (the grid replays it millions of times); the same scores and
-    the same order (score descending, then chunk id), checked against it in ``main``."""
-    d = setting.candidates
-    scores: dict[str, float] = {}
-    if setting.fusion == "rrf":
-        k = setting.rrf_k
-        for leg in (legs.dense[:d], legs.keyword[:d]):
-            for rank, (cid, _) in enumerate(leg, start=1):
-                scores[cid] = scores.get(cid, 0.0) + 1.0 / (k + rank)
-    else:
-        for leg, w in ((legs.dense[:d], setting.dense_weight), (legs.keyword[:d], 1 - setting.dense_weight)):
-            if not leg:
-                continue
-            lo, hi = leg[-1][1], leg[0][1]
-            for cid, s in leg:
-                norm = 1.0 if hi == lo else (s - lo) / (hi - lo)
-                scores[cid] = scores.get(cid, 0.0) + w * norm
-    return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
-
-
-def ranking(fused: list[tuple[str, float]], aggregate: str) -> list[str]:
-    if aggregate == "chunk-sum":
-        return doc_ranking((Hit(c, s) for c, s in fused), "sum")
-    docs: dict[str, None] = {}
-    for cid, _ in fused:
-        docs.setdefault(doc_of(cid))
-        if len(docs) == 10:
-            break
-    return list(docs)
-
-
-def score(legs: dict[str, Legs], collapsed: dict[str, Legs], qrels: dict, setting: FusionSetting,
-          aggregate: str) -> float:
-    out = []
-    for qid, judged in qrels.items():
-        q = (collapsed if aggregate == "doc-max" else legs).get(qid)
-        out.append(ndcg_at(ranking(fast_fuse(q, setting), aggregate), judged, 10) if q else 0.0)
-    return mean(out)
+from deployments.tuning import AGGREGATES, Legs, grid, mean, per_query_ndcg
 
 
 def record(name: str, index: Path, data: Path, depth: int, port: int, out: Path) -> dict:
@@ -128,27 +75,21 @@ def main(argv: list[str] | None = None) -> int:
     for name, index in indexes.items():
         legs_raw = record(name, Path(index), args.data, args.depth, args.port, args.legs)
         legs = {q: Legs(tuple(map(tuple, v["dense"])), tuple(map(tuple, v["keyword"]))) for q, v in legs_raw.items()}
-        collapsed = {q: Legs(collapse(v.dense), collapse(v.keyword)) for q, v in legs.items()}
         dataset = name.split("-")[0]
         for split in sorted(p.stem for p in (args.data / dataset / "qrels").glob("*.tsv")):
             _, qrels = load_beir(args.data / dataset, split)
-            columns.append((name, split, qrels, legs, collapsed))
+            columns.append((name, split, qrels, legs))
 
     settings = grid(fusions=args.fusions, dense_weights=args.dense_weights, candidates=args.candidates)
-    some_legs = list(columns[0][3].values())[:20]
-    for setting in settings:  # the fast replay is the router's fusion, to the last tie
-        for q in some_legs:
-            assert [(h.chunk_id, round(h.score, 9)) for h in fuse(q, setting)] == \
-                   [(c, round(s, 9)) for c, s in fast_fuse(q, setting)], setting
     rows = []
     for setting in tqdm(settings, desc="replaying"):
         for aggregate in AGGREGATES:
             row = {"setting": setting.label(), "aggregate": aggregate, **setting.__dict__}
-            for name, split, qrels, legs, collapsed in columns:
-                row[f"{name}:{split}"] = score(legs, collapsed, qrels, setting, aggregate)
+            for name, split, qrels, legs in columns:
+                row[f"{name}:{split}"] = mean(per_query_ndcg(legs, qrels, setting, aggregate=aggregate).values())
             rows.append(row)
     train_key = args.train
-    best = max(rows, key=lambda r: r[train_key])
+    best = max((r for r in rows if r["aggregate"] == "chunk-max"), key=lambda r: r[train_key])  # what the service does
     reference = {"rrf k=60": lambda r: r["fusion"] == "rrf" and r["rrf_k"] == 60,
                  "weighted 0.5": lambda r: r["fusion"] == "weighted" and r["dense_weight"] == 0.5}
     keys = [f"{n}:{s}" for n, s, *_ in columns]

@@ -22,7 +22,7 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -211,6 +211,7 @@ class SearchPipeline:
             self.spellers[key] = Speller(df)
             while len(self.spellers) > 8:
                 self.spellers.popitem(last=False)
+        self.spellers.move_to_end(key)
         return self.spellers[key]
 
     async def _fan_out(self, targets, vectors, text, k_dense, k_keyword, filters, timings, rows_for_top, acl=None):
@@ -245,17 +246,24 @@ class SearchPipeline:
                               depth)
         return dense, keyword
 
+    def _fusion(self, req: SearchRequest) -> dict[str, Any]:
+        """The fusion a hybrid request gets: its own fields where given, the service's settings otherwise."""
+        s = self.settings
+        if (req.fusion or Fusion(s.fusion)) is Fusion.rrf:
+            return {"method": "rrf", "rrf_k": req.rrf_k or s.rrf_k}
+        w = req.weights
+        return {"method": "weighted", "weights": {"dense": w.dense if w else s.dense_weight,
+                                                  "keyword": w.keyword if w else s.keyword_weight}}
+
     def _fuse(self, req: SearchRequest, dense: list[Hit], keyword: list[Hit]) -> list[Hit]:
         if req.method is Method.vector:
             return dense
         if req.method is Method.keyword:
             return keyword
-        fusion = req.fusion or Fusion(self.settings.fusion)
-        if fusion is Fusion.rrf:
-            return rrf([dense, keyword], rrf_k=req.rrf_k or self.settings.rrf_k)
-        w = req.weights
-        weights = (w.dense, w.keyword) if w else (self.settings.dense_weight, self.settings.keyword_weight)
-        return weighted([dense, keyword], weights)
+        fusion = self._fusion(req)
+        if fusion["method"] == "rrf":
+            return rrf([dense, keyword], rrf_k=fusion["rrf_k"])
+        return weighted([dense, keyword], [fusion["weights"]["dense"], fusion["weights"]["keyword"]])
 
     # ------------------------------------------------------------------ the request
 
@@ -299,7 +307,7 @@ class SearchPipeline:
             except Exception as exc:  # the query is searched as typed
                 warnings.append(f"spell correction {failure(exc)}: the query was searched as typed")
             else:
-                trace["spelling"] = {"corrected_query": fixed, "corrections": [c.__dict__ for c in corrections]}
+                trace["spelling"] = {"corrected_query": fixed, "corrections": [asdict(c) for c in corrections]}
                 if corrections:
                     corrected = fixed
                     req = req.model_copy(update={"query": fixed})
@@ -358,11 +366,7 @@ class SearchPipeline:
             deepened = True
         timings["fuse"] = (time.perf_counter() - t) * 1000
         if hybrid:
-            method = (req.fusion or Fusion(s.fusion)).value
-            trace["fusion"] = {"method": method} | (
-                {"rrf_k": req.rrf_k or s.rrf_k} if method == "rrf" else
-                {"weights": req.weights.model_dump() if req.weights else
-                 {"dense": s.dense_weight, "keyword": s.keyword_weight}})
+            trace["fusion"] = self._fusion(req)
 
         known = {f"{name}{SEP}{row['chunk_id']}": row | {"collection": name}
                  for name, answers in per_collection.items() for _, a in answers for row in a.rows}
@@ -524,13 +528,11 @@ class SearchPipeline:
         def show(hits, n=50):
             return [{"chunk_id": h.chunk_id.split(SEP, 1)[1], "score": h.score} for h in hits[:n]]
 
-        def whole(hits):  # each leg in full, so fusion settings can be replayed offline (deployments.tune)
-            return show(hits, None)
-
         return trace | {
             "candidate_depth": depth,
             "deepened_because_flat": deepened,
-            "legs": {name: {"dense": whole(d), "keyword": whole(k)} for name, (d, k) in legs.items()},
+            # Each leg in full, so fusion settings can be replayed offline (deployments.tune).
+            "legs": {name: {"dense": show(d, None), "keyword": show(k, None)} for name, (d, k) in legs.items()},
             "fused": show(fused),
             "reranked": show(reranked) if reranked is not None else None,
             "dropped_below_min_relevance_score": show(dropped),

@@ -127,11 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "show":
             print(yaml.safe_dump(current_router_settings(args.app, args.address), sort_keys=True), end="")
             return 0
-        merged = apply_router_settings(read_settings(args.file), args.app, args.address)
+        changed = read_settings(args.file)
+        merged = apply_router_settings(changed, args.app, args.address)
     except (OSError, ValueError, RuntimeError, ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    changed = read_settings(args.file)
     print(f"applied to {args.app!r} (router replicas reconfigure in place): "
           + ", ".join(f"{k}={getattr(merged, k)}" for k in changed))
     return 0

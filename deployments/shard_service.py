@@ -7,6 +7,7 @@ pairs only; texts and vectors are fetched later for the few chunks that survive 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,8 @@ from index_build.build import EMBEDDINGS_FILE
 from .filters import FilterError, MetadataTable
 from .shard_searcher import ShardSearcher
 from .spelling import document_frequencies
+
+VOCABULARIES_KEPT = 8
 
 
 @dataclass
@@ -47,7 +50,9 @@ class ShardService:
         self.name = Path(shard_dir).name
         self.metadata = MetadataTable.from_json_column(self.searcher.chunks["metadata_json"].to_pylist())
         self.embeddings = np.load(Path(shard_dir) / EMBEDDINGS_FILE, mmap_mode="r")
-        self._vocabularies: dict = {}  # computed on the first spell-corrected query, then kept
+        # Computed on the first spell-corrected query of each set of callers; the few latest are kept (one pass
+        # over the shard's texts each, so a bounded cache, not one per caller forever).
+        self._vocabularies: OrderedDict[tuple | None, dict[str, int]] = OrderedDict()
 
     @property
     def chunks(self) -> int:
@@ -132,6 +137,9 @@ class ShardService:
             titles, texts = self.searcher.chunks["title"].to_pylist(), self.searcher.chunks["text"].to_pylist()
             rows = range(len(texts)) if acl is None else self._visible(*acl).tolist()
             self._vocabularies[key] = dict(document_frequencies(f"{titles[i]} {texts[i]}" for i in rows))
+            while len(self._vocabularies) > VOCABULARIES_KEPT:
+                self._vocabularies.popitem(last=False)
+        self._vocabularies.move_to_end(key)
         return self._vocabularies[key]
 
     def vectors(self, chunk_ids: list[str]) -> np.ndarray:

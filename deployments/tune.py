@@ -23,6 +23,7 @@ split, a stable hash of each query id holds out ``--held-out`` of the queries.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -33,10 +34,9 @@ import httpx
 import yaml
 from tqdm import tqdm
 
-from .evaluate import read_qrels, read_queries
+from .evaluate import partial, read_qrels, read_queries
 from .metrics import ndcg_at
 from .tuning import (
-    FusionSetting,
     Legs,
     grid,
     mean,
@@ -72,7 +72,7 @@ class Service:
                                timeout=300)
                 if r.status_code == 200:
                     answer = r.json()
-                    if not answer["coverage"]["degraded"] and not answer.get("warnings"):
+                    if not partial(answer):
                         return qid, answer
                     problem = f"a partial answer ({answer.get('warnings') or answer['coverage']})"
                 elif r.status_code == 503:
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         best = ranked[0]
         chosen, train_score = best.setting, best.score
         for cut in threshold_candidates(legs, chosen):
-            trial = FusionSetting(**{**chosen.__dict__, "min_relevance_score": cut})
+            trial = dataclasses.replace(chosen, min_relevance_score=cut)
             (scored,) = search(legs, train_qrels, [trial])
             if scored.score >= train_score + args.min_gain:
                 chosen, train_score = trial, scored.score

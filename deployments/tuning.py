@@ -16,7 +16,7 @@ import hashlib
 import itertools
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 from .fusion import apply_threshold, rrf, weighted
 from .hits import Hit
@@ -74,7 +74,8 @@ class FusionSetting:
 
 
 def fuse(legs: Legs, setting: FusionSetting) -> list[Hit]:
-    """The fused chunk ranking the router would produce for ``setting`` (before rerank and MMR)."""
+    """The fused chunk ranking the router produces for ``setting`` (before rerank and MMR), computed with the
+    router's own functions: the oracle ``replay`` is tested against."""
     d = setting.candidates
     dense = [Hit(c, s) for c, s in legs.dense[:d]]
     keyword = [Hit(c, s) for c, s in legs.keyword[:d]]
@@ -86,29 +87,70 @@ def fuse(legs: Legs, setting: FusionSetting) -> list[Hit]:
     return kept
 
 
-def doc_ranking(chunks: Iterable[Hit], aggregate: str = "max", limit: int = 100) -> list[str]:
-    """Documents ranked from chunk hits: at their best chunk ("max", the order the service returns)
-    or by the sum of their chunks' scores ("sum")."""
+def replay(legs: Legs, setting: FusionSetting) -> list[tuple[str, float]]:
+    """``fuse`` as (chunk id, score) pairs, without building Hit objects: a grid replays it hundreds of thousands
+    of times. The same arithmetic in the same order, so the same scores and ranking (tests/unit/test_tuning.py
+    checks it against ``fuse``). Legs hold each chunk once, as the router's legs do."""
+    d = setting.candidates
+    scores: dict[str, float] = {}
+    if setting.fusion == "rrf":
+        for leg in (legs.dense[:d], legs.keyword[:d]):
+            for rank, (cid, _) in enumerate(leg, start=1):
+                scores[cid] = scores.get(cid, 0.0) + 1.0 / (setting.rrf_k + rank)
+    else:
+        for leg, w in ((legs.dense[:d], setting.dense_weight), (legs.keyword[:d], 1 - setting.dense_weight)):
+            if not leg:
+                continue
+            lo, hi = min(s for _, s in leg), max(s for _, s in leg)
+            for cid, s in leg:
+                scores[cid] = scores.get(cid, 0.0) + w * (1.0 if hi == lo else (s - lo) / (hi - lo))
+    cut = setting.min_relevance_score
+    ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ranked if cut is None else [(c, s) for c, s in ranked if s >= cut]
+
+
+def collapse(leg: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+    """A leg of chunks as a leg of documents, each at its best chunk (the chunk id becomes "doc#0")."""
+    seen: dict[str, float] = {}
+    for cid, score in leg:
+        seen.setdefault(doc_of(cid), score)
+    return tuple((f"{d}{CHUNK_SEP}0", s) for d, s in seen.items())
+
+
+def doc_ranking(chunks: Iterable[tuple[str, float]], aggregate: str = "max", limit: int = 100) -> list[str]:
+    """Documents ranked from (chunk id, score) pairs, best first: at their best chunk ("max", the order the
+    service returns) or by the sum of their chunks' scores ("sum")."""
     if aggregate == "max":
         seen: dict[str, None] = {}
-        for hit in chunks:
-            seen.setdefault(doc_of(hit.chunk_id))
+        for cid, _ in chunks:
+            seen.setdefault(doc_of(cid))
             if len(seen) == limit:
                 break
         return list(seen)
     totals: dict[str, float] = {}
-    for hit in chunks:
-        totals[doc_of(hit.chunk_id)] = totals.get(doc_of(hit.chunk_id), 0.0) + hit.score
+    for cid, score in chunks:
+        totals[doc_of(cid)] = totals.get(doc_of(cid), 0.0) + score
     return [d for d, _ in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))][:limit]
 
 
+AGGREGATES = ("chunk-max", "chunk-sum", "doc-max")
+
+
 def per_query_ndcg(legs: Mapping[str, Legs], qrels: Mapping[str, Mapping[str, int]], setting: FusionSetting,
-                   k: int = 10, aggregate: str = "max") -> dict[str, float]:
-    """nDCG@k of every judged query (0 for a judged query without recorded legs)."""
+                   k: int = 10, aggregate: str = "chunk-max") -> dict[str, float]:
+    """nDCG@k of every judged query (0 for a judged query without recorded legs). ``aggregate``: how documents
+    are ranked, "chunk-max" (what the service returns), "chunk-sum", or "doc-max" (each leg collapsed to
+    documents before fusing)."""
     out = {}
     for qid, judged in qrels.items():
         q = legs.get(qid)
-        out[qid] = ndcg_at(doc_ranking(fuse(q, setting), aggregate), judged, k) if q else 0.0
+        if q is None:
+            out[qid] = 0.0
+            continue
+        if aggregate == "doc-max":
+            q = Legs(collapse(q.dense), collapse(q.keyword))
+        docs = doc_ranking(replay(q, setting), "sum" if aggregate == "chunk-sum" else "max", limit=k)
+        out[qid] = ndcg_at(docs, judged, k)
     return out
 
 
@@ -134,7 +176,6 @@ def grid(fusions: Sequence[str] = ("rrf", "weighted"), rrf_ks: Sequence[int] = (
 class Scored:
     setting: FusionSetting
     score: float
-    per_query: dict[str, float] = field(repr=False, default_factory=dict)
 
 
 def search(legs: Mapping[str, Legs], qrels: Mapping[str, Mapping[str, int]], settings: Sequence[FusionSetting],
@@ -143,8 +184,7 @@ def search(legs: Mapping[str, Legs], qrels: Mapping[str, Mapping[str, int]], set
     first), so a tie never moves a default for nothing."""
     scored = []
     for setting in settings:
-        per_query = per_query_ndcg(legs, qrels, setting, k)
-        scored.append(Scored(setting, mean(per_query.values()), per_query))
+        scored.append(Scored(setting, mean(per_query_ndcg(legs, qrels, setting, k).values())))
         if progress:
             progress(1)
     return sorted(scored, key=lambda s: -s.score)
@@ -152,7 +192,7 @@ def search(legs: Mapping[str, Legs], qrels: Mapping[str, Mapping[str, int]], set
 
 def threshold_candidates(legs: Mapping[str, Legs], setting: FusionSetting, quantiles=(0.1, 0.25, 0.5)) -> list[float]:
     """min_relevance_score values worth trying: quantiles of the fused scores at rank 10 across queries."""
-    at10 = sorted(f[9].score for f in (fuse(q, setting) for q in legs.values()) if len(f) >= 10)
+    at10 = sorted(f[9][1] for f in (replay(q, setting) for q in legs.values()) if len(f) >= 10)
     if not at10:
         return []
     return sorted({round(at10[int(q * (len(at10) - 1))], 6) for q in quantiles})
@@ -198,7 +238,3 @@ def split_queries(qids: Iterable[str], held_out: float, seed: str = "raysearch")
         h = int.from_bytes(hashlib.sha256(f"{seed}:{q}".encode()).digest()[:8], "big") / 2**64
         (test if h < held_out else train).append(q)
     return train, test
-
-
-def as_dict(c: Comparison) -> dict:
-    return asdict(c)

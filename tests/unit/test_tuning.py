@@ -15,6 +15,7 @@ from deployments.tuning import (
     fuse,
     grid,
     paired_bootstrap,
+    replay,
     search,
     split_queries,
 )
@@ -63,9 +64,21 @@ def test_fuse_equals_the_router_functions_and_truncates_legs():
 
 
 def test_documents_rank_at_their_best_chunk_or_by_the_sum():
-    hits = [Hit("x#0", 0.9), Hit("y#0", 0.8), Hit("y#1", 0.7), Hit("x#1", 0.1)]
+    hits = [("x#0", 0.9), ("y#0", 0.8), ("y#1", 0.7), ("x#1", 0.1)]
     assert doc_ranking(hits, "max") == ["x", "y"]
     assert doc_ranking(hits, "sum") == ["y", "x"]
+
+
+def test_the_fast_replay_is_the_router_fusion_to_the_last_tie():
+    legs, _ = planted(0.4, queries=15)
+    ties = Legs((("a#0", 1.0), ("b#0", 1.0), ("c#0", 0.5)), (("b#0", 2.0), ("d#0", 2.0)))  # equal scores
+    flat = Legs((("a#0", 0.3), ("b#0", 0.3)), ())  # no spread, and an empty leg
+    cases = list(legs.values()) + [ties, flat]
+    settings = grid(candidates=(2, 10, 30)) + [FusionSetting("weighted", dense_weight=0.5, candidates=30,
+                                                             min_relevance_score=0.5)]
+    for setting in settings:
+        for q in cases:
+            assert replay(q, setting) == [(h.chunk_id, h.score) for h in fuse(q, setting)], setting
 
 
 def test_paired_bootstrap_brackets_the_mean_difference():

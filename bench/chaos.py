@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             t_end = time.time() + args.seconds
             while time.time() < t_end:
                 time.sleep(args.every)
-                victims = replicas(ray, "-shard-") + replicas(ray, "#reranker#")
+                victims = replicas(ray, "-shard-") + replicas(ray, "-group-") + replicas(ray, "#reranker#")
                 if victims:
                     victim = rng.choice(victims)
                     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)

@@ -31,6 +31,28 @@ def show_example(base: str, query: str, synthesize: bool = False) -> None:
     print(f"  timings_ms {data.get('timings_ms')}  coverage {data.get('coverage')}\n", flush=True)
 
 
+def answers(url: str, wait_s: float = 30) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=5).status_code < 500:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m deployments",
@@ -44,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-replicas", type=int, default=1)
     parser.add_argument("--shard-num-cpus", type=float, default=0.25,
                         help="logical CPUs Ray reserves per shard replica (lower it to fit more replicas)")
+    parser.add_argument("--shard-group-size", type=int, default=0, metavar="N",
+                        help="shards one shard replica serves in one process; 0 (the default): all of them, one "
+                             "call per request")
+    parser.add_argument("--encoder-placement", choices=["auto", "router", "deployment"], default="auto",
+                        help="embed queries inside the router (auto on CPU) or in a query-encoder deployment")
     parser.add_argument("--no-verify", action="store_true", help="skip checking shard files against their checksums")
     parser.add_argument("--no-cache", action="store_true", help="answer every request afresh (for load tests)")
     parser.add_argument("--reranker", metavar="MODEL",
@@ -59,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                              "takes about 5 s for 40 candidates on 2 CPU cores")
     parser.add_argument("--reranker-replicas", type=int, metavar="N",
                         help="with --reranker: exactly N replicas (default: autoscaled between 1 and 2)")
+    parser.add_argument("--via-proxy", action="store_true",
+                        help="answer --port through Serve's HTTP proxy (one more hop per request) instead of the "
+                             "router replica's own HTTP server")
     parser.add_argument("--max-inflight", type=int, default=64,
                         help="requests the router works on at once; more are answered 503 with Retry-After")
     parser.add_argument("--example", metavar="QUERY", help="once serving, send this query and print the answer")
@@ -67,6 +97,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("OPENAI_API_KEY", "unused")
+    # Serve's throughput mode (user code on the replica's own loop, buffered request logs, handle calls over
+    # gRPC): read by every Ray process at start, so it is set before Ray starts (export 0 to turn it off).
+    os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    proxy_port = args.port
+    if not args.via_proxy:
+        # The router replica answers HTTP on --port itself (Serve's "direct ingress"): the proxy's hop cost
+        # about a third of a query's CPU (bench/README.md, "Speed"). Serve's proxy still runs, on a free port.
+        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
+        os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] = str(args.port)
+        os.environ["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] = str(args.port + 1)  # exclusive: one port
+        os.environ.setdefault("RAY_SERVE_PORT_QUARANTINE_S", "0")  # a restarted router takes --port back at once
+        os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "1")  # Ctrl-C stops promptly
+        proxy_port = free_port(args.host)
     import ray
     from ray import serve
 
@@ -82,11 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         SecurityConfig,
         SynthesisConfig,
     )
-    from .settings import deploy_app
 
     try:
         cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
                         shard_replicas=args.shard_replicas, shard_num_cpus=args.shard_num_cpus,
+                        shard_group_size=args.shard_group_size, encoder_placement=args.encoder_placement,
                         verify_checksums=not args.no_verify,
                         security=SecurityConfig(max_inflight=args.max_inflight),
                         router=RouterSettings(cache_size=0 if args.no_cache else 1024,
@@ -106,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if os.environ.get("RAY_ADDRESS"):
+        if not args.via_proxy:
+            print("error: joining a running Ray cluster (RAY_ADDRESS), serve through its proxy: add --via-proxy",
+                  file=sys.stderr)
+            return 2
         ray.init(address=os.environ["RAY_ADDRESS"])
     else:
         need = logical_cpus_needed(cfg)
@@ -116,19 +163,39 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=512 * 2**20,
                  log_to_driver=False)
-    serve.start(http_options={"host": args.host, "port": args.port})
+    # SIGTERM (a supervisor, `kill`) stops it like Ctrl-C, also while it is still starting.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _serve(args, cfg, proxy_port, ray, serve)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def _serve(args, cfg, proxy_port: int, ray, serve) -> int:
+    from .settings import deploy_app
+
+    serve.start(http_options={"host": args.host, "port": proxy_port})
     # Deployed from a config, as `serve run serve_config.yaml` is, so that python -m deployments.settings
     # (and deployments.tune --apply) can change the router's settings in place.
     offline = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OPENAI_API_KEY",
-                                          "TOKENIZERS_PARALLELISM") if k in os.environ}
+                                          "TOKENIZERS_PARALLELISM", "RAY_SERVE_THROUGHPUT_OPTIMIZED")
+               if k in os.environ}
     try:
         deploy_app(cfg.model_dump(mode="json", exclude_defaults=True), "raysearch", env_vars=offline)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
-        serve.shutdown()
-        ray.shutdown()
         return 1
     base = f"http://{args.host}:{args.port}"
+    if not args.via_proxy and not answers(f"{base}/health"):
+        print(f"error: nothing answers on {base} (is port {args.port} taken?); or use --via-proxy", file=sys.stderr)
+        return 1
     print(f"serving {args.index} at {base}  (docs: {base}/docs, console: {base}/console, health: {base}/health); "
           "Ctrl-C to stop")
     print(f"  Ray cluster {ray.get_runtime_context().gcs_address}: pass it as --address to python -m "
@@ -137,16 +204,8 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     if args.example:
         show_example(base, args.example, synthesize=args.synthesis)
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    try:
-        while not stop:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    serve.shutdown()
-    ray.shutdown()
-    return 0
+    while True:
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":

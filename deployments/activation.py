@@ -54,7 +54,7 @@ class DeployedCollection:
     root: Path | None  # None: the config named a version folder or pinned a version, so it never moves
     encoder_model: str
     dimension: int
-    slots: list[tuple[str, Any]]  # (shard name, handle of that shard slot's deployment)
+    slots: list[tuple[str, Any, list[str]]]  # (slot name, handle of its deployment, the shards it serves)
     encoder: EncoderClient
     rerank: bool = True
 
@@ -63,17 +63,28 @@ class DeployedCollection:
         return self.root is not None
 
 
-def check_switchable(deployed: DeployedCollection, manifest: VersionManifest) -> None:
-    """Why this running app cannot serve ``manifest``'s version without a redeploy, or nothing."""
+def check_switchable(deployed: DeployedCollection, manifest: VersionManifest) -> list[tuple[str, Any, list[str]]]:
+    """(slot, handle, the shards it serves of this version) for the slots that serve ``manifest``'s version,
+    or why this running app cannot serve it without a redeploy. A version may have fewer shards than the
+    app was deployed with, as long as they are the first ones (a slot then serves those it has)."""
     if manifest.encoder != deployed.encoder_model or manifest.dimension != deployed.dimension:
         raise ActivationError(
             f"version {manifest.version!r} was embedded with {manifest.encoder} ({manifest.dimension} dims); this app "
             f"encodes queries with {deployed.encoder_model} ({deployed.dimension} dims): redeploy to serve it")
-    slot_names = [name for name, _ in deployed.slots]
-    if list(manifest.shards) != slot_names[: len(manifest.shards)]:
+    wanted = list(manifest.shards)
+    deployed_shards = [shard for _, _, shards in deployed.slots for shard in shards]
+    if deployed_shards[: len(wanted)] != wanted:
+        layout = "; ".join(f"{name} serves {', '.join(shards)}" for name, _, shards in deployed.slots)
         raise ActivationError(
-            f"version {manifest.version!r} has {len(manifest.shards)} shards; this app was deployed with "
-            f"{len(slot_names)} shard slots ({', '.join(slot_names)}): redeploy with that version to serve it")
+            f"version {manifest.version!r} has {len(wanted)} shards; this app was deployed with "
+            f"{len(deployed_shards)} shards in {len(deployed.slots)} shard slots ({layout}): redeploy with that "
+            "version to serve it")
+    used = []
+    for name, handle, shards in deployed.slots:
+        held = [s for s in shards if s in wanted]
+        if held:
+            used.append((name, handle, held))
+    return used
 
 
 @dataclass
@@ -86,7 +97,7 @@ class VersionSwitch:
     """Moves one router replica's collections to the active index version, warming shards first."""
 
     def __init__(self, collections: dict[str, Collection], deployed: dict[str, DeployedCollection],
-                 make_shard: Callable[[str, Any, str], ShardClient], warm_timeout_s: float = 120.0,
+                 make_shard: Callable[[str, Any, str, list[str]], ShardClient], warm_timeout_s: float = 120.0,
                  retry_s: float = 30.0):
         self.collections = collections  # the pipeline's own dict: a switch replaces one entry
         self.deployed = deployed
@@ -105,7 +116,7 @@ class VersionSwitch:
                                   "the configuration (a version folder, or 'version' set): edit it and redeploy")
         return deployed
 
-    def _manifest(self, deployed: DeployedCollection, version: str) -> VersionManifest:
+    def _manifest(self, deployed: DeployedCollection, version: str) -> tuple[VersionManifest, list]:
         # The name may come from an HTTP request: it is matched against the published versions first.
         if version not in list_versions(deployed.root):
             raise ActivationError(f"no index version {version!r} under {deployed.name!r}; published: "
@@ -114,8 +125,7 @@ class VersionSwitch:
             manifest = read_version_manifest(versions_dir(deployed.root) / version)
         except IndexMismatch as e:
             raise ActivationError(str(e)) from None
-        check_switchable(deployed, manifest)
-        return manifest
+        return manifest, check_switchable(deployed, manifest)
 
     async def switch(self, name: str, version: str) -> dict:
         """Serve ``version`` of collection ``name`` from this replica, once all its shards hold it."""
@@ -125,8 +135,8 @@ class VersionSwitch:
             if current.version == version:
                 return {"collection": name, "version": version, "previous": version, "warm_ms": 0.0}
             self.state.attempted[name] = (version, time.monotonic())
-            manifest = self._manifest(deployed, version)
-            shards = [self.make_shard(shard, handle, version) for shard, handle in deployed.slots[: manifest.num_shards]]
+            _, slots = self._manifest(deployed, version)
+            shards = [self.make_shard(slot, handle, version, names) for slot, handle, names in slots]
             t0 = time.perf_counter()
             try:
                 infos = await asyncio.wait_for(asyncio.gather(*(s.info() for s in shards)), self.warm_timeout_s)

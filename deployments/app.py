@@ -70,20 +70,36 @@ def judgments_root(index: Path, version_dir: Path) -> Path:
     return version_dir.parent.parent if version_dir.parent.name == "versions" else version_dir
 
 
+def shard_groups(shards: list[str], group_size: int) -> list[list[str]]:
+    """The shards each shard deployment serves: all in one group (0), or consecutive groups of ``group_size``."""
+    size = group_size or len(shards) or 1
+    return [shards[i:i + size] for i in range(0, len(shards), size)]
+
+
+def slot_name(collection: str, group: list[str], index: int) -> str:
+    """A shard deployment's name: ``<collection>-shard-000`` for one shard, ``<collection>-group-000`` else."""
+    return f"{collection}-{group[0]}" if len(group) == 1 else f"{collection}-group-{index:03d}"
+
+
 def logical_cpus_needed(cfg: AppConfig) -> float:
     """Ray CPUs the app reserves to start (the reranker at its initial replicas), so a machine too small
     for it is told so instead of leaving replicas unscheduled forever."""
-    shards = sum(read_version_manifest(resolve_version_dir(Path(c.index).resolve(), c.version)).num_shards
-                 for c in cfg.resolved_collections().values())
-    encoders = len({read_version_manifest(resolve_version_dir(Path(c.index).resolve(), c.version)).encoder
-                    for c in cfg.resolved_collections().values()})
-    need = shards * cfg.shard_replicas * cfg.shard_num_cpus + encoders * cfg.encoder_replicas * cfg.encoder_num_cpus
+    manifests = [read_version_manifest(resolve_version_dir(Path(c.index).resolve(), c.version))
+                 for c in cfg.resolved_collections().values()]
+    groups = sum(len(shard_groups(list(m.shards), cfg.shard_group_size)) for m in manifests)
+    need = groups * cfg.shard_replicas * cfg.shard_num_cpus
+    if not cfg.encoder_in_router:
+        need += len({m.encoder for m in manifests}) * cfg.encoder_replicas * cfg.encoder_num_cpus
     need += cfg.router_replicas * cfg.router_num_cpus
     if cfg.reranker.model:
         need += max(1, cfg.reranker.autoscaling.min_replicas) * cfg.reranker.num_cpus
     if cfg.synthesis.enabled:
         need += cfg.synthesis.replicas * cfg.synthesis.num_cpus
     return need
+
+
+# Per-request access log lines cost every replica CPU at high rates; Serve's own metrics stay on.
+QUIET = {"enable_access_log": False}
 
 
 def build_app(args: dict[str, Any] | AppConfig) -> Application:
@@ -99,27 +115,30 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
         # An index root without a pinned version follows its ACTIVE pointer; a version folder never moves.
         follows = coll.version is None and not (index / MANIFEST).is_file()
         if manifest.encoder not in encoders:
-            encoders[manifest.encoder] = QueryEncoder.options(
+            encoders[manifest.encoder] = None if cfg.encoder_in_router else QueryEncoder.options(
                 name=f"encoder-{len(encoders)}",
                 num_replicas=cfg.encoder_replicas,
                 ray_actor_options={"num_cpus": cfg.encoder_num_cpus, "num_gpus": cfg.encoder_num_gpus},
+                logging_config=QUIET,
             ).bind(manifest.encoder, cfg.encoder_max_batch_size, cfg.encoder_batch_wait_s,
-                   max(1, int(cfg.encoder_num_cpus)), "cuda" if cfg.encoder_num_gpus else "cpu")
+                   max(1, int(cfg.encoder_num_cpus)), "cuda" if cfg.encoder_num_gpus else "cpu", cfg.encoder_backend)
         expect = {"encoder": manifest.encoder, "dimension": manifest.dimension}
-        # One deployment per shard slot: slot i serves shard i of whichever version a request is pinned to.
+        # One deployment per shard slot: slot i serves group i of whichever version a request is pinned to.
         slots = [
-            (shard, ShardRetriever.options(
-                name=f"{name}-{shard}",
+            (slot_name(name, group, i), ShardRetriever.options(
+                name=slot_name(name, group, i),
                 num_replicas=cfg.shard_replicas,
                 max_ongoing_requests=cfg.shard_max_ongoing_requests,
                 ray_actor_options={"num_cpus": cfg.shard_num_cpus, "num_gpus": cfg.shard_num_gpus,
                                    "resources": dict(cfg.shard_resources)},
-            ).bind(str(index) if follows else None, str(version_dir), shard, expect, cfg.verify_checksums,
-                   cfg.lucene_heap, cfg.shard_max_versions, cfg.shard_search_device))
-            for shard in manifest.shards
+                logging_config=QUIET,
+            ).bind(str(index) if follows else None, str(version_dir), group, expect, cfg.verify_checksums,
+                   cfg.lucene_heap, cfg.shard_max_versions, cfg.shard_search_device), group)
+            for i, group in enumerate(shard_groups(list(manifest.shards), cfg.shard_group_size))
         ]
         collections[name] = {"version": manifest.version, "shards": slots, "encoder": encoders[manifest.encoder],
-                             "encoder_model": manifest.encoder, "dimension": manifest.dimension,
+                             "encoder_model": manifest.encoder, "encoder_backend": cfg.encoder_backend,
+                             "dimension": manifest.dimension,
                              "root": str(index) if follows else None, "rerank": coll.rerank,
                              # Beside the versions, so judgments outlive restarts and reindexing.
                              "judgments": str(judgments_root(index, version_dir) / "judgments")}
@@ -132,4 +151,5 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
         ray_actor_options={"num_cpus": cfg.router_num_cpus, "resources": dict(cfg.router_resources)},
         max_queued_requests=cfg.router_max_queued_requests,
         user_config=cfg.router.model_dump(mode="json"),
+        logging_config=QUIET,
     ).bind(collections, default, reranker, synthesis, cfg.synthesis.llm_rerank, cfg.security.model_dump(mode="json"))

@@ -201,6 +201,18 @@ class AppConfig(BaseModel):
     shard_resources: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources each shard replica needs, to place shards on "
         "chosen nodes of a cluster (e.g. {search_node: 1} with `ray start --resources='{\"search_node\": 8}'`).")
+    shard_group_size: int = Field(
+        0, ge=0, description="Shards one shard replica serves in one process (one JVM, one call per request "
+        "instead of one per shard): 0 puts all of a collection's shards in one group, the right choice when they "
+        "fit one node; N makes groups of N shards (e.g. what one node of a cluster holds).")
+    encoder_placement: str = Field(
+        "auto", pattern="^(auto|router|deployment)$", description="Where queries are embedded. router: inside each "
+        "router replica (no extra hop; CPU nodes). deployment: a batching query-encoder deployment (GPU nodes, or "
+        "to scale embedding apart from routing). auto: deployment when encoder_num_gpus > 0, else router.")
+    encoder_backend: str = Field(
+        "onnx", pattern="^(onnx|torch)$", description="onnx: ONNX Runtime on CPU, exported from the model's weights "
+        "at first use and cached (about half torch's CPU per query; same vectors within float rounding). torch: "
+        "sentence-transformers. A GPU always runs torch.")
     encoder_replicas: int = Field(1, ge=1)
     encoder_num_cpus: float = Field(0.5, gt=0, description="CPUs reserved per query-encoder replica.")
     encoder_num_gpus: float = Field(0, ge=0, description="GPUs per query-encoder replica (0 on CPU machines).")
@@ -232,6 +244,12 @@ class AppConfig(BaseModel):
                 f"default_collection {self.default_collection!r} is not one of {sorted(self.collections)}"
             )
         return self
+
+    @property
+    def encoder_in_router(self) -> bool:
+        if self.encoder_placement == "auto":
+            return self.encoder_num_gpus == 0
+        return self.encoder_placement == "router"
 
     def resolved_collections(self) -> dict[str, CollectionConfig]:
         if self.index is not None:

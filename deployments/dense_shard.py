@@ -36,6 +36,19 @@ class DenseShard:
             return self._faiss.SearchParametersIVF(sel=selector, nprobe=self.index.nprobe)
         return self._faiss.SearchParameters(sel=selector)
 
+    def search_rows(self, query: np.ndarray, k: int,
+                    allowed_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, float32 scores) of one query's top-k, best first, without padding: what ``search`` does
+        for one query, without a Python object per hit."""
+        queries = np.ascontiguousarray(np.atleast_2d(query), dtype=np.float32)
+        if self.index.ntotal == 0 or k <= 0 or (allowed_rows is not None and len(allowed_rows) == 0):
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        k = min(k, self.index.ntotal)
+        params = self._params(allowed_rows)
+        scores, rows = self.index.search(queries, k, params=params) if params else self.index.search(queries, k)
+        keep = rows[0] >= 0
+        return rows[0][keep], scores[0][keep]
+
     def search(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None = None) -> list[list[Hit]]:
         """Top-k hits per query row; FAISS's -1 padding (fewer than k candidates) is dropped here, once."""
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
@@ -72,6 +85,14 @@ class TorchDenseShard:
     @property
     def ntotal(self) -> int:
         return int(self.vectors.shape[0])
+
+    def search_rows(self, query: np.ndarray, k: int,
+                    allowed_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        row_of = {c: i for i, c in enumerate(self.chunk_ids)} if not hasattr(self, "_row_of") else self._row_of
+        self._row_of = row_of
+        (hits,) = self.search(query, k, allowed_rows)
+        return (np.array([row_of[h.chunk_id] for h in hits], dtype=np.int64),
+                np.array([h.score for h in hits], dtype=np.float32))
 
     def search(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None = None) -> list[list[Hit]]:
         torch = self.torch

@@ -31,7 +31,8 @@ def _check_weights(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> N
 
 
 def _ranked(scores: dict[str, float], shard_of: dict[str, int]) -> list[Hit]:
-    return sorted((Hit(cid, s, shard_of[cid]) for cid, s in scores.items()), key=rank_key)
+    ordered = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))  # rank_key, before any Hit is made
+    return [Hit(cid, s, shard_of[cid]) for cid, s in ordered]
 
 
 def rrf(runs: Sequence[Sequence[Hit]], rrf_k: int = 60, weights: Sequence[float] | None = None) -> list[Hit]:
@@ -91,9 +92,17 @@ def weighted(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> list[Hi
     scores: dict[str, float] = {}
     shard_of: dict[str, int] = {}
     for run, w in zip(runs, weights, strict=True):
-        for hit in min_max(_first_occurrences(run)):
-            scores[hit.chunk_id] = scores.get(hit.chunk_id, 0.0) + w * hit.score
-            shard_of.setdefault(hit.chunk_id, hit.shard)
+        run = _first_occurrences(run)
+        if not run:
+            continue
+        # min_max inlined (the same arithmetic): this runs on every hybrid request over hundreds of hits.
+        lo = min(h.score for h in run)
+        span = max(h.score for h in run) - lo
+        for hit in run:
+            cid = hit.chunk_id
+            scores[cid] = scores.get(cid, 0.0) + w * ((hit.score - lo) / span if span else 1.0)
+            if cid not in shard_of:
+                shard_of[cid] = hit.shard
     return _ranked(scores, shard_of)
 
 

@@ -13,7 +13,9 @@ extra round trip (Elasticsearch's ``dfs_query_then_fetch`` does one):
 
 The searcher stays pure Lucene; only parameters and boosts change. Lucene classes are used through
 jnius directly (``index_build.lucene.boot`` starts the JVM): importing ``pyserini.search`` would load
-torch for nothing.
+torch for nothing. Where a JDK compiled the small Java helper (``raysearch.ShardSearch``), a search is
+one JNI call that builds the same query and returns the hits as primitive arrays; without it, the same
+query is built and read clause by clause and hit by hit through pyjnius proxies (~1 ms more a shard).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from index_build.bm25_stats import CollectionStats
-from index_build.lucene import CONTENTS_FIELD, boot
+from index_build.lucene import CONTENTS_FIELD, HELPER_CLASS, boot
 
 from .hits import Hit
 
@@ -74,6 +78,10 @@ class _Java:
                 "DefaultEnglishAnalyzer": "io.anserini.analysis.DefaultEnglishAnalyzer",
             }.items():
                 setattr(cls, name, autoclass(path))
+            try:
+                cls.ShardSearch = autoclass(HELPER_CLASS)
+            except Exception:  # no JDK compiled it (see index_build.lucene.helper_classes)
+                cls.ShardSearch = None
             cls._loaded = True
         return cls
 
@@ -86,6 +94,8 @@ class QueryAnalyzer:
         self.analyzer = self.j.DefaultEnglishAnalyzer.newDefaultInstance()
 
     def analyze(self, text: str) -> list[str]:
+        if self.j.ShardSearch is not None:
+            return list(self.j.ShardSearch.analyze(self.analyzer, CONTENTS_FIELD, text))
         return [str(t) for t in self.j.AnalyzerUtils.analyze(self.analyzer, text).toArray()]
 
 
@@ -98,7 +108,10 @@ class LuceneShard:
         corpus: CollectionStats,
         corpus_df: Mapping[str, int],
         shard: int = -1,
+        use_helper: bool = True,
     ):
+        """``use_helper=False`` searches through pyjnius proxies even where the Java helper is compiled
+        (the path of machines without a JDK; tests compare the two)."""
         j = self.j = _Java.load()
         self.shard = shard
         self.corpus = corpus
@@ -115,8 +128,10 @@ class LuceneShard:
         # Lucene doc number -> row of the shard's chunk table (the FAISS row too).
         row_of = {cid: i for i, cid in enumerate(self.chunk_ids)}
         stored = self.reader.storedFields()
-        self.row_of_doc = [row_of[stored.document(d).get("id")] for d in range(self.reader.maxDoc())]
+        self.row_of_doc = np.array([row_of[stored.document(d).get("id")] for d in range(self.reader.maxDoc())],
+                                   dtype=np.int64)
         self.analyzer = QueryAnalyzer()
+        self.fast = use_helper and j.ShardSearch is not None
 
     def close(self) -> None:
         self.reader.close()
@@ -139,11 +154,36 @@ class LuceneShard:
         return builder, clauses
 
     def search(self, query: str | list[str], k: int, allowed_rows: Sequence[int] | None = None) -> list[Hit]:
-        """Top-k by corpus-exact BM25; ``allowed_rows`` restricts the search itself (a FILTER clause)."""
+        """Top-k by corpus-exact BM25; ``allowed_rows`` restricts the search itself (a FILTER clause).
+        ``query`` is a text, or its analyzed terms (a caller searching several shards analyzes once)."""
         terms = self.analyzer.analyze(query) if isinstance(query, str) else query
+        rows, scores = self.search_rows(terms, k, allowed_rows)
+        return [Hit(self.chunk_ids[r], s, self.shard) for r, s in zip(rows.tolist(), scores.tolist(), strict=True)]
+
+    def search_rows(self, terms: list[str], k: int,
+                    allowed_rows: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(chunk-table rows, float32 scores) of the top-k, best first; the work behind ``search``."""
+        if self.fast:
+            return self._search_fast(terms, k, allowed_rows)
+        return self._search_proxies(terms, k, allowed_rows)
+
+    def _search_fast(self, terms, k, allowed_rows):
+        counted = sorted(Counter(terms).items())
+        allowed = None
+        if allowed_rows is not None:
+            allowed = [self.chunk_ids[r] for r in allowed_rows]
+        found = self.j.ShardSearch.search(
+            self.searcher, CONTENTS_FIELD, [t for t, _ in counted], [c for _, c in counted],
+            [int(self.corpus_df.get(t, 0)) for t, _ in counted], int(self.corpus.doc_count), self.doc_count,
+            MAX_CLAUSES, int(k), "id", allowed)
+        docs = np.asarray(found.docs, dtype=np.int64)
+        return self.row_of_doc[docs], np.asarray(found.scores, dtype=np.float32)
+
+    def _search_proxies(self, terms, k, allowed_rows):
+        empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
         builder, clauses = self.build_query(terms)
         if clauses == 0 or k <= 0 or (allowed_rows is not None and len(allowed_rows) == 0):
-            return []
+            return empty
         if allowed_rows is not None:
             ids = self.j.ArrayList()
             for row in allowed_rows:
@@ -153,4 +193,5 @@ class LuceneShard:
             # match with score 0, query terms or not.
             builder.setMinimumNumberShouldMatch(1)
         top = self.searcher.search(builder.build(), int(k))
-        return [Hit(self.chunk_ids[self.row_of_doc[sd.doc]], float(sd.score), self.shard) for sd in top.scoreDocs]
+        docs = np.array([sd.doc for sd in top.scoreDocs], dtype=np.int64)
+        return self.row_of_doc[docs], np.array([sd.score for sd in top.scoreDocs], dtype=np.float32)

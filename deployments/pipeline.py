@@ -228,22 +228,31 @@ class SearchPipeline:
         per_collection: dict[str, list[tuple[int, ShardAnswer]]] = {c.name: [] for c in targets}
         shard_ms = timings.setdefault("_shards", {})
         failed = []
+        # A client may be a group of shards: coverage counts shards, not calls.
+        asked = sum(getattr(shard, "size", 1) for _, shard, _ in calls)
+        answered = asked
         for (c, shard, _), answer in zip(calls, answers, strict=True):
             if isinstance(answer, BaseException):
                 reason = "timeout" if isinstance(answer, asyncio.TimeoutError | TimeoutError) else type(answer).__name__
                 failed.append(f"{c.name}/{shard.name}: {reason}")
+                answered -= getattr(shard, "size", 1)
                 continue
             if answer.filter_error:
                 raise RequestError(answer.filter_error, status=422)
             per_collection[c.name].append((c.shards.index(shard), answer))
-            shard_ms[f"{c.name}/{shard.name}"] = round(answer.took_ms, 3)
-        return per_collection, failed, len(calls)
+            for name, ms in (answer.shard_ms or {answer.shard: answer.took_ms}).items():
+                shard_ms[f"{c.name}/{name}"] = round(ms, 3)
+        return per_collection, failed, asked, answered
 
     @staticmethod
     def _legs(collection: str, answers: list[tuple[int, ShardAnswer]], depth: int) -> tuple[list[Hit], list[Hit]]:
-        dense = merge_top_k(([Hit(f"{collection}{SEP}{cid}", s, i) for cid, s in a.dense] for i, a in answers), depth)
-        keyword = merge_top_k(([Hit(f"{collection}{SEP}{cid}", s, i) for cid, s in a.keyword] for i, a in answers),
-                              depth)
+        prefix = f"{collection}{SEP}"
+        if len(answers) == 1:  # one shard group: its legs are already merged, ranked (rank_key) and cut
+            ((i, a),) = answers
+            return ([Hit(prefix + cid, s, i) for cid, s in a.dense[:depth]],
+                    [Hit(prefix + cid, s, i) for cid, s in a.keyword[:depth]])
+        dense = merge_top_k(([Hit(prefix + cid, s, i) for cid, s in a.dense] for i, a in answers), depth)
+        keyword = merge_top_k(([Hit(prefix + cid, s, i) for cid, s in a.keyword] for i, a in answers), depth)
         return dense, keyword
 
     def _fusion(self, req: SearchRequest) -> dict[str, Any]:
@@ -347,7 +356,7 @@ class SearchPipeline:
         k_keyword = depth if req.method is not Method.vector else 0
         fan_vectors = vectors if req.method is not Method.keyword else {}
         rows_for_top = min(max(req.limit, rerank_depth), s.rows_with_answers)
-        per_collection, failed, asked = await self._fan_out(targets, fan_vectors, text, k_dense, k_keyword,
+        per_collection, failed, asked, answered = await self._fan_out(targets, fan_vectors, text, k_dense, k_keyword,
                                                            req.filters, timings, rows_for_top, acl)
 
         t = time.perf_counter()
@@ -357,7 +366,7 @@ class SearchPipeline:
         deepened = False
         if hybrid and s.deepen_when_flat and not req.candidates and is_flat(fused) and depth < s.candidate_cap and len(fused) >= depth:
             depth = min(2 * depth, s.candidate_cap)
-            per_collection, failed, asked = await self._fan_out(
+            per_collection, failed, asked, answered = await self._fan_out(
                 targets, fan_vectors, text, depth if k_dense else 0, depth if k_keyword else 0, req.filters, timings,
                 rows_for_top, acl)
             legs = {name: self._legs(name, answers, depth) for name, answers in per_collection.items()}
@@ -424,7 +433,6 @@ class SearchPipeline:
 
         trace["shard_search_ms"] = timings.pop("_shards", {})
         timings["total"] = (time.perf_counter() - t_start) * 1000
-        answered = asked - len(failed)
         response = SearchResponse(
             query=asked_query,
             corrected_query=corrected,

@@ -62,21 +62,37 @@ def _refuse(refusal) -> JSONResponse:
     return JSONResponse(status_code=refusal.status, content={"error": refusal.message}, headers=refusal.headers)
 
 
-@app.middleware("http")
-async def _front_door(request: Request, call_next):
-    refusal = _guard.check(request.method, request.url.path, request.headers)
-    if refusal is not None:
-        return _refuse(refusal)
-    request.state.principals = _guard.principals(request.headers)
-    if request.url.path != "/search":
-        return await call_next(request)
-    refusal = _guard.admit()
-    if refusal is not None:
-        return _refuse(refusal)
-    try:
-        return await call_next(request)
-    finally:
-        _guard.release()
+class FrontDoor:
+    """Keys, body size and load shedding before anything else runs, as plain ASGI: Starlette's
+    ``BaseHTTPMiddleware`` costs a task and a stream per request. A request counts against
+    ``max_inflight`` until its response has been sent, streamed answers included."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        from starlette.datastructures import URL, Headers
+
+        headers = Headers(scope=scope)
+        path = URL(scope=scope).path
+        refusal = _guard.check(scope["method"], path, headers)
+        if refusal is not None:
+            return await _refuse(refusal)(scope, receive, send)
+        scope.setdefault("state", {})["principals"] = _guard.principals(headers)
+        if path != "/search":
+            return await self.app(scope, receive, send)
+        refusal = _guard.admit()
+        if refusal is not None:
+            return await _refuse(refusal)(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _guard.release()
+
+
+app.add_middleware(FrontDoor)
 
 
 def configure_guard(security: SecurityConfig) -> Guard:
@@ -135,10 +151,14 @@ async def call_with_retry(method, *args, attempts: int = 5, pause_s: float = 0.0
 
 
 class HandleShard:
-    """One shard slot, pinned to one index version: every call carries it as the multiplexed model id."""
+    """One shard slot (a group of shards), pinned to one index version: every call carries the version as
+    the multiplexed model id."""
 
-    def __init__(self, name: str, handle, version: str):
-        self.name, self.version = name, version
+    def __init__(self, name: str, handle, version: str, shards: list[str] | None = None):
+        # Named by its shards ("shard-000" or "shard-000,shard-001"), as coverage and traces report them.
+        self.name, self.version = ",".join(shards) if shards else name, version
+        self.shards = list(shards) if shards else [name]
+        self.size = len(self.shards)
         self.handle = handle.options(multiplexed_model_id=version)
 
     async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None):
@@ -164,6 +184,23 @@ class HandleEncoder:
 
     async def embed(self, text: str):
         return await call_with_retry(self.handle.embed, text)
+
+
+class LocalEncoder:
+    """The query encoder inside the router replica (``encoder_placement: router``): no hop, no serialization.
+    One worker thread runs the model (ONNX Runtime releases the GIL), so the event loop keeps serving."""
+
+    def __init__(self, model: str, backend: str):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from index_build.encoders import load_encoder
+
+        self.encoder = load_encoder(model, "cpu", backend, threads=1)
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="query-encoder")
+
+    async def embed(self, text: str):
+        loop = asyncio.get_running_loop()
+        return (await loop.run_in_executor(self.worker, self.encoder.encode, [text]))[0]
 
 
 class HandleReranker:
@@ -247,11 +284,19 @@ class SearchRouter:
         security_cfg = SecurityConfig.model_validate(security or {})
         self.guard = configure_guard(security_cfg)
         self.stage_handles = {"reranker": reranker, "synthesis": synthesis}
+        local_encoders: dict[str, LocalEncoder] = {}
+        for spec in collections.values():
+            if spec["encoder"] is None and spec["encoder_model"] not in local_encoders:
+                local_encoders[spec["encoder_model"]] = LocalEncoder(spec["encoder_model"],
+                                                                     spec.get("encoder_backend", "onnx"))
         deployed = {
             name: DeployedCollection(
                 name=name, root=Path(spec["root"]) if spec.get("root") else None,
-                encoder_model=spec["encoder_model"], dimension=spec["dimension"], slots=list(spec["shards"]),
-                encoder=HandleEncoder(spec["encoder"]), rerank=spec.get("rerank", True))
+                encoder_model=spec["encoder_model"], dimension=spec["dimension"],
+                slots=[tuple(slot) for slot in spec["shards"]],
+                encoder=HandleEncoder(spec["encoder"]) if spec["encoder"] is not None
+                else local_encoders[spec["encoder_model"]],
+                rerank=spec.get("rerank", True))
             for name, spec in collections.items()
         }
         self.pipeline = SearchPipeline(
@@ -259,7 +304,8 @@ class SearchRouter:
                 name: Collection(
                     name=name,
                     version=collections[name]["version"],
-                    shards=[HandleShard(shard, handle, collections[name]["version"]) for shard, handle in d.slots],
+                    shards=[HandleShard(slot, handle, collections[name]["version"], shards)
+                            for slot, handle, shards in d.slots],
                     encoder=d.encoder,
                     rerank=d.rerank,
                 )
@@ -332,7 +378,9 @@ class SearchRouter:
             if body.stream:
                 return StreamingResponse(_ndjson(self.pipeline.stream_answer(body, response)),
                                          media_type="application/x-ndjson")
-            return response
+            # Serialized once by pydantic's Rust encoder: returning the model would have FastAPI validate
+            # and encode it again (the schema above still documents it).
+            return Response(response.model_dump_json(exclude_none=True), media_type="application/json")
         finally:
             logger.info(json.dumps({
                 "event": "search",
@@ -398,11 +446,13 @@ class SearchRouter:
         for c in self.pipeline.collections.values():
             results = await asyncio.gather(
                 *(asyncio.wait_for(s.info(), self.settings.shard_timeout_s) for s in c.shards), return_exceptions=True)
-            for shard, r in zip(c.shards, results, strict=True):
+            for slot, r in zip(c.shards, results, strict=True):
                 if isinstance(r, BaseException):
-                    shards.append(ShardHealth(collection=c.name, shard=shard.name, ok=False, error=type(r).__name__))
+                    shards += [ShardHealth(collection=c.name, shard=name, ok=False, error=type(r).__name__)
+                               for name in slot.shards]
                 else:
-                    shards.append(ShardHealth(collection=c.name, shard=shard.name, ok=True, chunks=r["chunks"]))
+                    shards += [ShardHealth(collection=c.name, shard=name, ok=True, chunks=n)
+                               for name, n in r["shards"].items()]
         up = sum(s.ok for s in shards)
         status = "ok" if up == len(shards) else ("degraded" if up else "down")
         stages = {}

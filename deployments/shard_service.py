@@ -26,6 +26,23 @@ VOCABULARIES_KEPT = 8
 
 
 @dataclass
+class Legs:
+    """One shard's candidates of both legs as arrays (chunk ids, float32 scores), best first: what a shard
+    group merges without a Python object per hit."""
+
+    dense_ids: np.ndarray
+    dense_scores: np.ndarray
+    keyword_ids: np.ndarray
+    keyword_scores: np.ndarray
+    allowed: int | None = None
+    filter_error: str | None = None
+    took_ms: float = 0.0
+
+
+_NO_IDS, _NO_SCORES = np.zeros(0, dtype=object), np.zeros(0, dtype=np.float32)
+
+
+@dataclass
 class ShardAnswer:
     shard: str
     dense: list[tuple[str, float]] = field(default_factory=list)
@@ -34,6 +51,8 @@ class ShardAnswer:
     filter_error: str | None = None
     took_ms: float = 0.0
     rows: list[dict] = field(default_factory=list)  # chunk rows of the best hits, sent along to save a hop
+    shards: int = 1  # shards this answer covers (a shard group answers for several)
+    shard_ms: dict[str, float] = field(default_factory=dict)  # a group's time per shard
 
 
 class ShardService:
@@ -50,6 +69,8 @@ class ShardService:
         self.name = Path(shard_dir).name
         self.metadata = MetadataTable.from_json_column(self.searcher.chunks["metadata_json"].to_pylist())
         self.embeddings = np.load(Path(shard_dir) / EMBEDDINGS_FILE, mmap_mode="r")
+        # Row -> chunk id as an array: hits become ids by one fancy index, and sort by id in numpy.
+        self.id_array = np.array(self.searcher.chunks["chunk_id"].to_pylist(), dtype=object)
         # Computed on the first spell-corrected query of each set of callers; the few latest are kept (one pass
         # over the shard's texts each, so a bounded cache, not one per caller forever).
         self._vocabularies: OrderedDict[tuple | None, dict[str, int]] = OrderedDict()
@@ -58,13 +79,21 @@ class ShardService:
     def chunks(self) -> int:
         return self.searcher.chunks.num_rows
 
+    @property
+    def row_of(self) -> dict[str, int]:
+        return self.searcher.row_of
+
+    def analyze(self, text: str) -> list[str]:
+        """The query's terms as this shard's Lucene analyzer makes them (the same for every shard)."""
+        return self.searcher.lucene.analyzer.analyze(text)
+
     def fields(self) -> dict[str, str]:
         return self.metadata.fields()
 
     def search(
         self,
         vector: np.ndarray | None,
-        text: str | None,
+        text: str | list[str] | None,
         k_dense: int,
         k_keyword: int,
         filters: dict[str, Any] | None = None,
@@ -79,30 +108,47 @@ class ShardService:
         ``acl`` = (field, principals): only chunks whose field holds one of the principals exist for this
         call, in both legs, before any ranking; a chunk without the field is seen by nobody.
         """
+        legs = self.legs(vector, text, k_dense, k_keyword, filters, acl)
+        answer = ShardAnswer(self.name, allowed=legs.allowed, filter_error=legs.filter_error)
+        if legs.filter_error:
+            return answer
+        answer.dense = list(zip(legs.dense_ids.tolist(), legs.dense_scores.tolist(), strict=True))
+        answer.keyword = list(zip(legs.keyword_ids.tolist(), legs.keyword_scores.tolist(), strict=True))
+        if rows_for_top > 0:
+            best = dict.fromkeys(cid for cid, _ in answer.dense[:rows_for_top] + answer.keyword[:rows_for_top])
+            answer.rows = self.fetch(list(best))
+        answer.took_ms = legs.took_ms
+        return answer
+
+    def legs(self, vector: np.ndarray | None, text: str | list[str] | None, k_dense: int, k_keyword: int,
+             filters: dict[str, Any] | None = None, acl: tuple[str, list[str]] | None = None) -> Legs:
+        """Both legs' top hits as arrays, filters and ACL applied inside each engine (see ``search``)."""
         t0 = time.perf_counter()
-        answer = ShardAnswer(self.name)
+        legs = Legs(_NO_IDS, _NO_SCORES, _NO_IDS, _NO_SCORES)
         allowed = None
         if filters:
             try:
                 allowed = self._allowed(filters)
             except FilterError as e:
-                answer.filter_error = str(e)
-                return answer
-            answer.allowed = len(allowed)
+                legs.filter_error = str(e)
+                return legs
+            legs.allowed = len(allowed)
         if acl is not None:
             visible = self._visible(*acl)
             allowed = visible if allowed is None else np.intersect1d(allowed, visible, assume_unique=True)
-            answer.allowed = len(allowed)
+            legs.allowed = len(allowed)
         if vector is not None and k_dense > 0:
-            (hits,) = self.searcher.dense_search(np.asarray(vector, dtype=np.float32), k_dense, allowed)
-            answer.dense = [(h.chunk_id, h.score) for h in hits]
+            rows, legs.dense_scores = self.searcher.dense.search_rows(np.asarray(vector, dtype=np.float32), k_dense,
+                                                                     allowed)
+            legs.dense_ids = self.id_array[rows]
         if text and k_keyword > 0:
-            answer.keyword = [(h.chunk_id, h.score) for h in self.searcher.bm25_search(text, k_keyword, allowed)]
-        if rows_for_top > 0:
-            best = dict.fromkeys(cid for cid, _ in answer.dense[:rows_for_top] + answer.keyword[:rows_for_top])
-            answer.rows = self.fetch(list(best))
-        answer.took_ms = (time.perf_counter() - t0) * 1000
-        return answer
+            lucene = self.searcher.lucene
+            terms = lucene.analyzer.analyze(text) if isinstance(text, str) else text
+            rows, legs.keyword_scores = lucene.search_rows(terms, k_keyword,
+                                                           None if allowed is None else allowed.tolist())
+            legs.keyword_ids = self.id_array[rows]
+        legs.took_ms = (time.perf_counter() - t0) * 1000
+        return legs
 
     def _allowed(self, filters: dict[str, Any]) -> np.ndarray:
         # A field the collection knows but this shard never saw matches nothing here; the router

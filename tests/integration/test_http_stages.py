@@ -164,8 +164,9 @@ def test_a_shard_replica_killed_under_load_costs_no_request(served):
     import ray
 
     client, _ = served
-    victims = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "#default-shard-000#" in a["name"]]
-    assert len(victims) == 2  # two replicas of that shard
+    # The default layout: one group of the 3 shards, served by 2 replicas.
+    victims = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "#default-group-000#" in a["name"]]
+    assert len(victims) == 2  # two replicas of the group
     answers, stop = [], threading.Event()
 
     def load():

@@ -25,10 +25,10 @@ def test_shards_spread_over_nodes_and_a_node_removed_under_load(built, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(out.read_text())
     nodes = record["replicas_per_node"]
-    shards = {node: [r for r in replicas if "-shard-" in r] for node, replicas in nodes.items()}
+    shards = {node: [r for r in replicas if "-group-" in r] for node, replicas in nodes.items()}
     assert not shards.get("head"), nodes  # shards only where the search_node resource is
     assert "router" in nodes["head"], nodes  # the ingress where router_resources put it
-    for shard in ("default-shard-000", "default-shard-001", "default-shard-002"):
-        assert sum(shard in v for v in shards.values()) == 2, nodes  # its 2 replicas on 2 different nodes
+    # The default: one group of all 3 shards per replica, its 2 replicas on 2 different nodes.
+    assert sum("default-group-000" in v for v in shards.values()) == 2, nodes
     assert record["requests"] > record["requests_before_removal"] > 0
     assert record["failed"] == 0, record["errors"]

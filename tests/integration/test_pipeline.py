@@ -138,7 +138,8 @@ def test_collections_fuse_and_unknown_ones_are_refused(pipeline):
 
 
 def test_a_failing_or_slow_shard_degrades_instead_of_failing(built):
-    pipe = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(shard_timeout_s=0.2, cache_size=0))
+    pipe = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(shard_timeout_s=0.2, cache_size=0),
+                              group_size=1)
     shards = pipe.collections["main"].shards
 
     async def boom(*args):
@@ -151,7 +152,34 @@ def test_a_failing_or_slow_shard_degrades_instead_of_failing(built):
     resp = search(pipe, query="telescope galaxy", limit=5)
     assert resp.coverage.degraded and resp.coverage.shards_answered == 1 and resp.coverage.ratio == pytest.approx(1 / 3)
     assert sorted(f.split(": ")[1] for f in resp.coverage.failed) == ["RuntimeError", "timeout"]
-    assert resp.results and all(r.chunk_id in shards[2].service.searcher.row_of for r in resp.results)
+    assert resp.results and all(r.chunk_id in shards[2].service.services[0].row_of for r in resp.results)
+
+
+def test_a_failing_group_counts_all_its_shards(built):
+    pipe = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(shard_timeout_s=0.2, cache_size=0),
+                              group_size=2)
+    shards = pipe.collections["main"].shards
+    assert [s.size for s in shards] == [2, 1]
+
+    async def boom(*args):
+        raise RuntimeError("replica died")
+
+    shards[0].search = boom
+    resp = search(pipe, query="telescope galaxy", limit=5)
+    assert resp.coverage.shards_asked == 3 and resp.coverage.shards_answered == 1
+    assert resp.results and all(r.chunk_id in shards[1].service.services[0].row_of for r in resp.results)
+
+
+@pytest.mark.parametrize("group_size", [1, 2])
+def test_shard_groups_answer_like_one_group(built, pipeline, group_size):
+    """Groups of 1, 2 or all shards: the same results, scores and coverage for every method."""
+    split = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(cache_size=0), group_size=group_size)
+    for q in ("telescope galaxy", "bread oven butter", "lucene shard replica commit"):
+        for method in ("keyword", "vector", "hybrid"):
+            a = search(split, query=q, method=method, limit=12, filters={"topic": {"in": ["music", "databases"]}})
+            b = search(pipeline, query=q, method=method, limit=12, filters={"topic": {"in": ["music", "databases"]}})
+            assert [r.model_dump() for r in a.results] == [r.model_dump() for r in b.results]
+            assert a.coverage.shards_asked == b.coverage.shards_asked == 3
 
 
 def test_identical_requests_are_cached_per_version(pipeline):
@@ -172,10 +200,11 @@ def test_history_and_synonyms_change_the_effective_query(built):
 
 
 def test_vectors_for_mmr_come_from_the_index(pipeline, local):
-    shard = pipeline.collections["main"].shards[0]
-    ids = shard.service.searcher.chunks["chunk_id"].to_pylist()[:3]
-    got = run(shard.vectors(ids))
-    assert np.allclose(got, np.load(shard.service.searcher.folder / "embeddings.npy")[:3])
+    group = pipeline.collections["main"].shards[0]
+    for service in group.service.services:
+        ids = service.searcher.chunks["chunk_id"].to_pylist()[:3]
+        got = run(group.vectors(ids))
+        assert np.allclose(got, np.load(service.searcher.folder / "embeddings.npy")[:3])
 
 
 def test_rows_sent_with_answers_equal_rows_fetched_afterwards(built):

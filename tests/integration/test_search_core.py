@@ -124,3 +124,32 @@ def test_sharded_dense_with_and_without_filter_equals_brute_force(local):
     assert {h.chunk_id for h in filtered} <= allowed
     assert np.allclose([h.score for h in filtered], sorted((truth[c] for c in allowed), reverse=True)[:4], atol=1e-5)
     assert shard.dense_search(q, 4, np.array([], dtype=np.int64)) == [[]]
+
+
+def test_the_java_helper_is_compiled_here_and_in_use(local):
+    """Where a JDK is present (CI's machine has one), BM25 runs through the compiled helper."""
+    from index_build.lucene import _javac, helper_classes
+
+    if _javac() is None:
+        pytest.skip("no JDK on this machine: BM25 runs through pyjnius proxies")
+    assert helper_classes() is not None
+    assert all(shard.lucene.fast for shard in local.shards)
+
+
+def test_helper_and_proxy_paths_give_identical_hits(local):
+    """One JNI call building the query and returning arrays == the query built and read through proxies."""
+    from deployments.lucene_shard import LuceneShard
+
+    for shard in local.shards:
+        fast = shard.lucene
+        slow = LuceneShard(shard.folder / "lucene", fast.chunk_ids, shard.manifest.lucene, fast.corpus,
+                           fast.corpus_df, fast.shard, use_helper=False)
+        assert not slow.fast
+        allowed = np.arange(0, len(fast.chunk_ids), 2, dtype=np.int64).tolist()
+        for q in QUERIES + ["telescope " * 40]:
+            terms = fast.analyzer.analyze(q)
+            for rows in (None, allowed, []):
+                a_rows, a_scores = fast.search_rows(terms, 15, rows)
+                b_rows, b_scores = slow.search_rows(terms, 15, rows)
+                assert a_rows.tolist() == b_rows.tolist() and a_scores.tolist() == b_scores.tolist()
+        slow.close()

@@ -44,13 +44,13 @@ def setup(tmp_path):
     activate(tmp_path, "v1")
     log: list = []
     broken: set = set()
-    slots = [("shard-000", None), ("shard-001", None)]
+    slots = [("shard-000", None, ["shard-000"]), ("shard-001", None, ["shard-001"])]
     deployed = {"docs": DeployedCollection("docs", tmp_path, "hashing:64", 64, slots, encoder=None)}
 
-    def make_shard(name, _handle, version):
+    def make_shard(name, _handle, version, _shards):
         return Slot(name, version, log, broken, delay_s=0.05)
 
-    collections = {"docs": Collection("docs", "v1", [make_shard(n, h, "v1") for n, h in slots], None)}
+    collections = {"docs": Collection("docs", "v1", [make_shard(n, h, "v1", s) for n, h, s in slots], None)}
     return VersionSwitch(collections, deployed, make_shard, warm_timeout_s=5, retry_s=0.0), collections, log, broken
 
 
@@ -77,7 +77,7 @@ def test_every_shard_loads_the_version_before_the_one_swap(setup, tmp_path):
 
 def test_what_needs_a_redeploy_is_refused_with_the_reason(setup, tmp_path):
     switch, collections, _, _ = setup
-    with pytest.raises(ActivationError, match="3 shards; this app was deployed with 2 shard slots") as e:
+    with pytest.raises(ActivationError, match="3 shards; this app was deployed with 2 shards in 2 shard slots") as e:
         asyncio.run(switch.activate("docs", "v3"))
     assert e.value.status == 409
     with pytest.raises(ActivationError, match="some/other-model"):
@@ -123,3 +123,22 @@ def test_a_pinned_collection_never_moves(tmp_path):
         asyncio.run(switch.activate("docs", "v1"))
     asyncio.run(switch.follow())
     assert switch.describe() == {"docs": {"serving": "v1", "follows_active": False}}
+
+
+def test_a_shard_group_serves_the_shards_a_version_has(tmp_path):
+    from deployments.activation import check_switchable
+    from index_build.versions import read_version_manifest
+
+    for name, shards in (("v2", 2), ("v3", 3), ("v4", 1)):
+        _publish(tmp_path, name, shards)
+    group = [("docs-group-000", "handle", ["shard-000", "shard-001"])]
+    deployed = DeployedCollection("docs", tmp_path, "hashing:64", 64, group, encoder=None)
+    manifest = read_version_manifest(versions_dir(tmp_path) / "v4")
+    assert check_switchable(deployed, manifest) == [("docs-group-000", "handle", ["shard-000"])]
+    assert check_switchable(deployed, read_version_manifest(versions_dir(tmp_path) / "v2")) == group
+    with pytest.raises(ActivationError, match="3 shards; this app was deployed with 2 shards in 1 shard slots"):
+        check_switchable(deployed, read_version_manifest(versions_dir(tmp_path) / "v3"))
+    pairs = [("a", 1, ["shard-000"]), ("b", 2, ["shard-001", "shard-002"])]
+    deployed = DeployedCollection("docs", tmp_path, "hashing:64", 64, pairs, encoder=None)
+    assert check_switchable(deployed, read_version_manifest(versions_dir(tmp_path) / "v2")) == [
+        ("a", 1, ["shard-000"]), ("b", 2, ["shard-001"])]

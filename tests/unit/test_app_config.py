@@ -101,8 +101,14 @@ def test_cpus_needed_to_start_counts_every_replica(tmp_path):
 
     _publish(tmp_path, "v1", shards=4)
     activate(tmp_path, "v1")
-    cfg = AppConfig(index=tmp_path, shard_replicas=2, shard_num_cpus=0.25, encoder_num_cpus=0.5, router_num_cpus=0.25)
+    cfg = AppConfig(index=tmp_path, shard_replicas=2, shard_num_cpus=0.25, encoder_num_cpus=0.5, router_num_cpus=0.25,
+                    shard_group_size=1, encoder_placement="deployment")
     assert logical_cpus_needed(cfg) == pytest.approx(4 * 2 * 0.25 + 0.5 + 0.25)
+    # The defaults: one group of all 4 shards (2 replicas of it), queries embedded in the router.
+    grouped = AppConfig(index=tmp_path, shard_replicas=2, shard_num_cpus=0.25, router_num_cpus=0.25)
+    assert logical_cpus_needed(grouped) == pytest.approx(2 * 0.25 + 0.25)
+    pairs = grouped.model_copy(update={"shard_group_size": 3})  # groups of 3 and 1
+    assert logical_cpus_needed(pairs) == pytest.approx(2 * 2 * 0.25 + 0.25)
     rerank = cfg.model_copy(update={"reranker": RerankerConfig(model="m", num_cpus=0.5,
                                                                autoscaling={"min_replicas": 2, "max_replicas": 4})})
     assert logical_cpus_needed(rerank) == pytest.approx(2.75 + 2 * 0.5)

@@ -1,0 +1,102 @@
+"""Several shards of one index version searched in one process: one call per request, not one per shard.
+
+On one machine every shard process costs a JVM, a Serve replica and a round trip per request, for
+about a millisecond of work each; a group puts the shards a node holds behind one replica, so a router
+makes one call per node. The query is analyzed once for all shards, each shard is searched with its own
+corpus-exact BM25 parameters and its own filter, and each leg is merged to its top-k here, so the
+router receives exactly what it would have merged from the shards one by one. Ray-free: the shard
+deployment wraps it, tests and the in-process pipeline call it directly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .shard_service import ShardAnswer, ShardService
+
+
+def _best(ids: list[np.ndarray], scores: list[np.ndarray], k: int) -> list[tuple[str, float]]:
+    """Top-k of per-shard top-k arrays: score descending, then chunk id ascending (``hits.rank_key``)."""
+    all_ids = np.concatenate(ids) if len(ids) > 1 else ids[0]
+    all_scores = np.concatenate(scores) if len(scores) > 1 else scores[0]
+    if len(all_ids) == 0 or k <= 0:
+        return []
+    order = np.lexsort((all_ids, -all_scores))[:k]  # the last key sorts first
+    return list(zip(all_ids[order].tolist(), all_scores[order].tolist(), strict=True))
+
+
+class ShardGroup:
+    def __init__(self, services: Sequence[ShardService]):
+        if not services:
+            raise ValueError("a shard group needs at least one shard")
+        self.services = list(services)
+        self.name = ",".join(s.name for s in self.services)
+
+    @property
+    def size(self) -> int:
+        return len(self.services)
+
+    @property
+    def chunks(self) -> int:
+        return sum(s.chunks for s in self.services)
+
+    def fields(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for s in self.services:
+            out.update(s.fields())
+        return out
+
+    def search(self, vector: np.ndarray | None, text: str | None, k_dense: int, k_keyword: int,
+               filters: dict[str, Any] | None = None, rows_for_top: int = 0,
+               acl: tuple[str, list[str]] | None = None) -> ShardAnswer:
+        """Each leg's top hits over the group's shards, as one shard holding them all would answer."""
+        t0 = time.perf_counter()
+        terms = self.services[0].analyze(text) if text and k_keyword > 0 else None
+        answers = [s.legs(vector, terms, k_dense, k_keyword, filters, acl) for s in self.services]
+        answer = ShardAnswer(self.name, shards=self.size)
+        for a in answers:
+            if a.filter_error:
+                answer.filter_error = a.filter_error
+                return answer
+        answer.dense = _best([a.dense_ids for a in answers], [a.dense_scores for a in answers], k_dense)
+        answer.keyword = _best([a.keyword_ids for a in answers], [a.keyword_scores for a in answers], k_keyword)
+        if any(a.allowed is not None for a in answers):
+            answer.allowed = sum(a.allowed or 0 for a in answers)
+        if rows_for_top > 0:
+            best = dict.fromkeys(cid for cid, _ in answer.dense[:rows_for_top] + answer.keyword[:rows_for_top])
+            answer.rows = self.fetch(list(best))
+        answer.shard_ms = {s.name: a.took_ms for s, a in zip(self.services, answers, strict=True)}
+        answer.took_ms = (time.perf_counter() - t0) * 1000
+        return answer
+
+    def fetch(self, chunk_ids: list[str]) -> list[dict]:
+        """Chunk rows for the ids this group holds, in the order asked."""
+        if len(self.services) == 1:
+            return self.services[0].fetch(chunk_ids)
+        found: dict[str, dict] = {}
+        for s in self.services:
+            for row in s.fetch([c for c in chunk_ids if c in s.row_of]):
+                found[row["chunk_id"]] = row
+        return [found[c] for c in chunk_ids if c in found]
+
+    def vectors(self, chunk_ids: list[str]) -> np.ndarray:
+        out = []
+        for c in chunk_ids:
+            for s in self.services:
+                if c in s.row_of:
+                    out.append(s.vectors([c])[0])
+                    break
+            else:
+                raise KeyError(f"chunk {c!r} is not in shards {self.name}")
+        return np.stack(out) if out else np.zeros((0, 0), dtype=np.float32)
+
+    def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]:
+        df: dict[str, int] = {}
+        for s in self.services:
+            for word, n in s.vocabulary(acl).items():
+                df[word] = df.get(word, 0) + n
+        return df

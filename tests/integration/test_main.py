@@ -1,0 +1,62 @@
+"""``python -m deployments`` as a user runs it: its own Ray, the router answering on --port itself."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+PORT = 8791
+
+
+@pytest.fixture(scope="module")
+def service(built):
+    _, summary = built[3]
+    root = Path(__file__).parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "deployments", "--index", str(summary.version_dir), "--port",
+                             str(PORT), "--no-cache"], cwd=root, env=os.environ | {"PYTHONPATH": str(root)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    base = f"http://127.0.0.1:{PORT}"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(1)
+    else:
+        proc.kill()
+        pytest.fail(f"python -m deployments did not come up: {proc.stdout.read()[-3000:]}")
+    yield base, proc
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_the_router_answers_on_the_port_itself(service):
+    base, _ = service
+    health = httpx.get(f"{base}/health").json()
+    assert [s["shard"] for s in health["shards"]] == ["shard-000", "shard-001", "shard-002"]
+    assert all(s["ok"] for s in health["shards"])
+    r = httpx.post(f"{base}/search", json={"query": "telescope galaxy", "limit": 5})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+    body = r.json()
+    assert len(body["results"]) == 5 and body["coverage"]["shards_asked"] == 3 and not body["coverage"]["degraded"]
+    # The 3 shards are one group in one replica, and Serve's proxy is not on the request path.
+    import psutil
+
+    names = {" ".join(p.info["cmdline"] or [])[:80] for p in psutil.process_iter(["cmdline"])}
+    assert any("ServeReplica:raysearch:default-group-000" in n for n in names)
+    assert not any("ServeReplica:raysearch:encoder" in n for n in names)  # queries embedded in the router
+
+
+def test_sigterm_stops_it(service):
+    _, proc = service
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=90)
+    assert code == 0, proc.stdout.read()[-3000:]

@@ -1,0 +1,64 @@
+"""The ONNX query encoder against sentence-transformers: the same vectors from the same weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from index_build.encoders import OnnxEncoder, load_encoder
+
+TEXTS = [
+    "What is the role of p53 in apoptosis of cancer cells?",
+    "0-dimensional biomaterials show inductive properties.",
+    "a",
+    "Ünïcode, punctuation -- and [brackets]!",
+    "lucene shard replica " * 150,  # past max_seq_length: truncated like sentence-transformers does
+]
+
+
+@pytest.fixture(scope="module")
+def encoders(tmp_path_factory):
+    import os
+
+    cache = tmp_path_factory.mktemp("onnx-cache")
+    old = os.environ.get("RAYSEARCH_CACHE")
+    os.environ["RAYSEARCH_CACHE"] = str(cache)
+    try:
+        onnx = load_encoder("all-MiniLM-L6-v2", backend="onnx")
+    finally:
+        if old is None:
+            os.environ.pop("RAYSEARCH_CACHE")
+        else:
+            os.environ["RAYSEARCH_CACHE"] = old
+    return onnx, load_encoder("all-MiniLM-L6-v2", backend="torch"), cache
+
+
+def test_onnx_vectors_equal_sentence_transformers(encoders):
+    onnx, torch_encoder, _ = encoders
+    assert isinstance(onnx, OnnxEncoder) and onnx.dimension == torch_encoder.dimension == 384
+    a, b = onnx.encode(TEXTS), torch_encoder.encode(TEXTS)
+    assert a.dtype == np.float32 and a.shape == b.shape
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+    assert (a * b).sum(axis=1).min() > 0.99999
+    assert np.abs(a - b).max() < 1e-4
+
+
+def test_batches_and_single_queries_agree(encoders):
+    onnx, _, _ = encoders
+    one_by_one = np.stack([onnx.encode([t])[0] for t in TEXTS])
+    assert np.abs(onnx.encode(TEXTS, batch_size=2) - one_by_one).max() < 1e-5
+
+
+def test_the_export_is_cached_by_content(encoders, monkeypatch):
+    _, _, cache = encoders
+    exported = list(cache.glob("onnx/*/model.onnx"))
+    assert len(exported) == 1
+    stamp = exported[0].stat().st_mtime_ns
+    monkeypatch.setenv("RAYSEARCH_CACHE", str(cache))
+    load_encoder("all-MiniLM-L6-v2", backend="onnx")
+    assert [p.stat().st_mtime_ns for p in cache.glob("onnx/*/model.onnx")] == [stamp]
+
+
+def test_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="backend"):
+        load_encoder("all-MiniLM-L6-v2", backend="tensorrt")

@@ -106,3 +106,79 @@ def closed_loop(base: str, path: str, bodies: list[dict], clients: int, seconds:
     hostport = base.split("://", 1)[1].rstrip("/")
     host, port = hostport.rsplit(":", 1)
     return asyncio.run(_closed_loop(host, int(port), path, bodies, clients, seconds, check, timeout_s))
+
+
+@dataclass
+class Arrival:
+    status: int  # -1: no HTTP answer
+    latency_s: float
+    retry_after: str | None
+
+
+async def _open_loop(host: str, port: int, path: str, bodies: list[dict], rate: float, seconds: float,
+                     timeout_s: float, max_connections: int) -> list[Arrival]:
+    requests = [_request(host, port, path, b) for b in bodies]
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    opened = 0
+    results: list[Arrival] = []
+    slots = asyncio.Semaphore(max_connections)
+
+    async def one(i: int) -> None:
+        nonlocal opened
+        t = time.perf_counter()
+        async with slots:
+            conn = idle.pop() if idle else None
+            try:
+                if conn is None:
+                    conn = await asyncio.open_connection(host, port)
+                    opened += 1
+                conn[1].write(requests[i % len(requests)])
+                status, _, keep = await asyncio.wait_for(_read_response_headers(conn[0]), timeout_s)
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
+                results.append(Arrival(-1, time.perf_counter() - t, None))
+                if conn is not None:
+                    conn[1].close()
+                return
+            results.append(Arrival(status[0], time.perf_counter() - t, status[1]))
+            if keep:
+                idle.append(conn)
+            else:
+                conn[1].close()
+
+    tasks, start, n = [], time.perf_counter(), 0
+    while (elapsed := time.perf_counter() - start) < seconds:
+        while n < elapsed * rate:
+            tasks.append(asyncio.create_task(one(n)))
+            n += 1
+        await asyncio.sleep(0.002)
+    await asyncio.gather(*tasks)
+    for _, writer in idle:
+        writer.close()
+    return results
+
+
+async def _read_response_headers(reader: asyncio.StreamReader):
+    """(status, Retry-After), body read and dropped, keep-alive."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+    if "content-length" in headers:
+        await reader.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding", "").lower() == "chunked":
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                break
+            await reader.readexactly(size + 2)
+    return (status, headers.get("retry-after")), None, headers.get("connection", "").lower() != "close"
+
+
+def open_loop(base: str, path: str, bodies: list[dict], rate: float, seconds: float, timeout_s: float = 120,
+              max_connections: int = 512) -> list[Arrival]:
+    """Requests arriving at ``rate`` per second for ``seconds`` whether or not earlier ones were answered
+    (as real traffic does), each on a free keep-alive connection or a new one (at most ``max_connections``)."""
+    hostport = base.split("://", 1)[1].rstrip("/")
+    host, port = hostport.rsplit(":", 1)
+    return asyncio.run(_open_loop(host, int(port), path, bodies, rate, seconds, timeout_s, max_connections))

@@ -1,29 +1,27 @@
 """Overload: requests arriving at several times what the service can answer.
 
 Starts the service (``python -m deployments --no-cache --max-inflight N``), measures its capacity with
-closed-loop clients, then sends an open-loop stream at ``--factor`` times that rate (arrivals do not
-wait for answers, as real traffic does not) and counts answers by status, latency of the answered
-ones, and the resident memory of the service's processes (the service and every Ray process) sampled
-each second. The target: the excess is shed with 503 + Retry-After, memory stays bounded, and the
-service still answers afterwards.
+``--capacity-clients`` closed-loop clients (QPS and p99 at capacity), then sends an open-loop stream at
+``--factor`` times that rate (arrivals do not wait for answers, as real traffic does not) and counts
+answers by status, latency of the answered ones, goodput (answered QPS over capacity), and the resident
+memory of the service's processes (the service and every Ray process) sampled each second. The target:
+the excess is shed with 503 + Retry-After, goodput stays near capacity, memory stays bounded, and the
+service still answers afterwards. Both loads come from ``bench.loadgen`` (raw HTTP/1.1 on asyncio): at
+hundreds of arrivals a second an HTTP library's own CPU would take a core from the service.
 
     python -m bench.overload --index bench/out/indexes/scifact-4 --data ../shared/data --dataset scifact
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
 import threading
-import time
 from collections import Counter
 
 import httpx
 import psutil
 
 from bench.common import (
-    ClosedLoop,
     load_beir,
     machine,
     percentile_ms,
@@ -31,6 +29,8 @@ from bench.common import (
     service_bench_parser,
     write_record,
 )
+from bench.cpu import machine_busy_s, own_cpu_s
+from bench.loadgen import closed_loop, open_loop
 
 
 def service_rss_by_process() -> dict[str, float]:
@@ -50,51 +50,27 @@ def service_rss_mb() -> float:
     return sum(service_rss_by_process().values())
 
 
-def capacity(base: str, queries: list[str], seconds: float, clients: int = 2) -> float:
-    def search(client: httpx.Client, rng: random.Random) -> int:
-        return client.post("/search", json={"query": rng.choice(queries), "limit": 10}).status_code
-
-    with ClosedLoop(base, clients, search) as load:
-        time.sleep(seconds)
-    return sum(status == 200 for *_, status in load.answers) / seconds
-
-
-async def open_loop(base: str, queries: list[str], rate: float, seconds: float):
-    rng = random.Random(1)
-    results: list[tuple[int, float, str | None]] = []
-
-    async def one(c: httpx.AsyncClient, q: str) -> None:
-        t = time.perf_counter()
-        try:
-            r = await c.post("/search", json={"query": q, "limit": 10})
-            results.append((r.status_code, time.perf_counter() - t, r.headers.get("retry-after")))
-        except httpx.HTTPError as e:
-            results.append((-1, time.perf_counter() - t, type(e).__name__))
-
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as c:
-        tasks, start, n = [], time.perf_counter(), 0
-        while (elapsed := time.perf_counter() - start) < seconds:
-            while n < elapsed * rate:
-                tasks.append(asyncio.create_task(one(c, rng.choice(queries))))
-                n += 1
-            await asyncio.sleep(0.005)
-        await asyncio.gather(*tasks)
-    return results
+def capacity(base: str, queries: list[str], seconds: float, clients: int) -> tuple[float, float]:
+    """(QPS, p99 ms) of closed-loop clients: what the service answers when kept busy."""
+    bodies = [{"query": q, "limit": 10} for q in queries]
+    closed_loop(base, "/search", bodies, clients, 5)  # warm-up
+    out = closed_loop(base, "/search", bodies, clients, seconds)
+    return out.answered / seconds, percentile_ms(sorted(out.latencies_s), 0.99)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = service_bench_parser("overload", __doc__, port=18460)
+    ap = service_bench_parser("overload", __doc__, port=8460)
     ap.add_argument("--factor", type=float, default=4.0)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--max-inflight", type=int, default=8)
+    ap.add_argument("--capacity-clients", type=int, default=8)
     args = ap.parse_args(argv)
     queries = list(load_beir(args.data / args.dataset)[0].values())
 
     with served(args.index, args.port, ["--no-cache", "--max-inflight", str(args.max_inflight)]) as base:
         for _ in range(20):
             httpx.post(f"{base}/search", json={"query": queries[0], "limit": 10}, timeout=60)
-        cap = capacity(base, queries, 15)
+        cap, p99_at_capacity = capacity(base, queries, 15, args.capacity_clients)
         by_process_before = service_rss_by_process()
         rss = [service_rss_mb()]
         sampling = threading.Event()
@@ -109,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
 
         sampler = threading.Thread(target=sample)
         sampler.start()
-        results = asyncio.run(open_loop(base, queries, args.factor * cap, args.seconds))
+        own0, busy0 = own_cpu_s(), machine_busy_s()
+        arrivals = open_loop(base, "/search", [{"query": q, "limit": 10} for q in queries], args.factor * cap,
+                             args.seconds)
+        client_cores, machine_cores = (own_cpu_s() - own0) / args.seconds, (machine_busy_s() - busy0) / args.seconds
+        results = [(a.status, a.latency_s, a.retry_after) for a in arrivals]
         sampling.set()
         sampler.join()
         by_process_after = service_rss_by_process()
@@ -120,11 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     ok = sorted(lat for s, lat, _ in results if s == 200)
     record = {
         "machine": machine(), "index": str(args.index), "max_inflight": args.max_inflight,
-        "capacity_qps": round(cap, 2), "offered_qps": round(args.factor * cap, 2), "seconds": args.seconds,
+        "capacity_qps": round(cap, 2), "capacity_clients": args.capacity_clients,
+        "p99_ms_at_capacity": p99_at_capacity, "offered_qps": round(args.factor * cap, 2), "seconds": args.seconds,
         "requests": len(results), "statuses": {str(k): v for k, v in statuses.items()},
         "answered_qps": round(statuses.get(200, 0) / args.seconds, 2),
+        "goodput_vs_capacity": round(statuses.get(200, 0) / args.seconds / cap, 3),
+        # On 2 cores the load generator competes with the service: how much of the machine it took.
+        "load_generator_cores": round(client_cores, 3), "machine_busy_cores": round(machine_cores, 3),
         "shed_with_retry_after": sum(1 for s, _, ra in results if s == 503 and ra),
         "p50_ms_answered": percentile_ms(ok, 0.5), "p99_ms_answered": percentile_ms(ok, 0.99),
+        "p99_answered_vs_at_capacity": round(percentile_ms(ok, 0.99) / p99_at_capacity, 2) if ok else None,
         "rss_mb_before": round(rss[0]), "rss_mb_max": round(max(rss)), "rss_mb_end": round(rss[-1]),
         # Bounded means flat once warm: the second half of the run should add (almost) nothing.
         "rss_mb_mid": round(rss[len(rss) // 2]), "rss_mb_every_10s": [round(x) for x in rss[::10]],

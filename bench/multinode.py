@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
     from ray.cluster_utils import Cluster
 
-    from deployments.app import build_app
+    from deployments.serve.app import build_app
 
     t0 = time.perf_counter()
     # The router (the ingress) stays on the head beside the proxy: a node that is removed takes the requests

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from sentence_transformers import CrossEncoder
 
-    from deployments.reranking import CrossEncoderScorer, resolve_device
+    from deployments.search.reranking import CrossEncoderScorer, resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -156,7 +156,7 @@ def serve_rows(model: str, reqs, args, device: str) -> list[dict]:
     import ray
     from ray import serve
 
-    from deployments.reranker import Reranker
+    from deployments.serve.reranker import Reranker
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     rows = []

@@ -89,8 +89,8 @@ def quality(base: str, queries: dict[str, str], qrels, body: dict) -> dict:
 
 def in_process(index: Path, texts: list[str], body: dict, n: int) -> dict:
     from deployments.config import RouterSettings
-    from deployments.inprocess import inprocess_pipeline
     from deployments.schemas import SearchRequest
+    from deployments.search.inprocess import inprocess_pipeline
 
     pipe = inprocess_pipeline({"default": index}, RouterSettings(cache_size=0))
 
@@ -109,12 +109,13 @@ def in_process(index: Path, texts: list[str], body: dict, n: int) -> dict:
 # Where a sampled stack's time goes: the first frame from the leaf up whose file matches decides.
 COMPONENTS = [
     ("embedding", ("onnxruntime", "encoders.py", "query_encoder.py", "sentence_transformers", "torch/")),
-    ("BM25 (Lucene)", ("lucene_shard.py", "jnius")),
-    ("dense (FAISS)", ("dense_shard.py", "faiss/")),
+    ("BM25 (Lucene)", ("lucene_shard.py", "shard/lucene.py", "jnius")),
+    ("dense (FAISS)", ("dense_shard.py", "shard/dense.py", "faiss/")),
     ("filters", ("filters.py",)),
-    ("JSON and validation", ("json/", "orjson", "pydantic", "encoders.py:jsonable", "fastapi/encoders.py")),
+    ("JSON and validation", ("json/", "orjson", "pydantic", "fastapi/encoders.py")),
     ("fusion, merge, pipeline", ("fusion.py", "hits.py", "mmr.py", "pipeline.py", "context.py", "shard_group.py",
-                                 "shard_service.py", "router.py", "shard_retriever.py", "guard.py")),
+                                 "shard_service.py", "shard_searcher.py", "shard/group.py", "shard/service.py",
+                                 "router.py", "shard_retriever.py", "guard.py")),
     ("FastAPI/Starlette", ("fastapi/", "starlette/")),
 ]
 

@@ -5,7 +5,7 @@ The service is started here (``python -m deployments --no-cache``: every request
 Each concurrency level runs closed-loop clients for ``--seconds`` after a discarded warm-up. CPU per
 query is the machine's busy CPU time over the level (``/proc/stat``), minus this load generator's own
 CPU time, divided by the requests served. The in-process baseline runs the same pipeline
-(``deployments.inprocess``) over the same index in this process, one request at a time, and counts
+(``deployments.search.inprocess``) over the same index in this process, one request at a time, and counts
 this process's CPU time per query.
 
     python -m bench.speed --data ../shared/data --dataset scifact --index bench/out/indexes/scifact-4
@@ -87,8 +87,8 @@ def load_level(base: str, texts: list[str], body: dict, concurrency: int, second
 
 def in_process(index: Path, texts: list[str], body: dict, n: int) -> dict:
     from deployments.config import RouterSettings
-    from deployments.inprocess import inprocess_pipeline
     from deployments.schemas import SearchRequest
+    from deployments.search.inprocess import inprocess_pipeline
 
     pipe = inprocess_pipeline({"default": index}, RouterSettings(cache_size=0))
 

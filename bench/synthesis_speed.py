@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from deployments.synthesis import Source, Synthesizer, TransformersEngine, build_messages, cut_text
+    from deployments.search.synthesis import Source, Synthesizer, TransformersEngine, build_messages, cut_text
 
     model = random_model(args.random_weights_from) if args.random_weights_from else args.model
     t = time.perf_counter()

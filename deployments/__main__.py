@@ -113,10 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import serve
 
-    from index_build.manifest import IndexMismatch
-
-    from .app import build_app, logical_cpus_needed
-    from .config import (
+    from deployments.config import (
         AppConfig,
         Autoscaling,
         CollectionConfig,
@@ -125,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         SecurityConfig,
         SynthesisConfig,
     )
+    from deployments.serve.app import build_app, logical_cpus_needed
+    from index_build.manifest import IndexMismatch
 
     try:
         cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
@@ -179,7 +178,7 @@ def _interrupt(*_):
 
 
 def _serve(args, cfg, proxy_port: int, ray, serve) -> int:
-    from .settings import deploy_app
+    from deployments.settings import deploy_app
 
     serve.start(http_options={"host": args.host, "port": proxy_port})
     # Deployed from a config, as `serve run serve_config.yaml` is, so that python -m deployments.settings

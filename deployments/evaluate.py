@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
-from .metrics import evaluate
+from deployments.relevance.metrics import evaluate
 
 
 def read_queries(path: Path) -> dict[str, str]:

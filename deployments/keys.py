@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .guard import key_digest, new_key
+from deployments.search.guard import key_digest, new_key
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from .config import RouterSettings
+from deployments.config import RouterSettings
 
 ROUTER = "router"  # the router deployment's name (app.build_app)
 
@@ -42,14 +42,14 @@ def _client(address: str | None = None):
 
 def deploy_app(args: dict[str, Any], name: str = "raysearch", route_prefix: str = "/",
                env_vars: dict[str, str] | None = None, timeout_s: float = 900) -> None:
-    """Deploy ``deployments.app:build_app`` with ``args`` from a config (as ``serve run CONFIG`` does), so
+    """Deploy ``deployments.serve.app:build_app`` with ``args`` from a config (as ``serve run CONFIG`` does), so
     that its settings can later be changed in place; waits until the application runs."""
     from ray import serve
     from ray.serve.schema import ServeDeploySchema
 
     client = _client()
     apps = _declared_apps(client)
-    apps[name] = {"name": name, "route_prefix": route_prefix, "import_path": "deployments.app:build_app",
+    apps[name] = {"name": name, "route_prefix": route_prefix, "import_path": "deployments.serve.app:build_app",
                   "args": args, **({"runtime_env": {"env_vars": env_vars}} if env_vars else {})}
     client.deploy_apps(ServeDeploySchema(applications=list(apps.values())))
     deadline = time.monotonic() + timeout_s

@@ -34,9 +34,9 @@ import httpx
 import yaml
 from tqdm import tqdm
 
-from .evaluate import partial, read_qrels, read_queries
-from .metrics import ndcg_at
-from .tuning import (
+from deployments.evaluate import partial, read_qrels, read_queries
+from deployments.relevance.metrics import ndcg_at
+from deployments.relevance.tuning import (
     Legs,
     grid,
     mean,
@@ -117,7 +117,7 @@ class Service:
 def load_judgments(args) -> tuple[dict[str, str], dict, list[str], list[str]]:
     """(query texts, qrels, training query ids, held-out query ids)."""
     if args.judgments:
-        from .judgments import JudgmentStore
+        from deployments.relevance.judgments import JudgmentStore
 
         texts, qrels = JudgmentStore(args.judgments / "judgments").qrels()
         train, test = split_queries(qrels, args.held_out)
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             "train_after_replayed": train_score, "held_out": c.__dict__,
         }, indent=2))
     if args.apply:
-        from .settings import apply_router_settings
+        from deployments.settings import apply_router_settings
 
         try:
             apply_router_settings(router, app=args.app, address=args.address)

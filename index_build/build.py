@@ -28,7 +28,12 @@ from .config import BuildConfig
 from .corpus import BadRecord, CorpusError, fingerprint, iter_documents, resolve_corpus_file
 from .faiss_index import FaissSpec
 from .manifest import (
+    CHUNKS_FILE,
+    EMBEDDINGS_FILE,
+    FAISS_FILE,
+    LUCENE_DIR,
     MANIFEST,
+    TERMS_FILE,
     IndexMismatch,
     ShardManifest,
     VersionManifest,
@@ -42,11 +47,6 @@ from .manifest import (
 from .sharding import shard_name, shard_of
 from .versions import activate, publish, staging_dir
 
-CHUNKS_FILE = "chunks.parquet"
-EMBEDDINGS_FILE = "embeddings.npy"
-FAISS_FILE = "dense.faiss"
-LUCENE_DIR = "lucene"
-TERMS_FILE = "terms.parquet"
 CRASH_ENV = "INDEX_BUILD_CRASH_AFTER_SHARDS"  # fault injection: exit like a kill after N shard commits
 
 CHUNK_SCHEMA = pa.schema([

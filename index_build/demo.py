@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_search:
         return 0
     os.environ.setdefault("OPENAI_API_KEY", "unused")
-    from deployments.local_index import LocalIndex
+    from deployments.search.inprocess import LocalIndex
 
     index = LocalIndex(args.out)
     for query in args.query or EXAMPLES:

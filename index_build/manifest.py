@@ -19,6 +19,12 @@ from pydantic import BaseModel, ConfigDict
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+# A shard folder's files (the build writes them, serving reads them): the layout of an index version.
+CHUNKS_FILE = "chunks.parquet"
+EMBEDDINGS_FILE = "embeddings.npy"
+FAISS_FILE = "dense.faiss"
+LUCENE_DIR = "lucene"
+TERMS_FILE = "terms.parquet"
 
 
 class IndexMismatch(RuntimeError):

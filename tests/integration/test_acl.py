@@ -11,9 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deployments.inprocess import inprocess_pipeline
-from deployments.local_index import LocalIndex
 from deployments.schemas import SearchRequest
+from deployments.search.inprocess import LocalIndex, inprocess_pipeline
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import TOPICS, make_corpus, write_jsonl
@@ -90,7 +89,7 @@ def test_callers_do_not_share_cached_answers(pipeline):
 def test_spelling_suggests_only_words_of_chunks_the_caller_may_see(pipeline, acl_index):
     import pyarrow.parquet as pq
 
-    from deployments.spelling import document_frequencies
+    from deployments.search.spelling import document_frequencies
 
     rows = [r for shard in sorted((acl_index / "shards").iterdir())
             for r in pq.read_table(shard / "chunks.parquet").to_pylist()]

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from deployments.guard import new_key
+from deployments.search.guard import new_key
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_build.versions import active_version, rollback
@@ -48,7 +48,7 @@ def root(ray_local, tmp_path_factory):
 def served(root):
     from ray import serve
 
-    from deployments.app import build_app
+    from deployments.serve.app import build_app
 
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     app = build_app({

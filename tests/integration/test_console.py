@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from deployments.guard import new_key
+from deployments.search.guard import new_key
 
 PORT = 18234
 BASE = f"http://127.0.0.1:{PORT}"
@@ -51,7 +51,7 @@ def served(built, ray_local, tmp_path_factory):
     """The 1-shard index, copied so the judgments this module stores touch no other test's index."""
     from ray import serve
 
-    from deployments.app import build_app
+    from deployments.serve.app import build_app
 
     _, summary = built[1]
     root = tmp_path_factory.mktemp("console") / "index"
@@ -230,7 +230,7 @@ def test_a_filter_narrows_every_result_and_a_share_link_restores_the_search(cons
 def test_a_judgment_is_stored_and_read_back_as_qrels(console, served, tmp_path):
     from playwright.sync_api import expect
 
-    from deployments.judgments import query_id
+    from deployments.relevance.judgments import query_id
 
     console.open()
     console.search("comet nebula telescope", limit="5")

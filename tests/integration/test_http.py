@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from deployments.local_index import LocalIndex
+from deployments.search.inprocess import LocalIndex
 
 PORT = 18231
 
@@ -119,7 +119,7 @@ def test_fuzzed_requests_from_the_openapi_spec_never_get_a_5xx(served):
 
 
 def test_feedback_is_stored_and_read_back_as_qrels(served):
-    from deployments.judgments import JudgmentStore, query_id
+    from deployments.relevance.judgments import JudgmentStore, query_id
 
     client, summary = served
     hit = client.post("/search", json={"query": "telescope galaxy", "limit": 1}).json()["results"][0]

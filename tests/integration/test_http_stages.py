@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from deployments.guard import new_key
+from deployments.search.guard import new_key
 
 PORT = 18232
 KEY, DIGEST = new_key()
@@ -25,7 +25,7 @@ QUERIES = ["telescope galaxy", "bread oven butter", "boat wind anchor", "piano c
 def served(built, ray_local, tiny_cross_encoder):
     from ray import serve
 
-    from deployments.app import build_app
+    from deployments.serve.app import build_app
 
     _, summary = built[3]
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})

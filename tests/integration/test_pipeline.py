@@ -10,10 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from deployments.config import RouterSettings
-from deployments.inprocess import inprocess_pipeline
-from deployments.local_index import LocalIndex
-from deployments.pipeline import RequestError
+from deployments.errors import RequestError
 from deployments.schemas import SearchRequest
+from deployments.search.inprocess import LocalIndex, inprocess_pipeline
 from tests.integration.conftest import shard_dirs
 
 
@@ -202,9 +201,9 @@ def test_history_and_synonyms_change_the_effective_query(built):
 def test_vectors_for_mmr_come_from_the_index(pipeline, local):
     group = pipeline.collections["main"].shards[0]
     for service in group.service.services:
-        ids = service.searcher.chunks["chunk_id"].to_pylist()[:3]
+        ids = service.table["chunk_id"].to_pylist()[:3]
         got = run(group.vectors(ids))
-        assert np.allclose(got, np.load(service.searcher.folder / "embeddings.npy")[:3])
+        assert np.allclose(got, np.load(service.folder / "embeddings.npy")[:3])
 
 
 def test_rows_sent_with_answers_equal_rows_fetched_afterwards(built):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from deployments.config import RouterSettings
-from deployments.inprocess import InProcessReranker, inprocess_pipeline
-from deployments.pipeline import RequestError
-from deployments.reranking import CrossEncoderScorer, passage_text
+from deployments.errors import RequestError
 from deployments.schemas import SearchRequest
+from deployments.search.inprocess import InProcessReranker, inprocess_pipeline
+from deployments.search.reranking import CrossEncoderScorer, passage_text
 
 QUERY = "lucene shard replica"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from deployments.local_index import LocalIndex
+from deployments.search.inprocess import LocalIndex
 from index_build.lucene import boot, build_lucene_index, write_collection
 from tests.conftest import TOPICS
 from tests.integration.conftest import shard_dirs
@@ -95,9 +95,9 @@ def test_filtered_bm25_is_complete_not_post_filtered(local, oracle):
     hits = []
     allowed_ids = set()
     for shard in local.shards:
-        topics = shard.chunks["title"].to_pylist()
+        topics = shard.table["title"].to_pylist()
         rows = np.array([i for i, t in enumerate(topics) if t.startswith("sailing")], dtype=np.int64)
-        allowed_ids.update(shard.chunks["chunk_id"].to_pylist()[i] for i in rows)
+        allowed_ids.update(shard.table["chunk_id"].to_pylist()[i] for i in rows)
         hits += shard.bm25_search(query, 5, rows)
     hits.sort(key=lambda h: -h.score)
     expected = sorted((s for c, s in truth.items() if c in allowed_ids), reverse=True)[:5]
@@ -111,15 +111,15 @@ def test_sharded_dense_with_and_without_filter_equals_brute_force(local):
     vectors, ids = [], []
     for shard in local.shards:
         vectors.append(np.load(shard.folder / "embeddings.npy"))
-        ids += shard.chunks["chunk_id"].to_pylist()
+        ids += shard.table["chunk_id"].to_pylist()
     matrix = np.concatenate(vectors)
     q = local.embed(["lucene index replica"])
     truth = dict(zip(ids, (matrix @ q[0]).tolist(), strict=True))
     hits = local.dense(q, k=8)
     assert np.allclose([h.score for h in hits], sorted(truth.values(), reverse=True)[:8], atol=1e-5)
     shard = local.shards[1]
-    rows = np.arange(0, shard.chunks.num_rows, 3, dtype=np.int64)
-    allowed = {shard.chunks["chunk_id"].to_pylist()[i] for i in rows}
+    rows = np.arange(0, shard.table.num_rows, 3, dtype=np.int64)
+    allowed = {shard.table["chunk_id"].to_pylist()[i] for i in rows}
     (filtered,) = shard.dense_search(q, 4, rows)
     assert {h.chunk_id for h in filtered} <= allowed
     assert np.allclose([h.score for h in filtered], sorted((truth[c] for c in allowed), reverse=True)[:4], atol=1e-5)
@@ -138,7 +138,7 @@ def test_the_java_helper_is_compiled_here_and_in_use(local):
 
 def test_helper_and_proxy_paths_give_identical_hits(local):
     """One JNI call building the query and returning arrays == the query built and read through proxies."""
-    from deployments.lucene_shard import LuceneShard
+    from deployments.shard.lucene import LuceneShard
 
     for shard in local.shards:
         fast = shard.lucene

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from deployments.inprocess import inprocess_pipeline
 from deployments.schemas import SearchRequest
+from deployments.search.inprocess import inprocess_pipeline
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import write_jsonl

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from deployments.activation import ActivationError, DeployedCollection, VersionSwitch
-from deployments.pipeline import Collection
+from deployments.errors import ActivationError
+from deployments.search.activation import DeployedCollection, VersionSwitch
+from deployments.search.pipeline import Collection
 from index_build.manifest import MANIFEST
 from index_build.versions import activate, active_version, versions_dir
 
@@ -126,7 +127,7 @@ def test_a_pinned_collection_never_moves(tmp_path):
 
 
 def test_a_shard_group_serves_the_shards_a_version_has(tmp_path):
-    from deployments.activation import check_switchable
+    from deployments.search.activation import check_switchable
     from index_build.versions import read_version_manifest
 
     for name, shards in (("v2", 2), ("v3", 3), ("v4", 1)):

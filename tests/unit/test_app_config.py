@@ -86,7 +86,7 @@ def test_stages_of_a_request_default_off():
 
 
 def test_offline_model_names_are_checked_before_start(monkeypatch, tmp_path):
-    from deployments.app import check_model_available
+    from deployments.serve.app import check_model_available
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     check_model_available(str(tmp_path), "reranker.model")  # a folder is fine
@@ -95,7 +95,7 @@ def test_offline_model_names_are_checked_before_start(monkeypatch, tmp_path):
 
 
 def test_cpus_needed_to_start_counts_every_replica(tmp_path):
-    from deployments.app import logical_cpus_needed
+    from deployments.serve.app import logical_cpus_needed
     from index_build.versions import activate
     from tests.unit.test_activation import _publish
 

@@ -2,7 +2,7 @@ from dataclasses import asdict
 
 import pytest
 
-from deployments.context import assemble, citations, whitespace_token_count
+from deployments.search.context import assemble, citations, whitespace_token_count
 from index_build.chunking import chunk_document
 from index_build.corpus import Document
 

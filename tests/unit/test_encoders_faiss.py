@@ -49,7 +49,7 @@ def test_gpu_paths_are_selectable_and_refuse_clearly_without_a_gpu():
 
 
 def test_torch_shard_search_the_gpu_path_equals_faiss_flat_on_cpu():
-    from deployments.dense_shard import DenseShard, TorchDenseShard
+    from deployments.shard.dense import DenseShard, TorchDenseShard
 
     rng = np.random.default_rng(1)
     x = rng.normal(size=(300, 24)).astype(np.float32)

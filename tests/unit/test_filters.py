@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-from deployments.filters import FilterError, MetadataTable
+from deployments.shard.filters import FilterError, MetadataTable
 
 ROWS = [
     {"year": 2001, "topic": "music", "tags": ["a", "b"], "published": "2020-01-31", "draft": False},

@@ -1,8 +1,16 @@
 import pytest
 from pytest import approx
 
-from deployments.fusion import apply_threshold, candidate_depth, dedupe, is_flat, min_max, rrf, weighted
-from deployments.hits import Hit
+from deployments.search.fusion import (
+    apply_threshold,
+    candidate_depth,
+    dedupe,
+    is_flat,
+    min_max,
+    rrf,
+    weighted,
+)
+from deployments.search.hits import Hit
 
 
 def run(*pairs, shard=-1):

@@ -6,8 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.config import SecurityConfig
-from deployments.guard import Guard, key_digest, new_key
 from deployments.keys import main as keys_main
+from deployments.search.guard import Guard, key_digest, new_key
 
 
 def headers(**kw) -> dict[str, str]:
@@ -78,7 +78,7 @@ def test_configuration_holds_digests_not_keys(capsys):
 
 
 def test_router_guard_reads_keys_from_the_environment(monkeypatch):
-    from deployments.router import configure_guard
+    from deployments.serve.router import configure_guard
 
     monkeypatch.setenv("RS_KEYS", "alpha, beta")
     guard = configure_guard(SecurityConfig(api_keys_env="RS_KEYS", max_inflight=5))

@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from deployments.hits import Hit
-from deployments.mmr import mmr
+from deployments.search.hits import Hit
+from deployments.search.mmr import mmr
 
 
 def unit(degrees):

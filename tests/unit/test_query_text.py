@@ -1,6 +1,6 @@
 import pytest
 
-from deployments.query_text import expand_synonyms, expand_with_history, normalize_query
+from deployments.search.query_text import expand_synonyms, expand_with_history, normalize_query
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from deployments.reranking import CrossEncoderScorer, length_batches, passage_text, resolve_dtype
+from deployments.search.reranking import CrossEncoderScorer, length_batches, passage_text, resolve_dtype
 from tests.conftest import TOPICS
 
 
@@ -101,7 +101,7 @@ def test_cached_tokens_and_the_plain_predict_path_agree(scorer):
 
 
 def test_token_cache_drops_the_least_recently_used():
-    from deployments.reranking import TokenCache
+    from deployments.search.reranking import TokenCache
 
     calls = []
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deployments.spelling import Speller, allowed_edits, document_frequencies
+from deployments.search.spelling import Speller, allowed_edits, document_frequencies
 
 TEXTS = ["the galaxy telescope orbit", "galaxy nebula", "galaxy comet", "gallery art", "cart part", "carts"]
 

@@ -12,9 +12,9 @@ from dataclasses import asdict
 
 import pytest
 
-from deployments import synthesis
 from deployments.config import SynthesisConfig
-from deployments.synthesis import (
+from deployments.search import synthesis
+from deployments.search.synthesis import (
     NOTHING_FOUND,
     Answer,
     Source,
@@ -350,7 +350,7 @@ def test_smollm2_relevance_is_a_probability_per_passage_and_batch_free(smollm2):
 
 
 def test_echoed_source_blocks_are_cut_from_the_answer():
-    from deployments.synthesis import cut_echoed_sources
+    from deployments.search.synthesis import cut_echoed_sources
 
     raw = 'getopt parses options [1].\n<source id="4" title="getopt">\nParser for command line options.'
     assert cut_echoed_sources(raw) == "getopt parses options [1]."

@@ -6,9 +6,7 @@ import random
 
 import pytest
 
-from deployments.fusion import rrf
-from deployments.hits import Hit
-from deployments.tuning import (
+from deployments.relevance.tuning import (
     FusionSetting,
     Legs,
     doc_ranking,
@@ -19,6 +17,8 @@ from deployments.tuning import (
     search,
     split_queries,
 )
+from deployments.search.fusion import rrf
+from deployments.search.hits import Hit
 
 
 def planted(true_weight: float, queries: int = 40, docs: int = 30, seed: int = 3):

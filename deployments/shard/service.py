@@ -1,7 +1,8 @@
-"""What one shard answers, Ray-free: both retrieval legs in one call, filters applied inside the shard.
+"""One shard opened for search, Ray-free: its manifest checked, its chunk table, FAISS and Lucene indexes,
+and what it answers: both retrieval legs in one call, filters and ACLs applied inside the engines.
 
-One call returns the dense and the BM25 candidates (saving a hop per request), as (chunk id, score)
-pairs only; texts and vectors are fetched later for the few chunks that survive fusion.
+One call returns the dense and the BM25 candidates, as (chunk id, score) pairs only; texts and vectors
+are fetched later for the few chunks that survive fusion.
 """
 
 from __future__ import annotations
@@ -14,13 +15,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from index_build.bm25_stats import CollectionStats
-from index_build.build import EMBEDDINGS_FILE
-
-from .filters import FilterError, MetadataTable
-from .shard_searcher import ShardSearcher
-from .spelling import document_frequencies
+from deployments.search.hits import Hit
+from deployments.search.spelling import document_frequencies
+from deployments.shard.dense import DenseShard, TorchDenseShard
+from deployments.shard.filters import FilterError, MetadataTable
+from deployments.shard.lucene import LuceneShard
+from index_build.bm25_stats import CollectionStats, read_stats
+from index_build.manifest import (
+    CHUNKS_FILE,
+    EMBEDDINGS_FILE,
+    FAISS_FILE,
+    LUCENE_DIR,
+    ShardManifest,
+    verify_shard,
+)
+from index_build.versions import read_version_manifest, resolve_version_dir
 
 VOCABULARIES_KEPT = 8
 
@@ -65,27 +77,38 @@ class ShardService:
         verify_checksums: bool = True,
         search_device: str = "cpu",
     ):
-        self.searcher = ShardSearcher(shard_dir, corpus, corpus_df, expect, verify_checksums, search_device)
-        self.name = Path(shard_dir).name
-        self.metadata = MetadataTable.from_json_column(self.searcher.chunks["metadata_json"].to_pylist())
-        self.embeddings = np.load(Path(shard_dir) / EMBEDDINGS_FILE, mmap_mode="r")
+        import faiss
+
+        from index_build.encoders import resolve_device
+
+        self.folder = Path(shard_dir)
+        self.name = self.folder.name
+        self.manifest: ShardManifest = verify_shard(self.folder, expect=dict(expect or {}), checksums=verify_checksums)
+        self.shard = self.manifest.shard
+        self.table: pa.Table = pq.read_table(self.folder / CHUNKS_FILE)
+        chunk_ids = self.table["chunk_id"].to_pylist()
+        self.row_of = {cid: i for i, cid in enumerate(chunk_ids)}
+        if resolve_device(search_device) == "cuda":  # exact search on the GPU, from the shard's vectors
+            self.dense = TorchDenseShard(np.load(self.folder / EMBEDDINGS_FILE), chunk_ids, self.shard, "cuda")
+        else:
+            self.dense = DenseShard(faiss.read_index(str(self.folder / FAISS_FILE)), chunk_ids, self.shard)
+        self.lucene = LuceneShard(self.folder / LUCENE_DIR, chunk_ids, self.manifest.lucene, corpus, corpus_df,
+                                  self.shard)
+        self.metadata = MetadataTable.from_json_column(self.table["metadata_json"].to_pylist())
+        self.embeddings = np.load(self.folder / EMBEDDINGS_FILE, mmap_mode="r")
         # Row -> chunk id as an array: hits become ids by one fancy index, and sort by id in numpy.
-        self.id_array = np.array(self.searcher.chunks["chunk_id"].to_pylist(), dtype=object)
+        self.id_array = np.array(chunk_ids, dtype=object)
         # Computed on the first spell-corrected query of each set of callers; the few latest are kept (one pass
         # over the shard's texts each, so a bounded cache, not one per caller forever).
         self._vocabularies: OrderedDict[tuple | None, dict[str, int]] = OrderedDict()
 
     @property
     def chunks(self) -> int:
-        return self.searcher.chunks.num_rows
-
-    @property
-    def row_of(self) -> dict[str, int]:
-        return self.searcher.row_of
+        return self.table.num_rows
 
     def analyze(self, text: str) -> list[str]:
         """The query's terms as this shard's Lucene analyzer makes them (the same for every shard)."""
-        return self.searcher.lucene.analyzer.analyze(text)
+        return self.lucene.analyzer.analyze(text)
 
     def fields(self) -> dict[str, str]:
         return self.metadata.fields()
@@ -138,11 +161,11 @@ class ShardService:
             allowed = visible if allowed is None else np.intersect1d(allowed, visible, assume_unique=True)
             legs.allowed = len(allowed)
         if vector is not None and k_dense > 0:
-            rows, legs.dense_scores = self.searcher.dense.search_rows(np.asarray(vector, dtype=np.float32), k_dense,
+            rows, legs.dense_scores = self.dense.search_rows(np.asarray(vector, dtype=np.float32), k_dense,
                                                                      allowed)
             legs.dense_ids = self.id_array[rows]
         if text and k_keyword > 0:
-            lucene = self.searcher.lucene
+            lucene = self.lucene
             terms = lucene.analyzer.analyze(text) if isinstance(text, str) else text
             rows, legs.keyword_scores = lucene.search_rows(terms, k_keyword,
                                                            None if allowed is None else allowed.tolist())
@@ -172,7 +195,15 @@ class ShardService:
         return self.metadata.allowed_rows({field_name: list(principals)})
 
     def fetch(self, chunk_ids: list[str]) -> list[dict]:
-        return self.searcher.fetch(chunk_ids)
+        """Chunk rows (text and metadata) for ids held by this shard, in the order asked."""
+        rows = [self.row_of[c] for c in chunk_ids if c in self.row_of]
+        return self.table.take(pa.array(rows, pa.int64())).to_pylist() if rows else []
+
+    def dense_search(self, vectors: np.ndarray, k: int, allowed_rows: np.ndarray | None = None) -> list[list[Hit]]:
+        return self.dense.search(vectors, k, allowed_rows)
+
+    def bm25_search(self, query: str | list[str], k: int, allowed_rows: np.ndarray | None = None) -> list[Hit]:
+        return self.lucene.search(query, k, None if allowed_rows is None else allowed_rows.tolist())
 
     def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]:
         """Word -> number of this shard's chunks (title and text) holding it: what spell correction may
@@ -180,7 +211,7 @@ class ShardService:
         reveals a word of a chunk the caller cannot read."""
         key = None if acl is None else (acl[0], tuple(sorted(acl[1])))
         if key not in self._vocabularies:
-            titles, texts = self.searcher.chunks["title"].to_pylist(), self.searcher.chunks["text"].to_pylist()
+            titles, texts = self.table["title"].to_pylist(), self.table["text"].to_pylist()
             rows = range(len(texts)) if acl is None else self._visible(*acl).tolist()
             self._vocabularies[key] = dict(document_frequencies(f"{titles[i]} {texts[i]}" for i in rows))
             while len(self._vocabularies) > VOCABULARIES_KEPT:
@@ -189,5 +220,18 @@ class ShardService:
         return self._vocabularies[key]
 
     def vectors(self, chunk_ids: list[str]) -> np.ndarray:
-        rows = [self.searcher.row_of[c] for c in chunk_ids]
+        rows = [self.row_of[c] for c in chunk_ids]
         return np.asarray(self.embeddings[rows], dtype=np.float32)
+
+
+def corpus_df_map(terms) -> dict[str, int]:
+    return dict(zip(terms["term"].to_pylist(), terms["df"].to_pylist(), strict=True))
+
+
+def open_version(path: Path, version: str | None = None):
+    """(version folder, its manifest, corpus BM25 stats, df per term, what every shard must match)."""
+    version_dir = resolve_version_dir(Path(path), version)
+    manifest = read_version_manifest(version_dir)
+    stats, terms = read_stats(version_dir / "bm25")
+    expect = {"encoder": manifest.encoder, "dimension": manifest.dimension}
+    return version_dir, manifest, stats, corpus_df_map(terms), expect

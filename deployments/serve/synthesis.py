@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ray import serve
 
-from .config import SynthesisConfig
-from .synthesis_service import LocalSynthesizer, SynthesisService
+from deployments.config import SynthesisConfig
+from deployments.search.synthesis import LocalSynthesizer, SynthesisService
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=16)

@@ -18,9 +18,9 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .fusion import apply_threshold, rrf, weighted
-from .hits import Hit
-from .metrics import ndcg_at
+from deployments.relevance.metrics import ndcg_at
+from deployments.search.fusion import apply_threshold, rrf, weighted
+from deployments.search.hits import Hit
 
 CHUNK_SEP = "#"  # index_build's chunk ids are "<doc id>#<chunk number>"
 

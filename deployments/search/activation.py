@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deployments.errors import ActivationError
+from deployments.search.pipeline import Collection, EncoderClient, ShardClient, failure
 from index_build.manifest import IndexMismatch, VersionManifest
 from index_build.versions import (
     activate,
@@ -33,17 +35,7 @@ from index_build.versions import (
     versions_dir,
 )
 
-from .pipeline import Collection, EncoderClient, ShardClient, failure
-
 logger = logging.getLogger("ray.serve")
-
-
-class ActivationError(Exception):
-    """An activation that cannot happen; ``status`` is the HTTP status the admin API answers with."""
-
-    def __init__(self, message: str, status: int = 409):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass

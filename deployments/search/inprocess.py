@@ -1,7 +1,9 @@
-"""The search pipeline without Ray: the same cores, called directly.
+"""An index version searched in one process, without Ray or HTTP: the whole pipeline with the same cores
+called directly (``inprocess_pipeline``), or the sharded engines alone (``LocalIndex``).
 
-Used by tests ("the app in-process") and by the speed benchmark as the in-process cost of the same
-retrieval work, next to which the served path's overhead is measured.
+Used by tests ("the app in-process", and the oracles sharded search is compared with), the demo, and
+the serving benchmark as the in-process cost of the same work, next to which the served path's overhead
+is measured.
 """
 
 from __future__ import annotations
@@ -11,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+from deployments.config import RouterSettings
+from deployments.search.hits import Hit, merge_top_k
+from deployments.search.pipeline import Collection, SearchPipeline
+from deployments.shard.group import ShardGroup
+from deployments.shard.service import ShardAnswer, ShardService, open_version
 from index_build.encoders import load_encoder
-
-from .config import RouterSettings
-from .local_index import open_version
-from .pipeline import Collection, SearchPipeline
-from .shard_group import ShardGroup
-from .shard_service import ShardAnswer, ShardService
 
 
 class InProcessShard:
@@ -83,3 +84,39 @@ def inprocess_pipeline(collections: dict[str, Path], settings: RouterSettings | 
               for name, path in collections.items()}
     return SearchPipeline(opened, default or next(iter(opened)), settings or RouterSettings(),
                           reranker=reranker, synthesizer=synthesizer, acl_field=acl_field)
+
+
+class LocalIndex:
+    def __init__(self, path: Path, version: str | None = None, verify_checksums: bool = True):
+        self.version_dir, self.manifest, stats, df, expect = open_version(path, version)
+        self.shards = [
+            ShardService(self.version_dir / "shards" / name, stats, df, expect, verify_checksums)
+            for name in self.manifest.shards
+        ]
+        self._encoder = None
+
+    @property
+    def encoder(self):
+        if self._encoder is None:
+            self._encoder = load_encoder(self.manifest.encoder)
+        return self._encoder
+
+    def embed(self, queries: list[str]) -> np.ndarray:
+        return self.encoder.encode(queries)
+
+    def bm25(self, query: str, k: int = 10) -> list[Hit]:
+        return merge_top_k((s.bm25_search(query, k) for s in self.shards), k)
+
+    def dense(self, query: str | np.ndarray, k: int = 10) -> list[Hit]:
+        vector = self.embed([query]) if isinstance(query, str) else np.atleast_2d(query)
+        return merge_top_k((s.dense_search(vector, k)[0] for s in self.shards), k)
+
+    def fetch(self, hits: list[Hit]) -> list[dict]:
+        by_shard: dict[int, list[str]] = {}
+        for h in hits:
+            by_shard.setdefault(h.shard, []).append(h.chunk_id)
+        rows = {}
+        for s, ids in by_shard.items():
+            for row in self.shards[s].fetch(ids):
+                rows[row["chunk_id"]] = row
+        return [rows[h.chunk_id] for h in hits]

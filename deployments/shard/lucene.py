@@ -27,10 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from deployments.search.hits import Hit
 from index_build.bm25_stats import CollectionStats
 from index_build.lucene import CONTENTS_FIELD, HELPER_CLASS, boot
-
-from .hits import Hit
 
 MAX_CLAUSES = 1024  # Lucene's default BooleanQuery clause limit
 

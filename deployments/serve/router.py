@@ -28,12 +28,10 @@ from fastapi.responses import (
 from ray import serve
 from ray.exceptions import RayActorError
 
-from .activation import ActivationError, DeployedCollection, VersionSwitch
-from .config import RouterSettings, SecurityConfig
-from .guard import CONSOLE_ASSETS, Guard, key_digest
-from .judgments import JudgmentStore, doc_of_chunk
-from .pipeline import Collection, RequestError, SearchPipeline, failure, redact
-from .schemas import (
+from deployments.config import RouterSettings, SecurityConfig
+from deployments.errors import RequestError, ServiceError
+from deployments.relevance.judgments import JudgmentStore, doc_of_chunk
+from deployments.schemas import (
     ActivateRequest,
     ActivationResponse,
     FeedbackRequest,
@@ -44,6 +42,9 @@ from .schemas import (
     ShardHealth,
     VersionsResponse,
 )
+from deployments.search.activation import DeployedCollection, VersionSwitch
+from deployments.search.guard import CONSOLE_ASSETS, Guard, key_digest
+from deployments.search.pipeline import Collection, SearchPipeline, failure, redact
 
 logger = logging.getLogger("ray.serve")
 
@@ -126,15 +127,11 @@ async def _replica_gone(request: Request, exc: RayActorError) -> JSONResponse:
                         content={"error": "a replica this request needs is restarting; retry shortly"})
 
 
-@app.exception_handler(RequestError)
-async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
+@app.exception_handler(ServiceError)
+async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+    """Every error a core raises on purpose (``deployments.errors``), mapped to HTTP here and only here."""
     headers = {"Retry-After": "2"} if exc.status == 503 else None
     return JSONResponse(status_code=exc.status, content={"error": str(exc)}, headers=headers)
-
-
-@app.exception_handler(ActivationError)
-async def _activation_error(request: Request, exc: ActivationError) -> JSONResponse:
-    return JSONResponse(status_code=exc.status, content={"error": str(exc)})
 
 
 async def call_with_retry(method, *args, attempts: int = 5, pause_s: float = 0.05):
@@ -228,7 +225,7 @@ class HandleSynthesizer:
 # The search console: static files in deployments/console/, served by name from a fixed list (a requested
 # name is looked up, never joined onto a path). The policy lets the page load only its own files and call
 # only this origin, so a result's text can never run as script even if it slipped past the page's escaping.
-_CONSOLE_DIR = Path(__file__).with_name("console")
+_CONSOLE_DIR = Path(__file__).parents[1] / "console"
 _CONSOLE_TYPES = {"index.html": "text/html; charset=utf-8", "console.css": "text/css; charset=utf-8",
                   "console.js": "text/javascript; charset=utf-8"}
 _CONSOLE_HEADERS = {

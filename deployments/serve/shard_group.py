@@ -22,11 +22,10 @@ from pathlib import Path
 import numpy as np
 from ray import serve
 
+from deployments.shard.group import ShardGroup
+from deployments.shard.service import ShardAnswer, ShardService
 from index_build.manifest import IndexMismatch
 from index_build.versions import list_versions, versions_dir
-
-from .shard_group import ShardGroup
-from .shard_service import ShardAnswer, ShardService
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32, health_check_period_s=10)
@@ -54,9 +53,8 @@ class ShardRetriever:
         return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
 
     def _open(self, version_dir: Path) -> ShardGroup:
+        from deployments.shard.service import corpus_df_map
         from index_build.bm25_stats import read_stats
-
-        from .local_index import corpus_df_map
 
         stats, terms = read_stats(version_dir / "bm25")
         df = corpus_df_map(terms)

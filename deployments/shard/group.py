@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .shard_service import ShardAnswer, ShardService
+from deployments.shard.service import ShardAnswer, ShardService
 
 
 def _best(ids: list[np.ndarray], scores: list[np.ndarray], k: int) -> list[tuple[str, float]]:

@@ -27,13 +27,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .context import assemble, citations
-from .fusion import apply_threshold, candidate_depth, is_flat, min_max, rrf, weighted
-from .hits import Hit, merge_top_k
-from .mmr import mmr
-from .query_text import expand_synonyms, expand_with_history, normalize_query
-from .reranking import passage_text
-from .schemas import (
+from deployments.errors import RequestError
+from deployments.schemas import (
     Answer,
     Coverage,
     Fusion,
@@ -44,18 +39,16 @@ from .schemas import (
     SearchResponse,
     StageScores,
 )
-from .shard_service import ShardAnswer
-from .spelling import Speller
+from deployments.search.context import assemble, citations
+from deployments.search.fusion import apply_threshold, candidate_depth, is_flat, min_max, rrf, weighted
+from deployments.search.hits import Hit, merge_top_k
+from deployments.search.mmr import mmr
+from deployments.search.query_text import expand_synonyms, expand_with_history, normalize_query
+from deployments.search.reranking import passage_text
+from deployments.search.spelling import Speller
+from deployments.shard.service import ShardAnswer
 
 SEP = "\x1f"  # collection SEP chunk_id: hits stay distinct across collections
-
-
-class RequestError(ValueError):
-    """A request that is well-formed JSON but cannot be served as asked (answered with a 4xx)."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 class ShardClient(Protocol):

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .hits import Hit
+from deployments.search.hits import Hit
 
 
 def mmr(

@@ -13,15 +13,14 @@ from typing import Any
 
 from ray.serve import Application
 
+from deployments.config import AppConfig, RerankerConfig, SynthesisConfig
+from deployments.serve.query_encoder import QueryEncoder
+from deployments.serve.reranker import Reranker
+from deployments.serve.router import SearchRouter
+from deployments.serve.shard_group import ShardRetriever
+from deployments.serve.synthesis import Synthesis
 from index_build.manifest import MANIFEST
 from index_build.versions import read_version_manifest, resolve_version_dir
-
-from .config import AppConfig, RerankerConfig, SynthesisConfig
-from .query_encoder import QueryEncoder
-from .reranker import Reranker
-from .router import SearchRouter
-from .shard_retriever import ShardRetriever
-from .synthesizer import Synthesis
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .hits import Hit, rank_key
+from deployments.search.hits import Hit, rank_key
 
 
 def _first_occurrences(run: Sequence[Hit]) -> list[Hit]:

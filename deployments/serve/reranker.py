@@ -12,8 +12,8 @@ import asyncio
 
 from ray import serve
 
-from .config import RerankerBatching
-from .reranking import CrossEncoderScorer
+from deployments.config import RerankerBatching
+from deployments.search.reranking import CrossEncoderScorer
 
 
 def _pairs_in(items: list[tuple[str, list[str]]]) -> int:

@@ -1,0 +1,1 @@
+"""Relevance tooling: judgments storage, retrieval metrics, fusion replay for tuning."""

@@ -205,6 +205,9 @@ class AppConfig(BaseModel):
         0, ge=0, description="Shards one shard replica serves in one process (one JVM, one call per request "
         "instead of one per shard): 0 puts all of a collection's shards in one group, the right choice when they "
         "fit one node; N makes groups of N shards (e.g. what one node of a cluster holds).")
+    shard_warmup_searches: int = Field(
+        2000, ge=0, description="BM25 searches of random terms each shard replica runs when it opens an index "
+        "version, so the JVM has compiled Lucene's hot paths before the first real query (0: none).")
     encoder_placement: str = Field(
         "auto", pattern="^(auto|router|deployment)$", description="Where queries are embedded. router: inside each "
         "router replica (no extra hop; CPU nodes). deployment: a batching query-encoder deployment (GPU nodes, or "

@@ -132,7 +132,8 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
                                    "resources": dict(cfg.shard_resources)},
                 logging_config=QUIET,
             ).bind(str(index) if follows else None, str(version_dir), group, expect, cfg.verify_checksums,
-                   cfg.lucene_heap, cfg.shard_max_versions, cfg.shard_search_device), group)
+                   cfg.lucene_heap, cfg.shard_max_versions, cfg.shard_search_device, cfg.shard_warmup_searches),
+             group)
             for i, group in enumerate(shard_groups(list(manifest.shards), cfg.shard_group_size))
         ]
         collections[name] = {"version": manifest.version, "shards": slots, "encoder": encoders[manifest.encoder],

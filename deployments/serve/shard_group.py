@@ -32,12 +32,13 @@ from index_build.versions import list_versions, versions_dir
 class ShardRetriever:
     def __init__(self, index_root: str | None, version_dir: str, shards: list[str] | str, expect: dict,
                  verify_checksums: bool = True, lucene_heap: str = "512m", max_versions: int = 2,
-                 search_device: str = "cpu"):
+                 search_device: str = "cpu", warmup_searches: int = 0):
         os.environ["LUCENE_JVM_HEAP"] = lucene_heap  # before the JVM starts in this replica
         self.root = Path(index_root) if index_root else None  # None: pinned to one version folder
         self.shards = [shards] if isinstance(shards, str) else list(shards)
         self.expect, self.verify_checksums = dict(expect), verify_checksums
         self.search_device = search_device
+        self.warmup_searches = warmup_searches
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-search")
         initial = Path(version_dir)
         self.initial_version = initial.name
@@ -63,8 +64,10 @@ class ShardRetriever:
         held = [shard for shard in self.shards if (version_dir / "shards" / shard).is_dir()]
         if not held:
             raise IndexMismatch(f"index version {version_dir.name!r} has none of {', '.join(self.shards)}")
-        return ShardGroup([ShardService(version_dir / "shards" / shard, stats, df, self.expect,
-                                        self.verify_checksums, self.search_device) for shard in held])
+        group = ShardGroup([ShardService(version_dir / "shards" / shard, stats, df, self.expect,
+                                         self.verify_checksums, self.search_device) for shard in held])
+        group.warm_up(self.warmup_searches)
+        return group
 
     def _open_version(self, version: str) -> ShardGroup:
         opened = self._opened.pop(version, None)

@@ -73,6 +73,23 @@ class ShardGroup:
         answer.took_ms = (time.perf_counter() - t0) * 1000
         return answer
 
+    def warm_up(self, searches: int, seed: int = 0) -> None:
+        """BM25 searches of random corpus terms, so the JVM compiles Lucene's hot paths before real queries
+        come (the first few thousand searches of a JVM cost several times the later ones)."""
+        if searches <= 0:
+            return
+        import random
+
+        rng = random.Random(seed)
+        lucene = self.services[0].lucene
+        vocabulary = [t for t, _ in zip(lucene.corpus_df, range(50_000), strict=False)]
+        if not vocabulary:
+            return
+        for _ in range(max(1, searches // len(self.services))):
+            terms = rng.choices(vocabulary, k=rng.randint(2, 12))
+            for s in self.services:
+                s.lucene.search_rows(terms, 200)
+
     def fetch(self, chunk_ids: list[str]) -> list[dict]:
         """Chunk rows for the ids this group holds, in the order asked."""
         if len(self.services) == 1:

@@ -213,3 +213,19 @@ def test_rows_sent_with_answers_equal_rows_fetched_afterwards(built):
         a = search(fetched, query=q, limit=15).results
         b = search(along, query=q, limit=15).results
         assert [r.model_dump() for r in a] == [r.model_dump() for r in b]
+
+
+def test_jvm_warm_up_runs_searches_and_changes_no_answer(pipeline):
+    group = pipeline.collections["main"].shards[0].service
+    before = search(pipeline, query="lucene shard replica", method="keyword", limit=8, debug=True)
+    calls = []
+    lucene = group.services[0].lucene
+    original = lucene.search_rows
+    lucene.search_rows = lambda terms, k, allowed=None: calls.append(terms) or original(terms, k, allowed)
+    try:
+        group.warm_up(30)
+    finally:
+        del lucene.search_rows
+    assert len(calls) == 10 and all(2 <= len(t) <= 12 for t in calls)  # 30 searches over 3 shards
+    after = search(pipeline, query="lucene shard replica", method="keyword", limit=8, debug=True)
+    assert [r.model_dump() for r in after.results] == [r.model_dump() for r in before.results]

@@ -35,7 +35,7 @@ def replicas(ray, pattern: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = service_bench_parser("chaos", __doc__, port=18450)
+    ap = service_bench_parser("chaos", __doc__, port=8450)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--every", type=float, default=5)
     ap.add_argument("--clients", type=int, default=4)

@@ -11,7 +11,7 @@ corpus; queries are embedded at request time through LangChain's ``Embeddings`` 
 ``HuggingFaceEmbeddings`` does it (sentence-transformers ``encode``). Without ``--vectors-from`` the
 corpus is embedded here.
 
-    python -m bench.langchain_service --corpus ../shared/data/scifact/corpus.jsonl --port 18500 \\
+    python -m bench.langchain_service --corpus ../shared/data/scifact/corpus.jsonl --port 8500 \\
         --vectors-from bench/out/indexes/scifact-4
 """
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vectors-from", type=Path, help="index root or version whose document vectors fill FAISS")
     ap.add_argument("--dense-weight", type=float, default=DENSE_WEIGHT,
                     help="EnsembleRetriever weight of the FAISS retriever; BM25 gets the rest")
-    ap.add_argument("--port", type=int, default=18500)
+    ap.add_argument("--port", type=int, default=8500)
     args = ap.parse_args(argv)
     app = make_app(build_retriever(args.corpus, args.model, args.vectors_from, args.dense_weight))
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")

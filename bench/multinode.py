@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=20, help="load after the node is removed")
     ap.add_argument("--clients", type=int, default=3)
-    ap.add_argument("--port", type=int, default=18470)
+    ap.add_argument("--port", type=int, default=8470)
     ap.add_argument("--out", type=Path, default=Path("bench/out/multinode.json"))
     args = ap.parse_args(argv)
     for name, value in (("RAY_AUTH_MODE", "disabled"), ("HF_HUB_OFFLINE", "1"), ("OPENAI_API_KEY", "unused")):

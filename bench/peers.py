@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("bench/out/peers.json"))
     ap.add_argument("--langchain-dense-weight", type=float, default=0.7,
                     help="the LangChain EnsembleRetriever's FAISS weight (BM25 gets the rest)")
-    ap.add_argument("--port", type=int, default=18470)
+    ap.add_argument("--port", type=int, default=8470)
     ap.add_argument("--only", nargs="+", choices=["pyserini", "langchain", "raysearch"],
                     default=["pyserini", "langchain", "raysearch"])
     args = ap.parse_args(argv)

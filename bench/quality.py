@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--index", type=Path, help="index to serve (started and stopped here)")
     parser.add_argument("--url", help="an already running service instead of --index")
-    parser.add_argument("--port", type=int, default=18400)
+    parser.add_argument("--port", type=int, default=8400)
     parser.add_argument("--split", default="test")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--reranker", help="deploy this cross-encoder (or minilm-l6-arch) and add rerank rows")

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--after-s", type=float, default=15, help="load kept on after each switch")
-    ap.add_argument("--port", type=int, default=18460)
+    ap.add_argument("--port", type=int, default=8460)
     ap.add_argument("--out", type=Path, default=Path("bench/out/reindex.json"))
     args = ap.parse_args(argv)
 

@@ -21,7 +21,7 @@ from bench.speed import load_level
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = service_bench_parser("scaling", __doc__, port=18480)
+    ap = service_bench_parser("scaling", __doc__, port=8480)
     ap.add_argument("--shard-replicas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reranker-replicas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reranker", default="minilm-l6-arch")

@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default="this checkout", help="name of the served code in the record")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=30)
-    ap.add_argument("--port", type=int, default=18600)
+    ap.add_argument("--port", type=int, default=8600)
     ap.add_argument("--no-peer", action="store_true", help="skip the LangChain service")
     ap.add_argument("--no-in-process", action="store_true", help="skip the in-process baseline")
     ap.add_argument("--profile", action="store_true", help="py-spy the app during one more limit-10 level")

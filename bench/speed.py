@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--warmup", type=int, default=200, help="requests discarded first (JIT of 4 JVMs, caches)")
-    parser.add_argument("--port", type=int, default=18500)
+    parser.add_argument("--port", type=int, default=8500)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     queries, _ = load_beir(args.data / args.dataset)

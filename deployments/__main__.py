@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
                              "call per request")
     parser.add_argument("--encoder-placement", choices=["auto", "router", "deployment"], default="auto",
                         help="embed queries inside the router (auto on CPU) or in a query-encoder deployment")
+    parser.add_argument("--encoder-backend", choices=["onnx", "onnx-int8", "torch"], default="onnx",
+                        help="how queries are embedded on CPU: ONNX Runtime (the default), its int8 variant (about "
+                             "a third of the CPU, an approximation: see bench/README.md), or torch")
     parser.add_argument("--no-verify", action="store_true", help="skip checking shard files against their checksums")
     parser.add_argument("--no-cache", action="store_true", help="answer every request afresh (for load tests)")
     parser.add_argument("--reranker", metavar="MODEL",
@@ -129,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
                         shard_replicas=args.shard_replicas, shard_num_cpus=args.shard_num_cpus,
                         shard_group_size=args.shard_group_size, encoder_placement=args.encoder_placement,
+                        encoder_backend=args.encoder_backend,
                         verify_checksums=not args.no_verify,
                         security=SecurityConfig(max_inflight=args.max_inflight),
                         router=RouterSettings(cache_size=0 if args.no_cache else 1024,

@@ -213,9 +213,11 @@ class AppConfig(BaseModel):
         "router replica (no extra hop; CPU nodes). deployment: a batching query-encoder deployment (GPU nodes, or "
         "to scale embedding apart from routing). auto: deployment when encoder_num_gpus > 0, else router.")
     encoder_backend: str = Field(
-        "onnx", pattern="^(onnx|torch)$", description="onnx: ONNX Runtime on CPU, exported from the model's weights "
-        "at first use and cached (about half torch's CPU per query; same vectors within float rounding). torch: "
-        "sentence-transformers. A GPU always runs torch.")
+        "onnx", pattern="^(onnx|onnx-int8|torch)$", description="onnx: ONNX Runtime on CPU, exported from the "
+        "model's weights at first use and cached (about half torch's CPU per query; same vectors within float "
+        "rounding). onnx-int8: the same with int8 weights, about a third of onnx's CPU, an approximation (query "
+        "vectors at cosine ~0.99 to fp32; nDCG cost in bench/README.md). torch: sentence-transformers. A GPU always "
+        "runs torch.")
     encoder_replicas: int = Field(1, ge=1)
     encoder_num_cpus: float = Field(0.5, gt=0, description="CPUs reserved per query-encoder replica.")
     encoder_num_gpus: float = Field(0, ge=0, description="GPUs per query-encoder replica (0 on CPU machines).")

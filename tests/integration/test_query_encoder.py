@@ -62,3 +62,13 @@ def test_the_export_is_cached_by_content(encoders, monkeypatch):
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="backend"):
         load_encoder("all-MiniLM-L6-v2", backend="tensorrt")
+
+
+def test_int8_is_close_and_opt_in(encoders, monkeypatch):
+    onnx, _, cache = encoders
+    monkeypatch.setenv("RAYSEARCH_CACHE", str(cache))
+    int8 = load_encoder("all-MiniLM-L6-v2", backend="onnx-int8")
+    assert list(cache.glob("onnx/*/model-int8.onnx"))
+    a, b = int8.encode(TEXTS), onnx.encode(TEXTS)
+    cosine = (a * b).sum(axis=1)
+    assert cosine.min() > 0.97 and cosine.max() < 0.99999  # close, and not the fp32 model

@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 
 from bench.common import load_beir, machine, served, service_process, write_record
+from bench.cpu import own_cpu_s
 from bench.quality import evaluate, pyserini_reference, run_config
-from bench.speed import load_level, own_cpu_s
+from bench.speed import load_level
 
 
 def pyserini_speed(index: Path, texts: list[str], seconds: float) -> dict:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -25,19 +24,7 @@ import httpx
 import numpy as np
 
 from bench.common import load_beir, machine, served
-
-JIFFY_S = 1 / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_s() -> float:
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) * JIFFY_S
-
-
-def own_cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
+from bench.cpu import machine_busy_s, own_cpu_s
 
 
 def load_level(base: str, texts: list[str], body: dict, concurrency: int, seconds: float) -> dict:

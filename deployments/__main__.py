@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     proxy_port = args.port
     if not args.via_proxy:
         # The router replica answers HTTP on --port itself (Serve's "direct ingress"): the proxy's hop cost
-        # about a third of a query's CPU (bench/README.md, "Speed"). Serve's proxy still runs, on a free port.
+        # about a third of a query's CPU (bench/README.md, "Serving cost"). Serve's proxy still runs, on a free port.
         os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
         os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] = str(args.port)
         os.environ["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] = str(args.port + 1)  # exclusive: one port

@@ -29,6 +29,10 @@ class DenseShard:
         # each search they spin-wait on the other core for milliseconds (measured: ~1 ms of CPU per query).
         faiss.omp_set_num_threads(1)
 
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
     def _params(self, allowed_rows: np.ndarray | None):
         if allowed_rows is None:
             return None
@@ -39,31 +43,45 @@ class DenseShard:
             return self._faiss.SearchParametersIVF(sel=selector, nprobe=self.index.nprobe)
         return self._faiss.SearchParameters(sel=selector)
 
+    def _top(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows) per query row, FAISS's -1 marking padding (fewer than k candidates)."""
+        k = min(k, self.index.ntotal)
+        params = self._params(allowed_rows)
+        return self.index.search(queries, k, params=params) if params else self.index.search(queries, k)
+
     def search_rows(self, query: np.ndarray, k: int,
                     allowed_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, float32 scores) of one query's top-k, best first, without padding: what ``search`` does
-        for one query, without a Python object per hit."""
-        queries = np.ascontiguousarray(np.atleast_2d(query), dtype=np.float32)
-        if self.index.ntotal == 0 or k <= 0 or (allowed_rows is not None and len(allowed_rows) == 0):
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        k = min(k, self.index.ntotal)
-        params = self._params(allowed_rows)
-        scores, rows = self.index.search(queries, k, params=params) if params else self.index.search(queries, k)
-        keep = rows[0] >= 0
-        return rows[0][keep], scores[0][keep]
+        """(rows, float32 scores) of one query's top-k, best first, without padding: ``search`` for one
+        query without a Python object per hit (what a shard group merges)."""
+        return _one_query(self, query, k, allowed_rows)
 
     def search(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None = None) -> list[list[Hit]]:
-        """Top-k hits per query row; FAISS's -1 padding (fewer than k candidates) is dropped here, once."""
-        queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
-        if self.index.ntotal == 0 or (allowed_rows is not None and len(allowed_rows) == 0):
-            return [[] for _ in range(len(queries))]
-        k = min(k, self.index.ntotal)
-        params = self._params(allowed_rows)
-        scores, rows = self.index.search(queries, k, params=params) if params else self.index.search(queries, k)
-        return [
-            [Hit(self.chunk_ids[r], float(s), self.shard) for s, r in zip(srow, rrow, strict=True) if r >= 0]
-            for srow, rrow in zip(scores, rows, strict=True)
-        ]
+        """Top-k hits per query row; padding (fewer than k candidates) is dropped here, once."""
+        return _hits(self, queries, k, allowed_rows)
+
+
+def _empty(index, k: int, allowed_rows) -> bool:
+    return index.ntotal == 0 or k <= 0 or (allowed_rows is not None and len(allowed_rows) == 0)
+
+
+def _one_query(index, query, k, allowed_rows) -> tuple[np.ndarray, np.ndarray]:
+    queries = np.ascontiguousarray(np.atleast_2d(query), dtype=np.float32)
+    if _empty(index, k, allowed_rows):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    scores, rows = index._top(queries, k, allowed_rows)
+    keep = rows[0] >= 0
+    return rows[0][keep].astype(np.int64), scores[0][keep].astype(np.float32)
+
+
+def _hits(index, queries, k, allowed_rows) -> list[list[Hit]]:
+    queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+    if _empty(index, k, allowed_rows):
+        return [[] for _ in range(len(queries))]
+    scores, rows = index._top(queries, k, allowed_rows)
+    return [
+        [Hit(index.chunk_ids[r], float(s), index.shard) for s, r in zip(srow, rrow, strict=True) if r >= 0]
+        for srow, rrow in zip(scores, rows, strict=True)
+    ]
 
 
 class TorchDenseShard:
@@ -89,19 +107,9 @@ class TorchDenseShard:
     def ntotal(self) -> int:
         return int(self.vectors.shape[0])
 
-    def search_rows(self, query: np.ndarray, k: int,
-                    allowed_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        row_of = {c: i for i, c in enumerate(self.chunk_ids)} if not hasattr(self, "_row_of") else self._row_of
-        self._row_of = row_of
-        (hits,) = self.search(query, k, allowed_rows)
-        return (np.array([row_of[h.chunk_id] for h in hits], dtype=np.int64),
-                np.array([h.score for h in hits], dtype=np.float32))
-
-    def search(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None = None) -> list[list[Hit]]:
+    def _top(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows) per query row, rows -1 where a disallowed row filled the top-k (as FAISS pads)."""
         torch = self.torch
-        queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
-        if self.ntotal == 0 or (allowed_rows is not None and len(allowed_rows) == 0):
-            return [[] for _ in range(len(queries))]
         with torch.inference_mode():
             q = torch.from_numpy(queries).to(self.device, self.dtype)
             scores = (q @ self.vectors.T).float()
@@ -112,7 +120,11 @@ class TorchDenseShard:
             k = min(k, self.ntotal if allowed_rows is None else len(allowed_rows))
             top, rows = torch.topk(scores, k, dim=1)
         top, rows = top.cpu().numpy(), rows.cpu().numpy()
-        return [
-            [Hit(self.chunk_ids[r], float(s), self.shard) for s, r in zip(srow, rrow, strict=True) if np.isfinite(s)]
-            for srow, rrow in zip(top, rows, strict=True)
-        ]
+        return top, np.where(np.isfinite(top), rows, -1)
+
+    def search_rows(self, query: np.ndarray, k: int,
+                    allowed_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return _one_query(self, query, k, allowed_rows)
+
+    def search(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None = None) -> list[list[Hit]]:
+        return _hits(self, queries, k, allowed_rows)

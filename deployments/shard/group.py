@@ -101,14 +101,16 @@ class ShardGroup:
         return [found[c] for c in chunk_ids if c in found]
 
     def vectors(self, chunk_ids: list[str]) -> np.ndarray:
-        out = []
-        for c in chunk_ids:
-            for s in self.services:
-                if c in s.row_of:
-                    out.append(s.vectors([c])[0])
-                    break
-            else:
-                raise KeyError(f"chunk {c!r} is not in shards {self.name}")
+        """The stored vectors of these chunks, in the order asked (one read per shard)."""
+        out: list[np.ndarray | None] = [None] * len(chunk_ids)
+        for s in self.services:
+            mine = [i for i, c in enumerate(chunk_ids) if c in s.row_of]
+            if mine:
+                for i, v in zip(mine, s.vectors([chunk_ids[i] for i in mine]), strict=True):
+                    out[i] = v
+        missing = [c for c, v in zip(chunk_ids, out, strict=True) if v is None]
+        if missing:
+            raise KeyError(f"chunk {missing[0]!r} is not in shards {self.name}")
         return np.stack(out) if out else np.zeros((0, 0), dtype=np.float32)
 
     def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]:

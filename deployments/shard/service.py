@@ -113,39 +113,13 @@ class ShardService:
     def fields(self) -> dict[str, str]:
         return self.metadata.fields()
 
-    def search(
-        self,
-        vector: np.ndarray | None,
-        text: str | list[str] | None,
-        k_dense: int,
-        k_keyword: int,
-        filters: dict[str, Any] | None = None,
-        rows_for_top: int = 0,
-        acl: tuple[str, list[str]] | None = None,
-    ) -> ShardAnswer:
-        """Both legs' top hits; with ``rows_for_top``, the chunk rows of each leg's best few too.
-
-        The final results are nearly always among each shard's best ``limit`` hits of some leg, so
-        sending those rows along spares the router a second round trip to fetch texts.
-
-        ``acl`` = (field, principals): only chunks whose field holds one of the principals exist for this
-        call, in both legs, before any ranking; a chunk without the field is seen by nobody.
-        """
-        legs = self.legs(vector, text, k_dense, k_keyword, filters, acl)
-        answer = ShardAnswer(self.name, allowed=legs.allowed, filter_error=legs.filter_error)
-        if legs.filter_error:
-            return answer
-        answer.dense = list(zip(legs.dense_ids.tolist(), legs.dense_scores.tolist(), strict=True))
-        answer.keyword = list(zip(legs.keyword_ids.tolist(), legs.keyword_scores.tolist(), strict=True))
-        if rows_for_top > 0:
-            best = dict.fromkeys(cid for cid, _ in answer.dense[:rows_for_top] + answer.keyword[:rows_for_top])
-            answer.rows = self.fetch(list(best))
-        answer.took_ms = legs.took_ms
-        return answer
-
     def legs(self, vector: np.ndarray | None, text: str | list[str] | None, k_dense: int, k_keyword: int,
              filters: dict[str, Any] | None = None, acl: tuple[str, list[str]] | None = None) -> Legs:
-        """Both legs' top hits as arrays, filters and ACL applied inside each engine (see ``search``)."""
+        """Both legs' top hits as arrays, the filter applied inside each engine (a filtered top-k is complete).
+
+        ``acl`` = (field, principals): only chunks whose field holds one of the principals exist for this
+        call, in both legs, before any ranking; a chunk without the field is seen by nobody. A shard group
+        merges these per leg (``deployments.shard.group``) and sends the rows of the best hits along."""
         t0 = time.perf_counter()
         legs = Legs(_NO_IDS, _NO_SCORES, _NO_IDS, _NO_SCORES)
         allowed = None
@@ -161,14 +135,12 @@ class ShardService:
             allowed = visible if allowed is None else np.intersect1d(allowed, visible, assume_unique=True)
             legs.allowed = len(allowed)
         if vector is not None and k_dense > 0:
-            rows, legs.dense_scores = self.dense.search_rows(np.asarray(vector, dtype=np.float32), k_dense,
-                                                                     allowed)
+            rows, legs.dense_scores = self.dense.search_rows(np.asarray(vector, dtype=np.float32), k_dense, allowed)
             legs.dense_ids = self.id_array[rows]
         if text and k_keyword > 0:
-            lucene = self.lucene
-            terms = lucene.analyzer.analyze(text) if isinstance(text, str) else text
-            rows, legs.keyword_scores = lucene.search_rows(terms, k_keyword,
-                                                           None if allowed is None else allowed.tolist())
+            terms = self.analyze(text) if isinstance(text, str) else text
+            rows, legs.keyword_scores = self.lucene.search_rows(terms, k_keyword,
+                                                                None if allowed is None else allowed.tolist())
             legs.keyword_ids = self.id_array[rows]
         legs.took_ms = (time.perf_counter() - t0) * 1000
         return legs

@@ -64,6 +64,13 @@ def test_torch_shard_search_the_gpu_path_equals_faiss_flat_on_cpu():
         assert [[h.chunk_id for h in q] for q in got] == [[h.chunk_id for h in q] for q in want]
         assert [h.score for q in got for h in q] == pytest.approx([h.score for q in want for h in q], abs=1e-5)
     assert len(torch_shard.search(queries, 10, allowed[:3])[0]) == 3  # fewer allowed rows than k: no padding
+    # search_rows (what a shard group merges): one query's rows and scores, the same hits as search
+    for shard in (faiss_shard, torch_shard):
+        for rows in (None, allowed, allowed[:3], np.array([], dtype=np.int64)):
+            (hits,) = shard.search(queries[:1], 10, rows)
+            got_rows, got_scores = shard.search_rows(queries[0], 10, rows)
+            assert [ids[r] for r in got_rows.tolist()] == [h.chunk_id for h in hits]
+            assert got_scores.dtype == np.float32 and got_scores.tolist() == pytest.approx([h.score for h in hits])
 
 
 def test_shard_search_device_is_a_config_choice():

@@ -27,6 +27,7 @@ from fastapi.responses import (
 )
 from ray import serve
 from ray.exceptions import RayActorError
+from starlette.datastructures import URL, Headers
 
 from deployments.config import RouterSettings, SecurityConfig
 from deployments.errors import RequestError, ServiceError
@@ -74,8 +75,6 @@ class FrontDoor:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        from starlette.datastructures import URL, Headers
-
         headers = Headers(scope=scope)
         path = URL(scope=scope).path
         refusal = _guard.check(scope["method"], path, headers)

@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-group-size", type=int, default=0, metavar="N",
                         help="shards one shard replica serves in one process; 0 (the default): all of them, one "
                              "call per request")
+    parser.add_argument("--shard-placement", choices=["auto", "router", "deployment"], default="auto",
+                        help="search the shards inside the router (auto with one shard replica: one process per "
+                             "request) or in shard deployments the router calls (auto with --shard-replicas > 1)")
     parser.add_argument("--encoder-placement", choices=["auto", "router", "deployment"], default="auto",
                         help="embed queries inside the router (auto on CPU) or in a query-encoder deployment")
     parser.add_argument("--encoder-backend", choices=["onnx", "onnx-int8", "torch"], default="onnx",
@@ -131,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
                         shard_replicas=args.shard_replicas, shard_num_cpus=args.shard_num_cpus,
-                        shard_group_size=args.shard_group_size, encoder_placement=args.encoder_placement,
+                        shard_group_size=args.shard_group_size, shard_placement=args.shard_placement,
+                        encoder_placement=args.encoder_placement,
                         encoder_backend=args.encoder_backend,
                         verify_checksums=not args.no_verify,
                         security=SecurityConfig(max_inflight=args.max_inflight),

@@ -205,6 +205,13 @@ class AppConfig(BaseModel):
         0, ge=0, description="Shards one shard replica serves in one process (one JVM, one call per request "
         "instead of one per shard): 0 puts all of a collection's shards in one group, the right choice when they "
         "fit one node; N makes groups of N shards (e.g. what one node of a cluster holds).")
+    shard_placement: str = Field(
+        "auto", pattern="^(auto|router|deployment)$", description="Where a collection's shards are searched. "
+        "router: inside each router replica, so a request is served by one process (each router replica holds "
+        "its own copy of the shards). deployment: shard deployments the router calls, to scale, replicate or "
+        "place shards apart from routing (shard_replicas, GPUs, chosen nodes). auto: router when all shards are in "
+        "one group (shard_group_size 0), shard_replicas is 1 and shards ask for no GPU or custom resources; "
+        "deployment otherwise.")
     shard_warmup_searches: int = Field(
         2000, ge=0, description="BM25 searches of random terms each shard replica runs when it opens an index "
         "version, so the JVM has compiled Lucene's hot paths before the first real query (0: none).")
@@ -233,7 +240,7 @@ class AppConfig(BaseModel):
         512, ge=-1, description="Requests waiting for a router replica before Serve's proxy answers 503 (-1: no limit).")
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     verify_checksums: bool = Field(True, description="Check every shard file against its manifest at start.")
-    lucene_heap: str = Field("512m", pattern=r"^\d+[mMgG]$", description="JVM heap per shard replica.")
+    lucene_heap: str = Field("512m", pattern=r"^\d+[mMgG]$", description="JVM heap of each process that holds shards.")
     router: RouterSettings = Field(default_factory=RouterSettings)
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)
     synthesis: SynthesisConfig = Field(default_factory=SynthesisConfig)
@@ -249,6 +256,13 @@ class AppConfig(BaseModel):
                 f"default_collection {self.default_collection!r} is not one of {sorted(self.collections)}"
             )
         return self
+
+    @property
+    def shards_in_router(self) -> bool:
+        if self.shard_placement == "auto":
+            return (self.shard_group_size == 0 and self.shard_replicas == 1 and self.shard_num_gpus == 0
+                    and not self.shard_resources)
+        return self.shard_placement == "router"
 
     @property
     def encoder_in_router(self) -> bool:

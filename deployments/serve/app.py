@@ -1,4 +1,4 @@
-"""The typed app builder: one Serve application (router -> encoders + shard retrievers) from AppConfig.
+"""The typed app builder: one Serve application (router [-> encoders] [-> shard retrievers]) from AppConfig.
 
 ``serve run serve_config.yaml`` calls ``build_app(args)`` with the YAML's ``args``; the same model
 is filled by ``python -m deployments``. Everything is validated before any replica starts.
@@ -86,7 +86,7 @@ def logical_cpus_needed(cfg: AppConfig) -> float:
     manifests = [read_version_manifest(resolve_version_dir(Path(c.index).resolve(), c.version))
                  for c in cfg.resolved_collections().values()]
     groups = sum(len(shard_groups(list(m.shards), cfg.shard_group_size)) for m in manifests)
-    need = groups * cfg.shard_replicas * cfg.shard_num_cpus
+    need = 0 if cfg.shards_in_router else groups * cfg.shard_replicas * cfg.shard_num_cpus
     if not cfg.encoder_in_router:
         need += len({m.encoder for m in manifests}) * cfg.encoder_replicas * cfg.encoder_num_cpus
     need += cfg.router_replicas * cfg.router_num_cpus
@@ -122,20 +122,25 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
             ).bind(manifest.encoder, cfg.encoder_max_batch_size, cfg.encoder_batch_wait_s,
                    max(1, int(cfg.encoder_num_cpus)), "cuda" if cfg.encoder_num_gpus else "cpu", cfg.encoder_backend)
         expect = {"encoder": manifest.encoder, "dimension": manifest.dimension}
-        # One deployment per shard slot: slot i serves group i of whichever version a request is pinned to.
-        slots = [
-            (slot_name(name, group, i), ShardRetriever.options(
+        # One slot per group of shards: slot i serves group i of whichever version a request is pinned to,
+        # from a shard deployment or from inside the router (shard_placement).
+        slots = []
+        for i, group in enumerate(shard_groups(list(manifest.shards), cfg.shard_group_size)):
+            host = {"index_root": str(index) if follows else None, "version_dir": str(version_dir), "shards": group,
+                    "expect": expect, "verify_checksums": cfg.verify_checksums, "lucene_heap": cfg.lucene_heap,
+                    "search_device": cfg.shard_search_device, "warmup_searches": cfg.shard_warmup_searches}
+            if cfg.shards_in_router:
+                slots.append((slot_name(name, group, i), {"host": host, "max_versions": cfg.shard_max_versions},
+                              group))
+                continue
+            slots.append((slot_name(name, group, i), ShardRetriever.options(
                 name=slot_name(name, group, i),
                 num_replicas=cfg.shard_replicas,
                 max_ongoing_requests=cfg.shard_max_ongoing_requests,
                 ray_actor_options={"num_cpus": cfg.shard_num_cpus, "num_gpus": cfg.shard_num_gpus,
                                    "resources": dict(cfg.shard_resources)},
                 logging_config=QUIET,
-            ).bind(str(index) if follows else None, str(version_dir), group, expect, cfg.verify_checksums,
-                   cfg.lucene_heap, cfg.shard_max_versions, cfg.shard_search_device, cfg.shard_warmup_searches),
-             group)
-            for i, group in enumerate(shard_groups(list(manifest.shards), cfg.shard_group_size))
-        ]
+            ).bind(max_versions=cfg.shard_max_versions, **host), group))
         collections[name] = {"version": manifest.version, "shards": slots, "encoder": encoders[manifest.encoder],
                              "encoder_model": manifest.encoder, "encoder_backend": cfg.encoder_backend,
                              "dimension": manifest.dimension,

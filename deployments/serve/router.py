@@ -46,6 +46,7 @@ from deployments.schemas import (
 from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.guard import CONSOLE_ASSETS, Guard, key_digest
 from deployments.search.pipeline import Collection, SearchPipeline, failure, redact
+from deployments.shard.host import LocalShard, ShardHost, VersionCache
 
 logger = logging.getLogger("ray.serve")
 
@@ -174,6 +175,21 @@ class HandleShard:
         return await call_with_retry(self.handle.info)
 
 
+def shard_client(slot: str, handle, version: str, shards: list[str]):
+    """The pipeline's client for one shard slot at one version: a call through the slot's deployment, or
+    straight into the router's own copy (``shard_placement: router``)."""
+    if isinstance(handle, VersionCache):
+        return LocalShard(slot, handle, version, shards)
+    return HandleShard(slot, handle, version, shards)
+
+
+def held_slot(handle):
+    """A slot as the app builder passed it: a deployment's handle, or what to open here."""
+    if isinstance(handle, dict) and "host" in handle:
+        return VersionCache(ShardHost(**handle["host"]), handle["max_versions"])
+    return handle
+
+
 class HandleEncoder:
     def __init__(self, handle):
         self.handle = handle
@@ -289,7 +305,7 @@ class SearchRouter:
             name: DeployedCollection(
                 name=name, root=Path(spec["root"]) if spec.get("root") else None,
                 encoder_model=spec["encoder_model"], dimension=spec["dimension"],
-                slots=[tuple(slot) for slot in spec["shards"]],
+                slots=[(slot, held_slot(handle), shards) for slot, handle, shards in spec["shards"]],
                 encoder=HandleEncoder(spec["encoder"]) if spec["encoder"] is not None
                 else local_encoders[spec["encoder_model"]],
                 rerank=spec.get("rerank", True))
@@ -300,7 +316,7 @@ class SearchRouter:
                 name: Collection(
                     name=name,
                     version=collections[name]["version"],
-                    shards=[HandleShard(slot, handle, collections[name]["version"], shards)
+                    shards=[shard_client(slot, handle, collections[name]["version"], shards)
                             for slot, handle, shards in d.slots],
                     encoder=d.encoder,
                     rerank=d.rerank,
@@ -315,7 +331,7 @@ class SearchRouter:
         )
         self.judgments = {name: JudgmentStore(Path(spec["judgments"])) for name, spec in collections.items()
                           if spec.get("judgments")}
-        self.versions = VersionSwitch(self.pipeline.collections, deployed, HandleShard,
+        self.versions = VersionSwitch(self.pipeline.collections, deployed, shard_client,
                                       self.settings.activation_timeout_s)
         self._watcher: asyncio.Task | None = None
         self._info_lock = asyncio.Lock()

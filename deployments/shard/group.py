@@ -44,6 +44,11 @@ class ShardGroup:
     def chunks(self) -> int:
         return sum(s.chunks for s in self.services)
 
+    def info(self, version: str) -> dict:
+        """What a shard slot reports (health, the fields filters may name, activation's warm-up answer)."""
+        return {"shard": self.name, "shards": {s.name: s.chunks for s in self.services}, "chunks": self.chunks,
+                "fields": self.fields(), "version": version}
+
     def fields(self) -> dict[str, str]:
         out: dict[str, str] = {}
         for s in self.services:

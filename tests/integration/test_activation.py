@@ -44,15 +44,17 @@ def root(ray_local, tmp_path_factory):
     return folder / "index"
 
 
-@pytest.fixture(scope="module")
-def served(root):
+# Shards in deployments (2 replicas each, which Serve's multiplexing keeps versions on), and in the router.
+@pytest.fixture(scope="module", params=[{"shard_replicas": 2, "shard_num_cpus": 0.1},
+                                        {"shard_placement": "router"}], ids=["deployment", "router"])
+def served(root, request):
     from ray import serve
 
     from deployments.serve.app import build_app
 
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     app = build_app({
-        "index": str(root), "shard_replicas": 2, "shard_num_cpus": 0.1,
+        "index": str(root), **request.param,
         "router": {"shard_timeout_s": 10, "cache_size": 0, "version_poll_s": 0.2},
         "security": {"api_key_digests": [USER_DIGEST], "admin_key_digests": [ADMIN_DIGEST]},
     })

@@ -47,12 +47,13 @@ def test_the_router_answers_on_the_port_itself(service):
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
     body = r.json()
     assert len(body["results"]) == 5 and body["coverage"]["shards_asked"] == 3 and not body["coverage"]["degraded"]
-    # The 3 shards are one group in one replica, and Serve's proxy is not on the request path.
+    # One process serves the request: the router replica embeds the query and searches the 3 shards itself
+    # (shard_placement auto with one shard replica), and Serve's proxy is not on the request path.
     import psutil
 
     names = {" ".join(p.info["cmdline"] or [])[:80] for p in psutil.process_iter(["cmdline"])}
-    assert any("ServeReplica:raysearch:default-group-000" in n for n in names)
-    assert not any("ServeReplica:raysearch:encoder" in n for n in names)  # queries embedded in the router
+    replicas = {n for n in names if "ServeReplica:raysearch:" in n}
+    assert replicas and all("ServeReplica:raysearch:router" in n for n in replicas), replicas
 
 
 def test_sigterm_stops_it(service):

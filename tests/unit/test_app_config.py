@@ -112,3 +112,14 @@ def test_cpus_needed_to_start_counts_every_replica(tmp_path):
     rerank = cfg.model_copy(update={"reranker": RerankerConfig(model="m", num_cpus=0.5,
                                                                autoscaling={"min_replicas": 2, "max_replicas": 4})})
     assert logical_cpus_needed(rerank) == pytest.approx(2.75 + 2 * 0.5)
+    # One shard replica: the shards are searched inside the router and reserve nothing of their own.
+    alone = AppConfig(index=tmp_path, router_num_cpus=0.25)
+    assert alone.shards_in_router and logical_cpus_needed(alone) == pytest.approx(0.25)
+
+
+def test_shard_placement_auto_keeps_shards_apart_only_when_asked_to_scale_or_place_them(tmp_path):
+    assert AppConfig(index=tmp_path).shards_in_router
+    for apart in ({"shard_replicas": 2}, {"shard_group_size": 2}, {"shard_num_gpus": 0.5},
+                  {"shard_resources": {"search_node": 1}}, {"shard_placement": "deployment"}):
+        assert not AppConfig(index=tmp_path, **apart).shards_in_router, apart
+    assert AppConfig(index=tmp_path, shard_replicas=2, shard_placement="router").shards_in_router

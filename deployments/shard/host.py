@@ -1,0 +1,130 @@
+"""The index versions one shard slot serves, opened on demand and kept a few at a time. Ray-free.
+
+A shard slot serves a fixed group of shard names (``shard-000``, ...) of whichever published version a
+request is pinned to. The shard deployment wraps a host (Serve's model multiplexing keeps its versions
+and routes each call to a replica holding the version); so does the router when it holds the shards
+itself (``shard_placement: router``), keeping its versions in ``VersionCache``.
+
+All of a host's index work runs on one thread: pyjnius keeps per-method state that is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from deployments.shard.group import ShardGroup
+from deployments.shard.service import ShardService, corpus_df_map
+from index_build.bm25_stats import read_stats
+from index_build.manifest import IndexMismatch
+from index_build.versions import list_versions, versions_dir
+
+
+class ShardHost:
+    def __init__(self, index_root: str | None, version_dir: str, shards: Sequence[str] | str, expect: dict,
+                 verify_checksums: bool = True, lucene_heap: str = "512m", search_device: str = "cpu",
+                 warmup_searches: int = 0):
+        os.environ["LUCENE_JVM_HEAP"] = lucene_heap  # read when this process starts its JVM
+        self.root = Path(index_root) if index_root else None  # None: pinned to one version folder
+        self.shards = [shards] if isinstance(shards, str) else list(shards)
+        self.expect, self.verify_checksums = dict(expect), verify_checksums
+        self.search_device, self.warmup_searches = search_device, warmup_searches
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-search")
+        initial = Path(version_dir)
+        self.initial_version = initial.name
+        # Opened now, so a broken index fails the deployment instead of its first request.
+        self._preloaded: dict[str, ShardGroup] = {initial.name: self._open(initial)}
+
+    async def run(self, fn: Callable, *args) -> Any:
+        """``fn(*args)`` on the host's one index thread (FAISS and Lucene release the GIL meanwhile)."""
+        return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
+
+    def _open(self, version_dir: Path) -> ShardGroup:
+        stats, terms = read_stats(version_dir / "bm25")
+        df = corpus_df_map(terms)
+        # A version with fewer shards than the app was deployed with is served by the first slots, each
+        # with the shards of its group that the version has (activation.check_switchable).
+        held = [shard for shard in self.shards if (version_dir / "shards" / shard).is_dir()]
+        if not held:
+            raise IndexMismatch(f"index version {version_dir.name!r} has none of {', '.join(self.shards)}")
+        group = ShardGroup([ShardService(version_dir / "shards" / shard, stats, df, self.expect,
+                                         self.verify_checksums, self.search_device) for shard in held])
+        group.warm_up(self.warmup_searches)
+        return group
+
+    def open_version(self, version: str) -> ShardGroup:
+        """The group of ``version`` (blocking: run it on the index thread)."""
+        opened = self._preloaded.pop(version, None)
+        if opened is not None:
+            return opened
+        # The name came over the wire: only a published version's folder is ever opened.
+        if self.root is None or version not in list_versions(self.root):
+            raise IndexMismatch(f"index version {version!r} is not published here")
+        return self._open(versions_dir(self.root) / version)
+
+    async def load(self, version: str) -> ShardGroup:
+        return await self.run(self.open_version, version)
+
+
+class VersionCache:
+    """At most ``max_versions`` opened versions of one host, least recently used dropped first; one load
+    per version at a time (what Serve's multiplexing does for a shard deployment)."""
+
+    def __init__(self, host: ShardHost, max_versions: int = 2):
+        self.host, self.max_versions = host, max_versions
+        self._groups: OrderedDict[str, ShardGroup] = OrderedDict()
+        self._loading: dict[str, asyncio.Future] = {}
+
+    async def get(self, version: str) -> ShardGroup:
+        group = self._groups.get(version)
+        if group is not None:
+            self._groups.move_to_end(version)
+            return group
+        pending = self._loading.get(version)
+        if pending is None:
+            pending = self._loading[version] = asyncio.ensure_future(self._load(version))
+        # Shielded: a request that gives up (its deadline) does not cancel a load others wait for.
+        return await asyncio.shield(pending)
+
+    async def _load(self, version: str) -> ShardGroup:
+        try:
+            group = await self.host.load(version)
+        finally:
+            self._loading.pop(version, None)
+        self._groups[version] = group
+        while len(self._groups) > self.max_versions:
+            self._groups.popitem(last=False)
+        return group
+
+
+class LocalShard:
+    """A pipeline's shard client for a slot this process holds (``shard_placement: router``), pinned to one
+    version: the same calls as a shard deployment's handle, without the hop."""
+
+    def __init__(self, name: str, cache: VersionCache, version: str, shards: Sequence[str] | None = None):
+        self.name, self.version = ",".join(shards) if shards else name, version
+        self.shards = list(shards) if shards else [name]
+        self.size = len(self.shards)
+        self.cache = cache
+
+    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None):
+        group = await self.cache.get(self.version)
+        return await self.cache.host.run(group.search, vector, text, k_dense, k_keyword, filters, rows_for_top, acl)
+
+    async def fetch(self, chunk_ids):
+        return (await self.cache.get(self.version)).fetch(chunk_ids)
+
+    async def vectors(self, chunk_ids):
+        return (await self.cache.get(self.version)).vectors(chunk_ids)
+
+    async def vocabulary(self, acl=None):
+        group = await self.cache.get(self.version)
+        return await self.cache.host.run(group.vocabulary, acl)
+
+    async def info(self):
+        return (await self.cache.get(self.version)).info(self.version)

@@ -1,0 +1,61 @@
+"""The router's cache of opened index versions (``shard_placement: router``): one load per version at a
+time, the least recently used dropped past ``max_versions``, and a load that outlives a request that
+gave up on it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from deployments.shard.host import VersionCache
+
+
+class CountingHost:
+    """Opens a "version" (a string) after a pause, counting the opens."""
+
+    def __init__(self, pause_s: float = 0.05):
+        self.pause_s, self.opened = pause_s, []
+
+    async def load(self, version: str) -> str:
+        await asyncio.sleep(self.pause_s)
+        if version == "broken":
+            raise FileNotFoundError(version)
+        self.opened.append(version)
+        return f"group of {version}"
+
+
+def test_concurrent_requests_for_a_version_load_it_once():
+    async def run():
+        cache = VersionCache(CountingHost(), max_versions=2)
+        got = await asyncio.gather(*(cache.get("v1") for _ in range(5)))
+        assert got == ["group of v1"] * 5 and cache.host.opened == ["v1"]
+        assert await cache.get("v1") == "group of v1" and cache.host.opened == ["v1"]
+
+    asyncio.run(run())
+
+
+def test_the_least_recently_used_version_is_dropped():
+    async def run():
+        cache = VersionCache(CountingHost(pause_s=0), max_versions=2)
+        for v in ("v1", "v2", "v1", "v3"):  # v1 used again after v2, so v2 is the one dropped for v3
+            await cache.get(v)
+        await cache.get("v1")
+        assert cache.host.opened == ["v1", "v2", "v3"]
+        await cache.get("v2")
+        assert cache.host.opened == ["v1", "v2", "v3", "v2"]
+
+    asyncio.run(run())
+
+
+def test_a_load_outlives_a_request_that_gave_up_and_a_failure_is_retried():
+    async def run():
+        cache = VersionCache(CountingHost(pause_s=0.1), max_versions=2)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(cache.get("v2"), 0.01)
+        assert await cache.get("v2") == "group of v2" and cache.host.opened == ["v2"]
+        for _ in range(2):
+            with pytest.raises(FileNotFoundError):
+                await cache.get("broken")
+
+    asyncio.run(run())

@@ -10,6 +10,7 @@ Phases, one after another (nothing else should run meanwhile):
    coverage or a warning), then closed-loop load at ``--clients`` for ``limit`` 100 and 10, and at one
    client for ``limit`` 10: QPS, p50 / p99, partial answers, server CPU per answered request (machine
    busy CPU minus this process's), and that CPU split by process.
+   With ``--also NAME=ARGS``, the same again for the service started with those extra arguments.
 3. **The LangChain peer** (``bench/langchain_service.py``, EnsembleRetriever of BM25 + FAISS under
    uvicorn): the same loads with the same client. Skipped with ``--no-peer``.
 
@@ -189,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="py-spy the app during one more limit-10 level")
     ap.add_argument("--profile-dir", type=Path, default=Path("bench/results/profiles"))
     ap.add_argument("--serve-args", default="", help="extra arguments for python -m deployments")
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=ARGS",
+                    help="measure the service again with these extra arguments, in the same run (repeatable), "
+                         "e.g. --also 'int8=--encoder-backend onnx-int8'")
     ap.add_argument("--out", type=Path, default=Path("bench/out/serving.json"))
     args = ap.parse_args(argv)
 
@@ -205,28 +209,35 @@ def main(argv: list[str] | None = None) -> int:
         record["in_process"] = in_process(args.index.resolve(), texts, hybrid | {"limit": 10}, n=600)
         print("in-process", json.dumps(record["in_process"]), flush=True)
 
-    cmd = [sys.executable, "-m", "deployments", "--index", str(args.index.resolve()), "--port", str(args.port),
-           "--no-cache", *args.serve_args.split()]
-    env_cwd = os.getcwd()
-    os.chdir(code)
-    try:
-        with service_process(cmd, args.port) as base:
+    def measure(serve_args: str, label: str, profile_too: bool) -> dict:
+        cmd = [sys.executable, "-m", "deployments", "--index", str(args.index.resolve()), "--port", str(args.port),
+               "--no-cache", *serve_args.split()]
+        env_cwd = os.getcwd()
+        os.chdir(code)
+        ours: dict = {"serve_args": serve_args}
+        try:
+            with service_process(cmd, args.port) as base:
+                os.chdir(env_cwd)
+                closed_loop(base, "/search", [{"query": t} | hybrid | {"limit": 10} for t in texts], 2, 40)  # JIT
+                ours["quality_limit_100"] = quality(base, queries, qrels, hybrid | {"limit": 100})
+                print(label, "quality", json.dumps(ours["quality_limit_100"]), flush=True)
+                for name, clients, limit in (("limit_100", args.clients, 100), ("limit_10", args.clients, 10),
+                                             ("limit_10_one_client", 1, 10)):
+                    ours[name] = level(base, texts, hybrid | {"limit": limit}, clients, args.seconds, partial_body)
+                    print(label, name, json.dumps(ours[name]), flush=True)
+                if profile_too:
+                    tag = args.label.replace(" ", "-")
+                    ours["profile"] = profile(base, texts, hybrid | {"limit": 10}, args.clients, args.seconds,
+                                              args.profile_dir / tag)
+                    print("profile", json.dumps(ours["profile"]), flush=True)
+        finally:
             os.chdir(env_cwd)
-            ours = record["service"] = {}
-            closed_loop(base, "/search", [{"query": t} | hybrid | {"limit": 10} for t in texts], 2, 40)  # JIT
-            ours["quality_limit_100"] = quality(base, queries, qrels, hybrid | {"limit": 100})
-            print("service quality", json.dumps(ours["quality_limit_100"]), flush=True)
-            for name, clients, limit in (("limit_100", args.clients, 100), ("limit_10", args.clients, 10),
-                                         ("limit_10_one_client", 1, 10)):
-                ours[name] = level(base, texts, hybrid | {"limit": limit}, clients, args.seconds, partial_body)
-                print("service", name, json.dumps(ours[name]), flush=True)
-            if args.profile:
-                tag = args.label.replace(" ", "-")
-                ours["profile"] = profile(base, texts, hybrid | {"limit": 10}, args.clients, args.seconds,
-                                          args.profile_dir / tag)
-                print("profile", json.dumps(ours["profile"]), flush=True)
-    finally:
-        os.chdir(env_cwd)
+        return ours
+
+    record["service"] = measure(args.serve_args, "service", args.profile)
+    for variant in args.also:
+        name, _, serve_args = variant.partition("=")
+        record.setdefault("variants", {})[name] = measure(serve_args, name, False)
 
     if not args.no_peer:
         from index_build.versions import read_version_manifest, resolve_version_dir
@@ -247,9 +258,10 @@ def main(argv: list[str] | None = None) -> int:
           f"served code {args.label} ({record['code_sha']})\n")
     print("| service | level | QPS | p50 ms | p99 ms | server CPU ms/query | partial | non-200 |")
     print("|---|---|---|---|---|---|---|---|")
-    for who in ("service", "langchain"):
+    measured = {"service": record["service"], **record.get("variants", {}), "langchain": record.get("langchain", {})}
+    for who, rec in measured.items():
         for name in ("limit_100", "limit_10", "limit_10_one_client"):
-            lv = record.get(who, {}).get(name)
+            lv = rec.get(name)
             if lv:
                 bad = sum(v for k, v in lv["statuses"].items() if k != "200")
                 print(f"| {who} | {lv['clients']} clients, limit {lv['limit']} | {lv['qps']:.1f} | {lv['p50_ms']:.1f} "
@@ -259,12 +271,15 @@ def main(argv: list[str] | None = None) -> int:
         http = record["service"]["limit_10"]["server_cpu_ms_per_query"]
         print(f"\nin-process {ip:.1f} ms CPU/query; HTTP at {args.clients} clients {http:.1f}: ratio {http / ip:.2f}")
     if "langchain" in record:
-        for name in ("limit_100", "limit_10"):
-            ratio = record["service"][name]["qps"] / record["langchain"][name]["qps"]
-            record[f"qps_ratio_{name}"] = ratio
-            print(f"QPS ratio at {name.replace('_', ' ')}: {ratio:.2f}x the LangChain service")
-        for who in ("service", "langchain"):
-            print(f"nDCG@10 {who}: {record[who]['quality_limit_100']['nDCG@10']:.4f}")
+        for who, rec in measured.items():
+            if who == "langchain":
+                continue
+            for name in ("limit_100", "limit_10"):
+                ratio = rec[name]["qps"] / record["langchain"][name]["qps"]
+                rec[f"qps_ratio_{name}"] = ratio
+                print(f"{who}: QPS ratio at {name.replace('_', ' ')}: {ratio:.2f}x the LangChain service")
+        for who, rec in measured.items():
+            print(f"nDCG@10 {who}: {rec['quality_limit_100']['nDCG@10']:.4f}")
     if "profile" in record.get("service", {}):
         print("\n| component | ms per query |\n|---|---|")
         for name, ms in record["service"]["profile"]["components_ms_per_query"].items():

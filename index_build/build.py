@@ -41,11 +41,13 @@ from .manifest import (
     code_version,
     now_iso,
     read_shard_manifest,
+    sha256_file,
     verify_shard,
     write_json_atomic,
 )
+from .reuse import ReusePlan, VectorLookup, find_sources, link_shard, shard_donor
 from .sharding import shard_name, shard_of
-from .versions import activate, publish, staging_dir
+from .versions import activate, build_lock, publish, staging_dir, verify_version
 
 CRASH_ENV = "INDEX_BUILD_CRASH_AFTER_SHARDS"  # fault injection: exit like a kill after N shard commits
 
@@ -67,6 +69,7 @@ class BuildSummary:
     reused_shards: int
     bad_records: list[BadRecord]
     seconds: dict[str, float] = field(default_factory=dict)
+    reuse: dict = field(default_factory=dict)  # ReusePlan.describe(): what came from earlier versions
 
     @property
     def total_s(self) -> float:
@@ -81,6 +84,12 @@ class BuildSummary:
             f"documents      {self.docs:,}   chunks {self.chunks:,}   shards {self.shards}{reused}",
             f"bad records    {len(self.bad_records):,} skipped" if self.bad_records else "bad records    none",
         ]
+        if self.reuse:
+            r = self.reuse
+            linked = f"; shards linked unchanged: {len(r['shards_linked'])}" if r["shards_linked"] else ""
+            origin = ", ".join(f"{n:,} from {v}" for v, n in r["reused_from"].items())
+            lines.append(f"embedded       {r['chunks_embedded']:,} chunks   reused {r['chunks_reused']:,}"
+                         f"{f' ({origin})' if origin else ''}{linked}")
         lines += [f"  {r}" for r in self.bad_records[:10]]
         if len(self.bad_records) > 10:
             lines.append(f"  ... and {len(self.bad_records) - 10} more (all listed in the version's bad_records.jsonl)")
@@ -225,6 +234,13 @@ def _reusable(folder: Path, build_key: str) -> bool:
 
 
 def build_index(cfg: BuildConfig) -> BuildSummary:
+    """Build, verify, publish and (by default) activate one version of ``cfg.corpus`` under ``cfg.out``;
+    one build at a time per root."""
+    with build_lock(Path(cfg.out)):
+        return _build_index(cfg)
+
+
+def _build_index(cfg: BuildConfig) -> BuildSummary:
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
     corpus_file = resolve_corpus_file(cfg.corpus)
@@ -257,7 +273,14 @@ def build_index(cfg: BuildConfig) -> BuildSummary:
     del chunks
 
     t = time.perf_counter()
-    dimension, lucene_seconds = _build_shards(cfg, build_key, todo, tables, shard_dirs, docs_per_shard)
+    plan, prefilled = ReusePlan(), {}
+    if cfg.reuse and todo:
+        todo, prefilled, plan = _plan_reuse(cfg, build_key, todo, tables, shard_dirs)
+    seconds["reuse"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    dimension, lucene_seconds = _build_shards(cfg, build_key, todo, tables, shard_dirs, docs_per_shard, prefilled)
+    plan.vectors_embedded = sum(len(prefilled[s][1]) if s in prefilled else tables[s].num_rows for s in todo)
     seconds["embed+index"] = time.perf_counter() - t
     seconds["lucene (sum of shard tasks)"] = lucene_seconds
 
@@ -284,22 +307,61 @@ def build_index(cfg: BuildConfig) -> BuildSummary:
               "avgdl": stats.avgdl, "unique_terms": terms.num_rows},
         build_config=cfg.content_key(),
         code_version=code_version(),
+        reuse=plan.describe() if cfg.reuse else None,
     )
     write_json_atomic(staging / MANIFEST, manifest.model_dump(mode="json"))
+    verify_version(staging)  # every file against its checksum, the counts: before anyone can see the version
     version_dir = publish(staging, root, name)
     if cfg.activate:
-        activate(root, name, by="index_build")
+        activate(root, name, by="index_build", verify=False)  # verified just above
     seconds["publish"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
-    return BuildSummary(name, version_dir, cfg.activate, total_docs, total_chunks, cfg.shards, reused, bad, seconds)
+    return BuildSummary(name, version_dir, cfg.activate, total_docs, total_chunks, cfg.shards, reused, bad, seconds,
+                        plan.describe() if cfg.reuse else {})
+
+
+def _plan_reuse(cfg: BuildConfig, build_key: str, todo: list[int], tables: dict[int, pa.Table],
+                shard_dirs: list[Path]):
+    """Link the shards that are unchanged in an earlier version; for the others, the stored vectors of every
+    chunk whose text was embedded before. Returns (shards still to build, shard -> (vectors or None, rows
+    to embed), the plan)."""
+    root = Path(cfg.reuse_from or cfg.out)
+    plan = ReusePlan(sources=find_sources(root, cfg.encoder, cfg.chunk_size, cfg.chunk_overlap))
+    if not plan.sources:
+        return todo, {}, plan
+    content_key = cfg.content_key()
+    left = []
+    for s in todo:
+        donor = shard_donor(plan.sources, content_key, cfg.shards, shard_dirs[s].name,
+                            sha256_file(shard_dirs[s] / CHUNKS_FILE))
+        if donor is None:
+            left.append(s)
+            continue
+        source = donor.folder / "shards" / shard_dirs[s].name
+        link_shard(source, shard_dirs[s])
+        old = read_shard_manifest(source)
+        write_json_atomic(shard_dirs[s] / MANIFEST, old.model_copy(update={
+            "build_key": build_key, "build_config": content_key, "code_version": code_version(),
+            "created": now_iso()}).model_dump(mode="json"))
+        verify_shard(shard_dirs[s], expect={"build_key": build_key})
+        plan.shards[s] = donor.name
+        plan.vectors_reused += tables[s].num_rows
+        plan.vectors_from[donor.name] = plan.vectors_from.get(donor.name, 0) + tables[s].num_rows
+    prefilled = {}
+    if left:
+        lookup = VectorLookup(plan.sources)
+        prefilled = {s: lookup.take(contents_of(tables[s], cfg.prepend_title), plan) for s in left}
+    return left, prefilled, plan
 
 
 def _build_shards(
     cfg: BuildConfig, build_key: str, todo: list[int], tables: dict[int, pa.Table], shard_dirs: list[Path],
-    docs_per_shard: list[int],
+    docs_per_shard: list[int], prefilled: dict[int, tuple[np.ndarray | None, list[int]]] | None = None,
 ) -> tuple[int, float]:
     """Embed and index the shards in ``todo``; returns the embedding dimension (0 if nothing was built)
-    and the summed seconds of the Lucene shard tasks."""
+    and the summed seconds of the Lucene shard tasks. ``prefilled``: per shard, vectors already known
+    (reused) and the rows that still need embedding."""
+    prefilled = prefilled or {}
     if not todo:
         return 0, 0.0
     ensure_ray()
@@ -317,7 +379,8 @@ def _build_shards(
     # but only on the CPUs the embedding actors leave free, topped up as they finish.
     lucene_task = ray.remote(num_cpus=1)(_build_lucene_shard)
     faiss_task = ray.remote(num_cpus=0.25, num_gpus=1 if faiss_gpu else 0)(_build_faiss_shard)
-    lucene_slots = max(1, int(ray.cluster_resources().get("CPU", 1)) - (0 if device == "cuda" else cfg.embed_actors))
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    slots = {"lucene": max(1, cpus - (0 if device == "cuda" else cfg.embed_actors))}
     lucene_queue = list(todo)
     pending: dict[ray.ObjectRef, tuple[int, str]] = {}
 
@@ -325,7 +388,7 @@ def _build_shards(
         refs = [ref for ref, (_, part) in pending.items() if part == "lucene"]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False) if refs else ([], [])
         running = len(refs) - len(ready)
-        while lucene_queue and running < lucene_slots:
+        while lucene_queue and running < slots["lucene"]:
             s = lucene_queue.pop(0)
             pending[lucene_task.remote(str(shard_dirs[s]), cfg.prepend_title, cfg.lucene_heap)] = (s, "lucene")
             running += 1
@@ -334,18 +397,27 @@ def _build_shards(
 
     # Embedding input in shard order, so early shards finish early and their FAISS builds overlap.
     blocks = []
+    vectors: dict[int, np.ndarray] = {}
+    filled = dict.fromkeys(todo, 0)
+    dimension = 0
     for s in todo:
         contents = contents_of(tables[s], cfg.prepend_title)
-        for start in range(0, len(contents), 1024):
-            part = contents[start:start + 1024]
-            blocks.append(pa.table({"shard": [s] * len(part), "row": list(range(start, start + len(part))),
-                                    "contents": part}))
+        known, rows = prefilled.get(s, (None, list(range(len(contents)))))
+        if known is not None:
+            vectors[s], filled[s], dimension = known, len(contents) - len(rows), known.shape[1]
+        for start in range(0, len(rows), 1024):
+            part = rows[start:start + 1024]
+            blocks.append(pa.table({"shard": [s] * len(part), "row": part, "contents": [contents[r] for r in part]}))
     on_gpu = device == "cuda"
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
     threads = 0 if on_gpu else max(1, (os.cpu_count() or 1) // cfg.embed_actors)
-    ds = ray.data.from_arrow(blocks).map_batches(
+    for s in todo:  # every vector reused: the shard's dense side can be built at once
+        if tables[s].num_rows and filled[s] == tables[s].num_rows:
+            np.save(shard_dirs[s] / EMBEDDINGS_FILE, vectors.pop(s))
+            pending[faiss_task.remote(str(shard_dirs[s]), spec)] = (s, "faiss")
+    ds = None if not blocks else ray.data.from_arrow(blocks).map_batches(
         EmbedBatch,
         fn_constructor_kwargs={"encoder": cfg.encoder, "device": device, "batch_size": cfg.embed_batch_size,
                                "threads": threads},
@@ -354,11 +426,8 @@ def _build_shards(
         num_cpus=1,
         num_gpus=1 if on_gpu else 0,
     )
-    vectors: dict[int, np.ndarray] = {}
-    filled = dict.fromkeys(todo, 0)
-    dimension = 0
-    with _progress(sum(t.num_rows for t in tables.values()), "embed", "chunk", cfg.progress) as bar:
-        for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+    with _progress(sum(b.num_rows for b in blocks), "embed", "chunk", cfg.progress) as bar:
+        for batch in ds.iter_batches(batch_size=None, batch_format="numpy") if ds is not None else ():
             emb = np.asarray(batch["embedding"], dtype=np.float32)
             dimension = emb.shape[1]
             for s in np.unique(batch["shard"]).tolist():
@@ -372,6 +441,7 @@ def _build_shards(
                     pending[faiss_task.remote(str(shard_dirs[s]), spec)] = (s, "faiss")
             bar.update(len(emb))
             top_up_lucene()
+    slots["lucene"] = cpus  # the embedding actors are gone: Lucene builds may take every CPU
     for s in todo:  # a shard with no chunks never appears in the stream
         if tables[s].num_rows == 0:
             np.save(shard_dirs[s] / EMBEDDINGS_FILE, np.zeros((0, dimension), dtype=np.float32))

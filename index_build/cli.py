@@ -67,7 +67,9 @@ def config_from_args(argv: list[str] | None, prog: str = "python -m index_build"
             "  python -m index_build --corpus data/scifact --out indexes/scifact --shards 4\n"
             "  python -m index_build --config build.yaml --shards 2     # flags override the file\n"
             "  python -m index_build.versions list indexes/scifact\n\n"
-            "A killed build resumes when rerun with the same corpus and options: finished shards are kept."
+            "A killed build resumes when rerun with the same corpus and options: finished shards are kept.\n"
+            "A build into a root with earlier versions embeds only new or changed chunks and links unchanged\n"
+            "shards (--no-reuse: everything afresh); the summary says how many chunks were embedded and reused."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -81,6 +81,14 @@ class BuildConfig(BaseModel):
     )
     id_fields: tuple[str, ...] = Field(("_id", "id", "doc_id", "docid"), description="Field names tried for a record's id.")
 
+    # Reuse
+    reuse: bool = Field(
+        True, description="Take what did not change from versions already built: whole shards whose chunks are "
+        "identical (linked, not rebuilt) and the vector of every chunk whose text as embedded, chunking and "
+        "encoder are unchanged; only new or changed chunks are embedded. The result equals a full build.")
+    reuse_from: Path | None = Field(
+        None, description="Index root to reuse from instead of --out (e.g. another copy of the index).")
+
     progress: bool = Field(True, description="Show progress bars.")
 
     @model_validator(mode="after")
@@ -93,7 +101,8 @@ class BuildConfig(BaseModel):
 
     def content_key(self) -> dict[str, Any]:
         """The fields that change the bytes of a shard; two builds with the same key are interchangeable."""
-        skip = {"out", "version", "activate", "progress", "embed_actors", "lucene_heap", "strict", "embed_batch_size"}
+        skip = {"out", "version", "activate", "progress", "embed_actors", "lucene_heap", "strict", "embed_batch_size",
+                "reuse", "reuse_from"}
         data = self.model_dump(mode="json", exclude=skip)
         data["corpus"] = str(Path(self.corpus).resolve())
         return data

@@ -67,6 +67,9 @@ class VersionManifest(BaseModel):
     bm25: dict[str, Any]  # k1, b, doc_count, total_terms, avgdl, unique_terms
     build_config: dict[str, Any]
     code_version: str
+    # What came from earlier versions: shards linked unchanged, chunks embedded and reused, and from where
+    # (``index_build.reuse``); None for a build with reuse off.
+    reuse: dict[str, Any] | None = None
 
 
 def now_iso() -> str:

@@ -6,6 +6,8 @@ Layout::
     ROOT/activations.jsonl       one line per activation: when, which version, which it replaced, by whom
     ROOT/versions/<name>/        complete, immutable versions
     ROOT/staging/<build_key>/    builds in progress; a rerun with the same key resumes here
+    ROOT/.build.lock             held by the one build writing into ROOT (a second one is refused)
+    ROOT/pins/<name>             held (shared) by every process serving version <name>: it cannot be removed
 
 A version folder appears under ``versions/`` only by one ``rename`` of a finished staging folder, so
 a reader never sees a half-built version. Older versions stay until ``remove_version``.
@@ -13,10 +15,13 @@ a reader never sees a half-built version. Older versions stay until ``remove_ver
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from .manifest import MANIFEST, IndexMismatch, VersionManifest
@@ -85,12 +90,32 @@ def publish(staging: Path, root: Path, name: str) -> Path:
     return target
 
 
-def activate(root: Path, name: str, by: str = "cli") -> str | None:
+def verify_version(version_dir: Path) -> VersionManifest:
+    """The version's manifest, once every shard's files match their checksums and the counts add up."""
+    from .manifest import verify_shard
+
+    version_dir = Path(version_dir)
+    manifest = read_version_manifest(version_dir)
+    chunks = 0
+    for shard in manifest.shards:
+        m = verify_shard(version_dir / "shards" / shard, expect={"encoder": manifest.encoder,
+                                                                  "dimension": manifest.dimension})
+        if not m.counts["chunks"] == m.counts["faiss_vectors"] == m.counts["lucene_docs"]:
+            raise IndexMismatch(f"{version_dir.name}/{shard}: counts disagree: {m.counts}")
+        chunks += m.counts["chunks"]
+    if chunks != manifest.counts["chunks"]:
+        raise IndexMismatch(f"{version_dir.name}: its shards hold {chunks} chunks, its manifest says "
+                            f"{manifest.counts['chunks']}")
+    return manifest
+
+
+def activate(root: Path, name: str, by: str = "cli", verify: bool = True) -> str | None:
     """Point ACTIVE at ``name``: write a temporary file and rename it over the old pointer.
 
     Returns the version it replaced. Running services watch ACTIVE and switch to the new version once
     their shards have loaded it. ``name`` is looked up among the published versions, never joined
-    into a path unchecked, since it may come from an HTTP request.
+    into a path unchecked, since it may come from an HTTP request. The version is verified first
+    (checksums and counts, ``verify_version``): a corrupted version is never made active.
     """
     root = Path(root)
     if name not in list_versions(root):
@@ -98,6 +123,11 @@ def activate(root: Path, name: str, by: str = "cli") -> str | None:
     previous = active_version(root)
     if previous == name:
         return previous  # already live: nothing to write or log
+    if verify:
+        try:
+            verify_version(versions_dir(root) / name)
+        except IndexMismatch as e:
+            raise IndexMismatch(f"not activating {name!r}: {e}") from None
     tmp = root / f".{ACTIVE}.{os.getpid()}.{time.monotonic_ns()}.tmp"
     with open(tmp, "w") as f:
         f.write(name + "\n")
@@ -139,12 +169,58 @@ def rollback(root: Path, by: str = "cli") -> tuple[str, str]:
     return activate(root, target, by=by), target
 
 
+@contextlib.contextmanager
+def build_lock(root: Path) -> Iterator[None]:
+    """Held by the one build writing into ``root``: a second build into the same root is refused with the
+    holder's pid and start time (an flock, so a killed build leaves no stale lock)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / ".build.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            raise IndexMismatch(f"another build is writing into {root} ({holder}); wait for it to finish, or build "
+                                "into another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, started {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+_PINS: dict[str, int] = {}  # version folder -> the open, shared-locked pin file of this process
+
+
+def pin_version(version_dir: Path) -> None:
+    """Mark a version as served by this process until it exits: ``remove_version`` refuses it meanwhile."""
+    version_dir = Path(version_dir).resolve()
+    if str(version_dir) in _PINS or version_dir.parent.name != "versions":
+        return  # already pinned, or a bare version folder outside a root (nothing removes it)
+    pins = version_dir.parent.parent / "pins"
+    pins.mkdir(exist_ok=True)
+    fd = os.open(pins / version_dir.name, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    _PINS[str(version_dir)] = fd
+
+
 def remove_version(root: Path, name: str) -> None:
     if active_version(root) == name:
         raise ValueError(f"{name!r} is the active version; activate another one before removing it")
     folder = versions_dir(root) / name
     if not folder.is_dir():
         raise IndexMismatch(f"no version {name!r} under {versions_dir(root)}")
+    pin = Path(root) / "pins" / name
+    if pin.exists():
+        fd = os.open(pin, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"{name!r} is served by a running app (it loaded this version); stop or redeploy it "
+                             "before removing the version") from None
+        finally:
+            os.close(fd)
     # Rename first so a reader never opens a half-deleted folder.
     doomed = folder.with_name(f".removing-{name}")
     os.replace(folder, doomed)
@@ -170,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("list", help="versions under ROOT, the active one marked with *")
     p.add_argument("root", type=Path)
     for name, text in (("activate", "point ROOT/ACTIVE at VERSION (atomic); running services follow it"),
-                       ("remove", "delete VERSION (not the active one)")):
+                       ("remove", "delete VERSION (not the active one, nor one a running app serves)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("root", type=Path)
         p.add_argument("version")

@@ -84,3 +84,21 @@ def build_tiny_cross_encoder(path: Path, seed: int = 0) -> Path:
 @pytest.fixture(scope="session")
 def tiny_cross_encoder(tmp_path_factory) -> Path:
     return build_tiny_cross_encoder(tmp_path_factory.mktemp("tiny-cross-encoder"))
+
+
+def fake_version(folder: Path, name: str, shards: int = 1, encoder: str = "hashing:64", dimension: int = 64) -> Path:
+    """A version folder with valid manifests and empty shards (one chunk counted each, no files): enough for
+    what reads manifests and verifies checksums (activation, versions), not for searching."""
+    shard_names = [f"shard-{i:03d}" for i in range(shards)]
+    for i, shard in enumerate(shard_names):
+        (folder / "shards" / shard).mkdir(parents=True)
+        (folder / "shards" / shard / "manifest.json").write_text(json.dumps({
+            "shard": i, "num_shards": shards, "build_key": name, "encoder": encoder, "dimension": dimension,
+            "metric": "inner_product", "faiss": {}, "counts": {"docs": 1, "chunks": 1, "faiss_vectors": 1,
+                                                               "lucene_docs": 1},
+            "lucene": {}, "checksums": {}, "build_config": {}, "code_version": "test", "created": "2026-11-22T00:00:00Z"}))
+    (folder / "manifest.json").write_text(json.dumps({
+        "version": name, "build_key": name, "created": "2026-11-22T00:00:00Z", "corpus": {}, "encoder": encoder,
+        "dimension": dimension, "metric": "ip", "num_shards": shards, "shards": shard_names,
+        "counts": {"docs": shards, "chunks": shards}, "bm25": {}, "build_config": {}, "code_version": "test"}))
+    return folder

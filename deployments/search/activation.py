@@ -32,6 +32,7 @@ from index_build.versions import (
     list_versions,
     previous_version,
     read_version_manifest,
+    verify_version,
     versions_dir,
 )
 
@@ -148,12 +149,16 @@ class VersionSwitch:
             return {"collection": name, "version": version, "previous": current.version, "warm_ms": warm_ms}
 
     async def activate(self, name: str, version: str, by: str = "api") -> dict:
-        """Warm, switch this replica, then move ACTIVE so the other replicas follow."""
+        """Verify, warm, switch this replica, then move ACTIVE so the other replicas follow."""
         deployed = self._deployed(name)
         self._manifest(deployed, version)
+        try:  # every file against its checksum, off the event loop: a corrupted version is never switched to
+            await asyncio.to_thread(verify_version, versions_dir(deployed.root) / version)
+        except IndexMismatch as e:
+            raise ActivationError(f"not activating {version!r}: {e}") from None
         result = await self.switch(name, version)
         if active_version(deployed.root) != version:
-            activate(deployed.root, version, by=by)
+            activate(deployed.root, version, by=by, verify=False)  # verified above
         return result
 
     async def rollback(self, name: str, by: str = "api") -> dict:

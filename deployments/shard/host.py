@@ -22,7 +22,7 @@ from deployments.shard.group import ShardGroup
 from deployments.shard.service import ShardService, corpus_df_map
 from index_build.bm25_stats import read_stats
 from index_build.manifest import IndexMismatch
-from index_build.versions import list_versions, versions_dir
+from index_build.versions import list_versions, pin_version, versions_dir
 
 
 class ShardHost:
@@ -55,6 +55,7 @@ class ShardHost:
         group = ShardGroup([ShardService(version_dir / "shards" / shard, stats, df, self.expect,
                                          self.verify_checksums, self.search_device) for shard in held])
         group.warm_up(self.warmup_searches)
+        pin_version(version_dir)  # served from this process: not removable until it exits
         return group
 
     def open_version(self, version: str) -> ShardGroup:

@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
 from deployments.errors import ActivationError
 from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.pipeline import Collection
-from index_build.manifest import MANIFEST
 from index_build.versions import activate, active_version, versions_dir
+from tests.conftest import fake_version
 
 
 def _publish(root, name, shards=2, encoder="hashing:64", dimension=64):
-    folder = versions_dir(root) / name
-    folder.mkdir(parents=True)
-    (folder / MANIFEST).write_text(json.dumps({
-        "version": name, "build_key": name, "created": "2026-11-22T00:00:00Z", "corpus": {}, "encoder": encoder,
-        "dimension": dimension, "metric": "ip", "num_shards": shards, "shards": [f"shard-{i:03d}" for i in range(shards)],
-        "counts": {"docs": 1, "chunks": 1}, "bm25": {}, "build_config": {}, "code_version": "test"}))
+    fake_version(versions_dir(root) / name, name, shards, encoder, dimension)
 
 
 class Slot:

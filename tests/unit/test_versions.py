@@ -1,4 +1,3 @@
-import json
 
 import pytest
 
@@ -13,13 +12,11 @@ from index_build.versions import (
     resolve_version_dir,
     staging_dir,
 )
+from tests.conftest import fake_version
 
 
 def _staged(root, key):
-    folder = staging_dir(root, key)
-    (folder / "shards").mkdir(parents=True)
-    (folder / MANIFEST).write_text(json.dumps({"version": key}))
-    return folder
+    return fake_version(staging_dir(root, key), key)
 
 
 def test_publish_is_one_rename_and_activation_swaps_the_pointer(tmp_path):
@@ -84,3 +81,41 @@ def test_activate_only_opens_published_names(tmp_path):
         with pytest.raises(IndexMismatch):
             activate(tmp_path, name)
     assert active_version(tmp_path) is None
+
+
+def test_activation_refuses_a_corrupted_version(tmp_path):
+    for k in ("a", "b"):
+        publish(_staged(tmp_path, k), tmp_path, k)
+    activate(tmp_path, "a")
+    (tmp_path / "versions" / "b" / "shards" / "shard-000" / "stray.bin").write_bytes(b"x")
+    with pytest.raises(IndexMismatch, match="not activating 'b'.*not in manifest"):
+        activate(tmp_path, "b")
+    assert active_version(tmp_path) == "a"
+
+
+def test_one_build_at_a_time_per_root(tmp_path):
+    from index_build.versions import build_lock
+
+    with build_lock(tmp_path), pytest.raises(IndexMismatch, match=r"another build is writing into .* \(pid \d+, started"), \
+            build_lock(tmp_path):
+        pass
+    with build_lock(tmp_path):  # released when the first one ended
+        pass
+
+
+def test_a_version_being_served_cannot_be_removed(tmp_path):
+    from index_build.versions import _PINS, pin_version
+
+    for k in ("a", "b"):
+        publish(_staged(tmp_path, k), tmp_path, k)
+    activate(tmp_path, "b")
+    pin_version(tmp_path / "versions" / "a")
+    try:
+        with pytest.raises(ValueError, match="served by a running app"):
+            remove_version(tmp_path, "a")
+    finally:
+        import os
+
+        os.close(_PINS.pop(str((tmp_path / "versions" / "a").resolve())))
+    remove_version(tmp_path, "a")
+    assert list_versions(tmp_path) == ["b"]

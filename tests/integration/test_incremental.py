@@ -1,0 +1,114 @@
+"""Incremental reindexing: a build into a root with earlier versions reuses what did not change, and gives
+the version a full build of the same corpus gives (the oracle: a build of the same corpus with reuse off,
+into another root). Real Ray Data, FAISS and Lucene; the hashing encoder, so vectors are exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from deployments.search.inprocess import LocalIndex
+from index_build.bm25_stats import read_stats
+from index_build.build import build_index, contents_of
+from index_build.config import BuildConfig
+from index_build.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, verify_shard
+from index_build.versions import active_version, read_version_manifest
+from tests.conftest import make_corpus, write_jsonl
+from tests.integration.conftest import ENCODER, oracle_chunks
+
+QUERIES = ["telescope galaxy", "bread oven butter", "boat wind anchor", "piano chord", "lucene shard replica", "the"]
+OPTIONS = {"encoder": ENCODER, "chunk_size": 40, "chunk_overlap": 8, "shards": 2, "progress": False}
+
+
+def _changed(docs: list[dict]) -> list[dict]:
+    """3 documents edited, 1 deleted, 2 added."""
+    out = [dict(d) for d in docs if d["_id"] != "d005"]
+    for d in out:
+        if d["_id"] in ("d001", "d017", "d030"):
+            d["text"] = d["text"] + " edited with a new sentence about lucene"
+    out += [{"_id": "n001", "title": "new note", "text": "a telescope saw a galaxy", "metadata": {"topic": "space"}},
+            {"_id": "n002", "title": "another", "text": "bread and butter in the oven " * 20, "metadata": {}}]
+    return out
+
+
+def _shard_rows(version_dir):
+    """Per shard: chunk ids, the table's rows and the stored vectors."""
+    out = []
+    for shard in read_version_manifest(version_dir).shards:
+        folder = version_dir / "shards" / shard
+        out.append((pq.read_table(folder / CHUNKS_FILE).drop(["source"]), np.load(folder / EMBEDDINGS_FILE)))
+    return out
+
+
+def _assert_same_version(a, b):
+    for (ta, va), (tb, vb) in zip(_shard_rows(a), _shard_rows(b), strict=True):
+        assert ta.equals(tb)
+        np.testing.assert_allclose(va, vb, atol=1e-6)
+    assert read_stats(a / "bm25")[0] == read_stats(b / "bm25")[0]
+    assert read_stats(a / "bm25")[1].equals(read_stats(b / "bm25")[1])
+    ia, ib = LocalIndex(a), LocalIndex(b)
+    for q in QUERIES:
+        assert [(h.chunk_id, round(h.score, 5)) for h in ia.bm25(q, 20)] == \
+               [(h.chunk_id, round(h.score, 5)) for h in ib.bm25(q, 20)]
+        vector = ia.embed([q])
+        assert [h.chunk_id for h in ia.dense(vector, 20)] == [h.chunk_id for h in ib.dense(vector, 20)]
+
+
+@pytest.fixture(scope="module")
+def versions(ray_local, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("incremental")
+    docs = make_corpus(40)
+    changed = _changed(docs)
+    first = write_jsonl(folder / "v1.jsonl", docs)
+    second = write_jsonl(folder / "v2.jsonl", changed)
+    root = folder / "index"
+    v1 = build_index(BuildConfig(corpus=first, out=root, version="v1", **OPTIONS))
+    v2 = build_index(BuildConfig(corpus=second, out=root, version="v2", **OPTIONS))
+    again = build_index(BuildConfig(corpus=second, out=root, version="v2-again", **OPTIONS))
+    full = build_index(BuildConfig(corpus=second, out=folder / "full", version="full", reuse=False, **OPTIONS))
+    return {"root": root, "docs": docs, "changed": changed, "v1": v1, "v2": v2, "again": again, "full": full,
+            "second": second}
+
+
+def test_an_incremental_version_equals_a_full_build(versions):
+    _assert_same_version(versions["v2"].version_dir, versions["full"].version_dir)
+    assert versions["v2"].chunks == versions["full"].chunks and versions["v2"].docs == versions["full"].docs == 41
+    assert active_version(versions["root"]) == "v2-again"
+
+
+def test_only_new_or_changed_chunks_are_embedded(versions):
+    cfg = BuildConfig(corpus=versions["second"], out=versions["root"], **OPTIONS)
+    before = {c.contents(True) for c in oracle_chunks(versions["docs"], cfg)}
+    after = oracle_chunks(versions["changed"], cfg)
+    new = sum(c.contents(True) not in before for c in after)
+    assert 0 < new < len(after) / 4
+    reuse = versions["v2"].reuse
+    assert reuse["chunks_embedded"] == new and reuse["chunks_reused"] == len(after) - new
+    assert reuse["reused_from"] == {"v1": len(after) - new} and reuse["from"] == ["v1"]
+    assert read_version_manifest(versions["v2"].version_dir).reuse == reuse
+    assert f"embedded       {new:,} chunks   reused {len(after) - new:,} ({len(after) - new:,} from v1)" in \
+        versions["v2"].render()
+
+
+def test_an_unchanged_corpus_links_every_shard_and_embeds_nothing(versions):
+    again = versions["again"]
+    assert again.reuse["chunks_embedded"] == 0 and again.reuse["shards_linked"] == {"0": "v2", "1": "v2"}
+    _assert_same_version(again.version_dir, versions["full"].version_dir)
+    for shard in read_version_manifest(again.version_dir).shards:
+        folder = again.version_dir / "shards" / shard
+        verify_shard(folder)
+        # Linked, not copied: versions are immutable, so they share the bytes.
+        assert (folder / EMBEDDINGS_FILE).stat().st_ino == \
+            (versions["v2"].version_dir / "shards" / shard / EMBEDDINGS_FILE).stat().st_ino
+
+
+@pytest.mark.parametrize("change", [{"chunk_size": 30}, {"encoder": "hashing:32"}, {"reuse": False}])
+def test_changed_chunking_or_encoder_embeds_everything(versions, change):
+    summary = build_index(BuildConfig(corpus=versions["second"], out=versions["root"], activate=False,
+                                      **(OPTIONS | change)))
+    if summary.reuse:
+        assert summary.reuse["chunks_reused"] == 0 and summary.reuse["chunks_embedded"] == summary.chunks
+    tables = [pq.read_table(d / CHUNKS_FILE) for d in sorted((summary.version_dir / "shards").iterdir())]
+    assert sum(t.num_rows for t in tables) == summary.chunks
+    assert all(contents_of(t, True) for t in tables if t.num_rows)

@@ -13,6 +13,56 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 MAX_QUERY_CHARS = 2000
 MAX_HISTORY_TURNS = 20
+MAX_NESTING = 8  # levels of objects and lists in a request body (a filter needs about 4)
+MAX_ABS_NUMBER = 1e15  # larger numbers are no metadata value or option anyone means
+
+
+def _body_problem(value: Any, path: str, depth: int = 0) -> str | None:
+    """Why a decoded JSON body cannot be served (a lone surrogate, too deep, a non-finite or huge number),
+    with the field's path, or None. Checked before any field, so no later stage meets such a value."""
+    if depth > MAX_NESTING:
+        return f"{path or 'body'}: nested more than {MAX_NESTING} levels deep"
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{path or 'body'}: not valid Unicode text (a lone surrogate such as \\ud800)"
+        return None
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        if value != value or abs(value) == float("inf"):
+            return f"{path or 'body'}: NaN and Infinity are not numbers this service accepts"
+        if abs(value) > MAX_ABS_NUMBER:
+            return f"{path or 'body'}: {value!r} is larger than {MAX_ABS_NUMBER:g} in magnitude"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            shown = str(key).encode("utf-8", "backslashreplace").decode()  # a message must be valid text too
+            where = f"{path}.{shown}" if path else shown
+            problem = _body_problem(str(key), where, depth + 1) or _body_problem(item, where, depth + 1)
+            if problem:
+                return problem
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            problem = _body_problem(item, f"{path}[{i}]", depth + 1)
+            if problem:
+                return problem
+    return None
+
+
+class RequestBody(BaseModel):
+    """A request body: unknown fields refused, and the whole body checked once for what no field may hold."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _servable(cls, data: Any) -> Any:
+        problem = _body_problem(data, "")
+        if problem:
+            raise ValueError(problem)
+        return data
 
 
 class Method(StrEnum):
@@ -51,7 +101,7 @@ class Turn(BaseModel):
     content: str = Field(max_length=MAX_QUERY_CHARS)
 
 
-class SearchRequest(BaseModel):
+class SearchRequest(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(description="Free text. Lucene syntax characters are searched as text.")
@@ -215,7 +265,7 @@ class ErrorResponse(BaseModel):
     detail: Any = None
 
 
-class ActivateRequest(BaseModel):
+class ActivateRequest(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
     version: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$",
@@ -243,7 +293,7 @@ class VersionsResponse(BaseModel):
     collections: dict[str, CollectionVersions]
 
 
-class FeedbackRequest(BaseModel):
+class FeedbackRequest(RequestBody):
     """One relevance judgment: this result was (or was not) relevant to this query."""
 
     model_config = ConfigDict(extra="forbid")

@@ -10,10 +10,12 @@ committed shard whose checksums still match.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,10 +27,11 @@ import pyarrow.parquet as pq
 from .bm25_stats import merge_shard_stats, merge_term_tables, write_stats
 from .chunking import Chunk, chunk_document
 from .config import BuildConfig
-from .corpus import BadRecord, CorpusError, fingerprint, iter_documents, resolve_corpus_file
+from .corpus import BadRecord, CorpusError, Document, fingerprint, iter_documents, resolve_corpus_file
 from .faiss_index import FaissSpec
 from .manifest import (
     CHUNKS_FILE,
+    DOCUMENTS_FILE,
     EMBEDDINGS_FILE,
     FAISS_FILE,
     LUCENE_DIR,
@@ -47,9 +50,14 @@ from .manifest import (
 )
 from .reuse import ReusePlan, VectorLookup, find_sources, link_shard, shard_donor
 from .sharding import shard_name, shard_of
-from .versions import activate, build_lock, publish, staging_dir, verify_version
+from .versions import activate, build_lock, publish, read_version_manifest, staging_dir, verify_version
 
 CRASH_ENV = "INDEX_BUILD_CRASH_AFTER_SHARDS"  # fault injection: exit like a kill after N shard commits
+
+DOCUMENT_SCHEMA = pa.schema([
+    ("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string()), ("metadata_json", pa.string()),
+    ("source", pa.string()),
+])
 
 CHUNK_SCHEMA = pa.schema([
     ("chunk_id", pa.string()), ("doc_id", pa.string()), ("chunk_index", pa.int32()),
@@ -70,6 +78,7 @@ class BuildSummary:
     bad_records: list[BadRecord]
     seconds: dict[str, float] = field(default_factory=dict)
     reuse: dict = field(default_factory=dict)  # ReusePlan.describe(): what came from earlier versions
+    delta: dict = field(default_factory=dict)  # a delta build: its base, documents replaced, added, deleted
 
     @property
     def total_s(self) -> float:
@@ -84,6 +93,10 @@ class BuildSummary:
             f"documents      {self.docs:,}   chunks {self.chunks:,}   shards {self.shards}{reused}",
             f"bad records    {len(self.bad_records):,} skipped" if self.bad_records else "bad records    none",
         ]
+        if self.delta:
+            d = self.delta
+            lines.append(f"delta          on {d['base']}: {d['replaced']:,} replaced, {d['added']:,} added, "
+                         f"{d['deleted']:,} deleted")
         if self.reuse:
             r = self.reuse
             linked = f"; shards linked unchanged: {len(r['shards_linked'])}" if r["shards_linked"] else ""
@@ -105,13 +118,17 @@ def _progress(total: int | None, desc: str, unit: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True, leave=True)
 
 
-def read_and_chunk(cfg: BuildConfig) -> tuple[list[list[Chunk]], list[int], list[BadRecord]]:
-    """Chunks per shard, documents per shard and the bad records, in corpus order."""
+def read_and_chunk(cfg: BuildConfig, documents: Iterable[Document | BadRecord] | None = None,
+                   ) -> tuple[list[list[Chunk]], list[list[Document]], list[BadRecord]]:
+    """Chunks per shard, documents per shard and the bad records, in corpus order (``documents``: another
+    source than ``cfg.corpus``, such as a delta applied to a built version)."""
     chunks: list[list[Chunk]] = [[] for _ in range(cfg.shards)]
-    docs = [0] * cfg.shards
+    docs: list[list[Document]] = [[] for _ in range(cfg.shards)]
     bad: list[BadRecord] = []
+    if documents is None:
+        documents = iter_documents(cfg.corpus, cfg.id_fields, cfg.text_fields)
     with _progress(None, "read+chunk", "doc", cfg.progress) as bar:
-        for item in iter_documents(cfg.corpus, cfg.id_fields, cfg.text_fields):
+        for item in documents:
             bar.update(1)
             if isinstance(item, BadRecord):
                 if cfg.strict:
@@ -119,9 +136,17 @@ def read_and_chunk(cfg: BuildConfig) -> tuple[list[list[Chunk]], list[int], list
                 bad.append(item)
                 continue
             shard = shard_of(item.doc_id, cfg.shards)
-            docs[shard] += 1
+            docs[shard].append(item)
             chunks[shard].extend(chunk_document(item, cfg.chunk_size, cfg.chunk_overlap))
     return chunks, docs, bad
+
+
+def document_table(docs: list[Document]) -> pa.Table:
+    return pa.table({
+        "doc_id": [d.doc_id for d in docs], "title": [d.title for d in docs], "text": [d.text for d in docs],
+        "metadata_json": [json.dumps(d.metadata, ensure_ascii=False, sort_keys=True) for d in docs],
+        "source": [d.source for d in docs],
+    }, schema=DOCUMENT_SCHEMA)
 
 
 def chunk_table(chunks: list[Chunk]) -> pa.Table:
@@ -240,11 +265,42 @@ def build_index(cfg: BuildConfig) -> BuildSummary:
         return _build_index(cfg)
 
 
+def _corpus(cfg: BuildConfig) -> tuple[dict, str, Iterable[Document | BadRecord] | None, dict]:
+    """(what the version's manifest records as its corpus, its fingerprint, the documents when they are not
+    simply the corpus file's, what a delta did)."""
+    if not cfg.is_delta:
+        corpus_file = resolve_corpus_file(cfg.corpus)
+        sha = fingerprint(corpus_file)
+        return ({"path": str(corpus_file.resolve()), "sha256": sha, "format": corpus_file.suffix.lstrip(".")}, sha,
+                None, {})
+    from .delta import delta_documents
+    from .versions import active_version, versions_dir
+
+    root = Path(cfg.reuse_from or cfg.out)
+    base = cfg.base or active_version(root)
+    if base is None or not (versions_dir(root) / base / MANIFEST).is_file():
+        raise IndexMismatch(f"no version {base!r} under {root} to apply the delta to" if base else
+                            f"{root} has no active version to apply the delta to; name one with --base")
+    base_manifest = read_version_manifest(versions_dir(root) / base)
+    parts = {"base": base, "base_build_key": base_manifest.build_key}
+    for name in ("changes", "deletes"):
+        path = getattr(cfg, name)
+        if path is not None:
+            path = resolve_corpus_file(path) if name == "changes" else Path(path)
+            if not path.is_file():
+                raise CorpusError(f"--{name} {path}: no such file")
+            parts[name] = {"path": str(path.resolve()), "sha256": fingerprint(path)}
+    sha = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    report: dict = {}
+    documents = delta_documents(versions_dir(root) / base, cfg.changes, cfg.deletes, cfg.id_fields,
+                                cfg.text_fields, report)
+    return {"delta": parts, "sha256": sha, "format": "delta"}, sha, documents, report
+
+
 def _build_index(cfg: BuildConfig) -> BuildSummary:
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
-    corpus_file = resolve_corpus_file(cfg.corpus)
-    corpus_sha = fingerprint(corpus_file)
+    corpus_record, corpus_sha, documents, delta = _corpus(cfg)
     build_key = cfg.build_key(corpus_sha)
     root = Path(cfg.out)
     staging = staging_dir(root, build_key)
@@ -252,11 +308,13 @@ def _build_index(cfg: BuildConfig) -> BuildSummary:
     write_json_atomic(staging / "build.json", {"build_key": build_key, "config": cfg.model_dump(mode="json")})
 
     t = time.perf_counter()
-    chunks, docs_per_shard, bad = read_and_chunk(cfg)
+    chunks, docs, bad = read_and_chunk(cfg, documents)
+    docs_per_shard = [len(d) for d in docs]
     seconds["read+chunk"] = time.perf_counter() - t
     total_docs, total_chunks = sum(docs_per_shard), sum(len(c) for c in chunks)
     if total_chunks == 0:
-        raise CorpusError(f"{corpus_file}: no valid documents ({len(bad)} bad records); nothing to index")
+        raise CorpusError(f"{cfg.corpus or cfg.changes or cfg.deletes}: no valid documents ({len(bad)} bad records); "
+                          "nothing to index")
     with open(staging / "bad_records.jsonl", "w") as f:
         for r in bad:
             f.write(json.dumps({"file": r.file, "line": r.line, "reason": r.reason}) + "\n")
@@ -270,7 +328,8 @@ def _build_index(cfg: BuildConfig) -> BuildSummary:
         shard_dirs[s].mkdir(parents=True)
         tables[s] = chunk_table(chunks[s])
         pq.write_table(tables[s], shard_dirs[s] / CHUNKS_FILE)
-    del chunks
+        pq.write_table(document_table(docs[s]), shard_dirs[s] / DOCUMENTS_FILE)
+    del chunks, docs
 
     t = time.perf_counter()
     plan, prefilled = ReusePlan(), {}
@@ -296,7 +355,7 @@ def _build_index(cfg: BuildConfig) -> BuildSummary:
         version=name,
         build_key=build_key,
         created=now_iso(),
-        corpus={"path": str(corpus_file.resolve()), "sha256": corpus_sha, "format": corpus_file.suffix.lstrip(".")},
+        corpus=corpus_record,
         encoder=cfg.encoder,
         dimension=dimension,
         metric="inner_product",
@@ -317,7 +376,7 @@ def _build_index(cfg: BuildConfig) -> BuildSummary:
     seconds["publish"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
     return BuildSummary(name, version_dir, cfg.activate, total_docs, total_chunks, cfg.shards, reused, bad, seconds,
-                        plan.describe() if cfg.reuse else {})
+                        plan.describe() if cfg.reuse else {}, delta)
 
 
 def _plan_reuse(cfg: BuildConfig, build_key: str, todo: list[int], tables: dict[int, pa.Table],
@@ -333,7 +392,7 @@ def _plan_reuse(cfg: BuildConfig, build_key: str, todo: list[int], tables: dict[
     left = []
     for s in todo:
         donor = shard_donor(plan.sources, content_key, cfg.shards, shard_dirs[s].name,
-                            sha256_file(shard_dirs[s] / CHUNKS_FILE))
+                            {name: sha256_file(shard_dirs[s] / name) for name in (CHUNKS_FILE, DOCUMENTS_FILE)})
         if donor is None:
             left.append(s)
             continue

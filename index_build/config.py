@@ -36,7 +36,9 @@ class BuildConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    corpus: Path = Field(description="BEIR folder (with corpus.jsonl), a .jsonl file or a .parquet file.")
+    corpus: Path | None = Field(
+        None, description="BEIR folder (with corpus.jsonl), a .jsonl file or a .parquet file: the whole corpus. "
+        "Or give --changes and/or --deletes instead, applied to a version already built.")
     out: Path = Field(description="Index root: versions are written under OUT/versions, OUT/ACTIVE names the live one.")
     shards: int = Field(1, ge=1, le=1024, description="Number of shards; a document's chunks all go to one shard.")
     version: str | None = Field(
@@ -81,6 +83,16 @@ class BuildConfig(BaseModel):
     )
     id_fields: tuple[str, ...] = Field(("_id", "id", "doc_id", "docid"), description="Field names tried for a record's id.")
 
+    # A delta instead of a corpus
+    changes: Path | None = Field(
+        None, description="Documents to add or replace (any corpus format), applied to --base: the new version is "
+        "what the full corpus with these changes would build.")
+    deletes: Path | None = Field(
+        None, description="Ids of documents to remove from --base, one per line (a bare id or a JSON object).")
+    base: str | None = Field(
+        None, description="The version --changes and --deletes apply to (default: the active version of --out, "
+        "or of --reuse-from).")
+
     # Reuse
     reuse: bool = Field(
         True, description="Take what did not change from versions already built: whole shards whose chunks are "
@@ -90,6 +102,23 @@ class BuildConfig(BaseModel):
         None, description="Index root to reuse from instead of --out (e.g. another copy of the index).")
 
     progress: bool = Field(True, description="Show progress bars.")
+
+    @model_validator(mode="after")
+    def _one_corpus(self) -> BuildConfig:
+        delta = self.changes is not None or self.deletes is not None
+        if self.corpus is None and not delta:
+            raise ValueError("give --corpus (the whole corpus), or --changes and/or --deletes (a delta to a built "
+                             "version)")
+        if self.corpus is not None and delta:
+            raise ValueError("give either --corpus or --changes/--deletes, not both: a delta applies to a built "
+                             "version (--base), the corpus replaces it")
+        if self.base is not None and not delta:
+            raise ValueError("--base names the version a delta applies to; give --changes and/or --deletes")
+        return self
+
+    @property
+    def is_delta(self) -> bool:
+        return self.corpus is None
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> BuildConfig:
@@ -103,8 +132,8 @@ class BuildConfig(BaseModel):
         """The fields that change the bytes of a shard; two builds with the same key are interchangeable."""
         skip = {"out", "version", "activate", "progress", "embed_actors", "lucene_heap", "strict", "embed_batch_size",
                 "reuse", "reuse_from"}
-        data = self.model_dump(mode="json", exclude=skip)
-        data["corpus"] = str(Path(self.corpus).resolve())
+        data = self.model_dump(mode="json", exclude=skip | {"changes", "deletes", "base"})
+        data["corpus"] = str(Path(self.corpus).resolve()) if self.corpus is not None else None
         return data
 
     def build_key(self, corpus_fingerprint: str) -> str:

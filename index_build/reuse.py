@@ -86,8 +86,9 @@ def find_sources(root: Path, encoder: str, chunk_size: int, chunk_overlap: int) 
 
 
 def shard_donor(sources: list[SourceVersion], content_key: dict, num_shards: int, shard: str,
-                chunks_sha256: str) -> SourceVersion | None:
-    """A version whose shard ``shard`` was built from exactly these chunks with the same index options."""
+                files_sha256: dict[str, str]) -> SourceVersion | None:
+    """A version whose shard ``shard`` was built from exactly these chunks and documents (``files_sha256``:
+    file name -> checksum) with the same index options."""
     from .manifest import read_shard_manifest
 
     for source in sources:
@@ -99,7 +100,7 @@ def shard_donor(sources: list[SourceVersion], content_key: dict, num_shards: int
             shard_manifest = read_shard_manifest(folder)
         except IndexMismatch:
             continue
-        if shard_manifest.checksums.get(CHUNKS_FILE) == chunks_sha256:
+        if all(shard_manifest.checksums.get(name) == sha for name, sha in files_sha256.items()):
             return source
     return None
 

@@ -139,7 +139,8 @@ class SearchPipeline:
         names = req.collections or [self.default_collection]
         unknown = [n for n in names if n not in self.collections]
         if unknown:
-            raise RequestError(f"unknown collection {unknown[0]!r}; known collections: {', '.join(sorted(self.collections))}")
+            raise RequestError(f"unknown collection {unknown[0]!r}; known collections: "
+                               f"{', '.join(sorted(self.collections))}", 404)
         targets = [self.collections[n] for n in names]
         if req.filters:
             for name, condition in req.filters.items():

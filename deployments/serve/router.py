@@ -376,7 +376,8 @@ class SearchRouter:
               responses={200: {"content": {"application/x-ndjson": {}},
                                "description": "The results; with stream: true, NDJSON lines: one 'results' event, "
                                "'token' events, then one 'answer' (or 'error') event."},
-                         400: {"description": "Request cannot be served (unknown collection, stage not enabled)"},
+                         400: {"description": "Request cannot be served (a stage not enabled)"},
+                         404: {"description": "Unknown collection"},
                          422: {"description": "Invalid request (field, rule and fix in the message)"}})
     async def search(self, body: SearchRequest, request: Request) -> SearchResponse:
         self._watch()
@@ -404,11 +405,12 @@ class SearchRouter:
     def _judgments(self, collection: str | None) -> tuple[str, JudgmentStore]:
         name = collection or self.pipeline.default_collection
         if name not in self.judgments:
-            raise RequestError(f"unknown collection {name!r}; known collections: {', '.join(sorted(self.judgments))}")
+            raise RequestError(f"unknown collection {name!r}; known collections: "
+                               f"{', '.join(sorted(self.judgments))}", 404)
         return name, self.judgments[name]
 
     @app.post("/feedback", response_model=FeedbackResponse, status_code=201,
-              responses={400: {"description": "Unknown collection"}, 422: {"description": "Invalid judgment"}})
+              responses={404: {"description": "Unknown collection"}, 422: {"description": "Invalid judgment"}})
     async def feedback(self, body: FeedbackRequest) -> FeedbackResponse:
         """Store a relevance judgment durably (appended and fsynced before the 201)."""
         name, store = self._judgments(body.collection)

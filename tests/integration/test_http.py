@@ -51,7 +51,7 @@ def test_search_over_http_equals_the_cores(served):
         ({"query": "x", "method": "magic"}, 422, "vector"),
         ({"query": "x", "filters": {"colour": "red"}}, 422, "unknown filter field 'colour'"),
         ({"query": "x", "filters": {"year": {"gte": "soon"}}}, 422, "year"),
-        ({"query": "x", "collections": ["elsewhere"]}, 400, "unknown collection 'elsewhere'"),
+        ({"query": "x", "collections": ["elsewhere"]}, 404, "unknown collection 'elsewhere'"),
         ({"query": "x", "surprise": 1}, 422, "surprise"),
         ({"query": "x", "rerank": True}, 400, "deploys no reranker"),
         ({"query": "x", "synthesize": True}, 400, "synthesis is not enabled"),
@@ -65,6 +65,21 @@ def test_bad_requests_get_a_4xx_with_the_reason(served, payload, status, needle)
     r = client.post("/search", json=payload)
     assert r.status_code == status, r.text
     assert needle in r.text
+
+
+@pytest.mark.parametrize("raw, needle", [
+    ('{"query": "\\ud800"}', "not valid Unicode"),
+    ('{"query": "x", "filters": ' + '{"a": ' * 300 + '1' + '}' * 301, "nested more than"),
+    ('{"query": "x", "min_relevance_score": NaN}', "NaN and Infinity"),
+    ('{"query": "x", "filters": {"year": {"gte": 1e999}}}', "NaN and Infinity"),
+    ('{"query": "x", "limit": 100000000000000000000000000000}', "larger than"),
+])
+def test_hostile_bodies_get_a_422_naming_the_field(served, raw, needle):
+    client, _ = served
+    r = client.post("/search", content=raw.encode(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert needle in r.text
+    assert client.post("/search", json={"query": "telescope"}).status_code == 200  # and it still serves
 
 
 def test_lucene_syntax_is_searched_as_text(served):
@@ -135,10 +150,10 @@ def test_feedback_is_stored_and_read_back_as_qrels(served):
     assert any(s["chunk_id"] == hit["chunk_id"] and s["user"] == "ann" for s in stored)
     for body, status in (({"query": "x", "label": 1}, 422), ({"query": "x", "doc_id": "d1", "label": 7}, 422),
                          ({"query": "", "doc_id": "d1", "label": 1}, 422),
-                         ({"query": "x", "doc_id": "d1", "label": 1, "collection": "nope"}, 400)):
+                         ({"query": "x", "doc_id": "d1", "label": 1, "collection": "nope"}, 404)):
         r = client.post("/feedback", json=body)
         assert r.status_code == status and "error" in r.json(), (body, r.text)
-    assert client.get("/feedback/qrels", params={"collection": "nope"}).status_code == 400
+    assert client.get("/feedback/qrels", params={"collection": "nope"}).status_code == 404
 
 
 def test_evaluate_command_over_the_running_service(served, tmp_path, capsys):

@@ -112,3 +112,34 @@ def test_changed_chunking_or_encoder_embeds_everything(versions, change):
     tables = [pq.read_table(d / CHUNKS_FILE) for d in sorted((summary.version_dir / "shards").iterdir())]
     assert sum(t.num_rows for t in tables) == summary.chunks
     assert all(contents_of(t, True) for t in tables if t.num_rows)
+
+
+def test_a_delta_applied_to_a_version_equals_the_full_corpus(versions, tmp_path):
+    """--changes (3 edited, 2 new) and --deletes (1) on v1 give what the changed corpus gives built whole."""
+    by_id = {d["_id"]: d for d in versions["docs"]}
+    changed = [d for d in versions["changed"] if d["_id"] not in by_id or d != by_id[d["_id"]]]
+    assert len(changed) == 5
+    changes = write_jsonl(tmp_path / "changes.jsonl", changed + ["{torn", {"_id": "n001", "text": "a duplicate"}])
+    deletes = tmp_path / "deletes.txt"
+    deletes.write_text('d005\n{"_id": "no-such-doc"}\n\n')
+    summary = build_index(BuildConfig(changes=changes, deletes=deletes, base="v1", out=versions["root"],
+                                      version="v1-delta", activate=False, **OPTIONS))
+    _assert_same_version(summary.version_dir, versions["full"].version_dir)
+    assert summary.delta == {"base": "v1", "replaced": 3, "added": 2, "deleted": 1}
+    assert [r.reason.split(" ")[0] for r in summary.bad_records] == ["malformed", "duplicate", "no"]
+    assert "delta          on v1: 3 replaced, 2 added, 1 deleted" in summary.render()
+    assert summary.reuse["chunks_embedded"] == 0  # v2 (the same corpus, built whole) already holds every text
+    manifest = read_version_manifest(summary.version_dir)
+    assert manifest.corpus["format"] == "delta" and manifest.corpus["delta"]["base"] == "v1"
+
+
+def test_a_delta_needs_a_base_that_stores_its_documents(versions, tmp_path):
+    from index_build.manifest import IndexMismatch
+
+    changes = write_jsonl(tmp_path / "changes.jsonl", versions["changed"][:1])
+    with pytest.raises(IndexMismatch, match="no version 'v9'"):
+        build_index(BuildConfig(changes=changes, base="v9", out=versions["root"], **OPTIONS))
+    with pytest.raises(ValueError, match="either --corpus or --changes"):
+        BuildConfig(corpus=changes, changes=changes, out=versions["root"], **OPTIONS)
+    with pytest.raises(ValueError, match="give --corpus"):
+        BuildConfig(out=versions["root"], **OPTIONS)

@@ -24,7 +24,7 @@ def test_yaml_then_flags_override(tmp_path):
     [
         (["--corpus", "c", "--out", "o", "--shards", "0"], "--shards: Input should be greater than or equal to 1"),
         (["--corpus", "c", "--out", "o", "--chunk-size", "10", "--chunk-overlap", "10"], "must be smaller"),
-        (["--out", "o"], "--corpus: Field required"),
+        (["--out", "o"], "give --corpus (the whole corpus), or --changes"),
     ],
 )
 def test_invalid_options_exit_2_with_the_rule(argv, message, capsys):

@@ -64,10 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--max-inflight", type=int, default=8)
     ap.add_argument("--capacity-clients", type=int, default=8)
+    ap.add_argument("--serve-args", default="", help="extra arguments for python -m deployments")
     args = ap.parse_args(argv)
     queries = list(load_beir(args.data / args.dataset)[0].values())
 
-    with served(args.index, args.port, ["--no-cache", "--max-inflight", str(args.max_inflight)]) as base:
+    with served(args.index, args.port, ["--no-cache", "--max-inflight", str(args.max_inflight),
+                                        *args.serve_args.split()]) as base:
         for _ in range(20):
             httpx.post(f"{base}/search", json={"query": queries[0], "limit": 10}, timeout=60)
         cap, p99_at_capacity = capacity(base, queries, 15, args.capacity_clients)
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     statuses = Counter(s for s, _, _ in results)
     ok = sorted(lat for s, lat, _ in results if s == 200)
     record = {
-        "machine": machine(), "index": str(args.index), "max_inflight": args.max_inflight,
+        "machine": machine(), "index": str(args.index), "max_inflight": args.max_inflight, "serve_args": args.serve_args,
         "capacity_qps": round(cap, 2), "capacity_clients": args.capacity_clients,
         "p99_ms_at_capacity": p99_at_capacity, "offered_qps": round(args.factor * cap, 2), "seconds": args.seconds,
         "requests": len(results), "statuses": {str(k): v for k, v in statuses.items()},

@@ -61,14 +61,21 @@ app = FastAPI(
 _guard = Guard()
 
 
-def _refuse(refusal) -> JSONResponse:
-    return JSONResponse(status_code=refusal.status, content={"error": refusal.message}, headers=refusal.headers)
+async def _refuse(refusal, send) -> None:
+    """The refusal as two raw ASGI messages: under overload most requests end here, so it costs no
+    response object, no header parsing and no JSON encoder beyond one small ``dumps``."""
+    body = json.dumps({"error": refusal.message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in refusal.headers.items()]
+    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class FrontDoor:
     """Keys, body size and load shedding before anything else runs, as plain ASGI: Starlette's
     ``BaseHTTPMiddleware`` costs a task and a stream per request. A request counts against
-    ``max_inflight`` until its response has been sent, streamed answers included."""
+    ``max_inflight`` until its response has been sent, streamed answers included. Shedding comes
+    first: under overload it is what most requests meet, and it must cost the replica next to nothing."""
 
     def __init__(self, app):
         self.app = app
@@ -76,21 +83,22 @@ class FrontDoor:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = Headers(scope=scope)
         path = URL(scope=scope).path
-        refusal = _guard.check(scope["method"], path, headers)
-        if refusal is not None:
-            return await _refuse(refusal)(scope, receive, send)
-        scope.setdefault("state", {})["principals"] = _guard.principals(headers)
-        if path != "/search":
-            return await self.app(scope, receive, send)
-        refusal = _guard.admit()
-        if refusal is not None:
-            return await _refuse(refusal)(scope, receive, send)
+        counted = path == "/search"
+        if counted:
+            refusal = _guard.admit()
+            if refusal is not None:
+                return await _refuse(refusal, send)
         try:
+            headers = Headers(scope=scope)
+            refusal = _guard.check(scope["method"], path, headers)
+            if refusal is not None:
+                return await _refuse(refusal, send)
+            scope.setdefault("state", {})["principals"] = _guard.principals(headers)
             await self.app(scope, receive, send)
         finally:
-            _guard.release()
+            if counted:
+                _guard.release()
 
 
 app.add_middleware(FrontDoor)

@@ -27,7 +27,16 @@ import pyarrow.parquet as pq
 from .bm25_stats import merge_shard_stats, merge_term_tables, write_stats
 from .chunking import Chunk, chunk_document
 from .config import BuildConfig
-from .corpus import BadRecord, CorpusError, Document, fingerprint, iter_documents, resolve_corpus_file
+from .corpus import (
+    BadRecord,
+    CorpusError,
+    Document,
+    corpus_files,
+    fingerprint,
+    iter_documents,
+    read_files_in_parallel,
+    resolve_corpus_file,
+)
 from .faiss_index import FaissSpec
 from .manifest import (
     CHUNKS_FILE,
@@ -269,10 +278,16 @@ def _corpus(cfg: BuildConfig) -> tuple[dict, str, Iterable[Document | BadRecord]
     """(what the version's manifest records as its corpus, its fingerprint, the documents when they are not
     simply the corpus file's, what a delta did)."""
     if not cfg.is_delta:
-        corpus_file = resolve_corpus_file(cfg.corpus)
-        sha = fingerprint(corpus_file)
-        return ({"path": str(corpus_file.resolve()), "sha256": sha, "format": corpus_file.suffix.lstrip(".")}, sha,
-                None, {})
+        files = corpus_files(cfg.corpus)
+        if len(files) == 1:
+            sha = fingerprint(files[0])
+            return ({"path": str(files[0].resolve()), "sha256": sha, "format": files[0].suffix.lstrip(".")}, sha,
+                    None, {})
+        ensure_ray()
+        documents, shas = read_files_in_parallel(files, cfg.id_fields, cfg.text_fields)
+        sha = hashlib.sha256(json.dumps(shas, sort_keys=True).encode()).hexdigest()
+        return ({"path": str(Path(cfg.corpus).resolve()) if Path(cfg.corpus).exists() else str(cfg.corpus),
+                 "files": shas, "sha256": sha, "format": "files"}, sha, documents, {})
     from .delta import delta_documents
     from .versions import active_version, versions_dir
 
@@ -300,7 +315,10 @@ def _corpus(cfg: BuildConfig) -> tuple[dict, str, Iterable[Document | BadRecord]
 def _build_index(cfg: BuildConfig) -> BuildSummary:
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
+    t = time.perf_counter()
     corpus_record, corpus_sha, documents, delta = _corpus(cfg)
+    if corpus_record.get("format") == "files":
+        seconds[f"read {len(corpus_record['files'])} files in parallel"] = time.perf_counter() - t
     build_key = cfg.build_key(corpus_sha)
     root = Path(cfg.out)
     staging = staging_dir(root, build_key)

@@ -58,8 +58,9 @@ def config_from_args(argv: list[str] | None, prog: str = "python -m index_build"
         prog=prog,
         description=(
             "Build a sharded, versioned hybrid index (FAISS dense + Lucene BM25) from a corpus.\n"
-            "Reads a BEIR folder, a JSONL file or a Parquet file; chunks, embeds with a Ray Data actor\n"
-            "pool, builds each shard's FAISS and Lucene index in parallel Ray tasks, and publishes the\n"
+            "Reads a BEIR folder, a JSONL or Parquet file, or a folder or glob of them (in parallel); chunks,\n"
+            "embeds with a Ray Data actor pool, builds each shard's FAISS and Lucene index in parallel Ray\n"
+            "tasks, and publishes the\n"
             "result atomically as OUT/versions/<version> (OUT/ACTIVE names the live version)."
         ),
         epilog=(

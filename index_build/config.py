@@ -37,8 +37,9 @@ class BuildConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     corpus: Path | None = Field(
-        None, description="BEIR folder (with corpus.jsonl), a .jsonl file or a .parquet file: the whole corpus. "
-        "Or give --changes and/or --deletes instead, applied to a version already built.")
+        None, description="The whole corpus: a BEIR folder (with corpus.jsonl), a .jsonl or .parquet file, or several: "
+        "a folder of them or a glob ('data/part-*.parquet'), read in parallel, in name order. Or give --changes "
+        "and/or --deletes instead, applied to a version already built.")
     out: Path = Field(description="Index root: versions are written under OUT/versions, OUT/ACTIVE names the live one.")
     shards: int = Field(1, ge=1, le=1024, description="Number of shards; a document's chunks all go to one shard.")
     version: str | None = Field(
@@ -133,7 +134,7 @@ class BuildConfig(BaseModel):
         skip = {"out", "version", "activate", "progress", "embed_actors", "lucene_heap", "strict", "embed_batch_size",
                 "reuse", "reuse_from"}
         data = self.model_dump(mode="json", exclude=skip | {"changes", "deletes", "base"})
-        data["corpus"] = str(Path(self.corpus).resolve()) if self.corpus is not None else None
+        data["corpus"] = str(Path(self.corpus).resolve()) if self.corpus is not None else None  # a glob stays a glob
         return data
 
     def build_key(self, corpus_fingerprint: str) -> str:

@@ -44,6 +44,32 @@ class BadRecord:
 _TITLE_FIELDS = ("title",)
 
 
+CORPUS_SUFFIXES = (".jsonl", ".json", ".parquet", ".pq")
+
+
+def corpus_files(path: Path) -> list[Path]:
+    """The files a corpus is read from, in corpus order: one file; a BEIR folder's ``corpus.jsonl``; else every
+    .jsonl and .parquet file of a folder, or every file a glob pattern (``data/part-*.parquet``) matches,
+    sorted by name."""
+    text = str(path)
+    if any(c in text for c in "*?["):
+        parent = Path(text).parent
+        files = sorted(f for f in parent.glob(Path(text).name) if f.is_file())
+        if not files:
+            raise CorpusError(f"no file matches {text}")
+    elif Path(path).is_dir() and not any((Path(path) / n).is_file() for n in ("corpus.jsonl", "corpus.parquet")):
+        files = sorted(f for f in Path(path).iterdir() if f.is_file() and f.suffix.lower() in CORPUS_SUFFIXES)
+        if not files:
+            raise CorpusError(f"{path} is a folder without corpus.jsonl and without .jsonl or .parquet files: expected "
+                              "a BEIR folder, a folder of corpus files, a .jsonl or a .parquet file")
+    else:
+        return [resolve_corpus_file(path)]
+    for f in files:
+        if f.suffix.lower() not in CORPUS_SUFFIXES:
+            raise CorpusError(f"unsupported corpus file {f}: expected .jsonl or .parquet")
+    return files
+
+
 def resolve_corpus_file(path: Path) -> Path:
     """The file that holds the documents: ``corpus.jsonl`` inside a BEIR folder, else the path itself."""
     path = Path(path)
@@ -154,3 +180,37 @@ def iter_documents(
             if first != line:
                 doc = BadRecord(name, line, f"duplicate id {doc.doc_id!r} (first seen on line {first}); kept the first")
         yield doc
+
+
+def _read_one_file(row: dict[str, Any]) -> dict[str, Any]:
+    """Ray Data task: one corpus file parsed (documents and bad records in file order) and fingerprinted."""
+    import pickle
+
+    path = Path(row["path"])
+    items = list(iter_documents(path, tuple(row["id_fields"]), tuple(row["text_fields"])))
+    return {"path": row["path"], "sha256": fingerprint(path), "items": pickle.dumps(items)}
+
+
+def read_files_in_parallel(files: list[Path], id_fields: tuple[str, ...], text_fields: tuple[str, ...],
+                           ) -> tuple[list[Document | BadRecord], dict[str, str]]:
+    """Every document of several corpus files, each file parsed by its own Ray Data task (no one process
+    reads them all first); in corpus order (files by name, then lines), an id seen in an earlier file or
+    line reported as a duplicate. Returns (documents and bad records, file -> sha256)."""
+    import pickle
+
+    import ray.data
+
+    ds = ray.data.from_items([{"path": str(f), "id_fields": list(id_fields), "text_fields": list(text_fields)}
+                              for f in files], override_num_blocks=len(files))
+    parsed = {r["path"]: r for r in ds.map(_read_one_file).iter_rows()}
+    seen: dict[str, str] = {}
+    out: list[Document | BadRecord] = []
+    for f in files:
+        for item in pickle.loads(parsed[str(f)]["items"]):
+            if isinstance(item, Document):
+                first = seen.setdefault(item.doc_id, item.source)
+                if first != item.source:
+                    file, line = item.source.rsplit(":", 1)
+                    item = BadRecord(file, int(line), f"duplicate id {item.doc_id!r} (first seen at {first}); kept the first")
+            out.append(item)
+    return out, {str(f): parsed[str(f)]["sha256"] for f in files}

@@ -4,6 +4,8 @@ into another root). Real Ray Data, FAISS and Lucene; the hashing encoder, so vec
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -143,3 +145,50 @@ def test_a_delta_needs_a_base_that_stores_its_documents(versions, tmp_path):
         BuildConfig(corpus=changes, changes=changes, out=versions["root"], **OPTIONS)
     with pytest.raises(ValueError, match="give --corpus"):
         BuildConfig(out=versions["root"], **OPTIONS)
+
+
+def test_a_folder_or_glob_of_files_is_read_in_parallel_as_one_corpus(ray_local, tmp_path):
+    """Three files (two JSONL, one Parquet) read by parallel Ray Data tasks equal the same records in one file;
+    an id repeated in a later file and a torn line are reported, not dropped or kept twice."""
+    import pyarrow as pa
+
+    docs = make_corpus(30)
+    parts = tmp_path / "parts"
+    write_jsonl(parts / "a.jsonl", docs[:10] + ["{torn"])
+    pq.write_table(pa.Table.from_pylist([{k: v for k, v in d.items() if k != "metadata"} for d in docs[10:20]]),
+                   parts / "b.parquet")
+    write_jsonl(parts / "c.jsonl", docs[20:] + [{"_id": "d003", "text": "again"}])
+    single = write_jsonl(tmp_path / "all.jsonl", docs[:10] + [{k: v for k, v in d.items() if k != "metadata"}
+                                                             for d in docs[10:20]] + docs[20:])
+    options = OPTIONS | {"reuse": False}
+    oracle = build_index(BuildConfig(corpus=single, out=tmp_path / "one", **options))
+    for corpus in (parts, tmp_path / "parts" / "*.*"):
+        summary = build_index(BuildConfig(corpus=corpus, out=tmp_path / f"many-{len(str(corpus))}", **options))
+        _assert_same_version(summary.version_dir, oracle.version_dir)
+        assert summary.docs == 30
+        assert sorted((Path(r.file).name, r.line, r.reason.split(" ")[0]) for r in summary.bad_records) == [
+            ("a.jsonl", 11, "malformed"), ("c.jsonl", 11, "duplicate")]
+        corpus_record = read_version_manifest(summary.version_dir).corpus
+        assert corpus_record["format"] == "files" and len(corpus_record["files"]) == 3
+        assert "read 3 files in parallel" in summary.render()
+
+
+def test_a_killed_incremental_build_resumes_to_the_same_version(versions, tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from index_build.build import CRASH_ENV
+
+    root = tmp_path / "index"
+    shutil.copytree(versions["root"] / "versions" / "v1", root / "versions" / "v1")
+    argv = [sys.executable, "-m", "index_build", "--corpus", str(versions["second"]), "--out", str(root),
+            "--shards", "2", "--encoder", ENCODER, "--chunk-size", "40", "--chunk-overlap", "8", "--no-progress",
+            "--version", "v2"]
+    first = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, **{CRASH_ENV: "1"}))
+    assert first.returncode == 137, first.stdout + first.stderr
+    second = subprocess.run(argv, capture_output=True, text=True)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "(1 reused from an interrupted build)" in second.stdout and "from v1" in second.stdout
+    _assert_same_version(root / "versions" / "v2", versions["full"].version_dir)

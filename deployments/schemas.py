@@ -307,6 +307,14 @@ class FeedbackRequest(RequestBody):
     user: str | None = Field(None, max_length=128, description="Who judged; a user's latest label counts.")
     tenant: str | None = Field(None, max_length=128)
 
+    @field_validator("chunk_id", "doc_id", "user", "tenant")
+    @classmethod
+    def _no_control_characters(cls, v: str | None, info) -> str | None:
+        # These go into TSV rows and logs: a tab or a line break would forge a row.
+        if v is not None and any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError(f"{info.field_name} holds a control character (tab, line break, ...); ids may not")
+        return v
+
     @model_validator(mode="after")
     def _names_a_result(self) -> FeedbackRequest:
         if self.chunk_id is None and self.doc_id is None:

@@ -5,19 +5,47 @@ so judgments survive restarts and reindexing. Each judgment is one ``write`` of 
 exclusive ``flock`` followed by ``fsync``, so concurrent writers (router replicas are separate
 processes) never interleave or lose a line. A query's id is a digest of its normalized text, so the
 same question judged twice, by anyone, lands on one qrels query.
+
+What is read back is checked, not trusted: a torn line (a writer killed mid-line) or a record with a
+malformed field is skipped and counted (``JudgmentStore.skipped``), never fatal, and an identifier
+holding a control character is refused on the way in and skipped on the way out, so a qrels row can
+never be forged. A write the disk did not take in full is an error to the caller (507 when full, 503
+otherwise), never a 201.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
 
+from deployments.errors import ServiceError
+
 JUDGMENTS_FILE = "judgments.jsonl"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+logger = logging.getLogger(__name__)
+
+
+def check_identifier(name: str, value: str | None) -> None:
+    """A document or chunk id goes into TSV rows: a tab or a line break in it would forge rows."""
+    if value is not None and _CONTROL.search(value):
+        raise ServiceError(f"{name} {value!r} holds a control character (tab, line break, ...); ids may not", 422)
+
+
+def _well_formed(record: object) -> bool:
+    if not isinstance(record, dict):
+        return False
+    ids = (record.get("query_id"), record.get("doc_id"))
+    return (all(isinstance(i, str) and i and not _CONTROL.search(i) for i in ids)
+            and isinstance(record.get("query"), str) and type(record.get("label")) is int
+            and isinstance(record.get("user"), str | None))
 
 
 def query_id(query: str) -> str:
@@ -33,29 +61,60 @@ class JudgmentStore:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self.path = self.folder / JUDGMENTS_FILE
+        self.skipped = 0  # lines of the last read that were torn or malformed
 
     def add(self, query: str, doc_id: str, label: int, chunk_id: str | None = None, user: str | None = None,
             tenant: str | None = None) -> dict:
         record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "query_id": query_id(query),
                   "query": query, "doc_id": doc_id, "chunk_id": chunk_id, "label": int(label), "user": user,
                   "tenant": tenant}
+        check_identifier("doc_id", doc_id)
+        check_identifier("chunk_id", chunk_id)
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)  # closing releases the lock
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line  # a torn last line stays alone, instead of swallowing this record
+                written = 0
+                while written < len(line):  # a short write is retried for the rest; none written is an error
+                    n = os.write(fd, line[written:])
+                    if n <= 0:
+                        raise OSError(errno.EIO, "the disk took no bytes")
+                    written += n
+                os.fsync(fd)
+            finally:
+                os.close(fd)  # closing releases the lock
+        except OSError as e:
+            status = 507 if e.errno in (errno.ENOSPC, errno.EDQUOT) else 503
+            raise ServiceError(f"the judgment was not stored: {e.strerror or e}", status) from None
         return record
 
     def records(self) -> list[dict]:
+        """Every well-formed judgment; torn or malformed lines are skipped and counted in ``skipped``."""
+        out, skipped = [], 0
         try:
-            with open(self.path, encoding="utf-8") as f:
-                return [json.loads(line) for line in f if line.strip()]
+            with open(self.path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError:
+                        record = None
+                    if _well_formed(record):
+                        out.append(record)
+                    else:
+                        skipped += 1
         except FileNotFoundError:
-            return []
+            pass
+        if skipped:
+            logger.warning(f"{self.path}: skipped {skipped} torn or malformed line(s)")
+        self.skipped = skipped
+        return out
 
     def qrels(self) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
         """(query id -> text, query id -> doc id -> grade). A user's latest label of a document counts;

@@ -435,7 +435,9 @@ class SearchRouter:
         _, store = self._judgments(collection)
         _, qrels = await asyncio.to_thread(store.qrels)
         lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, docs in qrels.items() for d, g in docs.items()]
-        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/tab-separated-values")
+        # Lines of the store that were torn or malformed were skipped; the header says how many.
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/tab-separated-values",
+                                 headers={"X-Skipped-Lines": str(store.skipped)})
 
     @app.get("/admin/versions", response_model=VersionsResponse)
     async def versions_status(self) -> VersionsResponse:

@@ -143,14 +143,17 @@ def test_feedback_is_stored_and_read_back_as_qrels(served):
     assert r.status_code == 201, r.text
     assert r.json() == {"collection": "default", "query_id": query_id("telescope galaxy"), "doc_id": hit["doc_id"],
                         "label": 1}
-    qrels = client.get("/feedback/qrels").text.splitlines()
+    answer = client.get("/feedback/qrels")
+    assert answer.headers["X-Skipped-Lines"] == "0"
+    qrels = answer.text.splitlines()
     assert qrels[0] == "query-id\tcorpus-id\tscore" and f"{query_id('telescope galaxy')}\t{hit['doc_id']}\t1" in qrels
     # Stored on disk beside the versions: a restarted service (a new store) reads the same judgment.
     stored = JudgmentStore(summary.version_dir.parent.parent / "judgments").records()
     assert any(s["chunk_id"] == hit["chunk_id"] and s["user"] == "ann" for s in stored)
     for body, status in (({"query": "x", "label": 1}, 422), ({"query": "x", "doc_id": "d1", "label": 7}, 422),
                          ({"query": "", "doc_id": "d1", "label": 1}, 422),
-                         ({"query": "x", "doc_id": "d1", "label": 1, "collection": "nope"}, 404)):
+                         ({"query": "x", "doc_id": "d1", "label": 1, "collection": "nope"}, 404),
+                         ({"query": "x", "doc_id": "d1\tq-forged\td9", "label": 3}, 422)):
         r = client.post("/feedback", json=body)
         assert r.status_code == status and "error" in r.json(), (body, r.text)
     assert client.get("/feedback/qrels", params={"collection": "nope"}).status_code == 404

@@ -47,3 +47,45 @@ def test_export_writes_a_beir_folder(tmp_path, capsys):
         "query-id\tcorpus-id\tscore", f"{query_id('telescope')}\tdoc-7\t1"]
     assert '"text": "telescope"' in (tmp_path / "out" / "queries.jsonl").read_text()
     assert "1 judgments of 1 queries" in capsys.readouterr().out
+
+
+def test_ids_that_would_forge_qrels_rows_are_refused(tmp_path):
+    import pytest
+
+    from deployments.errors import ServiceError
+
+    store = JudgmentStore(tmp_path)
+    for doc_id, chunk_id in (("d1\tq-forged\td9\t3", None), ("d1\nq2\td2\t3", None), ("d1", "d1#0\r")):
+        with pytest.raises(ServiceError, match="control character") as err:
+            store.add("q", doc_id, 1, chunk_id=chunk_id)
+        assert err.value.status == 422
+    assert store.records() == []
+
+
+def test_torn_and_malformed_lines_are_skipped_and_counted_not_fatal(tmp_path):
+    store = JudgmentStore(tmp_path)
+    store.add("first", "d1", 1)
+    with open(store.path, "a") as f:
+        f.write('{"query_id": "q1", "doc_id": "d\\tforged", "query": "x", "label": 1}\n')  # written by hand
+        f.write('{"query_id": "q2", "doc_id": "d2", "query": "x", "label": "high"}\n')
+        f.write('{"query_id": "q3", "doc_id": "d3", "qu')  # a writer killed mid-line
+    store.add("second", "d2", 2)  # starts a new line: the torn one does not swallow it
+    assert [r["doc_id"] for r in store.records()] == ["d1", "d2"] and store.skipped == 3
+    _, qrels = store.qrels()
+    assert qrels == {query_id("first"): {"d1": 1}, query_id("second"): {"d2": 2}}
+
+
+def test_a_write_the_disk_refuses_is_an_error_not_a_201(tmp_path):
+    import os
+
+    import pytest
+
+    from deployments.errors import ServiceError
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    store = JudgmentStore(tmp_path)
+    store.path.symlink_to("/dev/full")  # every write: ENOSPC
+    with pytest.raises(ServiceError, match="not stored") as err:
+        store.add("q", "d1", 1)
+    assert err.value.status == 507

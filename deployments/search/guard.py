@@ -21,6 +21,14 @@ OPEN_PATHS = frozenset({"/health", "/docs", "/openapi.json", "/redoc", "/docs/oa
 ADMIN_PREFIX = "/admin/"
 
 
+def route_path(path: str, root_path: str = "") -> str:
+    """The path as the app's routes see it: under a route prefix (``root_path``, e.g. ``/api``) the request's
+    path still starts with the prefix, and every rule of the front door is about the part after it."""
+    if root_path and root_path != "/" and (path == root_path or path.startswith(root_path.rstrip("/") + "/")):
+        return path[len(root_path.rstrip("/")):] or "/"
+    return path
+
+
 def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 

@@ -27,7 +27,7 @@ from fastapi.responses import (
 )
 from ray import serve
 from ray.exceptions import RayActorError
-from starlette.datastructures import URL, Headers
+from starlette.datastructures import Headers
 
 from deployments.config import RouterSettings, SecurityConfig
 from deployments.errors import RequestError, ServiceError
@@ -44,7 +44,7 @@ from deployments.schemas import (
     VersionsResponse,
 )
 from deployments.search.activation import DeployedCollection, VersionSwitch
-from deployments.search.guard import CONSOLE_ASSETS, Guard, key_digest
+from deployments.search.guard import CONSOLE_ASSETS, Guard, key_digest, route_path
 from deployments.search.pipeline import Collection, SearchPipeline, failure, redact
 from deployments.shard.host import LocalShard, ShardHost, VersionCache
 
@@ -71,6 +71,11 @@ async def _refuse(refusal, send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+# The routes that do a request's work (search, streamed answers until they end, judgments' disk writes) count
+# against max_inflight; health, the console and /admin/ (an operator's rollback must get through) do not.
+COUNTED_PATHS = frozenset({"/search", "/feedback"})
+
+
 class FrontDoor:
     """Keys, body size and load shedding before anything else runs, as plain ASGI: Starlette's
     ``BaseHTTPMiddleware`` costs a task and a stream per request. A request counts against
@@ -83,8 +88,8 @@ class FrontDoor:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path = URL(scope=scope).path
-        counted = path == "/search"
+        path = route_path(scope["path"], scope.get("root_path", ""))  # the same rules under a route prefix
+        counted = path in COUNTED_PATHS
         if counted:
             refusal = _guard.admit()
             if refusal is not None:

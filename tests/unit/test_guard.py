@@ -87,3 +87,13 @@ def test_router_guard_reads_keys_from_the_environment(monkeypatch):
     with pytest.raises(ValueError, match="holds no keys"):
         configure_guard(SecurityConfig(api_keys_env="RS_KEYS"))
     configure_guard(SecurityConfig())  # back to keys off for whatever runs next in this process
+
+
+def test_the_front_door_judges_the_path_after_the_route_prefix():
+    from deployments.search.guard import route_path
+
+    assert route_path("/api/health", "/api") == "/health"
+    assert route_path("/api/admin/versions", "/api/") == "/admin/versions"
+    assert route_path("/api", "/api") == "/"
+    assert route_path("/apikeys/search", "/api") == "/apikeys/search"  # another prefix, not this one
+    assert route_path("/search", "") == "/search" and route_path("/search", "/") == "/search"

@@ -35,6 +35,7 @@ from deployments.relevance.judgments import JudgmentStore, doc_of_chunk
 from deployments.schemas import (
     ActivateRequest,
     ActivationResponse,
+    ErrorResponse,
     FeedbackRequest,
     FeedbackResponse,
     HealthResponse,
@@ -55,6 +56,16 @@ app = FastAPI(
     version="0.1.0",
     description="Hybrid (dense + BM25) retrieval over sharded indexes, fused, diversified and assembled.",
 )
+
+
+def error_responses(extra: dict[int, str] | None = None) -> dict[int, dict]:
+    """OpenAPI entries for a route's error statuses, every one with the one error body (``ErrorResponse``:
+    ``{"error": message, "detail": ...}``), the same for the front door's refusals and the handlers'."""
+    common = {401: "No API key, or one that is not valid (when keys are on)",
+              413: "Body over security.max_body_bytes",
+              422: "Invalid request: the field, the rule and the fix in the message",
+              503: "Overloaded (Retry-After says when to retry), or a stage it needs is restarting"}
+    return {code: {"model": ErrorResponse, "description": text} for code, text in (common | (extra or {})).items()}
 
 
 # One router replica per process: the middleware reads the guard its replica configured.
@@ -388,10 +399,8 @@ class SearchRouter:
     @app.post("/search", response_model=SearchResponse, response_model_exclude_none=True,
               responses={200: {"content": {"application/x-ndjson": {}},
                                "description": "The results; with stream: true, NDJSON lines: one 'results' event, "
-                               "'token' events, then one 'answer' (or 'error') event."},
-                         400: {"description": "Request cannot be served (a stage not enabled)"},
-                         404: {"description": "Unknown collection"},
-                         422: {"description": "Invalid request (field, rule and fix in the message)"}})
+                               "'token' events, then one 'answer' (or 'error') event."}}
+              | error_responses({400: "Request cannot be served (a stage not enabled)", 404: "Unknown collection"}))
     async def search(self, body: SearchRequest, request: Request) -> SearchResponse:
         self._watch()
         await self._load_info()
@@ -423,7 +432,7 @@ class SearchRouter:
         return name, self.judgments[name]
 
     @app.post("/feedback", response_model=FeedbackResponse, status_code=201,
-              responses={404: {"description": "Unknown collection"}, 422: {"description": "Invalid judgment"}})
+              responses=error_responses({404: "Unknown collection", 507: "The disk did not take the judgment"}))
     async def feedback(self, body: FeedbackRequest) -> FeedbackResponse:
         """Store a relevance judgment durably (appended and fsynced before the 201)."""
         name, store = self._judgments(body.collection)
@@ -434,7 +443,8 @@ class SearchRouter:
 
     @app.get("/feedback/qrels", response_class=PlainTextResponse,
              responses={200: {"content": {"text/tab-separated-values": {}},
-                              "description": "query-id, corpus-id, score: BEIR's qrels format"}})
+                              "description": "query-id, corpus-id, score: BEIR's qrels format"}}
+             | error_responses({404: "Unknown collection"}))
     async def feedback_qrels(self, collection: str | None = None) -> PlainTextResponse:
         """A collection's judgments as a qrels file (query ids from ``POST /feedback``'s answers)."""
         _, store = self._judgments(collection)
@@ -444,16 +454,18 @@ class SearchRouter:
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/tab-separated-values",
                                  headers={"X-Skipped-Lines": str(store.skipped)})
 
-    @app.get("/admin/versions", response_model=VersionsResponse)
+    @app.get("/admin/versions", response_model=VersionsResponse,
+             responses=error_responses({403: "A key that is not an admin key"}))
     async def versions_status(self) -> VersionsResponse:
         """Per collection: the version this replica serves, the active one, the one before, what is published."""
         self._watch()
         return VersionsResponse(collections=await asyncio.to_thread(self.versions.describe))
 
     @app.post("/admin/collections/{collection}/activate", response_model=ActivationResponse,
-              responses={404: {"description": "Unknown collection or version"},
-                         409: {"description": "The version cannot be served by this app without a redeploy"},
-                         503: {"description": "The shards could not load the version; the old one still serves"}})
+              responses=error_responses({403: "A key that is not an admin key", 404: "Unknown collection or version",
+                                         409: "The version cannot be served by this app without a redeploy, or is "
+                                              "corrupted",
+                                         503: "The shards could not load the version; the old one still serves"}))
     async def activate(self, collection: str, body: ActivateRequest) -> ActivationResponse:
         """Switch to an index version: the shards load it beside the current one, then every request that
         starts afterwards uses it. Other router replicas follow within ``version_poll_s``."""
@@ -461,8 +473,8 @@ class SearchRouter:
         return ActivationResponse(**await self.versions.activate(collection, body.version))
 
     @app.post("/admin/collections/{collection}/rollback", response_model=ActivationResponse,
-              responses={404: {"description": "Unknown collection"},
-                         409: {"description": "No earlier activation, or it cannot be served"}})
+              responses=error_responses({403: "A key that is not an admin key", 404: "Unknown collection",
+                                         409: "No earlier activation, or it cannot be served"}))
     async def rollback(self, collection: str) -> ActivationResponse:
         """Activate the version that was active before the current one."""
         self._watch()

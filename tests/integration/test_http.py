@@ -82,6 +82,18 @@ def test_hostile_bodies_get_a_422_naming_the_field(served, raw, needle):
     assert client.post("/search", json={"query": "telescope"}).status_code == 200  # and it still serves
 
 
+def test_every_error_status_is_documented_with_the_one_error_body(served):
+    client, _ = served
+    paths = client.get("/openapi.json").json()["paths"]
+    for path, method, codes in (("/search", "post", ("400", "404", "422", "503")),
+                                ("/feedback", "post", ("404", "422", "507")),
+                                ("/admin/collections/{collection}/activate", "post", ("403", "404", "409"))):
+        responses = paths[path][method]["responses"]
+        for code in codes:
+            schema = responses[code]["content"]["application/json"]["schema"]
+            assert schema["$ref"].endswith("/ErrorResponse"), (path, code, schema)
+
+
 def test_lucene_syntax_is_searched_as_text(served):
     client, _ = served
     for q in ['title:(anchor AND "mast', "a*b?c~2 ^3 [x TO y] \\ / !", "AND OR NOT"]:

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from deployments.relevance.judgments import has_control_character
+
 MAX_QUERY_CHARS = 2000
 MAX_HISTORY_TURNS = 20
 MAX_NESTING = 8  # levels of objects and lists in a request body (a filter needs about 4)
@@ -311,7 +313,7 @@ class FeedbackRequest(RequestBody):
     @classmethod
     def _no_control_characters(cls, v: str | None, info) -> str | None:
         # These go into TSV rows and logs: a tab or a line break would forge a row.
-        if v is not None and any(ord(c) < 32 or ord(c) == 127 for c in v):
+        if v is not None and has_control_character(v):
             raise ValueError(f"{info.field_name} holds a control character (tab, line break, ...); ids may not")
         return v
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from .corpus import BadRecord, CorpusError, Document, iter_documents, resolve_corpus_file
+from .corpus import BadRecord, Document, iter_documents, resolve_corpus_file
 from .manifest import DOCUMENTS_FILE, IndexMismatch
 from .versions import read_version_manifest
 
@@ -76,9 +76,7 @@ def delta_documents(version_dir: Path, changes: Path | None, deletes: Path | Non
             upserts[item.doc_id] = item
             order.append(item.doc_id)
     doomed: dict[str, tuple[str, int]] = {}
-    if deletes is not None:
-        if not Path(deletes).is_file():
-            raise CorpusError(f"--deletes {deletes}: no such file")
+    if deletes is not None:  # its existence was checked when the build fingerprinted it
         for item in read_delete_ids(Path(deletes), id_fields):
             if isinstance(item, BadRecord):
                 yield item

@@ -66,11 +66,8 @@ class ReusePlan:
 
 def find_sources(root: Path, encoder: str, chunk_size: int, chunk_overlap: int) -> list[SourceVersion]:
     """Published versions under ``root`` whose vectors a build with these options may reuse, best first."""
-    names = list_versions(root)
-    if not names:
-        return []
     found = []
-    for name in names:
+    for name in list_versions(root):
         folder = versions_dir(root) / name
         try:
             manifest = read_version_manifest(folder)

@@ -33,9 +33,13 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 logger = logging.getLogger(__name__)
 
 
+def has_control_character(value: str) -> bool:
+    return _CONTROL.search(value) is not None
+
+
 def check_identifier(name: str, value: str | None) -> None:
     """A document or chunk id goes into TSV rows: a tab or a line break in it would forge rows."""
-    if value is not None and _CONTROL.search(value):
+    if value is not None and has_control_character(value):
         raise ServiceError(f"{name} {value!r} holds a control character (tab, line break, ...); ids may not", 422)
 
 
@@ -43,7 +47,7 @@ def _well_formed(record: object) -> bool:
     if not isinstance(record, dict):
         return False
     ids = (record.get("query_id"), record.get("doc_id"))
-    return (all(isinstance(i, str) and i and not _CONTROL.search(i) for i in ids)
+    return (all(isinstance(i, str) and i and not has_control_character(i) for i in ids)
             and isinstance(record.get("query"), str) and type(record.get("label")) is int
             and isinstance(record.get("user"), str | None))
 

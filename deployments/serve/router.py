@@ -47,7 +47,7 @@ from deployments.schemas import (
 from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.guard import CONSOLE_ASSETS, Guard, key_digest, route_path
 from deployments.search.pipeline import Collection, SearchPipeline, failure, redact
-from deployments.shard.host import LocalShard, ShardHost, VersionCache
+from deployments.shard.host import LocalShard, ShardHost, SlotClient, VersionCache
 
 logger = logging.getLogger("ray.serve")
 
@@ -171,15 +171,12 @@ async def call_with_retry(method, *args, attempts: int = 5, pause_s: float = 0.0
             await asyncio.sleep(pause_s * 2**attempt)  # until Serve has taken the dead replica out
 
 
-class HandleShard:
-    """One shard slot (a group of shards), pinned to one index version: every call carries the version as
-    the multiplexed model id."""
+class HandleShard(SlotClient):
+    """One shard slot (a group of shards) in a shard deployment, pinned to one index version: every call
+    carries the version as the multiplexed model id."""
 
     def __init__(self, name: str, handle, version: str, shards: list[str] | None = None):
-        # Named by its shards ("shard-000" or "shard-000,shard-001"), as coverage and traces report them.
-        self.name, self.version = ",".join(shards) if shards else name, version
-        self.shards = list(shards) if shards else [name]
-        self.size = len(self.shards)
+        super().__init__(name, version, shards)
         self.handle = handle.options(multiplexed_model_id=version)
 
     async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None):

@@ -103,14 +103,22 @@ class VersionCache:
         return group
 
 
-class LocalShard:
+class SlotClient:
+    """What every shard slot client is called: by its shards ("shard-000" or "shard-000,shard-001"), as
+    coverage and traces report them, and pinned to one version."""
+
+    def __init__(self, name: str, version: str, shards: Sequence[str] | None = None):
+        self.name, self.version = ",".join(shards) if shards else name, version
+        self.shards = list(shards) if shards else [name]
+        self.size = len(self.shards)
+
+
+class LocalShard(SlotClient):
     """A pipeline's shard client for a slot this process holds (``shard_placement: router``), pinned to one
     version: the same calls as a shard deployment's handle, without the hop."""
 
     def __init__(self, name: str, cache: VersionCache, version: str, shards: Sequence[str] | None = None):
-        self.name, self.version = ",".join(shards) if shards else name, version
-        self.shards = list(shards) if shards else [name]
-        self.size = len(self.shards)
+        super().__init__(name, version, shards)
         self.cache = cache
 
     async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None):

@@ -12,7 +12,7 @@ import pytest
 
 from deployments.search.inprocess import LocalIndex
 from index_build.bm25_stats import read_stats
-from index_build.build import build_index, contents_of
+from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_build.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, verify_shard
 from index_build.versions import active_version, read_version_manifest
@@ -105,15 +105,20 @@ def test_an_unchanged_corpus_links_every_shard_and_embeds_nothing(versions):
             (versions["v2"].version_dir / "shards" / shard / EMBEDDINGS_FILE).stat().st_ino
 
 
-@pytest.mark.parametrize("change", [{"chunk_size": 30}, {"encoder": "hashing:32"}, {"reuse": False}])
+@pytest.mark.parametrize("change", [{"chunk_size": 30}, {"encoder": "hashing:32"}])
 def test_changed_chunking_or_encoder_embeds_everything(versions, change):
     summary = build_index(BuildConfig(corpus=versions["second"], out=versions["root"], activate=False,
                                       **(OPTIONS | change)))
-    if summary.reuse:
-        assert summary.reuse["chunks_reused"] == 0 and summary.reuse["chunks_embedded"] == summary.chunks
-    tables = [pq.read_table(d / CHUNKS_FILE) for d in sorted((summary.version_dir / "shards").iterdir())]
-    assert sum(t.num_rows for t in tables) == summary.chunks
-    assert all(contents_of(t, True) for t in tables if t.num_rows)
+    assert summary.reuse["from"] == [] and summary.reuse["shards_linked"] == {}  # no version qualifies
+    assert summary.reuse["chunks_reused"] == 0 and summary.reuse["chunks_embedded"] == summary.chunks
+
+
+def test_no_reuse_embeds_everything_and_records_no_reuse(versions):
+    summary = build_index(BuildConfig(corpus=versions["second"], out=versions["root"], activate=False,
+                                      reuse=False, **OPTIONS))
+    assert summary.reuse == {} and read_version_manifest(summary.version_dir).reuse is None
+    assert "embedded" not in summary.render()
+    _assert_same_version(summary.version_dir, versions["full"].version_dir)
 
 
 def test_a_delta_applied_to_a_version_equals_the_full_corpus(versions, tmp_path):

@@ -30,7 +30,8 @@ class RouterSettings(BaseModel):
     mmr_lambda: float | None = Field(
         None, ge=0, le=1, description="MMR lambda applied when a request gives none (null: no MMR unless asked).")
     min_relevance_score: float | None = Field(
-        None, description="Results scoring below this are dropped when a request gives no threshold (null: none).")
+        None, ge=0, le=1, description="Hybrid results whose relevance_score (in [0, 1]) is below this are dropped "
+        "when a request gives no threshold (null: none).")
     mmr_pool_factor: int = Field(4, ge=1, description="MMR picks from limit * this many fused candidates.")
     rows_with_answers: int = Field(
         20, ge=0, description="Shards send the texts of each leg's best min(limit, this) hits with their "

@@ -116,8 +116,8 @@ class SearchRequest(RequestBody):
         None, description='Metadata filter, e.g. {"year": {"gte": 2010}, "topic": ["a", "b"], "lang": "en"}.'
     )
     min_relevance_score: float | None = Field(
-        None, description="Drop results whose final score is below this (default: the service's setting, none "
-        "unless tuned).")
+        None, ge=0, le=1, description="Drop results whose relevance_score is below this, in [0, 1] (default: the "
+        "service's setting for hybrid requests, none unless tuned).")
     fusion: Fusion | None = Field(
         None, description="rrf or weighted (over min-max normalized scores); default: the service's setting "
         "(weighted unless changed).")
@@ -191,10 +191,15 @@ class Result(BaseModel):
     doc_id: str
     collection: str
     content: str
+    source: str = Field(description="Where the document came from: its url or source field, else its doc_id.")
     title: str
     section: str
     metadata: dict[str, Any]
-    score: float
+    relevance_score: float = Field(
+        ge=0, le=1, description="The final score on [0, 1] for every method (what min_relevance_score applies to): "
+        "the reranker's probability when reranked, a weighted fusion over the sum of its weights, otherwise the "
+        "final score min-max normalized over the ranking (the best candidate 1, the worst 0).")
+    score: float = Field(description="The final score as the method gives it (cosine, BM25, fused, reranker).")
     scores: StageScores
     char_start: int
     char_end: int
@@ -230,9 +235,17 @@ class SearchResponse(BaseModel):
     query: str
     corrected_query: str | None = Field(None, description="The query as searched, when spell_correct changed it.")
     method: Method
+    method_used: Method = Field(description="The method that answered: the one asked for, or keyword when a "
+                                "hybrid request's query encoder failed.")
     results: list[Result]
-    total: int
-    citations: list[dict[str, Any]] | None = None
+    total: int = Field(description="Candidates at or above min_relevance_score, before the limit.")
+    total_results: int = Field(description="The number of results returned.")
+    citations: list[str] | None = Field(
+        None, description="The results' sources in rank order (citations[n-1] is result n's, the [n] of an "
+        "answer); null when include_citations is false.")
+    passage_citations: list[dict[str, Any]] | None = Field(
+        None, description="The assembled context's passages (adjacent chunks merged), numbered as in context.")
+    synthesis: str | None = Field(None, description="The answer's text (answer.text); null when none was written.")
     context: list[dict[str, Any]] | None = None
     index_version: dict[str, str]
     timings_ms: dict[str, float]

@@ -24,6 +24,7 @@ import os
 import re
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from deployments.errors import ServiceError
@@ -49,7 +50,9 @@ def _well_formed(record: object) -> bool:
     ids = (record.get("query_id"), record.get("doc_id"))
     return (all(isinstance(i, str) and i and not has_control_character(i) for i in ids)
             and isinstance(record.get("query"), str) and type(record.get("label")) is int
-            and isinstance(record.get("user"), str | None))
+            and isinstance(record.get("user"), str | None)
+            and isinstance(record.get("principals", []), list)
+            and all(isinstance(p, str) for p in record.get("principals") or ()))
 
 
 def query_id(query: str) -> str:
@@ -68,10 +71,12 @@ class JudgmentStore:
         self.skipped = 0  # lines of the last read that were torn or malformed
 
     def add(self, query: str, doc_id: str, label: int, chunk_id: str | None = None, user: str | None = None,
-            tenant: str | None = None) -> dict:
+            tenant: str | None = None, caller: str | None = None, principals: Sequence[str] = ()) -> dict:
+        """``caller`` and ``principals``: the key that judged and who it is (the tenant that may read the
+        judgment back); ``tenant`` is only a label, kept when keys are off."""
         record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "query_id": query_id(query),
                   "query": query, "doc_id": doc_id, "chunk_id": chunk_id, "label": int(label), "user": user,
-                  "tenant": tenant}
+                  "tenant": tenant, "caller": caller, "principals": sorted(principals)}
         check_identifier("doc_id", doc_id)
         check_identifier("chunk_id", chunk_id)
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
@@ -120,12 +125,16 @@ class JudgmentStore:
         self.skipped = skipped
         return out
 
-    def qrels(self) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+    def qrels(self, tenant: Sequence[str] | None = None) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
         """(query id -> text, query id -> doc id -> grade). A user's latest label of a document counts;
-        several users' labels are averaged and rounded."""
+        several users' labels are averaged and rounded. ``tenant``: only the judgments made by keys with
+        exactly these principals (None: every judgment)."""
         latest: dict[tuple[str, str, str | None], int] = {}
         texts: dict[str, str] = {}
+        wanted = None if tenant is None else sorted(tenant)
         for r in self.records():
+            if wanted is not None and sorted(r.get("principals") or ()) != wanted:
+                continue
             latest[(r["query_id"], r["doc_id"], r.get("user"))] = r["label"]
             texts.setdefault(r["query_id"], r["query"])
         grades: dict[tuple[str, str], list[int]] = defaultdict(list)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from deployments.relevance.metrics import ndcg_at
-from deployments.search.fusion import apply_threshold, rrf, weighted
+from deployments.search.fusion import relevance_scores, rrf, weighted
 from deployments.search.hits import Hit
 
 CHUNK_SEP = "#"  # index_build's chunk ids are "<doc id>#<chunk number>"
@@ -83,8 +83,16 @@ def fuse(legs: Legs, setting: FusionSetting) -> list[Hit]:
         fused = rrf([dense, keyword], rrf_k=setting.rrf_k)
     else:
         fused = weighted([dense, keyword], [setting.dense_weight, 1 - setting.dense_weight])
-    kept, _ = apply_threshold(fused, setting.min_relevance_score)
-    return kept
+    if setting.min_relevance_score is None:
+        return fused
+    relevance = relevance_of(setting, [h.score for h in fused])
+    return [h for h, r in zip(fused, relevance, strict=True) if r >= setting.min_relevance_score]
+
+
+def relevance_of(setting: FusionSetting, scores: list[float]) -> list[float]:
+    """The ``relevance_score`` the router gives a fused ranking of ``setting`` (what a threshold cuts):
+    a weighted fusion's own score (its weights sum to 1), RRF's min-max over the ranking."""
+    return relevance_scores(scores, "minmax" if setting.fusion == "rrf" else "weighted", 1.0)
 
 
 def replay(legs: Legs, setting: FusionSetting) -> list[tuple[str, float]]:
@@ -106,7 +114,10 @@ def replay(legs: Legs, setting: FusionSetting) -> list[tuple[str, float]]:
                 scores[cid] = scores.get(cid, 0.0) + w * (1.0 if hi == lo else (s - lo) / (hi - lo))
     cut = setting.min_relevance_score
     ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
-    return ranked if cut is None else [(c, s) for c, s in ranked if s >= cut]
+    if cut is None:
+        return ranked
+    relevance = relevance_of(setting, [s for _, s in ranked])
+    return [pair for pair, r in zip(ranked, relevance, strict=True) if r >= cut]
 
 
 def collapse(leg: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
@@ -191,8 +202,9 @@ def search(legs: Mapping[str, Legs], qrels: Mapping[str, Mapping[str, int]], set
 
 
 def threshold_candidates(legs: Mapping[str, Legs], setting: FusionSetting, quantiles=(0.1, 0.25, 0.5)) -> list[float]:
-    """min_relevance_score values worth trying: quantiles of the fused scores at rank 10 across queries."""
-    at10 = sorted(f[9][1] for f in (replay(q, setting) for q in legs.values()) if len(f) >= 10)
+    """min_relevance_score values worth trying: quantiles of the relevance scores at rank 10 across queries."""
+    at10 = sorted(relevance_of(setting, [s for _, s in f])[9]
+                  for f in (replay(q, setting) for q in legs.values()) if len(f) >= 10)
     if not at10:
         return []
     return sorted({round(at10[int(q * (len(at10) - 1))], 6) for q in quantiles})

@@ -144,6 +144,34 @@ def is_flat(hits: Sequence[Hit], top: int = 10, rel_spread: float = 0.05) -> boo
     return best - worst <= rel_spread * abs(best)
 
 
+def relevance_scores(scores: Sequence[float], scale: str, weight_sum: float = 1.0) -> list[float]:
+    """Each score of a ranking as a ``relevance_score`` in [0, 1], the one scale ``min_relevance_score``
+    is judged on whatever the method (the seed's contract), in the input order.
+
+    ``scale``:
+    - ``probability``: already in [0, 1] (a reranker's sigmoid); clipped, so a model's rounding cannot leave it.
+    - ``weighted``: a weighted fusion of min-max normalized legs, whose most is the sum of the weights; divided
+      by ``weight_sum`` (with weights that sum to 1, as tuning uses, it is the fused score itself).
+    - ``minmax``: scores with no fixed range (RRF, cosine, BM25): min-max over the ranking, so the best
+      candidate is 1.0 and the worst 0.0; every score equal (or one): 1.0.
+    Empty input: ``[]``.
+    """
+    if scale == "probability":
+        return [min(1.0, max(0.0, s)) for s in scores]
+    if scale == "weighted":
+        if weight_sum <= 0:
+            return [0.0 for _ in scores]
+        return [min(1.0, max(0.0, s / weight_sum)) for s in scores]
+    if scale != "minmax":
+        raise ValueError(f"relevance scale {scale!r}: expected probability, weighted or minmax")
+    if not scores:
+        return []
+    lo, hi = min(scores), max(scores)
+    if hi == lo:
+        return [1.0 for _ in scores]
+    return [(s - lo) / (hi - lo) for s in scores]
+
+
 def apply_threshold(hits: Sequence[Hit], min_score: float | None) -> tuple[list[Hit], list[Hit]]:
     """``(kept, dropped)``: kept have ``score >= min_score``; both keep the input order.
 

@@ -39,6 +39,17 @@ def new_key() -> tuple[str, str]:
     return key, key_digest(key)
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request, as the front door knows it from the key: ``key_id`` (the first 16 hex digits of
+    the key's digest; None without keys), the key's ``principals`` (for document ACLs, and the tenant its
+    judgments belong to), and ``admin`` (an admin key, or keys off: nothing to tell callers apart)."""
+
+    key_id: str | None = None
+    principals: tuple[str, ...] = ()
+    admin: bool = True
+
+
 @dataclass
 class Refusal:
     status: int
@@ -68,8 +79,18 @@ class Guard:
 
     def principals(self, headers) -> list[str]:
         """Who the caller is, for document ACLs: the principals of its key (none without one)."""
+        return list(self.caller(headers).principals)
+
+    def caller(self, headers) -> Caller:
+        """The caller of a request the front door let in (with keys on, its key was checked)."""
         key = self.presented_key(headers)
-        return list(self.key_principals.get(key_digest(key), ())) if key else []
+        if not self.keys_on:
+            return Caller(None, tuple(self.key_principals.get(key_digest(key), ())) if key else (), admin=True)
+        if not key:
+            return Caller(None, (), admin=False)
+        digest = key_digest(key)
+        return Caller(digest[:16], tuple(self.key_principals.get(digest, ())),
+                      admin=any(hmac.compare_digest(digest, d) for d in self.admin_digests))
 
     def check(self, method: str, path: str, headers) -> Refusal | None:
         """Why this request is refused before its body is read, or None."""

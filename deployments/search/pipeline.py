@@ -6,9 +6,11 @@ in-process clients over the same shard services. Shards answer with ids and scor
 vectors are fetched for the few candidates that survive fusion.
 
 Scores in a response: ``scores.dense`` is cosine similarity, ``scores.keyword`` corpus-exact BM25,
-``scores.fused`` the RRF or weighted score; ``score`` (the one ``min_relevance_score`` applies to) is the
-score of the method used: dense for ``vector``, BM25 for ``keyword``, fused for ``hybrid``, and the
-reranker's (in [0, 1]) whenever the results were reranked (``reranked: true``).
+``scores.fused`` the RRF or weighted score; ``score`` is the score of the method used: dense for
+``vector``, BM25 for ``keyword``, fused for ``hybrid``, and the reranker's (in [0, 1]) whenever the results
+were reranked (``reranked: true``). ``relevance_score`` (the seed's field, and the one
+``min_relevance_score`` applies to) is that score on [0, 1] for every method: the reranker's probability,
+a weighted fusion over its weights' sum, anything else min-max over the ranking (``_relevance_scale``).
 
 Reranking and synthesis are optional stages behind clients: when one fails or is too slow the request
 still succeeds, with the earlier stage's output and a line in ``warnings``.
@@ -40,7 +42,7 @@ from deployments.schemas import (
     StageScores,
 )
 from deployments.search.context import assemble, citations
-from deployments.search.fusion import apply_threshold, candidate_depth, is_flat, min_max, rrf, weighted
+from deployments.search.fusion import candidate_depth, is_flat, min_max, relevance_scores, rrf, weighted
 from deployments.search.hits import Hit, merge_top_k
 from deployments.search.mmr import mmr
 from deployments.search.query_text import expand_synonyms, expand_with_history, normalize_query
@@ -85,6 +87,16 @@ class Collection:
     encoder: EncoderClient
     fields: dict[str, str] = field(default_factory=dict)
     rerank: bool = True  # rerank by default (when a reranker is deployed)
+
+
+def source_of(doc_id: str, metadata: dict[str, Any]) -> str:
+    """A result's ``source`` (the seed's field): where its document came from when the corpus said so (a
+    ``url`` or ``source`` field), else its document id."""
+    for name in ("url", "source"):
+        value = metadata.get(name)
+        if isinstance(value, str) and value.strip():
+            return value
+    return doc_id
 
 
 def failure(exc: BaseException) -> str:
@@ -270,6 +282,33 @@ class SearchPipeline:
 
     # ------------------------------------------------------------------ the request
 
+    async def can_see(self, collection: str, doc_id: str, chunk_id: str | None,
+                      principals: list[str] | None) -> bool:
+        """Whether a document (its chunk ``chunk_id``, or its first chunk) exists in ``collection`` and, with an
+        ACL field, whether these principals may see it: the same rule the shards apply to searches (the
+        chunk's metadata matched as the filter ``{acl_field: principals + public}``)."""
+        target = self.collections[collection]
+        wanted = chunk_id or f"{doc_id}#0"
+        try:
+            found = await asyncio.wait_for(asyncio.gather(*(slot.fetch([wanted]) for slot in target.shards)),
+                                           self.settings.shard_timeout_s)
+        except Exception as exc:
+            raise RequestError(f"the shards could not be asked about the document ({failure(exc)}); retry shortly",
+                               503) from exc
+        rows = [row for rows_of_slot in found for row in rows_of_slot]
+        if not rows or rows[0]["doc_id"] != doc_id:
+            return False
+        if not self.acl_field:
+            return True
+        from deployments.shard.filters import FilterError, MetadataTable
+
+        table = MetadataTable.from_json_column([rows[0]["metadata_json"]])
+        try:
+            allowed = table.allowed_rows({self.acl_field: sorted(set(principals or ()) | {self.public_principal})})
+        except FilterError:  # the chunk has no ACL field: seen by nobody, as in a search
+            return False
+        return allowed is not None and len(allowed) > 0
+
     def cache_key(self, req: SearchRequest, targets: Sequence[Collection], acl=None) -> str:
         versions = {c.name: c.version for c in targets}
         return json.dumps({"v": versions, "r": req.model_dump(mode="json", exclude={"debug"}), "acl": acl},
@@ -386,7 +425,12 @@ class SearchPipeline:
                 warnings.append(f"reranking {failure(exc)}: results are in fused order")
             timings["rerank"] = (time.perf_counter() - t) * 1000
             trace["rerank"] = {"depth": len(pool), "with": req.rerank_with.value, "applied": reranked}
-        kept, dropped = apply_threshold(ranked, req.min_relevance_score)
+        relevance_of = dict(zip((h.chunk_id for h in ranked),
+                             relevance_scores([h.score for h in ranked], *self._relevance_scale(req, reranked, targets)),
+                             strict=True))
+        cut = req.min_relevance_score
+        kept = ranked if cut is None else [h for h in ranked if relevance_of[h.chunk_id] >= cut]
+        dropped = [] if cut is None else [h for h in ranked if relevance_of[h.chunk_id] < cut]
 
         final = kept
         if req.mmr_lambda is not None and kept:
@@ -403,7 +447,7 @@ class SearchPipeline:
         rows = await self._fetch(top, targets, known)
         timings["fetch"] = (time.perf_counter() - t) * 1000
         fused_scores = {h.chunk_id: h.score for h in fused} if hybrid else {}
-        results = self._results(top, rows, legs, fused_scores, reranked)
+        results = self._results(top, rows, legs, fused_scores, reranked, relevance_of)
 
         context_payload = citation_payload = None
         if req.include_context or req.include_citations:
@@ -431,9 +475,13 @@ class SearchPipeline:
             query=asked_query,
             corrected_query=corrected,
             method=req.method,
+            method_used=Method.keyword if hybrid and not vectors else req.method,
             results=results,
             total=len(kept),
-            citations=citation_payload,
+            total_results=len(results),
+            citations=[r.source for r in results] if req.include_citations else None,
+            passage_citations=citation_payload,
+            synthesis=answer.text if answer else None,
             context=context_payload,
             index_version={c.name: c.version for c in targets},
             timings_ms={k: round(v, 3) for k, v in timings.items()},
@@ -503,9 +551,21 @@ class SearchPipeline:
                 rows[f"{name}{SEP}{row['chunk_id']}"] = row | {"collection": name}
         return [rows[h.chunk_id] for h in hits]
 
+    def _relevance_scale(self, req: SearchRequest, reranked: bool, targets: list[Collection]) -> tuple[str, float]:
+        """How the final ranking's scores become ``relevance_score`` (``fusion.relevance_scores``): the
+        reranker's probability as it is; a weighted fusion of one collection over its weights' sum (its
+        most); everything else (RRF, one leg, collections fused by RRF) min-max over the ranking."""
+        if reranked:
+            return "probability", 1.0
+        if req.method is Method.hybrid and len(targets) == 1:
+            fusion = self._fusion(req)
+            if fusion["method"] == "weighted":
+                return "weighted", fusion["weights"]["dense"] + fusion["weights"]["keyword"]
+        return "minmax", 1.0
+
     @staticmethod
     def _results(top: list[Hit], rows: list[dict], legs, fused_scores: dict[str, float],
-                 reranked: bool) -> list[Result]:
+                 reranked: bool, relevance_of: dict[str, float]) -> list[Result]:
         leg_scores = {}
         for dense, keyword in legs.values():
             for h in dense:
@@ -515,10 +575,11 @@ class SearchPipeline:
         results = []
         for rank, (hit, row) in enumerate(zip(top, rows, strict=True), start=1):
             stage = leg_scores.get(hit.chunk_id, {})
+            metadata = json.loads(row["metadata_json"])
             results.append(Result(
                 rank=rank, chunk_id=row["chunk_id"], doc_id=row["doc_id"], collection=row["collection"],
-                content=row["text"], title=row["title"], section=row["section"],
-                metadata=json.loads(row["metadata_json"]), score=hit.score,
+                content=row["text"], source=source_of(row["doc_id"], metadata), title=row["title"],
+                section=row["section"], metadata=metadata, relevance_score=relevance_of[hit.chunk_id], score=hit.score,
                 scores=StageScores(dense=stage.get("dense"), keyword=stage.get("keyword"),
                                    fused=fused_scores.get(hit.chunk_id), reranked=hit.score if reranked else None),
                 char_start=row["char_start"], char_end=row["char_end"],

@@ -45,7 +45,7 @@ from deployments.schemas import (
     VersionsResponse,
 )
 from deployments.search.activation import DeployedCollection, VersionSwitch
-from deployments.search.guard import CONSOLE_ASSETS, Guard, key_digest, route_path
+from deployments.search.guard import CONSOLE_ASSETS, Caller, Guard, key_digest, route_path
 from deployments.search.pipeline import Collection, SearchPipeline, failure, redact
 from deployments.shard.host import LocalShard, ShardHost, SlotClient, VersionCache
 
@@ -110,7 +110,9 @@ class FrontDoor:
             refusal = _guard.check(scope["method"], path, headers)
             if refusal is not None:
                 return await _refuse(refusal, send)
-            scope.setdefault("state", {})["principals"] = _guard.principals(headers)
+            caller = _guard.caller(headers)
+            state = scope.setdefault("state", {})
+            state["caller"], state["principals"] = caller, list(caller.principals)
             await self.app(scope, receive, send)
         finally:
             if counted:
@@ -430,22 +432,36 @@ class SearchRouter:
 
     @app.post("/feedback", response_model=FeedbackResponse, status_code=201,
               responses=error_responses({404: "Unknown collection", 507: "The disk did not take the judgment"}))
-    async def feedback(self, body: FeedbackRequest) -> FeedbackResponse:
-        """Store a relevance judgment durably (appended and fsynced before the 201)."""
+    async def feedback(self, body: FeedbackRequest, request: Request) -> FeedbackResponse:
+        """Store a relevance judgment durably (appended and fsynced before the 201). With keys on, the
+        judgment belongs to the caller's key and its principals (its tenant), not to a field the caller
+        fills in; only a document the caller can find (and, with ACLs, may see) can be judged."""
+        caller: Caller = getattr(request.state, "caller", None) or Caller()
         name, store = self._judgments(body.collection)
+        if self.guard.keys_on and body.tenant is not None and body.tenant not in caller.principals:
+            raise RequestError(f"tenant {body.tenant!r} is not one of this API key's principals; leave tenant out "
+                               "(a judgment belongs to the key's tenant)", 403)
         doc_id = body.doc_id or doc_of_chunk(body.chunk_id)
+        if not await self.pipeline.can_see(name, doc_id, body.chunk_id, list(caller.principals)):
+            # The same answer for a document that does not exist and one the caller may not see.
+            raise RequestError(f"no document {doc_id!r}" + (f" with chunk {body.chunk_id!r}" if body.chunk_id else "")
+                               + f" in collection {name!r}", 404)
         record = await asyncio.to_thread(store.add, body.query, doc_id, body.label, body.chunk_id, body.user,
-                                         body.tenant)
+                                         None if self.guard.keys_on else body.tenant, caller.key_id,
+                                         caller.principals)
         return FeedbackResponse(collection=name, query_id=record["query_id"], doc_id=doc_id, label=body.label)
 
     @app.get("/feedback/qrels", response_class=PlainTextResponse,
              responses={200: {"content": {"text/tab-separated-values": {}},
                               "description": "query-id, corpus-id, score: BEIR's qrels format"}}
              | error_responses({404: "Unknown collection"}))
-    async def feedback_qrels(self, collection: str | None = None) -> PlainTextResponse:
-        """A collection's judgments as a qrels file (query ids from ``POST /feedback``'s answers)."""
+    async def feedback_qrels(self, request: Request, collection: str | None = None) -> PlainTextResponse:
+        """A collection's judgments as a qrels file (query ids from ``POST /feedback``'s answers). With keys
+        on, a caller reads only its tenant's judgments (those made with keys of the same principals); an
+        admin key reads them all."""
+        caller: Caller = getattr(request.state, "caller", None) or Caller()
         _, store = self._judgments(collection)
-        _, qrels = await asyncio.to_thread(store.qrels)
+        _, qrels = await asyncio.to_thread(store.qrels, None if caller.admin else caller.principals)
         lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, docs in qrels.items() for d, g in docs.items()]
         # Lines of the store that were torn or malformed were skipped; the header says how many.
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/tab-separated-values",

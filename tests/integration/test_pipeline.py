@@ -112,9 +112,9 @@ def test_filters_are_complete_and_validated(pipeline, built):
 
 def test_threshold_mmr_context_and_citations(pipeline):
     base = search(pipeline, query="bread oven butter", method="keyword", limit=10)
-    cut = base.results[3].score
+    cut = base.results[3].relevance_score
     kept = search(pipeline, query="bread oven butter", method="keyword", limit=10, min_relevance_score=cut, debug=True)
-    assert all(r.score >= cut for r in kept.results) and len(kept.results) == 4
+    assert all(r.relevance_score >= cut for r in kept.results) and len(kept.results) == 4
     assert kept.debug["dropped_below_min_relevance_score"]
     assert sorted(kept.debug["shard_search_ms"]) == ["main/shard-000", "main/shard-001", "main/shard-002"]
     same = search(pipeline, query="bread oven butter", limit=5, mmr_lambda=1.0)
@@ -124,8 +124,53 @@ def test_threshold_mmr_context_and_citations(pipeline):
     assert len({r.chunk_id for r in diverse.results}) == 5
     ctx = search(pipeline, query="bread oven butter", limit=5, include_context=True, token_budget=60)
     assert sum(len(p["text"].split()) for p in ctx.context) <= 60
-    assert [c["id"] for c in ctx.citations] == list(range(1, len(ctx.citations) + 1))
-    assert {c["doc_id"] for c in ctx.citations} <= {r.doc_id for r in ctx.results}
+    assert [c["id"] for c in ctx.passage_citations] == list(range(1, len(ctx.passage_citations) + 1))
+    assert {c["doc_id"] for c in ctx.passage_citations} <= {r.doc_id for r in ctx.results}
+
+
+@pytest.mark.parametrize("fields", [{"method": "keyword"}, {"method": "vector"}, {"fusion": "rrf"}, {},
+                                    {"weights": {"dense": 1.0, "keyword": 1.0}}, {"collections": ["main", "single"]}])
+def test_the_seed_contract_relevance_score_in_0_1_and_its_threshold(pipeline, fields):
+    """relevance_score is on [0, 1] for every method, in the results' order, computed as documented
+    (hand-computed from ``score`` here); min_relevance_score cuts on it; the seed's fields are there."""
+    q = "bread oven butter"
+    resp = search(pipeline, query=q, limit=100, candidates=100, debug=True, **fields)
+    rel = [r.relevance_score for r in resp.results]
+    raw = [r.score for r in resp.results]
+    assert all(0.0 <= x <= 1.0 for x in rel) and rel == sorted(rel, reverse=True)
+    if fields.get("weights"):  # weighted over weights summing to 2: the fused score over 2
+        assert rel == pytest.approx([s / 2 for s in raw])
+    elif not fields:
+        assert rel == pytest.approx(raw)  # default weighted 0.5 / 0.5: the fused score itself
+    elif "collections" in fields:  # collections fused by RRF: min-max over a ranking longer than the page
+        assert rel[0] == 1.0
+    else:  # min-max over the whole ranking: one leg is the page itself; RRF's recomputed from the legs
+        lo = min(raw)
+        if fields.get("fusion") == "rrf":
+            legs = resp.debug["legs"]["main"]
+            rrf_scores: dict[str, float] = {}
+            for leg in (legs["dense"], legs["keyword"]):
+                for rank, hit in enumerate(leg, start=1):
+                    rrf_scores[hit["chunk_id"]] = rrf_scores.get(hit["chunk_id"], 0.0) + 1 / (60 + rank)
+            lo = min(rrf_scores.values())
+        assert rel[0] == 1.0 and rel == pytest.approx([(s - lo) / (raw[0] - lo) for s in raw])
+    assert resp.total_results == len(resp.results) and resp.method_used == resp.method
+    assert resp.citations == [r.source for r in resp.results] and resp.synthesis is None
+    assert all(r.source == r.doc_id for r in resp.results)  # the fixture corpus names no url or source
+    cut = rel[len(rel) // 2]
+    kept = search(pipeline, query=q, limit=100, candidates=100, min_relevance_score=cut, **fields)
+    assert [r.chunk_id for r in kept.results] == [r.chunk_id for r in resp.results if r.relevance_score >= cut]
+    assert kept.total_results == len(kept.results) < len(resp.results)
+
+
+def test_min_relevance_score_outside_0_1_is_refused():
+    from pydantic import ValidationError
+
+    for bad in (-0.1, 1.5, 8.0):
+        with pytest.raises(ValidationError, match="min_relevance_score"):
+            SearchRequest(query="x", min_relevance_score=bad)
+    with pytest.raises(ValidationError, match="min_relevance_score"):
+        RouterSettings(min_relevance_score=2.0)
 
 
 def test_collections_fuse_and_unknown_ones_are_refused(pipeline):

@@ -7,6 +7,7 @@ from deployments.search.fusion import (
     dedupe,
     is_flat,
     min_max,
+    relevance_scores,
     rrf,
     weighted,
 )
@@ -187,3 +188,13 @@ def test_apply_threshold():
     assert [h.chunk_id for h in dropped] == ["c"]
     assert apply_threshold(hits, None) == (hits, [])
     assert apply_threshold([], 0.1) == ([], [])
+
+
+def test_relevance_scores_on_every_scale():
+    assert relevance_scores([0.99, 0.5, -0.01, 1.2], "probability") == [0.99, 0.5, 0.0, 1.0]
+    assert relevance_scores([1.5, 1.0, 0.0], "weighted", 2.0) == [0.75, 0.5, 0.0]
+    assert relevance_scores([0.7, 0.2], "weighted", 1.0) == [0.7, 0.2]  # weights summing to 1: the score itself
+    assert relevance_scores([12.0, 9.0, 6.0], "minmax") == [1.0, 0.5, 0.0]  # hand-computed
+    assert relevance_scores([3.0, 3.0], "minmax") == [1.0, 1.0] and relevance_scores([], "minmax") == []
+    with pytest.raises(ValueError, match="relevance scale"):
+        relevance_scores([1.0], "sigmoid")

@@ -97,3 +97,16 @@ def test_the_front_door_judges_the_path_after_the_route_prefix():
     assert route_path("/api", "/api") == "/"
     assert route_path("/apikeys/search", "/api") == "/apikeys/search"  # another prefix, not this one
     assert route_path("/search", "") == "/search" and route_path("/search", "/") == "/search"
+
+
+def test_the_caller_is_known_from_its_key_alone():
+    user, user_digest = new_key()
+    admin, admin_digest = new_key()
+    g = Guard(key_digests=frozenset({user_digest, admin_digest}), admin_digests=frozenset({admin_digest}),
+              key_principals={user_digest: ("t1", "staff")})
+    me = g.caller({"authorization": f"Bearer {user}"})
+    assert (me.key_id, me.principals, me.admin) == (user_digest[:16], ("t1", "staff"), False)
+    assert g.caller({"x-api-key": admin}).admin and g.caller({"x-api-key": admin}).principals == ()
+    assert not g.caller({}).admin  # keys on and none shown: nobody in particular (the front door refuses it)
+    open_door = Guard()
+    assert open_door.caller({}).admin and open_door.caller({}).key_id is None  # keys off: nothing tells callers apart

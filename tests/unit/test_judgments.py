@@ -89,3 +89,14 @@ def test_a_write_the_disk_refuses_is_an_error_not_a_201(tmp_path):
     with pytest.raises(ServiceError, match="not stored") as err:
         store.add("q", "d1", 1)
     assert err.value.status == 507
+
+
+def test_each_tenant_reads_back_only_the_judgments_of_its_keys(tmp_path):
+    store = JudgmentStore(tmp_path)
+    store.add("q one", "d1", 1, caller="k1", principals=["t1"])
+    store.add("q two", "d2", 2, caller="k2", principals=["t2", "staff"])
+    store.add("q three", "d3", 1, caller="k3", principals=["staff", "t2"])  # the same tenant, another key
+    assert set(store.qrels(["t1"])[1]) == {query_id("q one")}
+    assert set(store.qrels(["t2", "staff"])[1]) == {query_id("q two"), query_id("q three")}
+    assert store.qrels(["t3"])[1] == {} and len(store.qrels()[1]) == 3  # None: everything (an admin, the export)
+    assert store.records()[0]["caller"] == "k1" and store.records()[1]["principals"] == ["staff", "t2"]

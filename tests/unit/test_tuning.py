@@ -75,7 +75,8 @@ def test_the_fast_replay_is_the_router_fusion_to_the_last_tie():
     flat = Legs((("a#0", 0.3), ("b#0", 0.3)), ())  # no spread, and an empty leg
     cases = list(legs.values()) + [ties, flat]
     settings = grid(candidates=(2, 10, 30)) + [FusionSetting("weighted", dense_weight=0.5, candidates=30,
-                                                             min_relevance_score=0.5)]
+                                                             min_relevance_score=0.5),
+                                                FusionSetting("rrf", candidates=30, min_relevance_score=0.5)]
     for setting in settings:
         for q in cases:
             assert replay(q, setting) == [(h.chunk_id, h.score) for h in fuse(q, setting)], setting

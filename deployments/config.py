@@ -40,6 +40,15 @@ class RouterSettings(BaseModel):
     encoder_timeout_s: float = Field(
         5.0, gt=0, description="Deadline of the query embedding; past it a hybrid search answers from BM25 alone "
         "(with a warning) and a vector search gets a 503.")
+    request_timeout_s: float = Field(
+        90.0, gt=0, description="Deadline of a whole search request; past it the request gets a 504 and every stage "
+        "still at work for it is cancelled. Above synthesis_timeout_s, so a slow answer degrades to results first.")
+    spell_timeout_s: float = Field(
+        0.5, gt=0, description="Deadline of spell correction (run off the event loop); past it the query is searched "
+        "as typed, with a warning.")
+    spell_max_words: int = Field(
+        8, ge=0, description="Unknown words corrected per query at most; the rest are searched as typed (a warning "
+        "says so), so a long query of non-words costs no more than a few corrections.")
     token_budget: int = Field(2000, ge=16, description="Default token budget of the assembled context.")
     history_turns: int = Field(2, ge=0, description="Recent user turns added to the query.")
     synonyms: dict[str, list[str]] = Field(default_factory=dict, description="term -> synonyms for expansion.")

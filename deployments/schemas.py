@@ -258,6 +258,18 @@ class SearchResponse(BaseModel):
     debug: dict[str, Any] | None = None
 
 
+def response_json(response: SearchResponse) -> str:
+    """A search response as sent: fields that are None left out, except ``synthesis``, which the seed's
+    contract always sends (null when no answer was written). The one place responses are serialized."""
+    body = response.model_dump_json(exclude_none=True)
+    return body if response.synthesis is not None else body[:-1] + ',"synthesis":null}'
+
+
+def response_dict(response: SearchResponse) -> dict[str, Any]:
+    """``response_json`` as a JSON-ready dict (the first event of a streamed answer)."""
+    return response.model_dump(mode="json", exclude_none=True) | {"synthesis": response.synthesis}
+
+
 class ShardHealth(BaseModel):
     collection: str
     shard: str

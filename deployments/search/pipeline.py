@@ -40,6 +40,7 @@ from deployments.schemas import (
     SearchRequest,
     SearchResponse,
     StageScores,
+    response_dict,
 )
 from deployments.search.context import assemble, citations
 from deployments.search.fusion import candidate_depth, is_flat, min_max, relevance_scores, rrf, weighted
@@ -316,7 +317,15 @@ class SearchPipeline:
 
     async def search(self, req: SearchRequest, principals: list[str] | None = None) -> SearchResponse:
         """``principals``: who the caller is; with an ACL field configured it sees only chunks listed for
-        one of them (or public), decided inside each shard before ranking."""
+        one of them (or public), decided inside each shard before ranking. The request as a whole has a
+        deadline (``request_timeout_s``, a 504 past it); every stage still at work for it is cancelled."""
+        try:
+            return await asyncio.wait_for(self._search(req, principals), self.settings.request_timeout_s)
+        except TimeoutError:
+            raise RequestError(f"the search took longer than router.request_timeout_s "
+                               f"({self.settings.request_timeout_s:g} s) and was stopped", 504) from None
+
+    async def _search(self, req: SearchRequest, principals: list[str] | None) -> SearchResponse:
         t_start = time.perf_counter()
         targets = self._targets(req)
         acl = None
@@ -345,10 +354,16 @@ class SearchPipeline:
         if req.spell_correct:
             t = time.perf_counter()
             try:
-                fixed, corrections = (await self._speller(targets, acl)).correct(req.query)
+                speller = await self._speller(targets, acl)
+                # Off the event loop, under a deadline: other requests on this replica never wait for it.
+                fixed, corrections, unchecked = await asyncio.wait_for(
+                    asyncio.to_thread(speller.correct, req.query, s.spell_max_words), s.spell_timeout_s)
             except Exception as exc:  # the query is searched as typed
                 warnings.append(f"spell correction {failure(exc)}: the query was searched as typed")
             else:
+                if unchecked:
+                    warnings.append(f"spell correction stopped after {s.spell_max_words} unknown words "
+                                    f"(router.spell_max_words): {unchecked} more searched as typed")
                 trace["spelling"] = {"corrected_query": fixed, "corrections": [asdict(c) for c in corrections]}
                 if corrections:
                     corrected = fixed
@@ -375,6 +390,9 @@ class SearchPipeline:
             # Fusion and MMR look past the final top-n: ask each leg for more candidates.
             if req.candidates:
                 depth = max(req.candidates, req.limit)
+                if depth > max(s.candidate_cap, req.limit):  # the operator's cap binds clients too
+                    warnings.append(f"candidates {req.candidates} capped at {s.candidate_cap} (router.candidate_cap)")
+                    depth = max(s.candidate_cap, req.limit)
             else:
                 depth = candidate_depth(req.limit, s.candidate_base, s.candidate_factor, s.candidate_cap)
             if req.mmr_lambda is not None:
@@ -416,10 +434,14 @@ class SearchPipeline:
         if rerank and fused:
             t = time.perf_counter()
             pool = fused[:rerank_depth]
-            pool_rows = await self._fetch(pool, targets, known)
-            known.update((h.chunk_id, row) for h, row in zip(pool, pool_rows, strict=True))
+
+            async def fetch_and_rerank() -> list[Hit]:  # one deadline for the pool's texts and their scores
+                pool_rows = await self._fetch(pool, targets, known)
+                known.update((h.chunk_id, row) for h, row in zip(pool, pool_rows, strict=True))
+                return await self._rerank(req, text, pool, pool_rows)
+
             try:
-                ranked = await asyncio.wait_for(self._rerank(req, text, pool, pool_rows), s.rerank_timeout_s)
+                ranked = await asyncio.wait_for(fetch_and_rerank(), s.rerank_timeout_s)
                 reranked = True
             except Exception as exc:  # the fused order stands; the request still succeeds
                 warnings.append(f"reranking {failure(exc)}: results are in fused order")
@@ -436,15 +458,23 @@ class SearchPipeline:
         if req.mmr_lambda is not None and kept:
             t = time.perf_counter()
             pool = kept[: req.limit * s.mmr_pool_factor]
-            pool_vectors = await self._vectors(pool, targets)
-            query_vector = next(iter(vectors.values()))
-            relevance = [h.score for h in min_max(pool)]
-            final = mmr(pool, query_vector, pool_vectors, req.limit, req.mmr_lambda, relevance)
+            try:
+                pool_vectors = await asyncio.wait_for(self._vectors(pool, targets), s.shard_timeout_s)
+            except Exception as exc:  # the relevance order stands
+                warnings.append(f"MMR skipped: the candidates' vectors {failure(exc)}")
+            else:
+                query_vector = next(iter(vectors.values()))
+                relevance = [h.score for h in min_max(pool)]
+                final = mmr(pool, query_vector, pool_vectors, req.limit, req.mmr_lambda, relevance)
             timings["mmr"] = (time.perf_counter() - t) * 1000
         top = final[: req.limit]
 
         t = time.perf_counter()
-        rows = await self._fetch(top, targets, known)
+        try:
+            rows = await asyncio.wait_for(self._fetch(top, targets, known), s.shard_timeout_s)
+        except Exception as exc:
+            raise RequestError(f"the shards did not send the results' texts: {failure(exc)}; retry shortly",
+                               503) from exc
         timings["fetch"] = (time.perf_counter() - t) * 1000
         fused_scores = {h.chunk_id: h.score for h in fused} if hybrid else {}
         results = self._results(top, rows, legs, fused_scores, reranked, relevance_of)
@@ -511,14 +541,16 @@ class SearchPipeline:
         """Events for ``stream: true``, after ``search`` answered (so a bad request is still a plain 4xx):
         the search response, the answer's tokens, then the answer. A synthesis failure is an ``error``
         event, since the status line has been sent by then."""
-        yield {"type": "results", **response.model_dump(mode="json", exclude_none=True)}
+        yield {"type": "results", **response_dict(response)}
         deadline = time.monotonic() + self.settings.synthesis_timeout_s
         try:
-            events = self.synthesizer.stream(req.query, [r.model_dump() for r in response.results],
-                                             req.max_answer_tokens)
-            async for event in events:
-                if time.monotonic() > deadline:
-                    raise TimeoutError
+            events = aiter(self.synthesizer.stream(req.query, [r.model_dump() for r in response.results],
+                                                   req.max_answer_tokens))
+            while True:  # each event (the first token too) waits only until the deadline
+                try:
+                    event = await asyncio.wait_for(anext(events), max(0.0, deadline - time.monotonic()))
+                except StopAsyncIteration:
+                    break
                 yield event
         except Exception as exc:
             yield {"type": "error", "error": f"synthesis {failure(exc)}: no answer, results only"}

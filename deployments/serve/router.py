@@ -43,6 +43,7 @@ from deployments.schemas import (
     SearchResponse,
     ShardHealth,
     VersionsResponse,
+    response_json,
 )
 from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.guard import CONSOLE_ASSETS, Caller, Guard, key_digest, route_path
@@ -310,7 +311,7 @@ class _Metrics:
             self.skipped.inc(len(response.warnings), tags={"method": method})
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
+@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256, health_check_period_s=10)
 @serve.ingress(app)
 class SearchRouter:
     def __init__(self, collections: dict[str, dict[str, Any]], default_collection: str, reranker=None,
@@ -352,6 +353,8 @@ class SearchRouter:
             synthesizer=HandleSynthesizer(synthesis, llm_rerank) if synthesis is not None else None,
             acl_field=security_cfg.acl_field, public_principal=security_cfg.public_principal,
         )
+        self.held_hosts = [handle.host for d in deployed.values() for _, handle, _ in d.slots
+                           if isinstance(handle, VersionCache)]
         self.judgments = {name: JudgmentStore(Path(spec["judgments"])) for name, spec in collections.items()
                           if spec.get("judgments")}
         self.versions = VersionSwitch(self.pipeline.collections, deployed, shard_client,
@@ -399,7 +402,8 @@ class SearchRouter:
               responses={200: {"content": {"application/x-ndjson": {}},
                                "description": "The results; with stream: true, NDJSON lines: one 'results' event, "
                                "'token' events, then one 'answer' (or 'error') event."}}
-              | error_responses({400: "Request cannot be served (a stage not enabled)", 404: "Unknown collection"}))
+              | error_responses({400: "Request cannot be served (a stage not enabled)", 404: "Unknown collection",
+                                 504: "Past router.request_timeout_s; the request's work was stopped"}))
     async def search(self, body: SearchRequest, request: Request) -> SearchResponse:
         self._watch()
         await self._load_info()
@@ -414,7 +418,7 @@ class SearchRouter:
                                          media_type="application/x-ndjson")
             # Serialized once by pydantic's Rust encoder: returning the model would have FastAPI validate
             # and encode it again (the schema above still documents it).
-            return Response(response.model_dump_json(exclude_none=True), media_type="application/json")
+            return Response(response_json(response), media_type="application/json")
         finally:
             logger.info(json.dumps({
                 "event": "search",
@@ -431,7 +435,9 @@ class SearchRouter:
         return name, self.judgments[name]
 
     @app.post("/feedback", response_model=FeedbackResponse, status_code=201,
-              responses=error_responses({404: "Unknown collection", 507: "The disk did not take the judgment"}))
+              responses=error_responses({403: "A tenant that is not one of the key's principals",
+                                         404: "Unknown collection, or a document it does not hold or the caller may "
+                                              "not see", 507: "The disk did not take the judgment"}))
     async def feedback(self, body: FeedbackRequest, request: Request) -> FeedbackResponse:
         """Store a relevance judgment durably (appended and fsynced before the 201). With keys on, the
         judgment belongs to the caller's key and its principals (its tenant), not to a field the caller
@@ -492,6 +498,12 @@ class SearchRouter:
         """Activate the version that was active before the current one."""
         self._watch()
         return ActivationResponse(**await self.versions.rollback(collection))
+
+    async def check_health(self) -> None:
+        """Serve's health check: a replica holding shards (``shard_placement: router``) whose JVM ran out of
+        heap, or whose index files vanished, leaves rotation and is replaced."""
+        for host in self.held_hosts:
+            await host.check_health()
 
     @app.get("/health", response_model=HealthResponse)
     async def health(self) -> JSONResponse:

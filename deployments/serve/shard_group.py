@@ -14,12 +14,17 @@ when it holds the shards itself, ``shard_placement: router``).
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import numpy as np
 from ray import serve
 
 from deployments.shard.group import ShardGroup
 from deployments.shard.host import ShardHost
 from deployments.shard.service import ShardAnswer
+
+CLOSE_GRACE_S = 30.0  # an evicted version is closed this long after eviction
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32, health_check_period_s=10)
@@ -30,8 +35,24 @@ class ShardRetriever:
         self.host = ShardHost(index_root, version_dir, shards, expect, verify_checksums, lucene_heap, search_device,
                               warmup_searches)
 
+        host = self.host
+
+        class LoadedVersion(ShardGroup):
+            """A version as Serve's multiplexing holds it: Serve calls ``__del__`` when it evicts one (and
+            Python again when it is collected), which closes it once, after a grace period for requests
+            already pinned to it, on the index thread."""
+
+            def __del__(self):
+                if getattr(self, "_closing", True):  # closing already, or never fully made
+                    return
+                self._closing = True
+                with contextlib.suppress(RuntimeError):  # raised while the interpreter shuts down: nothing to close
+                    threading.Timer(CLOSE_GRACE_S, host.worker.submit, (host.close_version, self.version, self)).start()
+
         async def load(version: str) -> ShardGroup:  # a plain function: Serve sets attributes on it
-            return await self.host.load(version)
+            group = await self.host.load(version)
+            group.__class__, group.version, group._closing = LoadedVersion, version, False
+            return group
 
         self._service_for = serve.multiplexed(max_num_models_per_replica=max_versions)(load)
 
@@ -52,6 +73,11 @@ class ShardRetriever:
     async def vocabulary(self, acl=None) -> dict[str, int]:
         group = await self._service()
         return await self.host.run(group.vocabulary, acl)
+
+    async def check_health(self) -> None:
+        """Serve's health check (every ``health_check_period_s``): a slot whose JVM ran out of heap, or whose
+        index files vanished, leaves rotation and is replaced."""
+        await self.host.check_health()
 
     async def info(self) -> dict:
         """Loading the call's version first makes ``info`` the warm-up call of an activation."""

@@ -40,6 +40,14 @@ class ShardGroup:
     def size(self) -> int:
         return len(self.services)
 
+    def check(self) -> None:
+        for s in self.services:
+            s.check()
+
+    def close(self) -> None:
+        for s in self.services:
+            s.close()
+
     @property
     def chunks(self) -> int:
         return sum(s.chunks for s in self.services)

@@ -35,14 +35,44 @@ class ShardHost:
         self.expect, self.verify_checksums = dict(expect), verify_checksums
         self.search_device, self.warmup_searches = search_device, warmup_searches
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-search")
+        self.opened: dict[str, ShardGroup] = {}  # every version this host has open, until it is closed
+        self.sick: str | None = None  # why this slot should leave rotation (a JVM error), once seen
         initial = Path(version_dir)
         self.initial_version = initial.name
         # Opened now, so a broken index fails the deployment instead of its first request.
         self._preloaded: dict[str, ShardGroup] = {initial.name: self._open(initial)}
 
     async def run(self, fn: Callable, *args) -> Any:
-        """``fn(*args)`` on the host's one index thread (FAISS and Lucene release the GIL meanwhile)."""
-        return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
+        """``fn(*args)`` on the host's one index thread (FAISS and Lucene release the GIL meanwhile). A JVM
+        that ran out of heap marks the host sick: its health check then fails and Serve replaces it."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
+        except Exception as exc:
+            if isinstance(exc, MemoryError) or "OutOfMemoryError" in f"{type(exc).__name__} {exc}":
+                self.sick = f"the JVM or the process ran out of memory: {str(exc)[:200]}"
+            raise
+
+    async def check_health(self) -> None:
+        """Raises (Serve then replaces the replica) when this slot cannot answer: a JVM out of heap seen,
+        or a version it serves whose files vanished or whose Lucene reader no longer answers."""
+        if self.sick:
+            raise RuntimeError(self.sick)
+        for version, group in list(self.opened.items()):
+            try:
+                await asyncio.wait_for(self.run(group.check), 10)
+            except Exception as exc:
+                raise RuntimeError(f"index version {version}: {exc}") from exc
+
+    def close_version(self, version: str, group: ShardGroup) -> None:
+        """Close an evicted version (blocking: run it on the index thread, after the searches queued on it)."""
+        if self.opened.get(version) is group:
+            del self.opened[version]
+        group.close()
+
+    async def close_later(self, version: str, group: ShardGroup, grace_s: float = 30.0) -> None:
+        """Close an evicted version once requests that were already pinned to it have had time to finish."""
+        await asyncio.sleep(grace_s)
+        await self.run(self.close_version, version, group)
 
     def _open(self, version_dir: Path) -> ShardGroup:
         stats, terms = read_stats(version_dir / "bm25")
@@ -56,6 +86,7 @@ class ShardHost:
                                          self.verify_checksums, self.search_device) for shard in held])
         group.warm_up(self.warmup_searches)
         pin_version(version_dir)  # served from this process: not removable until it exits
+        self.opened[version_dir.name] = group
         return group
 
     def open_version(self, version: str) -> ShardGroup:
@@ -76,10 +107,11 @@ class VersionCache:
     """At most ``max_versions`` opened versions of one host, least recently used dropped first; one load
     per version at a time (what Serve's multiplexing does for a shard deployment)."""
 
-    def __init__(self, host: ShardHost, max_versions: int = 2):
-        self.host, self.max_versions = host, max_versions
+    def __init__(self, host: ShardHost, max_versions: int = 2, close_grace_s: float = 30.0):
+        self.host, self.max_versions, self.close_grace_s = host, max_versions, close_grace_s
         self._groups: OrderedDict[str, ShardGroup] = OrderedDict()
         self._loading: dict[str, asyncio.Future] = {}
+        self._closing: set[asyncio.Task] = set()
 
     async def get(self, version: str) -> ShardGroup:
         group = self._groups.get(version)
@@ -99,7 +131,10 @@ class VersionCache:
             self._loading.pop(version, None)
         self._groups[version] = group
         while len(self._groups) > self.max_versions:
-            self._groups.popitem(last=False)
+            evicted, old = self._groups.popitem(last=False)
+            task = asyncio.ensure_future(self.host.close_later(evicted, old, self.close_grace_s))
+            self._closing.add(task)  # kept referenced until done
+            task.add_done_callback(self._closing.discard)
         return group
 
 

@@ -106,6 +106,19 @@ class ShardService:
     def chunks(self) -> int:
         return self.table.num_rows
 
+    def check(self) -> None:
+        """Raises when this shard cannot answer: its files are gone (a version folder removed or unmounted
+        under a running process), or its Lucene index no longer answers through the JVM."""
+        for path in (self.folder / CHUNKS_FILE, self.folder / EMBEDDINGS_FILE, self.folder / LUCENE_DIR):
+            if not path.exists():
+                raise RuntimeError(f"shard {self.name}: {path} is gone")
+        if self.lucene.reader.numDocs() != self.chunks:  # one call into the JVM
+            raise RuntimeError(f"shard {self.name}: Lucene reports a different number of documents")
+
+    def close(self) -> None:
+        """Release the Lucene reader (its files and JVM memory); the shard answers nothing afterwards."""
+        self.lucene.close()
+
     def analyze(self, text: str) -> list[str]:
         """The query's terms as this shard's Lucene analyzer makes them (the same for every shard)."""
         return self.lucene.analyzer.analyze(text)

@@ -274,3 +274,65 @@ def test_jvm_warm_up_runs_searches_and_changes_no_answer(pipeline):
     assert len(calls) == 10 and all(2 <= len(t) <= 12 for t in calls)  # 30 searches over 3 shards
     after = search(pipeline, query="lucene shard replica", method="keyword", limit=8, debug=True)
     assert [r.model_dump() for r in after.results] == [r.model_dump() for r in before.results]
+
+
+def test_every_stage_and_the_request_have_a_deadline(built):
+    """Late fetches are a 503, late vectors skip MMR, a request past request_timeout_s is a 504 with its
+    stages cancelled, and a stream whose model never writes ends at the synthesis deadline."""
+    pipe = inprocess_pipeline({"main": built[3][1].version_dir},
+                              RouterSettings(shard_timeout_s=0.2, cache_size=0, rows_with_answers=0,
+                                             request_timeout_s=1.0, synthesis_timeout_s=0.3))
+    group = pipe.collections["main"].shards[0]
+    cancelled = []
+
+    async def stuck(*args):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    real_fetch, real_vectors, real_search = group.fetch, group.vectors, group.search
+    group.fetch = stuck
+    with pytest.raises(RequestError, match="texts") as e:
+        search(pipe, query="telescope galaxy", limit=5)
+    assert e.value.status == 503
+    group.fetch, group.vectors = real_fetch, stuck
+    resp = search(pipe, query="telescope galaxy", limit=5, mmr_lambda=0.5)
+    assert len(resp.results) == 5 and any("MMR skipped" in w for w in resp.warnings)
+    group.vectors = real_vectors
+
+    class NeverAnswers:
+        async def answer(self, *args):
+            await stuck()
+
+        async def stream(self, *args):
+            await asyncio.sleep(30)
+            yield {"type": "token", "text": "late"}
+
+    pipe.synthesizer = NeverAnswers()
+    pipe.settings = pipe.settings.model_copy(update={"synthesis_timeout_s": 60.0})
+    cancelled.clear()
+    with pytest.raises(RequestError, match="request_timeout_s") as e:
+        search(pipe, query="telescope galaxy", limit=5, synthesize=True)
+    assert e.value.status == 504 and cancelled == [True]  # the answer still at work was stopped
+    pipe.settings = pipe.settings.model_copy(update={"synthesis_timeout_s": 0.3})
+    req = SearchRequest(query="telescope galaxy", limit=5, synthesize=True, stream=True)
+
+    async def stream_all():
+        response = await pipe.search(req)
+        return [e async for e in pipe.stream_answer(req, response)]
+
+    events = run(asyncio.wait_for(stream_all(), 5))
+    assert events[0]["type"] == "results" and events[-1]["type"] == "error" and "timed out" in events[-1]["error"]
+    group.search = real_search
+
+
+def test_operator_caps_bind_clients(pipeline):
+    s = pipeline.settings
+    pipeline.settings = s.model_copy(update={"candidate_cap": 50})
+    try:
+        resp = search(pipeline, query="bread oven", limit=5, candidates=400, debug=True)
+    finally:
+        pipeline.settings = s
+    assert resp.debug["candidate_depth"] == 50 and any("capped at 50" in w for w in resp.warnings)

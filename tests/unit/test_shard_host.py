@@ -15,7 +15,7 @@ class CountingHost:
     """Opens a "version" (a string) after a pause, counting the opens."""
 
     def __init__(self, pause_s: float = 0.05):
-        self.pause_s, self.opened = pause_s, []
+        self.pause_s, self.opened, self.closed = pause_s, [], []
 
     async def load(self, version: str) -> str:
         await asyncio.sleep(self.pause_s)
@@ -23,6 +23,10 @@ class CountingHost:
             raise FileNotFoundError(version)
         self.opened.append(version)
         return f"group of {version}"
+
+    async def close_later(self, version: str, group, grace_s: float) -> None:
+        await asyncio.sleep(grace_s)
+        self.closed.append((version, group))
 
 
 def test_concurrent_requests_for_a_version_load_it_once():
@@ -57,5 +61,17 @@ def test_a_load_outlives_a_request_that_gave_up_and_a_failure_is_retried():
         for _ in range(2):
             with pytest.raises(FileNotFoundError):
                 await cache.get("broken")
+
+    asyncio.run(run())
+
+
+def test_an_evicted_version_is_closed_after_the_grace_period():
+    async def run():
+        cache = VersionCache(CountingHost(pause_s=0), max_versions=1, close_grace_s=0.05)
+        await cache.get("v1")
+        await cache.get("v2")  # evicts v1
+        assert cache.host.closed == []  # requests pinned to v1 may still be at work
+        await asyncio.sleep(0.1)
+        assert cache.host.closed == [("v1", "group of v1")]
 
     asyncio.run(run())

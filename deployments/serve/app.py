@@ -53,7 +53,7 @@ def reranker_deployment(cfg: RerankerConfig):
 
 
 def synthesis_deployment(cfg: SynthesisConfig):
-    if cfg.model != "smollm2" and not cfg.model.endswith(".gguf"):
+    if cfg.model is not None and cfg.model != "smollm2" and not cfg.model.endswith(".gguf"):
         check_model_available(cfg.model, "synthesis.model")
     return Synthesis.options(
         name="synthesis",

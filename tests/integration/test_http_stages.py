@@ -37,7 +37,8 @@ def served(built, ray_local, tiny_cross_encoder):
         "reranker": {"model": str(tiny_cross_encoder), "num_cpus": 0.1,
                      "batching": {"batch_wait_s": 0.05, "max_batch_pairs": 512},
                      "autoscaling": {"min_replicas": 1, "max_replicas": 1}},
-        "synthesis": {"enabled": True, "num_cpus": 0.1, "threads": 2, "max_new_tokens": 40, "llm_rerank": True},
+        "synthesis": {"enabled": True, "model": "smollm2", "num_cpus": 0.1, "threads": 2, "max_new_tokens": 40,
+                      "llm_rerank": True},
         "security": {"api_key_digests": [DIGEST], "max_inflight": 8, "max_body_bytes": 4096, "retry_after_s": 2},
     })
     serve.run(app, name="stages", route_prefix="/", blocking=False)

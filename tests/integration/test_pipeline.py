@@ -336,3 +336,26 @@ def test_operator_caps_bind_clients(pipeline):
     finally:
         pipeline.settings = s
     assert resp.debug["candidate_depth"] == 50 and any("capped at 50" in w for w in resp.warnings)
+
+
+def test_extractive_answers_cite_the_returned_results_that_hold_each_sentence(built):
+    """synthesize: true with the engine a CPU node gets by default (no model): every sentence is a sentence
+    of a returned result, cited with that result's rank, and its support checked."""
+    from deployments.config import SynthesisConfig
+    from deployments.search.synthesis import LocalSynthesizer, SynthesisService
+
+    pipe = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(cache_size=0),
+                              synthesizer=LocalSynthesizer(SynthesisService(SynthesisConfig(enabled=True))))
+    resp = search(pipe, query="telescope galaxy orbit", limit=5, synthesize=True)
+    answer = resp.answer
+    assert answer is not None and answer.model == "extractive" and answer.sentences
+    by_rank = {r.rank: r for r in resp.results}
+    for sentence in answer.sentences:
+        assert sentence.supported and sentence.citations
+        words = set(sentence.text.split()) - {f"[{n}]" for n in sentence.citations}
+        for n in sentence.citations:
+            assert {w.strip(".[]0123456789") for w in words} - {""} <= \
+                {w.strip(".,") for w in by_rank[n].content.split()} | {w.strip(".,") for w in by_rank[n].title.split()}
+    assert {c.n for c in answer.citations} == {n for s in answer.sentences for n in s.citations}
+    assert all(c.chunk_id == by_rank[c.n].chunk_id for c in answer.citations)
+    assert resp.synthesis == answer.text

@@ -196,7 +196,8 @@ def test_answer_keeps_only_valid_citations():
 def test_answer_without_sources_does_not_call_the_engine():
     engine = ScriptedEngine(["never"])
     answer = Synthesizer(engine).answer("anything", [])
-    assert answer == Answer(NOTHING_FOUND, [], [], "scripted", 0, 0, 0.0)
+    assert answer == Answer(NOTHING_FOUND, [], [], "scripted", 0, 0, 0.0,
+                            [{"text": NOTHING_FOUND, "citations": [], "supported": False, "support": 0.0}])
     events = list(Synthesizer(engine).stream("anything", []))
     assert events == [{"type": "token", "text": NOTHING_FOUND}, {"type": "answer", **asdict(answer)}]
     assert engine.calls == []
@@ -282,7 +283,9 @@ def test_vllm_engine_without_vllm_says_what_to_do(monkeypatch):
 
 def test_load_engine_refuses_what_cannot_run(monkeypatch):
     with pytest.raises(RuntimeError, match="cannot run model 'smollm2'"):
-        load_engine(SynthesisConfig(engine="vllm"))
+        load_engine(SynthesisConfig(engine="vllm", model="smollm2"))
+    with pytest.raises(RuntimeError, match="needs an instruct model"):
+        load_engine(SynthesisConfig(engine="transformers"))
     monkeypatch.setattr(synthesis.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(RuntimeError, match="vllm is not installed"):
         load_engine(SynthesisConfig(engine="vllm", model="HuggingFaceTB/SmolLM2-360M-Instruct"))
@@ -293,7 +296,8 @@ def test_auto_engine_choice(monkeypatch):
     monkeypatch.setattr(synthesis, "_cuda_available", lambda: True)
     monkeypatch.setattr(synthesis.importlib.util, "find_spec", lambda name: object())
     assert choose_engine(gpu) == "vllm"
-    assert choose_engine(SynthesisConfig()) == "transformers"  # the smollm2 GGUF is for transformers
+    assert choose_engine(SynthesisConfig()) == "extractive"  # no instruct model named: no model at all
+    assert choose_engine(SynthesisConfig(model="smollm2")) == "transformers"  # the smollm2 GGUF is for transformers
     assert choose_engine(gpu.model_copy(update={"device": "cpu"})) == "transformers"
     assert choose_engine(gpu.model_copy(update={"engine": "transformers"})) == "transformers"
     monkeypatch.setattr(synthesis.importlib.util, "find_spec", lambda name: None)
@@ -356,6 +360,6 @@ def test_echoed_source_blocks_are_cut_from_the_answer():
     assert cut_echoed_sources(raw) == "getopt parses options [1]."
     assert cut_echoed_sources("no tags here [2]") == "no tags here [2]"
     assert cut_echoed_sources("x &lt;/source&gt; y") == "x"
-    sources = [Source(1, "c1", "d1", "t1", "text")]
+    sources = [Source(1, "c1", "d1", "getopt", "The getopt module parses command line options.")]
     answer = synthesis.make_answer(raw, sources, "m", 10, 5, 1.0)
     assert answer.text == "getopt parses options [1]." and [c["n"] for c in answer.citations] == [1]

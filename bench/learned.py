@@ -1,0 +1,103 @@
+"""What was learned from judgments is worth: nDCG@10 on held-out queries for hybrid search over the shipped
+encoder and over a fine-tuned one, each without and with a trained reranker at several depths.
+
+Every index is searched in-process with the service's own pipeline and default settings (hybrid,
+weighted 0.5/0.5 over 200 candidates, ``limit`` 100, cache off); a document ranks at its best chunk; the
+held-out split's qrels judge it. With ``--reranker``, the same pipeline reranks the best ``depth`` fused
+candidates with that cross-encoder (on this machine's CPU unless a GPU is present), over the first
+``--rerank-queries`` queries (every row of one index is scored over the same queries, the no-rerank row
+included), and the mean rerank time per query is recorded.
+
+    python -m bench.learned --data ../shared/data --dataset scifact \\
+        --index shipped=bench/out/indexes/scifact-3 --index tuned=bench/out/indexes/scifact-tuned \\
+        --reranker bench/out/models/reranker-scifact --depths 20 40 100 --rerank-queries 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+from bench.common import load_beir, machine, write_record
+from deployments.relevance.metrics import evaluate
+
+
+def run_queries(pipeline, queries: dict[str, str], **request) -> tuple[dict, float]:
+    """(query id -> document -> score by rank, mean ms of the rerank stage)."""
+    from deployments.schemas import SearchRequest
+
+    run, rerank_ms = {}, []
+
+    async def go():
+        for qid, text in queries.items():
+            response = await pipeline.search(SearchRequest(query=text, limit=100, include_citations=False, **request))
+            best: list[str] = []
+            for r in response.results:
+                if r.doc_id not in best:
+                    best.append(r.doc_id)
+            run[qid] = {d: float(len(best) - i) for i, d in enumerate(best)}
+            if "rerank" in response.timings_ms:
+                rerank_ms.append(response.timings_ms["rerank"])
+
+    asyncio.run(go())
+    return run, (sum(rerank_ms) / len(rerank_ms) if rerank_ms else 0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.learned", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--dataset", default="scifact")
+    ap.add_argument("--split", default="test", help="the held-out qrels split that judges")
+    ap.add_argument("--index", action="append", required=True, metavar="LABEL=PATH")
+    ap.add_argument("--reranker", default=None, help="a trained cross-encoder folder")
+    ap.add_argument("--depths", type=int, nargs="*", default=[20, 40, 100])
+    ap.add_argument("--rerank-queries", type=int, default=100)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/learned.json"))
+    args = ap.parse_args(argv)
+
+    from deployments.config import RouterSettings
+    from deployments.search.inprocess import InProcessReranker, inprocess_pipeline
+
+    queries, qrels = load_beir(args.data / args.dataset, args.split)
+    record: dict = {"machine": machine(), "dataset": args.dataset, "split": args.split, "queries": len(queries),
+                    "reranker": args.reranker, "rows": []}
+    scorer = None
+    if args.reranker:
+        from deployments.search.reranking import CrossEncoderScorer
+
+        scorer = CrossEncoderScorer(args.reranker, max_length=256)
+    subset = dict(list(queries.items())[: args.rerank_queries])
+    for spec in args.index:
+        label, path = spec.split("=", 1)
+        settings = RouterSettings(cache_size=0, rerank_timeout_s=600, request_timeout_s=3600)
+        pipeline = inprocess_pipeline({"default": Path(path)}, settings,
+                                      reranker=InProcessReranker(scorer) if scorer else None)
+        t = time.perf_counter()
+        run, _ = run_queries(pipeline, queries, rerank=False)
+        row = {"index": label, "path": path, "rerank_depth": 0, "queries": len(queries),
+               **evaluate(run, {q: qrels[q] for q in queries}), "seconds": round(time.perf_counter() - t, 1)}
+        record["rows"].append(row)
+        print(row, flush=True)
+        if scorer is None:
+            continue
+        plain_subset = evaluate({q: run[q] for q in subset}, {q: qrels[q] for q in subset})
+        record["rows"].append({"index": label, "rerank_depth": 0, "queries": len(subset), **plain_subset})
+        for depth in args.depths:
+            sub_run, ms = run_queries(pipeline, subset, rerank=True, rerank_depth=depth)
+            row = {"index": label, "rerank_depth": depth, "queries": len(subset),
+                   **evaluate(sub_run, {q: qrels[q] for q in subset}), "rerank_ms_per_query": round(ms, 1)}
+            record["rows"].append(row)
+            print(row, flush=True)
+    write_record(args.out, record)
+    print("| index | rerank depth | queries | nDCG@10 | R@100 | rerank ms/query |\n|---|---|---|---|---|---|")
+    for r in record["rows"]:
+        print(f"| {r['index']} | {r['rerank_depth'] or '-'} | {r['queries']} | {r['nDCG@10']:.4f} | "
+              f"{r['R@100']:.4f} | {r.get('rerank_ms_per_query', '-')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,222 @@
+"""Training data for the encoder and the reranker: judged pairs, hard negatives mined from the index's own
+hybrid candidates, and a held-out split kept apart. Ray-free (the index is searched in-process).
+
+Judgments come from a BEIR folder's qrels of one split (``--data DIR --split train``) or from what a
+running service collected through ``POST /feedback`` (``--judgments ROOT``). A pair is (query, a document
+judged relevant); its hard negative is the best-ranked candidate of the index's hybrid search for the
+query that is not judged relevant to it, so the model learns what the current ranking gets wrong. Queries
+of the held-out split (BEIR's test, or ``--held-out`` query ids) never enter training: the split's name
+and the number of queries left out are written with the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from deployments.relevance.judgments import JudgmentStore
+
+TRAINING_FILE = "training.json"  # written beside a trained model: its data, held-out split, settings, time
+
+
+@dataclass(frozen=True)
+class Pair:
+    query_id: str
+    query: str
+    doc_id: str
+    doc_text: str  # as the index embeds it: "title\ntext"
+    negative_id: str | None = None
+    negative_text: str | None = None
+
+
+def read_qrels(path: Path) -> dict[str, dict[str, int]]:
+    qrels: dict[str, dict[str, int]] = {}
+    with open(path) as f:
+        for n, line in enumerate(f):
+            parts = line.rstrip("\n").split("\t")
+            if n == 0 and parts[0] == "query-id":
+                continue
+            if len(parts) == 3:
+                qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
+    return qrels
+
+
+def read_corpus(path: Path, ids: set[str] | None = None) -> dict[str, str]:
+    """doc id -> "title\\ntext" (the index's default contents), for ``ids`` only when given."""
+    out: dict[str, str] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            did = str(d.get("_id", d.get("id")))
+            if ids is None or did in ids:
+                title, text = (d.get("title") or "").strip(), (d.get("text") or "").strip()
+                out[did] = f"{title}\n{text}" if title and text else (text or title)
+    return out
+
+
+@dataclass
+class Judged:
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+    source: str  # what they were read from
+    held_out: str  # the split (or file) kept out of training
+    held_out_queries: int  # judged queries of the held-out split that were dropped from training
+
+
+def beir_judgments(folder: Path, split: str = "train", held_out: str = "test") -> Judged:
+    """The qrels of ``split``, minus any query that the held-out split also judges."""
+    qrels = read_qrels(folder / "qrels" / f"{split}.tsv")
+    held = folder / "qrels" / f"{held_out}.tsv"
+    overlap = set(qrels) & set(read_qrels(held)) if held.is_file() else set()
+    for qid in overlap:
+        del qrels[qid]
+    queries = {}
+    with open(folder / "queries.jsonl", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                q = json.loads(line)
+                if str(q["_id"]) in qrels:
+                    queries[str(q["_id"])] = q["text"]
+    return Judged(queries, qrels, f"{folder} qrels/{split}.tsv", f"qrels/{held_out}.tsv", len(overlap))
+
+
+def service_judgments(root: Path, held_out_ids: Iterable[str] = ()) -> Judged:
+    """What ``POST /feedback`` stored under ``ROOT/judgments`` (every tenant's: an operator's export)."""
+    texts, qrels = JudgmentStore(Path(root) / "judgments").qrels()
+    held = set(held_out_ids)
+    dropped = len(set(qrels) & held)
+    qrels = {q: d for q, d in qrels.items() if q not in held}
+    return Judged({q: texts[q] for q in qrels}, qrels, f"{root}/judgments", "held-out query ids" if held else "none",
+                  dropped)
+
+
+def positive_pairs(judged: Judged, corpus: dict[str, str]) -> list[Pair]:
+    return [Pair(qid, judged.queries[qid], did, corpus[did])
+            for qid, docs in sorted(judged.qrels.items()) for did, grade in sorted(docs.items())
+            if grade > 0 and did in corpus and qid in judged.queries]
+
+
+def mine_negatives(pairs: list[Pair], index: Path, corpus: dict[str, str], judged: Judged, depth: int = 30,
+                   progress=None) -> list[Pair]:
+    """Each pair with the best-ranked hybrid candidate of its query that is not judged relevant to it
+    (None when the first ``depth`` results hold nothing else)."""
+    from deployments.config import RouterSettings
+    from deployments.schemas import SearchRequest
+    from deployments.search.inprocess import inprocess_pipeline
+
+    pipeline = inprocess_pipeline({"default": Path(index)}, RouterSettings(cache_size=0))
+    negative_of: dict[str, str | None] = {}
+
+    async def mine(qids: list[str]) -> None:
+        for qid in qids:
+            response = await pipeline.search(SearchRequest(query=judged.queries[qid], limit=depth))
+            relevant = {d for d, g in judged.qrels[qid].items() if g > 0}
+            negative_of[qid] = next((r.doc_id for r in response.results
+                                     if r.doc_id not in relevant and r.doc_id in corpus), None)
+            if progress:
+                progress(1)
+
+    asyncio.run(mine(sorted({p.query_id for p in pairs})))
+    out = []
+    for p in pairs:
+        neg = negative_of.get(p.query_id)
+        out.append(Pair(p.query_id, p.query, p.doc_id, p.doc_text, neg, corpus[neg] if neg else None))
+    return out
+
+
+def index_documents(index: Path) -> dict[str, str]:
+    """doc id -> "title\\ntext" from an index version's stored documents (``documents.parquet`` per shard;
+    a version built before those were stored gives each document's chunks joined)."""
+    import pyarrow.parquet as pq
+
+    from index_build.manifest import DOCUMENTS_FILE
+    from index_build.versions import resolve_version_dir
+
+    version_dir = resolve_version_dir(Path(index), None)
+    out: dict[str, str] = {}
+    for shard in sorted((version_dir / "shards").iterdir()):
+        if (shard / DOCUMENTS_FILE).is_file():
+            t = pq.read_table(shard / DOCUMENTS_FILE, columns=["doc_id", "title", "text"])
+            for did, title, text in zip(*(t[c].to_pylist() for c in ("doc_id", "title", "text")), strict=True):
+                out[did] = f"{title}\n{text}" if title and text else (text or title)
+        else:
+            t = pq.read_table(shard / "chunks.parquet", columns=["doc_id", "title", "text"])
+            parts: dict[str, list[str]] = {}
+            titles: dict[str, str] = {}
+            for did, title, text in zip(*(t[c].to_pylist() for c in ("doc_id", "title", "text")), strict=True):
+                parts.setdefault(did, []).append(text)
+                titles.setdefault(did, title)
+            for did, texts in parts.items():
+                out[did] = f"{titles[did]}\n{' '.join(texts)}" if titles[did] else " ".join(texts)
+    return out
+
+
+# ------------------------------------------------------------------ what both training commands share
+
+def build_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", type=Path, help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)")
+    source.add_argument("--judgments", type=Path, help="an index root whose judgments/ POST /feedback wrote")
+    ap.add_argument("--split", default="train", help="the qrels split trained on, with --data (default: %(default)s)")
+    ap.add_argument("--held-out", default="test",
+                    help="the qrels split never trained on, with --data; its queries are dropped from training "
+                         "(default: %(default)s)")
+    ap.add_argument("--index", type=Path, required=True,
+                    help="the index whose hybrid candidates give the hard negatives (root or version folder)")
+    ap.add_argument("--out", type=Path, required=True, help="the folder the trained model is written to")
+    ap.add_argument("--epochs", type=float, default=2)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-5, help="learning rate (default: %(default)s)")
+    ap.add_argument("--negative-depth", type=int, default=30,
+                    help="hybrid candidates searched for each query's hard negative (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save-steps", type=int, default=20, help="a checkpoint every this many steps")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def load_pairs(args: argparse.Namespace) -> tuple[list, dict]:
+    """The training pairs with their hard negatives, and what training.json says of the data."""
+    if args.data is not None:
+        judged = beir_judgments(args.data, args.split, args.held_out)
+        corpus = read_corpus(args.data / "corpus.jsonl")  # all of it: negatives come from anywhere
+    else:
+        judged = service_judgments(args.judgments)
+        corpus = index_documents(args.index)
+    pairs = positive_pairs(judged, corpus)
+    if not pairs:
+        raise SystemExit(f"no relevant judgment in {judged.source} names a document of the corpus: nothing to train")
+    from tqdm import tqdm
+
+    with tqdm(total=len({p.query_id for p in pairs}), desc="mining negatives", unit="query",
+              disable=args.no_progress) as bar:
+        pairs = mine_negatives(pairs, args.index, corpus, judged, args.negative_depth, bar.update)
+    data = {"source": judged.source, "held_out": judged.held_out,
+            "held_out_queries_dropped": judged.held_out_queries, "queries": len({p.query_id for p in pairs}),
+            "pairs": len(pairs), "pairs_with_hard_negative": sum(p.negative_id is not None for p in pairs),
+            "negatives_from": str(args.index)}
+    return pairs, data
+
+
+def training_rows(pairs: list) -> dict[str, list[str]]:
+    """(anchor, positive, negative) columns; pairs without a hard negative are left out when they are few
+    (under 10%), else every pair is kept and only in-batch negatives are used."""
+    with_negative = [p for p in pairs if p.negative_id]
+    if len(with_negative) >= 0.9 * len(pairs):
+        return {"anchor": [p.query for p in with_negative], "positive": [p.doc_text for p in with_negative],
+                "negative": [p.negative_text for p in with_negative]}
+    return {"anchor": [p.query for p in pairs], "positive": [p.doc_text for p in pairs]}
+
+
+def last_checkpoint(folder: Path) -> str | None:
+    done = sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])) if folder.is_dir() else []
+    return str(done[-1]) if done else None
+
+

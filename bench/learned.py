@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reranker", default=None, help="a trained cross-encoder folder")
     ap.add_argument("--depths", type=int, nargs="*", default=[20, 40, 100])
     ap.add_argument("--rerank-queries", type=int, default=100)
+    ap.add_argument("--held-out-from", type=Path, default=None,
+                    help="a trained model folder whose training.json lists held-out query ids: judge only those")
     ap.add_argument("--out", type=Path, default=Path("bench/results/learned.json"))
     args = ap.parse_args(argv)
 
@@ -62,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     from deployments.search.inprocess import InProcessReranker, inprocess_pipeline
 
     queries, qrels = load_beir(args.data / args.dataset, args.split)
+    if args.held_out_from is not None:
+        import json
+
+        held = json.loads((args.held_out_from / "training.json").read_text())["data"]["held_out_query_ids"]
+        queries = {q: t for q, t in queries.items() if q in set(held)}
     record: dict = {"machine": machine(), "dataset": args.dataset, "split": args.split, "queries": len(queries),
+                    "held_out_from": str(args.held_out_from) if args.held_out_from else None,
                     "reranker": args.reranker, "rows": []}
     scorer = None
     if args.reranker:

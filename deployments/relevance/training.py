@@ -67,15 +67,34 @@ class Judged:
     source: str  # what they were read from
     held_out: str  # the split (or file) kept out of training
     held_out_queries: int  # judged queries of the held-out split that were dropped from training
+    held_out_ids: list[str] | None = None  # when the held-out queries were chosen here (a share of one split)
 
 
-def beir_judgments(folder: Path, split: str = "train", held_out: str = "test") -> Judged:
-    """The qrels of ``split``, minus any query that the held-out split also judges."""
+def beir_judgments(folder: Path, split: str = "train", held_out: str = "test",
+                   held_out_share: float | None = None) -> Judged:
+    """The qrels of ``split``, minus any query that the held-out split also judges. With
+    ``held_out_share`` (for a collection that ships one split, as Cranfield does) that share of the split's
+    queries, chosen by a stable hash of the query id (``tuning.split_queries``), is held out instead and
+    listed, so an evaluation can use exactly those."""
     qrels = read_qrels(folder / "qrels" / f"{split}.tsv")
+    if held_out_share is not None:
+        from deployments.relevance.tuning import split_queries
+
+        train, test = split_queries(qrels, held_out_share)
+        qrels = {q: qrels[q] for q in train}
+        judged = beir_judgments_of(folder, qrels, f"{folder} qrels/{split}.tsv",
+                                   f"{held_out_share:.0%} of qrels/{split}.tsv by query-id hash", len(test))
+        judged.held_out_ids = test
+        return judged
     held = folder / "qrels" / f"{held_out}.tsv"
     overlap = set(qrels) & set(read_qrels(held)) if held.is_file() else set()
     for qid in overlap:
         del qrels[qid]
+    return beir_judgments_of(folder, qrels, f"{folder} qrels/{split}.tsv", f"qrels/{held_out}.tsv", len(overlap))
+
+
+def beir_judgments_of(folder: Path, qrels: dict[str, dict[str, int]], source: str, held_out: str,
+                      dropped: int) -> Judged:
     queries = {}
     with open(folder / "queries.jsonl", encoding="utf-8") as f:
         for line in f:
@@ -83,7 +102,7 @@ def beir_judgments(folder: Path, split: str = "train", held_out: str = "test") -
                 q = json.loads(line)
                 if str(q["_id"]) in qrels:
                     queries[str(q["_id"])] = q["text"]
-    return Judged(queries, qrels, f"{folder} qrels/{split}.tsv", f"qrels/{held_out}.tsv", len(overlap))
+    return Judged(queries, qrels, source, held_out, dropped)
 
 
 def service_judgments(root: Path, held_out_ids: Iterable[str] = ()) -> Judged:
@@ -168,6 +187,9 @@ def build_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     ap.add_argument("--held-out", default="test",
                     help="the qrels split never trained on, with --data; its queries are dropped from training "
                          "(default: %(default)s)")
+    ap.add_argument("--held-out-share", type=float, default=None,
+                    help="with --data whose only split is --split: hold out this share of its queries (by a stable "
+                         "hash of the query id) instead of another split; their ids go into training.json")
     ap.add_argument("--index", type=Path, required=True,
                     help="the index whose hybrid candidates give the hard negatives (root or version folder)")
     ap.add_argument("--out", type=Path, required=True, help="the folder the trained model is written to")
@@ -185,7 +207,7 @@ def build_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
 def load_pairs(args: argparse.Namespace) -> tuple[list, dict]:
     """The training pairs with their hard negatives, and what training.json says of the data."""
     if args.data is not None:
-        judged = beir_judgments(args.data, args.split, args.held_out)
+        judged = beir_judgments(args.data, args.split, args.held_out, args.held_out_share)
         corpus = read_corpus(args.data / "corpus.jsonl")  # all of it: negatives come from anywhere
     else:
         judged = service_judgments(args.judgments)
@@ -202,6 +224,8 @@ def load_pairs(args: argparse.Namespace) -> tuple[list, dict]:
             "held_out_queries_dropped": judged.held_out_queries, "queries": len({p.query_id for p in pairs}),
             "pairs": len(pairs), "pairs_with_hard_negative": sum(p.negative_id is not None for p in pairs),
             "negatives_from": str(args.index)}
+    if judged.held_out_ids is not None:
+        data["held_out_query_ids"] = judged.held_out_ids
     return pairs, data
 
 

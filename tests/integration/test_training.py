@@ -100,3 +100,12 @@ def test_train_reranker_writes_a_cross_encoder_the_reranker_serves(beir, index, 
     scorer = CrossEncoderScorer(str(out), device="cpu", max_length=64)  # what --reranker DIR loads
     scores = scorer.score([("telescope galaxy", "a telescope sees a far galaxy"), ("telescope galaxy", "bread")]).tolist()
     assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores) and scores[0] != scores[1]
+
+
+def test_a_collection_with_one_split_holds_out_a_stable_share_of_its_queries(beir):
+    judged = beir_judgments(beir, "test", held_out_share=0.5)
+    again = beir_judgments(beir, "test", held_out_share=0.5)
+    assert judged.held_out_ids == again.held_out_ids and judged.held_out_ids  # stable
+    assert not set(judged.held_out_ids) & set(judged.qrels)  # never trained on
+    assert set(judged.held_out_ids) | set(judged.qrels) == {f"q{i}" for i in (0, 1, *range(30, 36))}
+    assert judged.held_out.startswith("50% of qrels/test.tsv")

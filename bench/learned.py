@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", default="scifact")
     ap.add_argument("--split", default="test", help="the held-out qrels split that judges")
     ap.add_argument("--index", action="append", required=True, metavar="LABEL=PATH")
+    ap.add_argument("--methods", nargs="*", default=["hybrid"], help="methods scored without a reranker")
+    ap.add_argument("--candidates", type=int, nargs="*", default=[0],
+                    help="candidate depths tried for hybrid rows (0: the service's default rule)")
     ap.add_argument("--reranker", default=None, help="a trained cross-encoder folder")
     ap.add_argument("--depths", type=int, nargs="*", default=[20, 40, 100])
     ap.add_argument("--rerank-queries", type=int, default=100)
@@ -83,27 +86,35 @@ def main(argv: list[str] | None = None) -> int:
         settings = RouterSettings(cache_size=0, rerank_timeout_s=600, request_timeout_s=3600)
         pipeline = inprocess_pipeline({"default": Path(path)}, settings,
                                       reranker=InProcessReranker(scorer) if scorer else None)
-        t = time.perf_counter()
+        for method in args.methods:
+            for candidates in (args.candidates if method == "hybrid" else [0]):
+                t = time.perf_counter()
+                extra = {"candidates": candidates} if candidates else {}
+                other, _ = run_queries(pipeline, queries, rerank=False, method=method, **extra)
+                row = {"index": label, "path": path, "method": method, "candidates": candidates or "default",
+                       "rerank_depth": 0, "queries": len(queries), **evaluate(other, {q: qrels[q] for q in queries}),
+                       "seconds": round(time.perf_counter() - t, 1)}
+                record["rows"].append(row)
+                print(row, flush=True)
         run, _ = run_queries(pipeline, queries, rerank=False)
-        row = {"index": label, "path": path, "rerank_depth": 0, "queries": len(queries),
-               **evaluate(run, {q: qrels[q] for q in queries}), "seconds": round(time.perf_counter() - t, 1)}
-        record["rows"].append(row)
-        print(row, flush=True)
         if scorer is None:
             continue
         plain_subset = evaluate({q: run[q] for q in subset}, {q: qrels[q] for q in subset})
-        record["rows"].append({"index": label, "rerank_depth": 0, "queries": len(subset), **plain_subset})
+        record["rows"].append({"index": label, "method": "hybrid", "candidates": "default", "rerank_depth": 0,
+                               "queries": len(subset), **plain_subset})
         for depth in args.depths:
             sub_run, ms = run_queries(pipeline, subset, rerank=True, rerank_depth=depth)
-            row = {"index": label, "rerank_depth": depth, "queries": len(subset),
+            row = {"index": label, "method": "hybrid", "candidates": "default", "rerank_depth": depth,
+                   "queries": len(subset),
                    **evaluate(sub_run, {q: qrels[q] for q in subset}), "rerank_ms_per_query": round(ms, 1)}
             record["rows"].append(row)
             print(row, flush=True)
     write_record(args.out, record)
-    print("| index | rerank depth | queries | nDCG@10 | R@100 | rerank ms/query |\n|---|---|---|---|---|---|")
+    print("| index | method | candidates | rerank depth | queries | nDCG@10 | R@100 | rerank ms/query |\n"
+          "|---|---|---|---|---|---|---|---|")
     for r in record["rows"]:
-        print(f"| {r['index']} | {r['rerank_depth'] or '-'} | {r['queries']} | {r['nDCG@10']:.4f} | "
-              f"{r['R@100']:.4f} | {r.get('rerank_ms_per_query', '-')} |")
+        print(f"| {r['index']} | {r['method']} | {r['candidates']} | {r['rerank_depth'] or '-'} | {r['queries']} | "
+              f"{r['nDCG@10']:.4f} | {r['R@100']:.4f} | {r.get('rerank_ms_per_query', '-')} |")
     return 0
 
 

@@ -39,14 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--every", type=float, default=5)
     ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--shard-replicas", type=int, default=2)
+    ap.add_argument("--shard-num-replicas", type=int, default=2)
     ap.add_argument("--reranker", metavar="MODEL", help="also deploy this cross-encoder (or minilm-l6-arch: its "
                     "architecture with random weights) and kill its replicas too")
     ap.add_argument("--rerank-depth", type=int, default=10)
     args = ap.parse_args(argv)
 
     queries = list(load_beir(args.data / args.dataset)[0].values())
-    extra = ["--no-cache", "--shard-replicas", str(args.shard_replicas), "--shard-num-cpus", "0.1"]
+    extra = ["--no-cache", "--shard-num-replicas", str(args.shard_num_replicas), "--shard-num-cpus", "0.1"]
     body: dict = {"limit": 10}
     if args.reranker:
         from bench.reranker_throughput import ARCH, build_minilm_arch
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     statuses = Counter(s for s, _, _ in answers)
     latencies = sorted(lat for s, _, lat in answers if s == 200)
     record = {"machine": machine(), "index": str(args.index), "seconds": args.seconds, "every_s": args.every,
-              "clients": args.clients, "shard_replicas": args.shard_replicas, "kills": kills,
+              "clients": args.clients, "shard_num_replicas": args.shard_num_replicas, "kills": kills,
               "requests": len(answers), "statuses": {str(k): v for k, v in statuses.items()},
               "failed": len(answers) - statuses.get(200, 0), "degraded": sum(d for _, d, _ in answers),
               "reranker": args.reranker, "rerank_depth": args.rerank_depth if args.reranker else None,

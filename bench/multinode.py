@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     errors: list[str] = []
     try:
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": args.port})
-        serve.run(build_app({"index": str(args.index), "shard_replicas": 2, "shard_num_cpus": 0.1,
-                             "encoder_placement": "deployment", "encoder_replicas": 2, "encoder_num_cpus": 0.25,
+        serve.run(build_app({"index": str(args.index), "shard_num_replicas": 2, "shard_num_cpus": 0.1,
+                             "encoder_placement": "deployment", "encoder_num_replicas": 2, "encoder_num_cpus": 0.25,
                              "shard_resources": {"search_node": 1}, "router_resources": {"ingress_node": 1},
                              "router": {"shard_timeout_s": 10, "cache_size": 0}}), name="multinode", route_prefix="/")
         ready_s = time.perf_counter() - t0

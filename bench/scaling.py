@@ -22,8 +22,8 @@ from bench.speed import load_level
 
 def main(argv: list[str] | None = None) -> int:
     ap = service_bench_parser("scaling", __doc__, port=8480)
-    ap.add_argument("--shard-replicas", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--reranker-replicas", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--shard-num-replicas", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--reranker-num-replicas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reranker", default="minilm-l6-arch")
     ap.add_argument("--rerank-depth", type=int, default=10)
     ap.add_argument("--concurrency", type=int, default=8)
@@ -31,16 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     texts = list(load_beir(args.data / args.dataset)[0].values())
-    configs = [(f"shards x{r}", ["--shard-replicas", str(r), "--shard-num-cpus", "0.1"], {})
-               for r in args.shard_replicas if r > 0]
-    if args.reranker_replicas:
+    configs = [(f"shards x{r}", ["--shard-num-replicas", str(r), "--shard-num-cpus", "0.1"], {})
+               for r in args.shard_num_replicas if r > 0]
+    if args.reranker_num_replicas:
         from bench.reranker_throughput import ARCH, build_minilm_arch
 
         model = build_minilm_arch(None) if args.reranker == ARCH else args.reranker
         configs += [(f"rerank x{n} (depth {args.rerank_depth})",
-                     ["--reranker", model, "--reranker-replicas", str(n), "--rerank-timeout-s", "60",
+                     ["--reranker", model, "--reranker-num-replicas", str(n), "--rerank-timeout-s", "60",
                       "--shard-num-cpus", "0.1"],
-                     {"rerank_depth": args.rerank_depth}) for n in args.reranker_replicas]
+                     {"rerank_depth": args.rerank_depth}) for n in args.reranker_num_replicas]
     rows = []
     for name, extra, body in configs:
         with served(args.index, args.port, ["--no-cache", *extra]) as base:

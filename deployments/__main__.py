@@ -54,24 +54,31 @@ def free_port(host: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from deployments.cli import FAILURE, USAGE_ERROR, renamed_flag
+
     parser = argparse.ArgumentParser(
         prog="python -m deployments",
         description="Serve an index built by index_build over HTTP (POST /search, GET /health, /docs) "
                     "as one Ray Serve application, in the foreground until interrupted.",
     )
-    parser.add_argument("--index", type=Path, required=True, help="index root (its ACTIVE version) or a version folder")
+    parser.add_argument("--index", type=Path, required=True, metavar="ROOT",
+                        help="index root written by index_build (its ACTIVE version is served) or a version folder")
     parser.add_argument("--version", help="serve this version instead of the active one")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--shard-replicas", type=int, default=1)
-    parser.add_argument("--shard-num-cpus", type=float, default=0.25,
-                        help="logical CPUs Ray reserves per shard replica (lower it to fit more replicas)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: %(default)s)")
+    parser.add_argument("--shard-num-replicas", type=int, default=1, metavar="N",
+                        help="replicas of each shard group; more than 1 puts the shards in their own deployments "
+                             "(default: %(default)s)")
+    renamed_flag(parser, "--shard-replicas", "--shard-num-replicas")
+    parser.add_argument("--shard-num-cpus", type=float, default=0.25, metavar="CPUS",
+                        help="logical CPUs Ray reserves per shard replica (lower it to fit more replicas; "
+                             "default: %(default)s)")
     parser.add_argument("--shard-group-size", type=int, default=0, metavar="N",
                         help="shards one shard replica serves in one process; 0 (the default): all of them, one "
                              "call per request")
     parser.add_argument("--shard-placement", choices=["auto", "router", "deployment"], default="auto",
                         help="search the shards inside the router (auto with one shard replica: one process per "
-                             "request) or in shard deployments the router calls (auto with --shard-replicas > 1)")
+                             "request) or in shard deployments the router calls (auto with --shard-num-replicas > 1)")
     parser.add_argument("--encoder-placement", choices=["auto", "router", "deployment"], default="auto",
                         help="embed queries inside the router (auto on CPU) or in a query-encoder deployment")
     parser.add_argument("--encoder-backend", choices=["onnx", "onnx-int8", "torch"], default="onnx",
@@ -86,19 +93,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="deploy the answer writer (extractive: the results' best sentences, each cited, "
                         "unless --synthesis-model names an instruct model); "
                              "requests ask for an answer with synthesize: true")
-    parser.add_argument("--synthesis-model", default=None,
+    parser.add_argument("--synthesis-model", default=None, metavar="MODEL",
                         help="instruct model for --synthesis: smollm2 (SmolLM2-135M, shipped) or a hub name or folder")
     parser.add_argument("--llm-rerank", action="store_true", help="with --synthesis: allow rerank_with: llm")
-    parser.add_argument("--rerank-timeout-s", type=float, default=5.0,
+    parser.add_argument("--rerank-timeout-s", type=float, default=5.0, metavar="SECONDS",
                         help="past this the fused order is returned (reranked: false); a MiniLM-L6 cross-encoder "
-                             "takes about 5 s for 40 candidates on 2 CPU cores")
-    parser.add_argument("--reranker-replicas", type=int, metavar="N",
+                             "takes about 5 s for 40 candidates on 2 CPU cores (default: %(default)s)")
+    parser.add_argument("--reranker-num-replicas", type=int, metavar="N",
                         help="with --reranker: exactly N replicas (default: autoscaled between 1 and 2)")
+    renamed_flag(parser, "--reranker-replicas", "--reranker-num-replicas")
     parser.add_argument("--via-proxy", action="store_true",
                         help="answer --port through Serve's HTTP proxy (one more hop per request) instead of the "
                              "router replica's own HTTP server")
-    parser.add_argument("--max-inflight", type=int, default=64,
-                        help="requests the router works on at once; more are answered 503 with Retry-After")
+    parser.add_argument("--max-inflight", type=int, default=64, metavar="N",
+                        help="requests the router works on at once; more are answered 503 with Retry-After "
+                             "(default: %(default)s)")
     parser.add_argument("--example", metavar="QUERY", help="once serving, send this query and print the answer")
     args = parser.parse_args(argv)
 
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
-                        shard_replicas=args.shard_replicas, shard_num_cpus=args.shard_num_cpus,
+                        shard_num_replicas=args.shard_num_replicas, shard_num_cpus=args.shard_num_cpus,
                         shard_group_size=args.shard_group_size, shard_placement=args.shard_placement,
                         encoder_placement=args.encoder_placement,
                         encoder_backend=args.encoder_backend,
@@ -147,29 +156,33 @@ def main(argv: list[str] | None = None) -> int:
                         # are set separately.
                         reranker=RerankerConfig(
                             model=args.reranker, num_cpus=0.25, threads=os.cpu_count(),
-                            **({"autoscaling": Autoscaling(min_replicas=args.reranker_replicas,
-                                                           max_replicas=args.reranker_replicas)}
-                               if args.reranker_replicas else {})),
+                            **({"autoscaling": Autoscaling(min_replicas=args.reranker_num_replicas,
+                                                           max_replicas=args.reranker_num_replicas)}
+                               if args.reranker_num_replicas else {})),
                         synthesis=SynthesisConfig(enabled=args.synthesis, model=args.synthesis_model,
                                                   llm_rerank=args.llm_rerank, num_cpus=0.25,
                                                   threads=os.cpu_count()))
+    except ValueError as e:  # options that do not make a valid configuration
+        print(f"error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    try:
         build_app(cfg)  # every check that can fail, before Ray starts
     except (IndexMismatch, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return FAILURE
     if os.environ.get("RAY_ADDRESS"):
         if not args.via_proxy:
             print("error: joining a running Ray cluster (RAY_ADDRESS), serve through its proxy: add --via-proxy",
                   file=sys.stderr)
-            return 2
+            return USAGE_ERROR
         ray.init(address=os.environ["RAY_ADDRESS"])
     else:
         need = logical_cpus_needed(cfg)
         if need > (os.cpu_count() or 1) + 1e-9:
             print(f"error: these settings reserve {need:g} Ray CPUs to start, and this machine has {os.cpu_count()}: "
-                  "lower --shard-num-cpus, --shard-replicas or --reranker-replicas",
+                  "lower --shard-num-cpus, --shard-num-replicas or --reranker-num-replicas",
                   file=sys.stderr)
-            return 1
+            return USAGE_ERROR
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=512 * 2**20,
                  log_to_driver=False)
     # SIGTERM (a supervisor, `kill`) stops it like Ctrl-C, also while it is still starting.

@@ -6,9 +6,26 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+def renamed_keys(values: Any, renames: dict[str, str], where: str) -> Any:
+    """Accept a key under its old name (with a FutureWarning, shown to users by default), so a config written before a rename
+    still loads; both names at once is an error, since one would silently win."""
+    if not isinstance(values, dict):
+        return values
+    values = dict(values)
+    for old, new in renames.items():
+        if old in values:
+            if new in values:
+                raise ValueError(f"{where}: give {new!r} only ({old!r} is its old name)")
+            warnings.warn(f"{where}: {old!r} is now called {new!r}", FutureWarning, stacklevel=2)
+            values[new] = values.pop(old)
+    return values
 
 
 class RouterSettings(BaseModel):
@@ -154,7 +171,12 @@ class SynthesisConfig(BaseModel):
     threads: int | None = Field(None, ge=1, description="torch threads per replica (default: num_cpus, at least 1).")
     num_gpus: float = Field(0, ge=0, description="GPUs per replica.")
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per replica.")
-    replicas: int = Field(1, ge=1)
+    num_replicas: int = Field(1, ge=1, description="Replicas of the synthesizer.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, values: Any) -> Any:
+        return renamed_keys(values, {"replicas": "num_replicas"}, "synthesis")
 
 
 class SecurityConfig(BaseModel):
@@ -202,7 +224,7 @@ class AppConfig(BaseModel):
     index: Path | None = Field(None, description="Shorthand: serve this index as the 'default' collection.")
     collections: dict[str, CollectionConfig] = Field(default_factory=dict, description="name -> index.")
     default_collection: str = Field("default", description="Collection used when a request names none.")
-    shard_replicas: int = Field(1, ge=1, description="Replicas of each shard retriever.")
+    shard_num_replicas: int = Field(1, ge=1, description="Replicas of each shard retriever (deployment placement).")
     shard_num_cpus: float = Field(0.25, gt=0, description="CPUs reserved per shard replica.")
     shard_max_ongoing_requests: int = Field(32, ge=1)
     shard_max_versions: int = Field(
@@ -223,8 +245,8 @@ class AppConfig(BaseModel):
         "auto", pattern="^(auto|router|deployment)$", description="Where a collection's shards are searched. "
         "router: inside each router replica, so a request is served by one process (each router replica holds "
         "its own copy of the shards). deployment: shard deployments the router calls, to scale, replicate or "
-        "place shards apart from routing (shard_replicas, GPUs, chosen nodes). auto: router when all shards are in "
-        "one group (shard_group_size 0), shard_replicas is 1 and shards ask for no GPU or custom resources; "
+        "place shards apart from routing (shard_num_replicas, GPUs, chosen nodes). auto: router when all shards are in "
+        "one group (shard_group_size 0), shard_num_replicas is 1 and shards ask for no GPU or custom resources; "
         "deployment otherwise.")
     shard_warmup_searches: int = Field(
         2000, ge=0, description="BM25 searches of random terms each shard replica runs when it opens an index "
@@ -239,12 +261,12 @@ class AppConfig(BaseModel):
         "rounding). onnx-int8: the same with int8 weights, about a third of onnx's CPU, an approximation (query "
         "vectors at cosine ~0.99 to fp32; nDCG cost in bench/README.md). torch: sentence-transformers. A GPU always "
         "runs torch.")
-    encoder_replicas: int = Field(1, ge=1)
+    encoder_num_replicas: int = Field(1, ge=1, description="Replicas of the query encoder (deployment placement).")
     encoder_num_cpus: float = Field(0.5, gt=0, description="CPUs reserved per query-encoder replica.")
     encoder_num_gpus: float = Field(0, ge=0, description="GPUs per query-encoder replica (0 on CPU machines).")
     encoder_max_batch_size: int = Field(32, ge=1, description="Queries embedded in one forward pass.")
     encoder_batch_wait_s: float = Field(0.003, ge=0, description="How long a batch waits to fill.")
-    router_replicas: int = Field(1, ge=1)
+    router_num_replicas: int = Field(1, ge=1, description="Replicas of the router (the HTTP ingress).")
     router_num_cpus: float = Field(0.25, gt=0)
     router_resources: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources each router replica needs: keep the ingress beside "
@@ -258,6 +280,13 @@ class AppConfig(BaseModel):
     router: RouterSettings = Field(default_factory=RouterSettings)
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)
     synthesis: SynthesisConfig = Field(default_factory=SynthesisConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, values: Any) -> Any:
+        # Replica counts are named as Serve names them (num_replicas), prefixed by the deployment.
+        return renamed_keys(values, {"shard_replicas": "shard_num_replicas", "encoder_replicas": "encoder_num_replicas",
+                                     "router_replicas": "router_num_replicas"}, "app config")
 
     @model_validator(mode="after")
     def _one_way_to_name_indexes(self) -> AppConfig:
@@ -274,7 +303,7 @@ class AppConfig(BaseModel):
     @property
     def shards_in_router(self) -> bool:
         if self.shard_placement == "auto":
-            return (self.shard_group_size == 0 and self.shard_replicas == 1 and self.shard_num_gpus == 0
+            return (self.shard_group_size == 0 and self.shard_num_replicas == 1 and self.shard_num_gpus == 0
                     and not self.shard_resources)
         return self.shard_placement == "router"
 

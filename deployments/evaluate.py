@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
+from deployments.cli import renamed_flag
 from deployments.relevance.metrics import evaluate
 
 
@@ -90,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="the running service")
     ap.add_argument("--data", type=Path, help="a BEIR folder (queries.jsonl, qrels/SPLIT.tsv)")
-    ap.add_argument("--split", default="test")
+    ap.add_argument("--test-split", default="test", metavar="SPLIT",
+                    help="with --data: the qrels split measured (default: %(default)s)")
+    renamed_flag(ap, "--split", "--test-split")
     ap.add_argument("--queries", type=Path, help="queries.jsonl (instead of --data)")
     ap.add_argument("--qrels", type=Path, help="qrels TSV (instead of --data)")
     ap.add_argument("--collection", help="search this collection (default: the service's default)")
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     queries_path = args.queries or (args.data / "queries.jsonl" if args.data else None)
-    qrels_path = args.qrels or (args.data / "qrels" / f"{args.split}.tsv" if args.data else None)
+    qrels_path = args.qrels or (args.data / "qrels" / f"{args.test_split}.tsv" if args.data else None)
     if queries_path is None or qrels_path is None:
         ap.error("give --data, or both --queries and --qrels")
     try:

@@ -1,11 +1,11 @@
 """Fine-tune the query and document encoder on relevance judgments; write a folder index_build takes as it is.
 
-    python -m deployments.train_encoder --data ../shared/data/scifact --split train \\
+    python -m deployments.train_encoder --data ../shared/data/scifact --train-split train \\
         --index bench/out/indexes/scifact-3 --out models/minilm-scifact
     python -m index_build --corpus ../shared/data/scifact/corpus.jsonl --out indexes/scifact-tuned \\
         --encoder models/minilm-scifact
 
-Judgments: a BEIR folder's qrels of one split (``--data DIR --split train``; the test split is held out:
+Judgments: a BEIR folder's qrels of one split (``--data DIR --train-split train``; the test split is held out:
 its queries never enter training) or what a running service collected (``--judgments ROOT``, the index
 root whose ``judgments/`` ``POST /feedback`` wrote). Each (query, relevant document) pair gets one hard
 negative, the best-ranked hybrid candidate of ``--index`` for the query that is not judged relevant, and

@@ -1,6 +1,6 @@
 """Fine-tune a cross-encoder reranker on relevance judgments; write a folder ``--reranker DIR`` serves as it is.
 
-    python -m deployments.train_reranker --data ../shared/data/scifact --split train \\
+    python -m deployments.train_reranker --data ../shared/data/scifact --train-split train \\
         --index bench/out/indexes/scifact-3 --out models/reranker-scifact
     python -m deployments --index bench/out/indexes/scifact-3 --reranker models/reranker-scifact
 

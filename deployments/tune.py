@@ -2,7 +2,7 @@
 
     python -m deployments.tune --url http://127.0.0.1:8000 --data path/to/beir/scifact --train-split train
     python -m deployments.tune --url ... --judgments path/to/index_root        # POST /feedback judgments
-    python -m deployments.tune --url ... --queries q.jsonl --qrels judged.tsv --held-out 0.3
+    python -m deployments.tune --url ... --queries q.jsonl --qrels judged.tsv --held-out-share 0.3
 
 1. Every judged query is searched once over HTTP with ``debug: true`` at the deepest candidate depth,
    which records both legs (dense and BM25 candidates with their scores).
@@ -17,7 +17,7 @@
 
 Judgments: a BEIR folder (``--data``; its ``--train-split`` trains and ``--test-split`` is held out),
 any queries + qrels pair, or the judgments the service stored (``--judgments ROOT``). Without a train
-split, a stable hash of each query id holds out ``--held-out`` of the queries.
+split, a stable hash of each query id holds out ``--held-out-share`` of the queries.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import httpx
 import yaml
 from tqdm import tqdm
 
+from deployments.cli import renamed_flag
 from deployments.evaluate import partial, read_qrels, read_queries
 from deployments.relevance.metrics import ndcg_at
 from deployments.relevance.tuning import (
@@ -120,7 +121,7 @@ def load_judgments(args) -> tuple[dict[str, str], dict, list[str], list[str]]:
         from deployments.relevance.judgments import JudgmentStore
 
         texts, qrels = JudgmentStore(args.judgments / "judgments").qrels()
-        train, test = split_queries(qrels, args.held_out)
+        train, test = split_queries(qrels, args.held_out_share)
         return texts, qrels, train, test
     if args.data:
         texts = read_queries(args.data / "queries.jsonl")
@@ -131,10 +132,10 @@ def load_judgments(args) -> tuple[dict[str, str], dict, list[str], list[str]]:
             if overlap:
                 raise ValueError(f"{len(overlap)} queries are judged in both splits; tuning would see the test")
             return texts, train_qrels | test_qrels, sorted(train_qrels), sorted(test_qrels)
-        train, test = split_queries(test_qrels, args.held_out)
+        train, test = split_queries(test_qrels, args.held_out_share)
         return texts, test_qrels, train, test
     qrels = read_qrels(args.qrels)
-    train, test = split_queries(qrels, args.held_out)
+    train, test = split_queries(qrels, args.held_out_share)
     return read_queries(args.queries), qrels, train, test
 
 
@@ -149,8 +150,9 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument("--qrels", type=Path, help="a qrels TSV (BEIR or TREC), with --queries")
     ap.add_argument("--train-split", help="with --data: the split to tune on (e.g. train); the test split is held out")
     ap.add_argument("--test-split", default="test", help="with --data: the held-out split (default: test)")
-    ap.add_argument("--held-out", type=float, default=0.3,
-                    help="share of the queries held out when there is no train split (default 0.3)")
+    ap.add_argument("--held-out-share", type=float, default=0.3, metavar="SHARE",
+                    help="share of the queries held out when there is no train split (default: %(default)s)")
+    renamed_flag(ap, "--held-out", "--held-out-share")
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="the running service")
     ap.add_argument("--collection", help="the collection to tune (default: the service's default)")
     ap.add_argument("--api-key", help="sent as a bearer token when the service has keys on")
@@ -180,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if sum(x is not None for x in (args.data, args.judgments, args.qrels)) != 1 or (args.qrels and not args.queries):
         ap.error("give exactly one of --data, --judgments, or --queries with --qrels")
-    if not 0 < args.held_out < 1:
-        ap.error("--held-out is a share between 0 and 1")
+    if not 0 < args.held_out_share < 1:
+        ap.error("--held-out-share is a share between 0 and 1")
     try:
         texts, qrels, train, test = load_judgments(args)
     except (OSError, ValueError, KeyError) as e:

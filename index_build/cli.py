@@ -27,9 +27,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, model: type[BaseModel])
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) and len(args) == 1:
             annotation, origin = args[0], typing.get_origin(args[0])
-        default = info.default
-        shown = "required" if default is PydanticUndefined else f"default: {_show(default)}"
-        help_text = f"{info.description} ({shown})"
+        help_text = _help(info.description or "", info.default)
         kwargs: dict[str, Any] = {"default": None, "help": help_text, "dest": name}
         if annotation is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -41,8 +39,21 @@ def add_model_arguments(parser: argparse.ArgumentParser, model: type[BaseModel])
         elif annotation in (int, float):
             kwargs["type"] = annotation
         elif annotation is Path:
-            kwargs["metavar"] = "PATH"
+            kwargs["metavar"] = METAVARS.get(name, "PATH")
         parser.add_argument(_flag(name), **kwargs)
+
+
+METAVARS = {"out": "ROOT", "reuse_from": "ROOT"}  # README, "One vocabulary"
+
+
+def _help(description: str, default: Any) -> str:
+    """The field's description and its default, said once: a description that already names its default
+    (the version's name, the base version) keeps its own words, and an absent default (None) is not shown."""
+    if default is PydanticUndefined:
+        return f"{description} (required)"
+    if default is None or "default:" in description:
+        return description
+    return f"{description} (default: {_show(default)})"
 
 
 def _show(value: Any) -> str:

@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -244,18 +245,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m index_build.versions", description=main.__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="versions under ROOT, the active one marked with *")
-    p.add_argument("root", type=Path)
+    p.add_argument("root", type=Path, metavar="ROOT", help="the index root")
     for name, text in (("activate", "point ROOT/ACTIVE at VERSION (atomic); running services follow it"),
                        ("remove", "delete VERSION (not the active one, nor one a running app serves)")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("root", type=Path)
+        p.add_argument("root", type=Path, metavar="ROOT", help="the index root")
         p.add_argument("version")
     p = sub.add_parser("rollback", help="activate the version that was active before the current one")
-    p.add_argument("root", type=Path)
+    p.add_argument("root", type=Path, metavar="ROOT", help="the index root")
     p = sub.add_parser("history", help="past activations, oldest first")
-    p.add_argument("root", type=Path)
+    p.add_argument("root", type=Path, metavar="ROOT", help="the index root")
     p = sub.add_parser("verify", help="check every shard's files against its manifest")
-    p.add_argument("root", type=Path)
+    p.add_argument("root", type=Path, metavar="ROOT", help="the index root")
     p.add_argument("version", nargs="?")
     args = parser.parse_args(argv)
     try:
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                 verify_shard(folder / "shards" / shard, expect={"encoder": m.encoder, "dimension": m.dimension})
             print(f"{folder.name}: {len(m.shards)} shards verified")
     except (IndexMismatch, ValueError) as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
 

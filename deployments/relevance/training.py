@@ -1,11 +1,11 @@
 """Training data for the encoder and the reranker: judged pairs, hard negatives mined from the index's own
 hybrid candidates, and a held-out split kept apart. Ray-free (the index is searched in-process).
 
-Judgments come from a BEIR folder's qrels of one split (``--data DIR --split train``) or from what a
+Judgments come from a BEIR folder's qrels of one split (``--data DIR --train-split train``) or from what a
 running service collected through ``POST /feedback`` (``--judgments ROOT``). A pair is (query, a document
 judged relevant); its hard negative is the best-ranked candidate of the index's hybrid search for the
 query that is not judged relevant to it, so the model learns what the current ranking gets wrong. Queries
-of the held-out split (BEIR's test, or ``--held-out`` query ids) never enter training: the split's name
+of the held-out split (BEIR's test, ``--test-split``, or ``--held-out-share`` of one split) never enter training: the split's name
 and the number of queries left out are written with the model.
 """
 
@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from deployments.cli import renamed_flag
 from deployments.relevance.judgments import JudgmentStore
 
 TRAINING_FILE = "training.json"  # written beside a trained model: its data, held-out split, settings, time
@@ -182,15 +183,18 @@ def build_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", type=Path, help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)")
-    source.add_argument("--judgments", type=Path, help="an index root whose judgments/ POST /feedback wrote")
-    ap.add_argument("--split", default="train", help="the qrels split trained on, with --data (default: %(default)s)")
-    ap.add_argument("--held-out", default="test",
+    source.add_argument("--judgments", type=Path, metavar="ROOT", help="an index root whose judgments/ POST /feedback wrote")
+    ap.add_argument("--train-split", default="train", metavar="SPLIT",
+                    help="the qrels split trained on, with --data (default: %(default)s)")
+    renamed_flag(ap, "--split", "--train-split")
+    ap.add_argument("--test-split", default="test", metavar="SPLIT",
                     help="the qrels split never trained on, with --data; its queries are dropped from training "
                          "(default: %(default)s)")
-    ap.add_argument("--held-out-share", type=float, default=None,
-                    help="with --data whose only split is --split: hold out this share of its queries (by a stable "
-                         "hash of the query id) instead of another split; their ids go into training.json")
-    ap.add_argument("--index", type=Path, required=True,
+    renamed_flag(ap, "--held-out", "--test-split")
+    ap.add_argument("--held-out-share", type=float, default=None, metavar="SHARE",
+                    help="with --data whose only split is --train-split: hold out this share of its queries (by a "
+                         "stable hash of the query id) instead of another split; their ids go into training.json")
+    ap.add_argument("--index", type=Path, required=True, metavar="ROOT",
                     help="the index whose hybrid candidates give the hard negatives (root or version folder)")
     ap.add_argument("--out", type=Path, required=True, help="the folder the trained model is written to")
     ap.add_argument("--epochs", type=float, default=2)
@@ -207,7 +211,7 @@ def build_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
 def load_pairs(args: argparse.Namespace) -> tuple[list, dict]:
     """The training pairs with their hard negatives, and what training.json says of the data."""
     if args.data is not None:
-        judged = beir_judgments(args.data, args.split, args.held_out, args.held_out_share)
+        judged = beir_judgments(args.data, args.train_split, args.test_split, args.held_out_share)
         corpus = read_corpus(args.data / "corpus.jsonl")  # all of it: negatives come from anywhere
     else:
         judged = service_judgments(args.judgments)

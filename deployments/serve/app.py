@@ -57,7 +57,7 @@ def synthesis_deployment(cfg: SynthesisConfig):
         check_model_available(cfg.model, "synthesis.model")
     return Synthesis.options(
         name="synthesis",
-        num_replicas=cfg.replicas,
+        num_replicas=cfg.num_replicas,
         ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "resources": dict(cfg.resources)},
     ).bind(cfg.model_dump(mode="json"))
 
@@ -86,14 +86,14 @@ def logical_cpus_needed(cfg: AppConfig) -> float:
     manifests = [read_version_manifest(resolve_version_dir(Path(c.index).resolve(), c.version))
                  for c in cfg.resolved_collections().values()]
     groups = sum(len(shard_groups(list(m.shards), cfg.shard_group_size)) for m in manifests)
-    need = 0 if cfg.shards_in_router else groups * cfg.shard_replicas * cfg.shard_num_cpus
+    need = 0 if cfg.shards_in_router else groups * cfg.shard_num_replicas * cfg.shard_num_cpus
     if not cfg.encoder_in_router:
-        need += len({m.encoder for m in manifests}) * cfg.encoder_replicas * cfg.encoder_num_cpus
-    need += cfg.router_replicas * cfg.router_num_cpus
+        need += len({m.encoder for m in manifests}) * cfg.encoder_num_replicas * cfg.encoder_num_cpus
+    need += cfg.router_num_replicas * cfg.router_num_cpus
     if cfg.reranker.model:
         need += max(1, cfg.reranker.autoscaling.min_replicas) * cfg.reranker.num_cpus
     if cfg.synthesis.enabled:
-        need += cfg.synthesis.replicas * cfg.synthesis.num_cpus
+        need += cfg.synthesis.num_replicas * cfg.synthesis.num_cpus
     return need
 
 
@@ -116,7 +116,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
         if manifest.encoder not in encoders:
             encoders[manifest.encoder] = None if cfg.encoder_in_router else QueryEncoder.options(
                 name=f"encoder-{len(encoders)}",
-                num_replicas=cfg.encoder_replicas,
+                num_replicas=cfg.encoder_num_replicas,
                 ray_actor_options={"num_cpus": cfg.encoder_num_cpus, "num_gpus": cfg.encoder_num_gpus},
                 logging_config=QUIET,
             ).bind(manifest.encoder, cfg.encoder_max_batch_size, cfg.encoder_batch_wait_s,
@@ -135,7 +135,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
                 continue
             slots.append((slot_name(name, group, i), ShardRetriever.options(
                 name=slot_name(name, group, i),
-                num_replicas=cfg.shard_replicas,
+                num_replicas=cfg.shard_num_replicas,
                 max_ongoing_requests=cfg.shard_max_ongoing_requests,
                 ray_actor_options={"num_cpus": cfg.shard_num_cpus, "num_gpus": cfg.shard_num_gpus,
                                    "resources": dict(cfg.shard_resources)},
@@ -152,7 +152,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
     synthesis = synthesis_deployment(cfg.synthesis) if cfg.synthesis.enabled else None
     return SearchRouter.options(
         name="router",
-        num_replicas=cfg.router_replicas,
+        num_replicas=cfg.router_num_replicas,
         ray_actor_options={"num_cpus": cfg.router_num_cpus, "resources": dict(cfg.router_resources)},
         max_queued_requests=cfg.router_max_queued_requests,
         user_config=cfg.router.model_dump(mode="json"),

@@ -45,7 +45,7 @@ def root(ray_local, tmp_path_factory):
 
 
 # Shards in deployments (2 replicas each, which Serve's multiplexing keeps versions on), and in the router.
-@pytest.fixture(scope="module", params=[{"shard_replicas": 2, "shard_num_cpus": 0.1},
+@pytest.fixture(scope="module", params=[{"shard_num_replicas": 2, "shard_num_cpus": 0.1},
                                         {"shard_placement": "router"}], ids=["deployment", "router"])
 def served(root, request):
     from ray import serve

@@ -230,7 +230,7 @@ def test_tune_command_tunes_writes_and_applies_settings_in_place(served, corpus,
     replicas = router_replicas()
     out = tmp_path / "tuned.yaml"
     code = tune_main(["--url", str(client.base_url), "--queries", str(tmp_path / "q.jsonl"),
-                      "--qrels", str(tmp_path / "qrels.tsv"), "--held-out", "0.4", "--candidates", "20", "40",
+                      "--qrels", str(tmp_path / "qrels.tsv"), "--held-out-share", "0.4", "--candidates", "20", "40",
                       "--rrf-ks", "10", "60", "--dense-weights", "0.2", "0.8", "--mmr-lambdas", "0.8",
                       "--out", str(out), "--report", str(tmp_path / "report.json"), "--no-progress", "--apply"])
     try:

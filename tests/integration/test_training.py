@@ -57,7 +57,7 @@ def test_train_encoder_writes_a_model_index_build_uses_and_resumes(beir, index, 
     from index_build.encoders import resolve_model_path
 
     out = tmp_path / "encoder"
-    argv = ["--data", str(beir), "--split", "train", "--index", str(index), "--out", str(out), "--epochs", "2",
+    argv = ["--data", str(beir), "--train-split", "train", "--index", str(index), "--out", str(out), "--epochs", "2",
             "--batch-size", "8", "--save-steps", "2", "--no-progress", "--lr", "5e-5"]
     from transformers import TrainerCallback
 
@@ -93,7 +93,7 @@ def test_train_reranker_writes_a_cross_encoder_the_reranker_serves(beir, index, 
     from deployments.search.reranking import CrossEncoderScorer
 
     out = tmp_path / "reranker"
-    assert train_reranker.main(["--data", str(beir), "--split", "train", "--index", str(index), "--out", str(out),
+    assert train_reranker.main(["--data", str(beir), "--train-split", "train", "--index", str(index), "--out", str(out),
                                 "--batch-size", "8", "--no-progress", "--max-length", "64", "--lr", "1e-4"]) == 0
     record = json.loads((out / "training.json").read_text())
     assert record["kind"] == "reranker" and record["examples"] == 22 and record["data"]["held_out"] == "qrels/test.tsv"

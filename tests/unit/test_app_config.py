@@ -16,7 +16,7 @@ def test_index_shorthand_is_the_default_collection():
         ({}, "no index to serve"),
         ({"index": "a", "collections": {"x": {"index": "b"}}}, "not both"),
         ({"collections": {"x": {"index": "b"}}, "default_collection": "y"}, "'y' is not one of ['x']"),
-        ({"index": "a", "shard_replicas": 0}, "greater than or equal to 1"),
+        ({"index": "a", "shard_num_replicas": 0}, "greater than or equal to 1"),
         ({"index": "a", "router": {"fusion": "borda"}}, "String should match pattern"),
         ({"index": "a", "typo": 1}, "Extra inputs are not permitted"),
         ({"index": "a", "reranker": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}, "min_replicas 3 >"),
@@ -101,11 +101,11 @@ def test_cpus_needed_to_start_counts_every_replica(tmp_path):
 
     _publish(tmp_path, "v1", shards=4)
     activate(tmp_path, "v1")
-    cfg = AppConfig(index=tmp_path, shard_replicas=2, shard_num_cpus=0.25, encoder_num_cpus=0.5, router_num_cpus=0.25,
+    cfg = AppConfig(index=tmp_path, shard_num_replicas=2, shard_num_cpus=0.25, encoder_num_cpus=0.5, router_num_cpus=0.25,
                     shard_group_size=1, encoder_placement="deployment")
     assert logical_cpus_needed(cfg) == pytest.approx(4 * 2 * 0.25 + 0.5 + 0.25)
     # The defaults: one group of all 4 shards (2 replicas of it), queries embedded in the router.
-    grouped = AppConfig(index=tmp_path, shard_replicas=2, shard_num_cpus=0.25, router_num_cpus=0.25)
+    grouped = AppConfig(index=tmp_path, shard_num_replicas=2, shard_num_cpus=0.25, router_num_cpus=0.25)
     assert logical_cpus_needed(grouped) == pytest.approx(2 * 0.25 + 0.25)
     pairs = grouped.model_copy(update={"shard_group_size": 3})  # groups of 3 and 1
     assert logical_cpus_needed(pairs) == pytest.approx(2 * 2 * 0.25 + 0.25)
@@ -119,7 +119,7 @@ def test_cpus_needed_to_start_counts_every_replica(tmp_path):
 
 def test_shard_placement_auto_keeps_shards_apart_only_when_asked_to_scale_or_place_them(tmp_path):
     assert AppConfig(index=tmp_path).shards_in_router
-    for apart in ({"shard_replicas": 2}, {"shard_group_size": 2}, {"shard_num_gpus": 0.5},
+    for apart in ({"shard_num_replicas": 2}, {"shard_group_size": 2}, {"shard_num_gpus": 0.5},
                   {"shard_resources": {"search_node": 1}}, {"shard_placement": "deployment"}):
         assert not AppConfig(index=tmp_path, **apart).shards_in_router, apart
-    assert AppConfig(index=tmp_path, shard_replicas=2, shard_placement="router").shards_in_router
+    assert AppConfig(index=tmp_path, shard_num_replicas=2, shard_placement="router").shards_in_router

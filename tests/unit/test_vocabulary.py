@@ -1,0 +1,99 @@
+"""One vocabulary (README.md, "One vocabulary"): the same thing has the same name in every command and config,
+renamed flags and keys still work under their old names, help says each default once, errors go to stderr
+and usage errors exit with 2."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from deployments.config import AppConfig, SynthesisConfig
+
+COMMANDS = ["index_build", "index_build.versions", "deployments", "deployments.tune", "deployments.evaluate",
+            "deployments.train_encoder", "deployments.train_reranker"]
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, str]:
+    out = {}
+    for module in COMMANDS:
+        done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        out[module] = done.stdout
+    return out
+
+
+def _options(help_text: str) -> dict[str, str]:
+    """Each option's help, joined onto one line."""
+    options: dict[str, str] = {}
+    current = None
+    for line in help_text.splitlines():
+        m = re.match(r"^  (-[-\w]+)", line)
+        if m:
+            current = m.group(1)
+            options[current] = line
+        elif current and line.startswith("    "):
+            options[current] += " " + line.strip()
+        else:
+            current = None
+    return options
+
+
+def test_help_says_each_default_once(helps):
+    for module, text in helps.items():
+        for flag, line in _options(text).items():
+            assert line.count("default:") <= 1 and line.count("(default") <= 1, (module, line)
+            assert "(default: None)" not in line, (module, line)
+
+
+def test_the_same_things_have_the_same_flags(helps):
+    for module in ("deployments.tune", "deployments.train_encoder", "deployments.train_reranker"):
+        assert "--test-split" in helps[module] and "--held-out-share" in helps[module], module
+    for module in ("deployments.tune", "deployments.train_encoder", "deployments.train_reranker"):
+        assert "--train-split" in helps[module], module
+    assert "--test-split" in helps["deployments.evaluate"]
+    assert "--shard-num-replicas" in helps["deployments"] and "--reranker-num-replicas" in helps["deployments"]
+    for module in ("deployments", "deployments.train_encoder", "deployments.train_reranker"):
+        assert "--index ROOT" in helps[module], module
+    assert "--out ROOT" in helps["index_build"]
+    for module, text in helps.items():  # the old names work but are not shown
+        for old in ("--shard-replicas", "--reranker-replicas", "--held-out ", "--split "):
+            assert old not in text, (module, old)
+
+
+def test_renamed_flags_are_still_taken():
+    from deployments.relevance.training import build_parser
+    from deployments.tune import parser as tune_parser
+
+    args = build_parser("train", None).parse_args(["--data", "d", "--index", "i", "--out", "o",
+                                                   "--split", "dev", "--held-out", "test2"])
+    assert (args.train_split, args.test_split) == ("dev", "test2")
+    args = build_parser("train", None).parse_args(["--data", "d", "--index", "i", "--out", "o"])
+    assert (args.train_split, args.test_split, args.held_out_share) == ("train", "test", None)
+    args = tune_parser().parse_args(["--data", "d", "--held-out", "0.4"])
+    assert args.held_out_share == 0.4
+    assert tune_parser().parse_args(["--data", "d"]).held_out_share == 0.3
+
+
+def test_renamed_config_keys_are_still_taken(tmp_path):
+    with pytest.warns(FutureWarning, match="'shard_replicas' is now called 'shard_num_replicas'"):
+        cfg = AppConfig(index=tmp_path, shard_replicas=2, router_replicas=3, encoder_replicas=4)
+    assert (cfg.shard_num_replicas, cfg.router_num_replicas, cfg.encoder_num_replicas) == (2, 3, 4)
+    with pytest.warns(FutureWarning):
+        assert SynthesisConfig(replicas=2).num_replicas == 2
+    with pytest.raises(ValueError, match="give 'shard_num_replicas' only"):
+        AppConfig(index=tmp_path, shard_replicas=2, shard_num_replicas=2)
+
+
+def test_usage_errors_exit_2_and_failures_1_on_stderr(tmp_path):
+    bad_flag = subprocess.run([sys.executable, "-m", "index_build.versions", "list"], capture_output=True, text=True)
+    assert bad_flag.returncode == 2 and "ROOT" in bad_flag.stderr
+    failed = subprocess.run([sys.executable, "-m", "index_build.versions", "activate", str(tmp_path), "nope"],
+                            capture_output=True, text=True)
+    assert failed.returncode == 1 and failed.stderr.startswith("error:") and not failed.stdout
+    bad_value = subprocess.run([sys.executable, "-m", "deployments", "--index", str(tmp_path),
+                                "--shard-num-replicas", "0"], capture_output=True, text=True, timeout=120)
+    assert bad_value.returncode == 2 and "error:" in bad_value.stderr and not bad_value.stdout

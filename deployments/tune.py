@@ -148,8 +148,8 @@ def parser() -> argparse.ArgumentParser:
                      help="an index root: the judgments POST /feedback stored under ROOT/judgments")
     src.add_argument("--queries", type=Path, help="queries.jsonl, with --qrels")
     src.add_argument("--qrels", type=Path, help="a qrels TSV (BEIR or TREC), with --queries")
-    ap.add_argument("--train-split", help="with --data: the split to tune on (e.g. train); the test split is held out")
-    ap.add_argument("--test-split", default="test", help="with --data: the held-out split (default: test)")
+    ap.add_argument("--train-split", metavar="SPLIT", help="with --data: the split to tune on (e.g. train); the test split is held out")
+    ap.add_argument("--test-split", default="test", metavar="SPLIT", help="with --data: the held-out split (default: %(default)s)")
     ap.add_argument("--held-out-share", type=float, default=0.3, metavar="SHARE",
                     help="share of the queries held out when there is no train split (default: %(default)s)")
     renamed_flag(ap, "--held-out", "--held-out-share")

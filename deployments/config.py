@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 def renamed_keys(values: Any, renames: dict[str, str], where: str) -> Any:
-    """Accept a key under its old name (with a FutureWarning, shown to users by default), so a config written before a rename
-    still loads; both names at once is an error, since one would silently win."""
+    """Accept a key under its old name (with a FutureWarning, which Python shows users by default), so a
+    config written before a rename still loads; both names at once is an error, since one would silently win."""
     if not isinstance(values, dict):
         return values
     values = dict(values)

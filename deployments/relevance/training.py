@@ -5,8 +5,8 @@ Judgments come from a BEIR folder's qrels of one split (``--data DIR --train-spl
 running service collected through ``POST /feedback`` (``--judgments ROOT``). A pair is (query, a document
 judged relevant); its hard negative is the best-ranked candidate of the index's hybrid search for the
 query that is not judged relevant to it, so the model learns what the current ranking gets wrong. Queries
-of the held-out split (BEIR's test, ``--test-split``, or ``--held-out-share`` of one split) never enter training: the split's name
-and the number of queries left out are written with the model.
+of the held-out split (``--test-split``, BEIR's test by default, or ``--held-out-share`` of one split) never
+enter training: the split's name and the number of queries left out are written with the model.
 """
 
 from __future__ import annotations
@@ -183,7 +183,8 @@ def build_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", type=Path, help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)")
-    source.add_argument("--judgments", type=Path, metavar="ROOT", help="an index root whose judgments/ POST /feedback wrote")
+    source.add_argument("--judgments", type=Path, metavar="ROOT",
+                        help="an index root whose judgments/ POST /feedback wrote")
     ap.add_argument("--train-split", default="train", metavar="SPLIT",
                     help="the qrels split trained on, with --data (default: %(default)s)")
     renamed_flag(ap, "--split", "--train-split")

@@ -44,7 +44,7 @@ def _options(help_text: str) -> dict[str, str]:
 
 def test_help_says_each_default_once(helps):
     for module, text in helps.items():
-        for flag, line in _options(text).items():
+        for line in _options(text).values():
             assert line.count("default:") <= 1 and line.count("(default") <= 1, (module, line)
             assert "(default: None)" not in line, (module, line)
 

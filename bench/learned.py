@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from bench.common import load_beir, machine, write_record
+from deployments.cli import renamed_flag
 from deployments.relevance.metrics import evaluate
 
 
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--dataset", default="scifact")
-    ap.add_argument("--split", default="test", help="the held-out qrels split that judges")
+    ap.add_argument("--test-split", default="test", metavar="SPLIT", help="the held-out qrels split that judges")
+    renamed_flag(ap, "--split", "--test-split")
     ap.add_argument("--index", action="append", required=True, metavar="LABEL=PATH")
     ap.add_argument("--methods", nargs="*", default=["hybrid"], help="methods scored without a reranker")
     ap.add_argument("--candidates", type=int, nargs="*", default=[0],
@@ -66,13 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     from deployments.config import RouterSettings
     from deployments.search.inprocess import InProcessReranker, inprocess_pipeline
 
-    queries, qrels = load_beir(args.data / args.dataset, args.split)
+    queries, qrels = load_beir(args.data / args.dataset, args.test_split)
     if args.held_out_from is not None:
         import json
 
         held = json.loads((args.held_out_from / "training.json").read_text())["data"]["held_out_query_ids"]
         queries = {q: t for q, t in queries.items() if q in set(held)}
-    record: dict = {"machine": machine(), "dataset": args.dataset, "split": args.split, "queries": len(queries),
+    record: dict = {"machine": machine(), "dataset": args.dataset, "split": args.test_split, "queries": len(queries),
                     "held_out_from": str(args.held_out_from) if args.held_out_from else None,
                     "reranker": args.reranker, "rows": []}
     scorer = None

@@ -28,6 +28,7 @@ import ir_measures
 from ir_measures import RR, R, nDCG
 
 from bench.common import load_beir, machine, served
+from deployments.cli import renamed_flag
 from deployments.evaluate import partial
 
 MEASURES = [nDCG @ 10, R @ 100, RR @ 10]
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=Path, help="index to serve (started and stopped here)")
     parser.add_argument("--url", help="an already running service instead of --index")
     parser.add_argument("--port", type=int, default=8400)
-    parser.add_argument("--split", default="test")
+    parser.add_argument("--test-split", default="test", metavar="SPLIT", help="the qrels split measured")
+    renamed_flag(parser, "--split", "--test-split")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--reranker", help="deploy this cross-encoder (or minilm-l6-arch) and add rerank rows")
     parser.add_argument("--rerank-depths", type=int, nargs="+", default=[20, 40, 100])
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-mmr", action="store_true", help="skip the MMR rows")
     args = parser.parse_args(argv)
     folder = args.data / args.dataset
-    queries, qrels = load_beir(folder, args.split)
+    queries, qrels = load_beir(folder, args.test_split)
     if args.max_queries:
         queries = dict(list(queries.items())[: args.max_queries])
         qrels = {q: qrels[q] for q in queries}
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(f"bench/out/quality_{args.dataset}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    record = {"machine": machine(), "dataset": args.dataset, "split": args.split, "queries": len(queries),
+    record = {"machine": machine(), "dataset": args.dataset, "split": args.test_split, "queries": len(queries),
               "index": str(args.index), "rows": []}
     ref = pyserini_reference(folder / "corpus.jsonl", queries, out.parent / f"pyserini-{args.dataset}")
     ref_run = {q: rank_run(scored) for q, scored in ref.items()}
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         with served(args.index, args.port, extra) as base:
             measure(base)
     out.write_text(json.dumps(record, indent=2))
-    print(f"\n{args.dataset} {args.split} ({len(queries)} queries), {record['machine']['date']}, "
+    print(f"\n{args.dataset} {args.test_split} ({len(queries)} queries), {record['machine']['date']}, "
           f"{record['machine']['cpu']}, {record['machine']['cores']} cores\n")
     print("| config | nDCG@10 | R@100 | MRR@10 |")
     print("|---|---|---|---|")

@@ -51,8 +51,9 @@ class RouterSettings(BaseModel):
         "when a request gives no threshold (null: none).")
     mmr_pool_factor: int = Field(4, ge=1, description="MMR picks from limit * this many fused candidates.")
     rows_with_answers: int = Field(
-        20, ge=0, description="Shards send the texts of each leg's best min(limit, this) hits with their "
-        "answer, sparing a fetch round trip; 0 always fetches afterwards.")
+        20, ge=0, description="Shard deployments send the texts of each leg's best min(limit, this) hits with "
+        "their answer, sparing a fetch round trip; 0 always fetches afterwards. Shards searched inside the "
+        "router have no trip to spare and always fetch the final page once.")
     shard_timeout_s: float = Field(2.0, gt=0, description="Per-shard deadline; late shards count as not answered.")
     encoder_timeout_s: float = Field(
         5.0, gt=0, description="Deadline of the query embedding; past it a hybrid search answers from BM25 alone "

@@ -24,6 +24,8 @@ from index_build.encoders import load_encoder
 class InProcessShard:
     """A shard group called directly (what a shard deployment serves), as a pipeline's shard client."""
 
+    remote = False
+
     def __init__(self, service: ShardGroup, threaded: bool = False):
         self.service, self.name, self.threaded = service, service.name, threaded
         self.size = service.size

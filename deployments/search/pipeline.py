@@ -56,6 +56,9 @@ SEP = "\x1f"  # collection SEP chunk_id: hits stay distinct across collections
 
 class ShardClient(Protocol):
     name: str
+    # Whether a call crosses processes. Only then do rows sent along with an answer spare a round trip; a
+    # shard searched in this process is asked for the final page's rows once, after fusion.
+    remote: bool
 
     async def search(self, vector, text, k_dense: int, k_keyword: int, filters, rows_for_top: int = 0,
                      acl: tuple[str, list[str]] | None = None) -> ShardAnswer: ...
@@ -227,8 +230,9 @@ class SearchPipeline:
         for c in targets:
             vector = vectors.get(c.name)
             for shard in c.shards:
+                rows = rows_for_top if getattr(shard, "remote", True) else 0
                 calls.append((c, shard, asyncio.wait_for(
-                    shard.search(vector, text, k_dense, k_keyword, filters, rows_for_top, acl),
+                    shard.search(vector, text, k_dense, k_keyword, filters, rows, acl),
                     self.settings.shard_timeout_s)))
         answers = await asyncio.gather(*(call for _, _, call in calls), return_exceptions=True)
         timings["retrieve"] = timings.get("retrieve", 0.0) + (time.perf_counter() - t) * 1000

@@ -178,6 +178,8 @@ class HandleShard(SlotClient):
     """One shard slot (a group of shards) in a shard deployment, pinned to one index version: every call
     carries the version as the multiplexed model id."""
 
+    remote = True
+
     def __init__(self, name: str, handle, version: str, shards: list[str] | None = None):
         super().__init__(name, version, shards)
         self.handle = handle.options(multiplexed_model_id=version)

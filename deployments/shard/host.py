@@ -152,6 +152,8 @@ class LocalShard(SlotClient):
     """A pipeline's shard client for a slot this process holds (``shard_placement: router``), pinned to one
     version: the same calls as a shard deployment's handle, without the hop."""
 
+    remote = False
+
     def __init__(self, name: str, cache: VersionCache, version: str, shards: Sequence[str] | None = None):
         super().__init__(name, version, shards)
         self.cache = cache

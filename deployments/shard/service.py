@@ -39,19 +39,19 @@ VOCABULARIES_KEPT = 8
 
 @dataclass
 class Legs:
-    """One shard's candidates of both legs as arrays (chunk ids, float32 scores), best first: what a shard
-    group merges without a Python object per hit."""
+    """One shard's candidates of both legs as arrays (rows of its chunk table, float32 scores), best first:
+    what a shard group merges without a Python object per hit."""
 
-    dense_ids: np.ndarray
+    dense_rows: np.ndarray
     dense_scores: np.ndarray
-    keyword_ids: np.ndarray
+    keyword_rows: np.ndarray
     keyword_scores: np.ndarray
     allowed: int | None = None
     filter_error: str | None = None
     took_ms: float = 0.0
 
 
-_NO_IDS, _NO_SCORES = np.zeros(0, dtype=object), np.zeros(0, dtype=np.float32)
+_NO_ROWS, _NO_SCORES = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
 
 
 @dataclass
@@ -134,7 +134,7 @@ class ShardService:
         call, in both legs, before any ranking; a chunk without the field is seen by nobody. A shard group
         merges these per leg (``deployments.shard.group``) and sends the rows of the best hits along."""
         t0 = time.perf_counter()
-        legs = Legs(_NO_IDS, _NO_SCORES, _NO_IDS, _NO_SCORES)
+        legs = Legs(_NO_ROWS, _NO_SCORES, _NO_ROWS, _NO_SCORES)
         allowed = None
         if filters:
             try:
@@ -148,13 +148,12 @@ class ShardService:
             allowed = visible if allowed is None else np.intersect1d(allowed, visible, assume_unique=True)
             legs.allowed = len(allowed)
         if vector is not None and k_dense > 0:
-            rows, legs.dense_scores = self.dense.search_rows(np.asarray(vector, dtype=np.float32), k_dense, allowed)
-            legs.dense_ids = self.id_array[rows]
+            legs.dense_rows, legs.dense_scores = self.dense.search_rows(np.asarray(vector, dtype=np.float32),
+                                                                        k_dense, allowed)
         if text and k_keyword > 0:
             terms = self.analyze(text) if isinstance(text, str) else text
-            rows, legs.keyword_scores = self.lucene.search_rows(terms, k_keyword,
-                                                                None if allowed is None else allowed.tolist())
-            legs.keyword_ids = self.id_array[rows]
+            legs.keyword_rows, legs.keyword_scores = self.lucene.search_rows(
+                terms, k_keyword, None if allowed is None else allowed.tolist())
         legs.took_ms = (time.perf_counter() - t0) * 1000
         return legs
 

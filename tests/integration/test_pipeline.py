@@ -254,10 +254,32 @@ def test_vectors_for_mmr_come_from_the_index(pipeline, local):
 def test_rows_sent_with_answers_equal_rows_fetched_afterwards(built):
     fetched = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(rows_with_answers=0, cache_size=0))
     along = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(rows_with_answers=20, cache_size=0))
+    sent = []
+    for shard in along.collections["main"].shards:
+        shard.remote = True  # as a shard deployment's handle: rows come along only across processes
+        search_group = shard.service.search
+
+        def spy(*args, _search=search_group):
+            answer = _search(*args)
+            sent.append(len(answer.rows))
+            return answer
+        shard.service.search = spy
     for q in ("telescope galaxy", "bread oven", "violin"):
         a = search(fetched, query=q, limit=15).results
         b = search(along, query=q, limit=15).results
         assert [r.model_dump() for r in a] == [r.model_dump() for r in b]
+    assert sent and all(n > 0 for n in sent)
+
+
+def test_shards_in_this_process_send_no_rows_with_their_answers(built):
+    """No hop to spare: the final page's rows are fetched once, after fusion."""
+    pipe = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(rows_with_answers=20, cache_size=0))
+    group = pipe.collections["main"].shards[0].service
+    asked = []
+    search_group = group.search
+    group.search = lambda *args: asked.append(args[5]) or search_group(*args)
+    assert search(pipe, query="telescope galaxy", limit=5).results
+    assert asked == [0]
 
 
 def test_jvm_warm_up_runs_searches_and_changes_no_answer(pipeline):

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> int:
 
     started = time.time()
     pairs, data = load_pairs(args)
-    rows = training_rows(pairs)
+    rows = training_rows(pairs, args.hard_negatives)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = SentenceTransformer(resolve_model_path(args.base), device=device)
     checkpoints = args.out / "checkpoints"
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> int:
     model.save(str(args.out))
     shutil.rmtree(checkpoints, ignore_errors=True)  # the model is written: nothing left to resume
     record = {"kind": "encoder", "base": args.base, "data": data, "examples": len(rows["anchor"]),
-              "hard_negatives": "negative" in rows, "epochs": args.epochs, "batch_size": args.batch_size,
+              "hard_negatives": sum(name.startswith("negative") for name in rows), "epochs": args.epochs, "batch_size": args.batch_size,
               "lr": args.lr, "seed": args.seed, "device": device, "seconds": round(time.time() - started, 1),
               "resumed_from": resume}
     (args.out / TRAINING_FILE).write_text(json.dumps(record, indent=1) + "\n")

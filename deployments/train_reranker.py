@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> int:
 
     started = time.time()
     pairs, data = load_pairs(args)
-    rows = training_rows(pairs)
+    rows = training_rows(pairs, args.hard_negatives)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = CrossEncoder(resolve_model_path(args.base), num_labels=1, max_length=args.max_length, device=device)
     checkpoints = args.out / "checkpoints"
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> int:
     model.save(str(args.out))
     shutil.rmtree(checkpoints, ignore_errors=True)
     record = {"kind": "reranker", "base": args.base, "data": data, "examples": len(rows["anchor"]),
-              "hard_negatives": "negative" in rows, "in_batch_negatives": args.in_batch_negatives,
+              "hard_negatives": sum(name.startswith("negative") for name in rows), "in_batch_negatives": args.in_batch_negatives,
               "loss": "listwise (MultipleNegativesRankingLoss)", "max_length": args.max_length, "epochs": args.epochs,
               "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "device": device,
               "seconds": round(time.time() - started, 1), "resumed_from": resume}

@@ -32,6 +32,13 @@ class Pair:
     doc_text: str  # as the index embeds it: "title\ntext"
     negative_id: str | None = None
     negative_text: str | None = None
+    # Further hard negatives (``--hard-negatives`` above 1): (doc id, text), the next best-ranked misses.
+    more_negatives: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def negatives(self) -> list[str]:
+        """The texts of every hard negative, best-ranked first."""
+        return ([self.negative_text] if self.negative_text else []) + [text for _, text in self.more_negatives]
 
 
 def read_qrels(path: Path) -> dict[str, dict[str, int]]:
@@ -123,30 +130,31 @@ def positive_pairs(judged: Judged, corpus: dict[str, str]) -> list[Pair]:
 
 
 def mine_negatives(pairs: list[Pair], index: Path, corpus: dict[str, str], judged: Judged, depth: int = 30,
-                   progress=None) -> list[Pair]:
-    """Each pair with the best-ranked hybrid candidate of its query that is not judged relevant to it
-    (None when the first ``depth`` results hold nothing else)."""
+                   progress=None, count: int = 1) -> list[Pair]:
+    """Each pair with the best-ranked hybrid candidates of its query that are not judged relevant to it:
+    up to ``count`` documents, best first (none when the first ``depth`` results hold nothing else)."""
     from deployments.config import RouterSettings
     from deployments.schemas import SearchRequest
     from deployments.search.inprocess import inprocess_pipeline
 
     pipeline = inprocess_pipeline({"default": Path(index)}, RouterSettings(cache_size=0))
-    negative_of: dict[str, str | None] = {}
+    negatives_of: dict[str, list[str]] = {}
 
     async def mine(qids: list[str]) -> None:
         for qid in qids:
             response = await pipeline.search(SearchRequest(query=judged.queries[qid], limit=depth))
             relevant = {d for d, g in judged.qrels[qid].items() if g > 0}
-            negative_of[qid] = next((r.doc_id for r in response.results
-                                     if r.doc_id not in relevant and r.doc_id in corpus), None)
+            misses = dict.fromkeys(r.doc_id for r in response.results if r.doc_id not in relevant and r.doc_id in corpus)
+            negatives_of[qid] = list(misses)[:count]  # a document once, at its best chunk's rank
             if progress:
                 progress(1)
 
     asyncio.run(mine(sorted({p.query_id for p in pairs})))
     out = []
     for p in pairs:
-        neg = negative_of.get(p.query_id)
-        out.append(Pair(p.query_id, p.query, p.doc_id, p.doc_text, neg, corpus[neg] if neg else None))
+        first, *more = negatives_of.get(p.query_id) or [None]
+        out.append(Pair(p.query_id, p.query, p.doc_id, p.doc_text, first, corpus[first] if first else None,
+                        tuple((d, corpus[d]) for d in more)))
     return out
 
 
@@ -202,7 +210,10 @@ def build_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-5, help="learning rate (default: %(default)s)")
     ap.add_argument("--negative-depth", type=int, default=30,
-                    help="hybrid candidates searched for each query's hard negative (default: %(default)s)")
+                    help="hybrid candidates searched for each query's hard negatives (default: %(default)s)")
+    ap.add_argument("--hard-negatives", type=int, default=1, metavar="N",
+                    help="hard negatives per pair: the N best-ranked candidates not judged relevant (default: "
+                         "%(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save-steps", type=int, default=20, help="a checkpoint every this many steps")
     ap.add_argument("--no-progress", action="store_true")
@@ -224,24 +235,30 @@ def load_pairs(args: argparse.Namespace) -> tuple[list, dict]:
 
     with tqdm(total=len({p.query_id for p in pairs}), desc="mining negatives", unit="query",
               disable=args.no_progress) as bar:
-        pairs = mine_negatives(pairs, args.index, corpus, judged, args.negative_depth, bar.update)
+        pairs = mine_negatives(pairs, args.index, corpus, judged, args.negative_depth, bar.update,
+                               args.hard_negatives)
     data = {"source": judged.source, "held_out": judged.held_out,
             "held_out_queries_dropped": judged.held_out_queries, "queries": len({p.query_id for p in pairs}),
             "pairs": len(pairs), "pairs_with_hard_negative": sum(p.negative_id is not None for p in pairs),
+            "hard_negatives": args.hard_negatives,
             "negatives_from": str(args.index)}
     if judged.held_out_ids is not None:
         data["held_out_query_ids"] = judged.held_out_ids
     return pairs, data
 
 
-def training_rows(pairs: list) -> dict[str, list[str]]:
-    """(anchor, positive, negative) columns; pairs without a hard negative are left out when they are few
-    (under 10%), else every pair is kept and only in-batch negatives are used."""
-    with_negative = [p for p in pairs if p.negative_id]
-    if len(with_negative) >= 0.9 * len(pairs):
-        return {"anchor": [p.query for p in with_negative], "positive": [p.doc_text for p in with_negative],
-                "negative": [p.negative_text for p in with_negative]}
-    return {"anchor": [p.query for p in pairs], "positive": [p.doc_text for p in pairs]}
+def training_rows(pairs: list, hard_negatives: int = 1) -> dict[str, list[str]]:
+    """(anchor, positive, negative) columns, or (anchor, positive, negative_1 .. negative_N) with N hard
+    negatives. Every row needs all N (the loss takes columns): pairs with fewer are left out when they are
+    few (under 10%), else every pair is kept and only in-batch negatives are used."""
+    complete = [p for p in pairs if len(p.negatives) >= hard_negatives]
+    if hard_negatives < 1 or len(complete) < 0.9 * len(pairs):
+        return {"anchor": [p.query for p in pairs], "positive": [p.doc_text for p in pairs]}
+    rows = {"anchor": [p.query for p in complete], "positive": [p.doc_text for p in complete]}
+    names = ["negative"] if hard_negatives == 1 else [f"negative_{i}" for i in range(1, hard_negatives + 1)]
+    for i, name in enumerate(names):
+        rows[name] = [p.negatives[i] for p in complete]
+    return rows
 
 
 def last_checkpoint(folder: Path) -> str | None:

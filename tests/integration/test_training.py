@@ -49,6 +49,26 @@ def test_pairs_hold_out_the_test_queries_and_negatives_are_not_relevant(beir, in
         assert p.negative_id not in judged.qrels[p.query_id] and p.doc_text == corpus[p.doc_id]
 
 
+def test_several_hard_negatives_are_the_next_best_misses_each_in_its_own_column(beir, index):
+    from deployments.relevance.training import training_rows
+
+    judged = beir_judgments(beir, "train", "test")
+    corpus = read_corpus(beir / "corpus.jsonl")
+    positives = positive_pairs(judged, corpus)
+    one = mine_negatives(positives, index, corpus, judged, depth=10)
+    three = mine_negatives(positives, index, corpus, judged, depth=10, count=3)
+    for a, b in zip(one, three, strict=True):
+        ids = [b.negative_id, *(d for d, _ in b.more_negatives)]
+        assert ids[0] == a.negative_id and len(ids) == len(set(ids)) == 3  # the first is the one of count=1
+        assert not set(ids) & set(judged.qrels[b.query_id])
+        assert b.negatives == [corpus[d] for d in ids]
+    rows = training_rows(three, 3)
+    assert list(rows) == ["anchor", "positive", "negative_1", "negative_2", "negative_3"]
+    assert rows["negative_3"] == [p.negatives[2] for p in three]
+    assert list(training_rows(one, 1)) == ["anchor", "positive", "negative"]
+    assert list(training_rows(one, 3)) == ["anchor", "positive"]  # too few negatives: in-batch ones only
+
+
 def test_train_encoder_writes_a_model_index_build_uses_and_resumes(beir, index, tmp_path):
     from sentence_transformers import SentenceTransformer
 

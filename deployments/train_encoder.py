@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> int:
     model.save(str(args.out))
     shutil.rmtree(checkpoints, ignore_errors=True)  # the model is written: nothing left to resume
     record = {"kind": "encoder", "base": args.base, "data": data, "examples": len(rows["anchor"]),
-              "hard_negatives": sum(name.startswith("negative") for name in rows), "epochs": args.epochs, "batch_size": args.batch_size,
+              "hard_negatives": sum(name.startswith("negative") for name in rows), "epochs": args.epochs,
+              "batch_size": args.batch_size,
               "lr": args.lr, "seed": args.seed, "device": device, "seconds": round(time.time() - started, 1),
               "resumed_from": resume}
     (args.out / TRAINING_FILE).write_text(json.dumps(record, indent=1) + "\n")

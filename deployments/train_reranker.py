@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> int:
     model.save(str(args.out))
     shutil.rmtree(checkpoints, ignore_errors=True)
     record = {"kind": "reranker", "base": args.base, "data": data, "examples": len(rows["anchor"]),
-              "hard_negatives": sum(name.startswith("negative") for name in rows), "in_batch_negatives": args.in_batch_negatives,
+              "hard_negatives": sum(name.startswith("negative") for name in rows),
+              "in_batch_negatives": args.in_batch_negatives,
               "loss": "listwise (MultipleNegativesRankingLoss)", "max_length": args.max_length, "epochs": args.epochs,
               "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "device": device,
               "seconds": round(time.time() - started, 1), "resumed_from": resume}

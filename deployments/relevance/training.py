@@ -144,7 +144,8 @@ def mine_negatives(pairs: list[Pair], index: Path, corpus: dict[str, str], judge
         for qid in qids:
             response = await pipeline.search(SearchRequest(query=judged.queries[qid], limit=depth))
             relevant = {d for d, g in judged.qrels[qid].items() if g > 0}
-            misses = dict.fromkeys(r.doc_id for r in response.results if r.doc_id not in relevant and r.doc_id in corpus)
+            misses = dict.fromkeys(r.doc_id for r in response.results
+                                   if r.doc_id not in relevant and r.doc_id in corpus)
             negatives_of[qid] = list(misses)[:count]  # a document once, at its best chunk's rank
             if progress:
                 progress(1)

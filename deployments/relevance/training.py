@@ -188,6 +188,13 @@ def index_documents(index: Path) -> dict[str, str]:
 
 # ------------------------------------------------------------------ what both training commands share
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 (in-batch negatives only) or more")
+    return value
+
+
 def build_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = ap.add_mutually_exclusive_group(required=True)
@@ -212,7 +219,7 @@ def build_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=2e-5, help="learning rate (default: %(default)s)")
     ap.add_argument("--negative-depth", type=int, default=30,
                     help="hybrid candidates searched for each query's hard negatives (default: %(default)s)")
-    ap.add_argument("--hard-negatives", type=int, default=1, metavar="N",
+    ap.add_argument("--hard-negatives", type=_count, default=1, metavar="N",
                     help="hard negatives per pair: the N best-ranked candidates not judged relevant (default: "
                          "%(default)s)")
     ap.add_argument("--seed", type=int, default=0)

@@ -25,15 +25,17 @@ from deployments.cli import renamed_flag
 from deployments.relevance.metrics import evaluate
 
 
-def run_queries(pipeline, queries: dict[str, str], **request) -> tuple[dict, float]:
-    """(query id -> document -> score by rank, mean ms of the rerank stage)."""
+def run_queries(pipeline, queries: dict[str, str], limit: int = 100, **request) -> tuple[dict, float]:
+    """(query id -> document -> score by rank, mean ms of the rerank stage). The service reranks at least
+    the page it returns (``max(rerank_depth, limit)``), so a rerank at depth d asks for ``limit=d``."""
     from deployments.schemas import SearchRequest
 
     run, rerank_ms = {}, []
 
     async def go():
         for qid, text in queries.items():
-            response = await pipeline.search(SearchRequest(query=text, limit=100, include_citations=False, **request))
+            response = await pipeline.search(SearchRequest(query=text, limit=limit, include_citations=False,
+                                                           **request))
             best: list[str] = []
             for r in response.results:
                 if r.doc_id not in best:
@@ -105,10 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         record["rows"].append({"index": label, "method": "hybrid", "candidates": "default", "rerank_depth": 0,
                                "queries": len(subset), **plain_subset})
         for depth in args.depths:
-            sub_run, ms = run_queries(pipeline, subset, rerank=True, rerank_depth=depth)
+            sub_run, ms = run_queries(pipeline, subset, limit=depth, rerank=True, rerank_depth=depth)
+            # Only the reranked top `depth` come back: recall at 100 would be recall at the depth.
             row = {"index": label, "method": "hybrid", "candidates": "default", "rerank_depth": depth,
-                   "queries": len(subset),
-                   **evaluate(sub_run, {q: qrels[q] for q in subset}), "rerank_ms_per_query": round(ms, 1)}
+                   "queries": len(subset), **evaluate(sub_run, {q: qrels[q] for q in subset}) | {"R@100": None},
+                   "rerank_ms_per_query": round(ms, 1)}
             record["rows"].append(row)
             print(row, flush=True)
     write_record(args.out, record)
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
           "|---|---|---|---|---|---|---|---|")
     for r in record["rows"]:
         print(f"| {r['index']} | {r['method']} | {r['candidates']} | {r['rerank_depth'] or '-'} | {r['queries']} | "
-              f"{r['nDCG@10']:.4f} | {r['R@100']:.4f} | {r.get('rerank_ms_per_query', '-')} |")
+              f"{r['nDCG@10']:.4f} | {'-' if r['R@100'] is None else format(r['R@100'], '.4f')} | "
+              f"{r.get('rerank_ms_per_query', '-')} |")
     return 0
 
 

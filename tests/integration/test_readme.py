@@ -66,7 +66,8 @@ def demo_served(ray_local, tmp_path_factory):
     summary = build_index(BuildConfig(corpus=corpus, out=tmp_path_factory.mktemp("demo-index"), shards=2,
                                       encoder="hashing:64", progress=False))
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    deploy_app({"index": str(summary.version_dir)}, "readme")
+    # As `make demo` serves it (`--synthesis`, no model named): the extractive engine writes the answers.
+    deploy_app({"index": str(summary.version_dir), "synthesis": {"enabled": True, "num_cpus": 0.1}}, "readme")
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
         yield client
     serve.shutdown()
@@ -80,6 +81,23 @@ def test_the_example_request_answers_with_every_field_the_readme_shows(demo_serv
     assert all(x["metadata"]["kind"] == "function" for x in body["results"])  # the example's filter held
     missing = readme_response_fields() - keys_of(body)
     assert not missing, f"README's example response shows fields the service does not send: {missing}"
+
+
+def test_the_demo_answers_with_sentences_of_its_results_each_cited_over_http(demo_served):
+    r = demo_served.post("/search", json={"query": "compress a file with gzip", "limit": 5, "synthesize": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    answer, results = body["answer"], {x["rank"]: x for x in body["results"]}
+    assert answer["model"] == "extractive" and answer["sentences"] and body["synthesis"] == answer["text"]
+    for sentence in answer["sentences"]:
+        assert sentence["supported"] and sentence["citations"]
+        for n in sentence["citations"]:  # the sentence, its markers taken off, is a sentence of result n
+            bare = re.sub(r"\s*\[\d+\]", "", sentence["text"]).strip()
+            assert bare in results[n]["content"] or bare in results[n]["title"], (bare, n)
+    cited = {n for s in answer["sentences"] for n in s["citations"]}
+    assert {c["n"] for c in answer["citations"]} == cited
+    assert all(c["chunk_id"] == results[c["n"]]["chunk_id"] and c["doc_id"] == results[c["n"]]["doc_id"]
+               for c in answer["citations"])
 
 
 def _literal(text: str):

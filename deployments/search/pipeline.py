@@ -230,7 +230,7 @@ class SearchPipeline:
         for c in targets:
             vector = vectors.get(c.name)
             for shard in c.shards:
-                rows = rows_for_top if getattr(shard, "remote", True) else 0
+                rows = rows_for_top if shard.remote else 0
                 calls.append((c, shard, asyncio.wait_for(
                     shard.search(vector, text, k_dense, k_keyword, filters, rows, acl),
                     self.settings.shard_timeout_s)))

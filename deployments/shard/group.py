@@ -48,6 +48,7 @@ class ShardGroup:
             raise ValueError("a shard group needs at least one shard")
         self.services = list(services)
         self.name = ",".join(s.name for s in self.services)
+        self.id_arrays = [s.id_array for s in self.services]
         self.ranks = id_ranks(self.services)
 
     @property
@@ -89,11 +90,10 @@ class ShardGroup:
             if a.filter_error:
                 answer.filter_error = a.filter_error
                 return answer
-        ids = [s.id_array for s in self.services]
-        answer.dense = _best([a.dense_rows for a in answers], [a.dense_scores for a in answers], self.ranks, ids,
-                             k_dense)
+        answer.dense = _best([a.dense_rows for a in answers], [a.dense_scores for a in answers], self.ranks,
+                             self.id_arrays, k_dense)
         answer.keyword = _best([a.keyword_rows for a in answers], [a.keyword_scores for a in answers], self.ranks,
-                               ids, k_keyword)
+                               self.id_arrays, k_keyword)
         if any(a.allowed is not None for a in answers):
             answer.allowed = sum(a.allowed or 0 for a in answers)
         if rows_for_top > 0:

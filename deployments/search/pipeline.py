@@ -602,22 +602,20 @@ class SearchPipeline:
     @staticmethod
     def _results(top: list[Hit], rows: list[dict], legs, fused_scores: dict[str, float],
                  reranked: bool, relevance_of: dict[str, float]) -> list[Result]:
-        leg_scores = {}
-        for dense, keyword in legs.values():
-            for h in dense:
-                leg_scores.setdefault(h.chunk_id, {})["dense"] = h.score
-            for h in keyword:
-                leg_scores.setdefault(h.chunk_id, {})["keyword"] = h.score
+        dense_of: dict[str, float] = {}
+        keyword_of: dict[str, float] = {}
+        for dense, keyword in legs.values():  # chunk ids carry their collection: no two legs share one
+            dense_of.update({h.chunk_id: h.score for h in dense})
+            keyword_of.update({h.chunk_id: h.score for h in keyword})
         results = []
         for rank, (hit, row) in enumerate(zip(top, rows, strict=True), start=1):
-            stage = leg_scores.get(hit.chunk_id, {})
-            metadata = json.loads(row["metadata_json"])
+            cid, metadata = hit.chunk_id, row["metadata"]
             results.append(Result(
                 rank=rank, chunk_id=row["chunk_id"], doc_id=row["doc_id"], collection=row["collection"],
                 content=row["text"], source=source_of(row["doc_id"], metadata), title=row["title"],
-                section=row["section"], metadata=metadata, relevance_score=relevance_of[hit.chunk_id], score=hit.score,
-                scores=StageScores(dense=stage.get("dense"), keyword=stage.get("keyword"),
-                                   fused=fused_scores.get(hit.chunk_id), reranked=hit.score if reranked else None),
+                section=row["section"], metadata=metadata, relevance_score=relevance_of[cid], score=hit.score,
+                scores=StageScores(dense=dense_of.get(cid), keyword=keyword_of.get(cid), fused=fused_scores.get(cid),
+                                   reranked=hit.score if reranked else None),
                 char_start=row["char_start"], char_end=row["char_end"],
             ))
         return results

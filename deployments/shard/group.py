@@ -50,6 +50,8 @@ class ShardGroup:
         self.name = ",".join(s.name for s in self.services)
         self.id_arrays = [s.id_array for s in self.services]
         self.ranks = id_ranks(self.services)
+        # chunk id -> (shard, row): a page's rows are found in one pass, whichever shards hold them.
+        self.where = {cid: (i, row) for i, s in enumerate(self.services) for cid, row in s.row_of.items()}
 
     @property
     def size(self) -> int:
@@ -124,11 +126,12 @@ class ShardGroup:
         """Chunk rows for the ids this group holds, in the order asked."""
         if len(self.services) == 1:
             return self.services[0].fetch(chunk_ids)
-        found: dict[str, dict] = {}
-        for s in self.services:
-            for row in s.fetch([c for c in chunk_ids if c in s.row_of]):
-                found[row["chunk_id"]] = row
-        return [found[c] for c in chunk_ids if c in found]
+        located = [self.where[c] for c in chunk_ids if c in self.where]
+        per_shard: list[list[int]] = [[] for _ in self.services]
+        for shard, row in located:
+            per_shard[shard].append(row)
+        rows = [iter(s.rows_at(r)) if r else iter(()) for s, r in zip(self.services, per_shard, strict=True)]
+        return [next(rows[shard]) for shard, _ in located]
 
     def vectors(self, chunk_ids: list[str]) -> np.ndarray:
         """The stored vectors of these chunks, in the order asked (one read per shard)."""

@@ -7,6 +7,7 @@ are fetched later for the few chunks that survive fusion.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -35,6 +36,11 @@ from index_build.manifest import (
 from index_build.versions import read_version_manifest, resolve_version_dir
 
 VOCABULARIES_KEPT = 8
+# Chunk rows a shard keeps as Python objects once read (all of them, for a shard up to this size): an index
+# version never changes, and reading rows out of Arrow and parsing their metadata was most of what a page of
+# 100 results cost. Past the bound the kept rows are dropped and read again as they are asked for (one call's
+# rows are kept whole, so a call asking for more than the bound keeps that many until the next one).
+ROWS_KEPT = 50_000
 
 
 @dataclass
@@ -101,6 +107,7 @@ class ShardService:
         # Computed on the first spell-corrected query of each set of callers; the few latest are kept (one pass
         # over the shard's texts each, so a bounded cache, not one per caller forever).
         self._vocabularies: OrderedDict[tuple | None, dict[str, int]] = OrderedDict()
+        self._rows: dict[int, dict[str, Any]] = {}
 
     @property
     def chunks(self) -> int:
@@ -179,9 +186,21 @@ class ShardService:
         return self.metadata.allowed_rows({field_name: list(principals)})
 
     def fetch(self, chunk_ids: list[str]) -> list[dict]:
-        """Chunk rows (text and metadata) for ids held by this shard, in the order asked."""
-        rows = [self.row_of[c] for c in chunk_ids if c in self.row_of]
-        return self.table.take(pa.array(rows, pa.int64())).to_pylist() if rows else []
+        """Chunk rows for ids held by this shard, in the order asked: the chunk table's columns, and
+        ``metadata`` (``metadata_json`` parsed). Rows are shared between calls: read them, never change them."""
+        return self.rows_at([self.row_of[c] for c in chunk_ids if c in self.row_of])
+
+    def rows_at(self, rows: list[int]) -> list[dict]:
+        """The chunk rows at these positions of the chunk table (see ``ROWS_KEPT``)."""
+        kept = self._rows
+        missing = [r for r in rows if r not in kept]
+        if missing:
+            if len(kept) + len(missing) > ROWS_KEPT:
+                kept.clear()
+            for r, row in zip(missing, self.table.take(pa.array(missing, pa.int64())).to_pylist(), strict=True):
+                row["metadata"] = json.loads(row["metadata_json"] or "{}")
+                kept[r] = row
+        return [kept[r] for r in rows]
 
     def dense_search(self, vectors: np.ndarray, k: int, allowed_rows: np.ndarray | None = None) -> list[list[Hit]]:
         return self.dense.search(vectors, k, allowed_rows)

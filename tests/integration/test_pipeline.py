@@ -251,6 +251,27 @@ def test_vectors_for_mmr_come_from_the_index(pipeline, local):
         assert np.allclose(got, np.load(service.folder / "embeddings.npy")[:3])
 
 
+def test_fetched_rows_are_the_chunk_tables_rows_in_the_order_asked(pipeline, monkeypatch):
+    """The oracle is each shard's chunk table read afresh: rows kept between calls, rows spread over the
+    group's shards, an id no shard holds, and a bound on kept rows smaller than one call's rows."""
+    import deployments.shard.service as service_module
+
+    group = pipeline.collections["main"].shards[0].service
+    table = {}
+    for service in group.services:
+        for row in pq.read_table(service.folder / "chunks.parquet").to_pylist():
+            table[row["chunk_id"]] = row | {"metadata": json.loads(row["metadata_json"])}
+    ids = sorted(table)
+    asked = ids[::-3][:12] + ["no-such-chunk#0"] + ids[:5]
+    assert len({group.where[c][0] for c in asked if c in table}) == 3  # rows of every shard, interleaved
+    for bound in (service_module.ROWS_KEPT, 4):
+        monkeypatch.setattr(service_module, "ROWS_KEPT", bound)
+        for _ in range(2):  # read, then kept (or dropped and read again under the small bound)
+            assert group.fetch(asked) == [table[c] for c in asked if c in table]
+    per_shard = [sum(group.where[c][0] == i for c in asked if c in table) for i in range(3)]
+    assert all(len(s._rows) <= max(4, n) for s, n in zip(group.services, per_shard, strict=True))
+
+
 def test_rows_sent_with_answers_equal_rows_fetched_afterwards(built):
     fetched = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(rows_with_answers=0, cache_size=0))
     along = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(rows_with_answers=20, cache_size=0))

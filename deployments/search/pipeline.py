@@ -335,8 +335,8 @@ class SearchPipeline:
         acl = None
         if self.acl_field:
             acl = (self.acl_field, sorted(set(principals or ()) | {self.public_principal}))
-        key = self.cache_key(req, targets, acl)
-        if not req.debug and (hit := self.cache.get(key)) is not None:
+        key = self.cache_key(req, targets, acl) if self.cache.size > 0 else None  # no cache, no key to build
+        if key is not None and not req.debug and (hit := self.cache.get(key)) is not None:
             return hit.model_copy(update={"cached": True,
                                           "timings_ms": {"total": (time.perf_counter() - t_start) * 1000}})
         timings: dict[str, float] = {}
@@ -527,7 +527,7 @@ class SearchPipeline:
             debug=self._debug(trace, legs, fused, ranked if reranked else None, dropped, final, depth, deepened, req)
             if req.debug else None,
         )
-        if not failed and not warnings and not req.debug and not req.stream:
+        if key is not None and not failed and not warnings and not req.debug and not req.stream:
             self.cache.put(key, response)
         return response
 

@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     # Serve's throughput mode (user code on the replica's own loop, buffered request logs, handle calls over
     # gRPC): read by every Ray process at start, so it is set before Ray starts (export 0 to turn it off).
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    # Load shedding as the outermost layer of every HTTP server of the app (the router's own among them), so a
+    # refused request costs no Serve request handling: Serve asks this function for its HTTP middlewares.
+    os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "deployments.serve.shedding.middlewares")
     proxy_port = args.port
     if not args.via_proxy:
         # The router replica answers HTTP on --port itself (Serve's "direct ingress"): the proxy's hop cost

@@ -66,6 +66,7 @@ class Guard:
     inflight: int = 0
     key_principals: dict[str, tuple[str, ...]] = field(default_factory=dict)  # digest -> who its holder is
     admin_digests: frozenset[str] = frozenset()  # keys allowed on /admin/ (also in key_digests)
+    configured: bool = False  # a router replica of this process configured it (deployments.serve.router)
 
     @property
     def keys_on(self) -> bool:
@@ -124,3 +125,8 @@ class Guard:
 
     def release(self) -> None:
         self.inflight = max(0, self.inflight - 1)
+
+
+# The one guard of a process's router replica: the router configures it, and both the app's front door and the
+# shedding layer ahead of Serve (``deployments.serve.shedding``) read it.
+REPLICA_GUARD = Guard()

@@ -46,8 +46,9 @@ from deployments.schemas import (
     response_json,
 )
 from deployments.search.activation import DeployedCollection, VersionSwitch
-from deployments.search.guard import CONSOLE_ASSETS, Caller, Guard, key_digest, route_path
+from deployments.search.guard import CONSOLE_ASSETS, REPLICA_GUARD, Caller, Guard, key_digest, route_path
 from deployments.search.pipeline import Collection, SearchPipeline, failure, redact
+from deployments.serve.shedding import COUNTED_KEY, counted, refuse
 from deployments.shard.host import LocalShard, ShardHost, SlotClient, VersionCache
 
 logger = logging.getLogger("ray.serve")
@@ -70,29 +71,15 @@ def error_responses(extra: dict[int, str] | None = None) -> dict[int, dict]:
 
 
 # One router replica per process: the middleware reads the guard its replica configured.
-_guard = Guard()
-
-
-async def _refuse(refusal, send) -> None:
-    """The refusal as two raw ASGI messages: under overload most requests end here, so it costs no
-    response object, no header parsing and no JSON encoder beyond one small ``dumps``."""
-    body = json.dumps({"error": refusal.message}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in refusal.headers.items()]
-    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-# The routes that do a request's work (search, streamed answers until they end, judgments' disk writes) count
-# against max_inflight; health, the console and /admin/ (an operator's rollback must get through) do not.
-COUNTED_PATHS = frozenset({"/search", "/feedback"})
+_guard = REPLICA_GUARD
 
 
 class FrontDoor:
-    """Keys, body size and load shedding before anything else runs, as plain ASGI: Starlette's
-    ``BaseHTTPMiddleware`` costs a task and a stream per request. A request counts against
-    ``max_inflight`` until its response has been sent, streamed answers included. Shedding comes
-    first: under overload it is what most requests meet, and it must cost the replica next to nothing."""
+    """Keys, body size and load shedding before anything else of the app runs, as plain ASGI: Starlette's
+    ``BaseHTTPMiddleware`` costs a task and a stream per request. A request counts against ``max_inflight``
+    until its response has been sent, streamed answers included. Shedding comes first: under overload it is
+    what most requests meet. A request that came through the shedding layer ahead of Serve (``python -m
+    deployments`` installs it) was counted there, before Serve's own handling of it."""
 
     def __init__(self, app):
         self.app = app
@@ -101,22 +88,22 @@ class FrontDoor:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = route_path(scope["path"], scope.get("root_path", ""))  # the same rules under a route prefix
-        counted = path in COUNTED_PATHS
-        if counted:
+        counted_here = counted(scope) and not scope.get(COUNTED_KEY)  # not already counted ahead of Serve
+        if counted_here:
             refusal = _guard.admit()
             if refusal is not None:
-                return await _refuse(refusal, send)
+                return await refuse(refusal, send)
         try:
             headers = Headers(scope=scope)
             refusal = _guard.check(scope["method"], path, headers)
             if refusal is not None:
-                return await _refuse(refusal, send)
+                return await refuse(refusal, send)
             caller = _guard.caller(headers)
             state = scope.setdefault("state", {})
             state["caller"], state["principals"] = caller, list(caller.principals)
             await self.app(scope, receive, send)
         finally:
-            if counted:
+            if counted_here:
                 _guard.release()
 
 
@@ -138,6 +125,7 @@ def configure_guard(security: SecurityConfig) -> Guard:
     _guard.max_body_bytes = security.max_body_bytes
     _guard.max_inflight = security.max_inflight
     _guard.retry_after_s = security.retry_after_s
+    _guard.configured = True
     return _guard
 
 

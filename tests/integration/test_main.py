@@ -20,7 +20,7 @@ def service(built):
     _, summary = built[3]
     root = Path(__file__).parents[2]
     proc = subprocess.Popen([sys.executable, "-m", "deployments", "--index", str(summary.version_dir), "--port",
-                             str(PORT), "--no-cache"], cwd=root, env=os.environ | {"PYTHONPATH": str(root)},
+                             str(PORT), "--no-cache", "--max-inflight", "2"], cwd=root, env=os.environ | {"PYTHONPATH": str(root)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     base = f"http://127.0.0.1:{PORT}"
     deadline = time.monotonic() + 240
@@ -54,6 +54,28 @@ def test_the_router_answers_on_the_port_itself(service):
     names = {" ".join(p.info["cmdline"] or [])[:80] for p in psutil.process_iter(["cmdline"])}
     replicas = {n for n in names if "ServeReplica:raysearch:" in n}
     assert replicas and all("ServeReplica:raysearch:router" in n for n in replicas), replicas
+
+
+def test_the_excess_is_refused_before_serve_handles_it(service):
+    """Past --max-inflight a search is refused (503 + Retry-After) by the layer ahead of Serve's request handling
+    (deployments.serve.shedding): Serve's own layer, which tags every response it handles with an
+    x-request-id, never saw the refused requests."""
+    import asyncio
+
+    base, _ = service
+
+    async def burst():
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+            return await asyncio.gather(*(client.post("/search", json={"query": f"telescope galaxy {i}", "limit": 100})
+                                          for i in range(24)))
+
+    answers = asyncio.run(burst())
+    shed = [r for r in answers if r.status_code == 503]
+    assert shed and {r.status_code for r in answers} == {200, 503}
+    assert all(r.headers["Retry-After"] == "1" and "overloaded" in r.json()["error"] for r in shed)
+    assert all("x-request-id" not in r.headers for r in shed)
+    assert all("x-request-id" in r.headers for r in answers if r.status_code == 200)
+    assert httpx.get(f"{base}/health").status_code == 200
 
 
 def test_sigterm_stops_it(service):

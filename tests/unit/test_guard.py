@@ -110,3 +110,58 @@ def test_the_caller_is_known_from_its_key_alone():
     assert not g.caller({}).admin  # keys on and none shown: nobody in particular (the front door refuses it)
     open_door = Guard()
     assert open_door.caller({}).admin and open_door.caller({}).key_id is None  # keys off: nothing tells callers apart
+
+
+def test_the_layer_ahead_of_serve_counts_each_request_once_and_the_app_door_counts_the_rest(monkeypatch):
+    """``ShedFirst`` (outermost, before Serve's request handling) and the app's ``FrontDoor`` read one guard:
+    a request the first counted is not counted again; one that came another way (through Serve's proxy)
+    is counted by the door; a process whose router never configured the guard counts nothing."""
+    import asyncio
+
+    from deployments.serve import router
+    from deployments.serve.shedding import COUNTED_KEY, ShedFirst
+
+    guard = Guard(max_inflight=2, retry_after_s=4, configured=True)
+    monkeypatch.setattr("deployments.serve.shedding.REPLICA_GUARD", guard)
+    monkeypatch.setattr(router, "_guard", guard)
+    seen, release = [], {}  # release["now"]: an event of the running burst's loop
+
+    async def app(scope, receive, send):  # holds every request until released
+        seen.append((scope["path"], guard.inflight))
+        await release["now"].wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    def call(layer, path):
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-length", b"2")]}
+        return scope, sent, layer(scope, None, send)
+
+    async def burst(layer, paths):
+        release["now"] = asyncio.Event()
+        calls = [call(layer, p) for p in paths]
+        tasks = [asyncio.ensure_future(c[2]) for c in calls]
+        await asyncio.sleep(0.01)
+        seen.append(("held", guard.inflight))
+        release["now"].set()
+        await asyncio.gather(*tasks)
+        return [(scope, sent[0]["status"], dict(sent[0]["headers"])) for scope, sent, _ in calls]
+
+    both = ShedFirst(router.FrontDoor(app))
+    answers = asyncio.run(burst(both, ["/search", "/api/search", "/search/", "/health", "/feedback"]))
+    statuses = [status for _, status, _ in answers]
+    assert statuses == [200, 200, 503, 200, 503]  # two counted once each; the health probe is never shed
+    assert answers[2][2][b"retry-after"] == b"4" and guard.inflight == 0
+    assert seen[-1] == ("held", 2)  # two held requests, counted once each (the door did not count them again)
+    assert answers[0][0][COUNTED_KEY] and COUNTED_KEY not in answers[3][0]
+
+    seen.clear()
+    door_only = router.FrontDoor(app)  # through the proxy: the app's door counts
+    assert [s for _, s, _ in asyncio.run(burst(door_only, ["/search", "/search", "/search"]))] == [200, 200, 503]
+
+    guard.configured = False  # the proxy's copy of the layer: no router configured this process's guard
+    assert [s for _, s, _ in asyncio.run(burst(ShedFirst(app), ["/search"] * 3))] == [200, 200, 200]
+    assert guard.inflight == 0

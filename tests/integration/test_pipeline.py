@@ -251,12 +251,14 @@ def test_vectors_for_mmr_come_from_the_index(pipeline, local):
         assert np.allclose(got, np.load(service.folder / "embeddings.npy")[:3])
 
 
-def test_fetched_rows_are_the_chunk_tables_rows_in_the_order_asked(pipeline, monkeypatch):
+def test_fetched_rows_are_the_chunk_tables_rows_in_the_order_asked(built, monkeypatch):
     """The oracle is each shard's chunk table read afresh: rows kept between calls, rows spread over the
-    group's shards, an id no shard holds, and a bound on kept rows smaller than one call's rows."""
+    group's shards, an id no shard holds, and a bound on kept rows smaller than one call's rows. Shards
+    opened for this test alone, so no other test's reads are kept in them."""
     import deployments.shard.service as service_module
 
-    group = pipeline.collections["main"].shards[0].service
+    fresh = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(cache_size=0))
+    group = fresh.collections["main"].shards[0].service
     table = {}
     for service in group.services:
         for row in pq.read_table(service.folder / "chunks.parquet").to_pylist():

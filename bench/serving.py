@@ -193,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--also", action="append", default=[], metavar="NAME=ARGS",
                     help="measure the service again with these extra arguments, in the same run (repeatable), "
                          "e.g. --also 'int8=--encoder-backend onnx-int8'")
+    ap.add_argument("--also-code", action="append", default=[], metavar="NAME=DIR",
+                    help="measure another checkout's service too, in the same run (repeatable): a worktree of "
+                         "the commit before a change gives before and after on one machine in one run")
     ap.add_argument("--out", type=Path, default=Path("bench/out/serving.json"))
     args = ap.parse_args(argv)
 
@@ -209,12 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         record["in_process"] = in_process(args.index.resolve(), texts, hybrid | {"limit": 10}, n=600)
         print("in-process", json.dumps(record["in_process"]), flush=True)
 
-    def measure(serve_args: str, label: str, profile_too: bool) -> dict:
+    def measure(serve_args: str, label: str, profile_too: bool, code: Path = code) -> dict:
         cmd = [sys.executable, "-m", "deployments", "--index", str(args.index.resolve()), "--port", str(args.port),
                "--no-cache", *serve_args.split()]
         env_cwd = os.getcwd()
         os.chdir(code)
-        ours: dict = {"serve_args": serve_args}
+        ours: dict = {"serve_args": serve_args, "code_sha": subprocess.run(
+            ["git", "-C", str(code), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()}
         try:
             with service_process(cmd, args.port) as base:
                 os.chdir(env_cwd)
@@ -238,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     for variant in args.also:
         name, _, serve_args = variant.partition("=")
         record.setdefault("variants", {})[name] = measure(serve_args, name, False)
+    for variant in args.also_code:
+        name, _, other = variant.partition("=")
+        record.setdefault("variants", {})[name] = measure(args.serve_args, name, False, Path(other).resolve())
 
     if not args.no_peer:
         from index_build.versions import read_version_manifest, resolve_version_dir

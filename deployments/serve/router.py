@@ -48,6 +48,7 @@ from deployments.schemas import (
 from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.guard import CONSOLE_ASSETS, REPLICA_GUARD, Caller, Guard, key_digest, route_path
 from deployments.search.pipeline import Collection, SearchPipeline, failure, redact
+from deployments.serve.heap import settle_heap
 from deployments.serve.shedding import COUNTED_KEY, counted, refuse
 from deployments.shard.host import LocalShard, ShardHost, SlotClient, VersionCache
 
@@ -200,7 +201,7 @@ def shard_client(slot: str, handle, version: str, shards: list[str]):
 def held_slot(handle):
     """A slot as the app builder passed it: a deployment's handle, or what to open here."""
     if isinstance(handle, dict) and "host" in handle:
-        return VersionCache(ShardHost(**handle["host"]), handle["max_versions"])
+        return VersionCache(ShardHost(**handle["host"]), handle["max_versions"], on_load=settle_heap)
     return handle
 
 
@@ -353,6 +354,7 @@ class SearchRouter:
         self._info_lock = asyncio.Lock()
         self._info_loaded = False
         self.metrics = _Metrics()
+        settle_heap()
 
     async def reconfigure(self, user_config: dict) -> None:
         self.settings = RouterSettings(**(user_config or {}))

@@ -20,6 +20,7 @@ import threading
 import numpy as np
 from ray import serve
 
+from deployments.serve.heap import settle_heap
 from deployments.shard.group import ShardGroup
 from deployments.shard.host import ShardHost
 from deployments.shard.service import ShardAnswer
@@ -52,6 +53,7 @@ class ShardRetriever:
         async def load(version: str) -> ShardGroup:  # a plain function: Serve sets attributes on it
             group = await self.host.load(version)
             group.__class__, group.version, group._closing = LoadedVersion, version, False
+            settle_heap()
             return group
 
         self._service_for = serve.multiplexed(max_num_models_per_replica=max_versions)(load)

@@ -201,7 +201,7 @@ def shard_client(slot: str, handle, version: str, shards: list[str]):
 def held_slot(handle):
     """A slot as the app builder passed it: a deployment's handle, or what to open here."""
     if isinstance(handle, dict) and "host" in handle:
-        return VersionCache(ShardHost(**handle["host"]), handle["max_versions"], on_load=settle_heap)
+        return VersionCache(ShardHost(**handle["host"]), handle["max_versions"])
     return handle
 
 

@@ -53,10 +53,10 @@ class ShardRetriever:
         async def load(version: str) -> ShardGroup:  # a plain function: Serve sets attributes on it
             group = await self.host.load(version)
             group.__class__, group.version, group._closing = LoadedVersion, version, False
-            settle_heap()
             return group
 
         self._service_for = serve.multiplexed(max_num_models_per_replica=max_versions)(load)
+        settle_heap()
 
     async def _service(self) -> ShardGroup:
         return await self._service_for(serve.get_multiplexed_model_id() or self.host.initial_version)

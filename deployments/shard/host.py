@@ -107,11 +107,8 @@ class VersionCache:
     """At most ``max_versions`` opened versions of one host, least recently used dropped first; one load
     per version at a time (what Serve's multiplexing does for a shard deployment)."""
 
-    def __init__(self, host: ShardHost, max_versions: int = 2, close_grace_s: float = 30.0,
-                 on_load: Callable[[], None] | None = None):
-        """``on_load``: called after each version is opened (the router settles its heap there)."""
+    def __init__(self, host: ShardHost, max_versions: int = 2, close_grace_s: float = 30.0):
         self.host, self.max_versions, self.close_grace_s = host, max_versions, close_grace_s
-        self.on_load = on_load
         self._groups: OrderedDict[str, ShardGroup] = OrderedDict()
         self._loading: dict[str, asyncio.Future] = {}
         self._closing: set[asyncio.Task] = set()
@@ -133,8 +130,6 @@ class VersionCache:
         finally:
             self._loading.pop(version, None)
         self._groups[version] = group
-        if self.on_load is not None:
-            self.on_load()
         while len(self._groups) > self.max_versions:
             evicted, old = self._groups.popitem(last=False)
             task = asyncio.ensure_future(self.host.close_later(evicted, old, self.close_grace_s))

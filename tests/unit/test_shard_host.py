@@ -76,16 +76,3 @@ def test_an_evicted_version_is_closed_after_the_grace_period():
 
     asyncio.run(run())
 
-
-def test_the_hook_runs_once_per_version_opened_after_it_is_held():
-    async def run():
-        seen = []
-        cache = VersionCache(CountingHost(pause_s=0), max_versions=2,
-                             on_load=lambda: seen.append(sorted(cache._groups)))
-        await asyncio.gather(*(cache.get("v1") for _ in range(3)))
-        await cache.get("v1")
-        await cache.get("v2")
-        await asyncio.gather(cache.get("broken"), return_exceptions=True)  # a failed open runs no hook
-        assert seen == [["v1"], ["v1", "v2"]]
-
-    asyncio.run(run())

@@ -75,4 +75,3 @@ def test_an_evicted_version_is_closed_after_the_grace_period():
         assert cache.host.closed == [("v1", "group of v1")]
 
     asyncio.run(run())
-

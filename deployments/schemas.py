@@ -6,10 +6,11 @@ before any work is done; the cores behind trust what passes.
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from deployments.relevance.judgments import has_control_character
 
@@ -270,18 +271,26 @@ class SearchResponse(BaseModel):
     answer: Answer | None = None
     warnings: list[str] = Field(default_factory=list, description="What was skipped and why (never an error).")
     debug: dict[str, Any] | None = None
+    # The results already written as JSON (``SearchPipeline.search(rendered=True)``), ``results`` left empty.
+    _results_json: str | None = PrivateAttr(None)
 
 
 def response_json(response: SearchResponse) -> str:
     """A search response as sent: fields that are None left out, except ``synthesis``, which the seed's
     contract always sends (null when no answer was written). The one place responses are serialized."""
     body = response.model_dump_json(exclude_none=True)
+    if response._results_json is not None:
+        # The first match is the field: only strings come before it, and a quote inside a string is escaped.
+        body = body.replace('"results":[]', f'"results":{response._results_json}', 1)
     return body if response.synthesis is not None else body[:-1] + ',"synthesis":null}'
 
 
 def response_dict(response: SearchResponse) -> dict[str, Any]:
     """``response_json`` as a JSON-ready dict (the first event of a streamed answer)."""
-    return response.model_dump(mode="json", exclude_none=True) | {"synthesis": response.synthesis}
+    body = response.model_dump(mode="json", exclude_none=True) | {"synthesis": response.synthesis}
+    if response._results_json is not None:
+        body["results"] = json.loads(response._results_json)
+    return body
 
 
 class ShardHealth(BaseModel):

@@ -48,6 +48,7 @@ from deployments.search.hits import Hit, merge_top_k
 from deployments.search.mmr import mmr
 from deployments.search.query_text import expand_synonyms, expand_with_history, normalize_query
 from deployments.search.reranking import passage_text
+from deployments.search.result_json import FragmentCache, render_results, source_of
 from deployments.search.spelling import Speller
 from deployments.shard.service import ShardAnswer
 
@@ -93,22 +94,22 @@ class Collection:
     rerank: bool = True  # rerank by default (when a reranker is deployed)
 
 
-def source_of(doc_id: str, metadata: dict[str, Any]) -> str:
-    """A result's ``source`` (the seed's field): where its document came from when the corpus said so (a
-    ``url`` or ``source`` field), else its document id."""
-    for name in ("url", "source"):
-        value = metadata.get(name)
-        if isinstance(value, str) and value.strip():
-            return value
-    return doc_id
-
-
 def failure(exc: BaseException) -> str:
     return "timed out" if isinstance(exc, asyncio.TimeoutError | TimeoutError) else f"failed ({type(exc).__name__})"
 
 
 def redact(text: str) -> str:
     return f"<redacted sha256:{hashlib.sha256(text.encode()).hexdigest()[:12]} chars:{len(text)}>"
+
+
+def leg_scores(legs: dict[str, tuple[list[Hit], list[Hit]]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Each candidate's dense and keyword scores, by chunk id (ids carry their collection: no two legs share one)."""
+    dense_of: dict[str, float] = {}
+    keyword_of: dict[str, float] = {}
+    for dense, keyword in legs.values():
+        dense_of.update({h.chunk_id: h.score for h in dense})
+        keyword_of.update({h.chunk_id: h.score for h in keyword})
+    return dense_of, keyword_of
 
 
 class LRUCache:
@@ -144,6 +145,7 @@ class SearchPipeline:
         self.public_principal = public_principal
         self.cache = LRUCache(settings.cache_size)
         self.spellers: OrderedDict[tuple, Speller] = OrderedDict()  # per (collections, versions, ACL)
+        self.fragments = FragmentCache()  # results' JSON, for responses the router sends as they are
 
     def reconfigure(self, settings) -> None:
         self.settings = settings
@@ -319,24 +321,32 @@ class SearchPipeline:
         return json.dumps({"v": versions, "r": req.model_dump(mode="json", exclude={"debug"}), "acl": acl},
                           sort_keys=True)
 
-    async def search(self, req: SearchRequest, principals: list[str] | None = None) -> SearchResponse:
+    async def search(self, req: SearchRequest, principals: list[str] | None = None,
+                     rendered: bool = False) -> SearchResponse:
         """``principals``: who the caller is; with an ACL field configured it sees only chunks listed for
         one of them (or public), decided inside each shard before ranking. The request as a whole has a
-        deadline (``request_timeout_s``, a 504 past it); every stage still at work for it is cancelled."""
+        deadline (``request_timeout_s``, a 504 past it); every stage still at work for it is cancelled.
+
+        ``rendered``: the caller only sends the response on (``schemas.response_json``), so the results may
+        come as JSON written from cached fragments (``result_json``) instead of ``Result`` models; the
+        response's ``results`` is then empty and ``response_json`` writes them. A request that synthesizes
+        an answer always gets the models (the writer reads them)."""
         try:
-            return await asyncio.wait_for(self._search(req, principals), self.settings.request_timeout_s)
+            return await asyncio.wait_for(self._search(req, principals, rendered), self.settings.request_timeout_s)
         except TimeoutError:
             raise RequestError(f"the search took longer than router.request_timeout_s "
                                f"({self.settings.request_timeout_s:g} s) and was stopped", 504) from None
 
-    async def _search(self, req: SearchRequest, principals: list[str] | None) -> SearchResponse:
+    async def _search(self, req: SearchRequest, principals: list[str] | None, rendered: bool) -> SearchResponse:
         t_start = time.perf_counter()
         targets = self._targets(req)
         acl = None
         if self.acl_field:
             acl = (self.acl_field, sorted(set(principals or ()) | {self.public_principal}))
         key = self.cache_key(req, targets, acl) if self.cache.size > 0 else None  # no cache, no key to build
-        if key is not None and not req.debug and (hit := self.cache.get(key)) is not None:
+        # A response cached with its results as JSON only serves callers that send it on (``rendered``).
+        if (key is not None and not req.debug and (hit := self.cache.get(key)) is not None
+                and (rendered or hit._results_json is None)):
             return hit.model_copy(update={"cached": True,
                                           "timings_ms": {"total": (time.perf_counter() - t_start) * 1000}})
         timings: dict[str, float] = {}
@@ -481,13 +491,20 @@ class SearchPipeline:
                                503) from exc
         timings["fetch"] = (time.perf_counter() - t) * 1000
         fused_scores = {h.chunk_id: h.score for h in fused} if hybrid else {}
-        results = self._results(top, rows, legs, fused_scores, reranked, relevance_of)
+        dense_of, keyword_of = leg_scores(legs)
+        results_json = None
+        if rendered and not req.synthesize:
+            results = []
+            results_json = render_results(self.fragments, {c.name: c.version for c in targets}, top, rows, dense_of,
+                                          keyword_of, fused_scores, reranked, relevance_of)
+        else:
+            results = self._results(top, rows, dense_of, keyword_of, fused_scores, reranked, relevance_of)
 
         context_payload = citation_payload = None
         if req.include_context or req.include_citations:
             t = time.perf_counter()
-            passages, info = assemble(
-                [r | {"score": res.score} for r, res in zip(rows, results, strict=True)],
+            passages, info = assemble(  # a result's score is its hit's
+                [r | {"score": h.score} for r, h in zip(rows, top, strict=True)],
                 token_budget=req.token_budget or s.token_budget,
             )
             if req.include_context:
@@ -512,8 +529,8 @@ class SearchPipeline:
             method_used=Method.keyword if hybrid and not vectors else req.method,
             results=results,
             total=len(kept),
-            total_results=len(results),
-            citations=[r.source for r in results] if req.include_citations else None,
+            total_results=len(top),
+            citations=[source_of(r["doc_id"], r["metadata"]) for r in rows] if req.include_citations else None,
             passage_citations=citation_payload,
             synthesis=answer.text if answer else None,
             context=context_payload,
@@ -527,6 +544,7 @@ class SearchPipeline:
             debug=self._debug(trace, legs, fused, ranked if reranked else None, dropped, final, depth, deepened, req)
             if req.debug else None,
         )
+        response._results_json = results_json
         if key is not None and not failed and not warnings and not req.debug and not req.stream:
             self.cache.put(key, response)
         return response
@@ -600,13 +618,8 @@ class SearchPipeline:
         return "minmax", 1.0
 
     @staticmethod
-    def _results(top: list[Hit], rows: list[dict], legs, fused_scores: dict[str, float],
-                 reranked: bool, relevance_of: dict[str, float]) -> list[Result]:
-        dense_of: dict[str, float] = {}
-        keyword_of: dict[str, float] = {}
-        for dense, keyword in legs.values():  # chunk ids carry their collection: no two legs share one
-            dense_of.update({h.chunk_id: h.score for h in dense})
-            keyword_of.update({h.chunk_id: h.score for h in keyword})
+    def _results(top: list[Hit], rows: list[dict], dense_of: dict[str, float], keyword_of: dict[str, float],
+                 fused_scores: dict[str, float], reranked: bool, relevance_of: dict[str, float]) -> list[Result]:
         results = []
         for rank, (hit, row) in enumerate(zip(top, rows, strict=True), start=1):
             cid, metadata = hit.chunk_id, row["metadata"]

@@ -295,7 +295,7 @@ class _Metrics:
         method = response.method.value
         for stage, ms in response.timings_ms.items():
             self.stage_ms.observe(ms, tags={"stage": stage, "method": method})
-        self.retrieved.observe(len(response.results), tags={"method": method})
+        self.retrieved.observe(response.total_results, tags={"method": method})
         outcome = "cached" if response.cached else ("degraded" if response.coverage.degraded else "ok")
         self.requests.inc(1, tags={"method": method, "outcome": outcome})
         if response.warnings:
@@ -402,7 +402,8 @@ class SearchRouter:
         t0 = time.perf_counter()
         outcome = "error"
         try:
-            response = await self.pipeline.search(body, principals=getattr(request.state, "principals", None))
+            response = await self.pipeline.search(body, principals=getattr(request.state, "principals", None),
+                                                  rendered=True)
             outcome = "degraded" if response.coverage.degraded else "ok"
             self.metrics.record(response)
             if body.stream:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -11,7 +12,7 @@ import pytest
 
 from deployments.config import RouterSettings
 from deployments.errors import RequestError
-from deployments.schemas import SearchRequest
+from deployments.schemas import SearchRequest, response_json
 from deployments.search.inprocess import LocalIndex, inprocess_pipeline
 from tests.integration.conftest import shard_dirs
 
@@ -404,3 +405,35 @@ def test_extractive_answers_cite_the_returned_results_that_hold_each_sentence(bu
     assert {c.n for c in answer.citations} == {n for s in answer.sentences for n in s.citations}
     assert all(c.chunk_id == by_rank[c.n].chunk_id for c in answer.citations)
     assert resp.synthesis == answer.text
+
+
+def _sent(response) -> str:
+    """A response as the router sends it, less the timings (they differ between two runs)."""
+    return re.sub(r'"timings_ms":\{[^}]*\},', "", response_json(response))
+
+
+@pytest.mark.parametrize("fields", [{}, {"method": "keyword"}, {"method": "vector"}, {"fusion": "rrf"},
+                                    {"include_context": True, "token_budget": 80}, {"include_citations": False},
+                                    {"collections": ["main", "single"]}, {"mmr_lambda": 0.3},
+                                    {"filters": {"topic": "sailing"}}, {"min_relevance_score": 0.4}, {"limit": 1}])
+def test_results_written_as_json_are_what_the_models_write(built, fields):
+    """The router's responses (results rendered from cached fragments) equal, byte for byte less the
+    timings, the responses of the models the pipeline builds for other callers."""
+    pipe = inprocess_pipeline({"main": built[3][1].version_dir, "single": built[1][1].version_dir}, default="main",
+                              settings=RouterSettings(cache_size=0))
+    for q in ("telescope galaxy", "bread oven butter", "lucene shard replica"):
+        req = SearchRequest(query=q, **({"limit": 20} | fields))
+        models = run(pipe.search(req))
+        for _ in range(2):  # fragments rendered, then taken from the cache
+            rendered = run(pipe.search(req, rendered=True))
+            assert rendered.results == [] and rendered.total_results == len(models.results) > 0
+            assert '"timings_ms"' not in _sent(rendered) and _sent(rendered) == _sent(models)
+
+
+def test_a_cached_rendered_response_is_not_served_to_callers_wanting_models(built):
+    pipe = inprocess_pipeline({"main": built[3][1].version_dir})
+    rendered = run(pipe.search(SearchRequest(query="anchor mast keel", limit=3), rendered=True))
+    again = run(pipe.search(SearchRequest(query="anchor mast keel", limit=3), rendered=True))
+    models = run(pipe.search(SearchRequest(query="anchor mast keel", limit=3)))
+    assert again.cached and _sent(again).replace('"cached":true', '"cached":false') == _sent(rendered)
+    assert not models.cached and len(models.results) == 3

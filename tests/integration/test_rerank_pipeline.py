@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import numpy as np
 import pytest
 
 from deployments.config import RouterSettings
 from deployments.errors import RequestError
-from deployments.schemas import SearchRequest
+from deployments.schemas import SearchRequest, response_json
 from deployments.search.inprocess import InProcessReranker, inprocess_pipeline
 from deployments.search.reranking import CrossEncoderScorer, passage_text
 
@@ -125,3 +126,11 @@ def test_stages_that_are_not_deployed_are_refused_with_400(built):
         with pytest.raises(RequestError, match=needle) as e:
             search(p, query=QUERY, **kw)
         assert e.value.status == 400
+
+
+def test_reranked_results_written_as_json_are_what_the_models_write(pipeline):
+    req = SearchRequest(query=QUERY, limit=10, rerank=True, rerank_depth=20)
+    models, rendered = asyncio.run(pipeline.search(req)), asyncio.run(pipeline.search(req, rendered=True))
+    assert models.reranked and rendered.reranked and rendered.results == []
+    sent = [re.sub(r'"timings_ms":\{[^}]*\},', "", response_json(r)) for r in (models, rendered)]
+    assert sent[0] == sent[1] and '"reranked":' in sent[1]

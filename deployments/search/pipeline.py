@@ -112,6 +112,27 @@ def leg_scores(legs: dict[str, tuple[list[Hit], list[Hit]]]) -> tuple[dict[str, 
     return dense_of, keyword_of
 
 
+async def within(awaitable, timeout_s: float):
+    """``await awaitable`` under a deadline (``TimeoutError`` past it), in the calling task.
+    ``asyncio.wait_for`` runs it in a task of its own: a task and a turn of the event loop more for each
+    of the several calls a request makes, all of them on the router's one event loop."""
+    async with asyncio.timeout(timeout_s):
+        return await awaitable
+
+
+async def gathered(awaitables: list, return_exceptions: bool = False) -> list:
+    """``asyncio.gather``, without its task when there is a single awaitable (one shard group, one
+    collection: the default)."""
+    if len(awaitables) != 1:
+        return await asyncio.gather(*awaitables, return_exceptions=return_exceptions)
+    try:
+        return [await awaitables[0]]
+    except Exception as exc:  # not a cancellation: that ends the request, as it does through gather
+        if not return_exceptions:
+            raise
+        return [exc]
+
+
 class LRUCache:
     def __init__(self, size: int):
         self.size = size
@@ -233,10 +254,10 @@ class SearchPipeline:
             vector = vectors.get(c.name)
             for shard in c.shards:
                 rows = rows_for_top if shard.remote else 0
-                calls.append((c, shard, asyncio.wait_for(
+                calls.append((c, shard, within(
                     shard.search(vector, text, k_dense, k_keyword, filters, rows, acl),
                     self.settings.shard_timeout_s)))
-        answers = await asyncio.gather(*(call for _, _, call in calls), return_exceptions=True)
+        answers = await gathered([call for _, _, call in calls], return_exceptions=True)
         timings["retrieve"] = timings.get("retrieve", 0.0) + (time.perf_counter() - t) * 1000
         per_collection: dict[str, list[tuple[int, ShardAnswer]]] = {c.name: [] for c in targets}
         shard_ms = timings.setdefault("_shards", {})
@@ -332,7 +353,7 @@ class SearchPipeline:
         response's ``results`` is then empty and ``response_json`` writes them. A request that synthesizes
         an answer always gets the models (the writer reads them)."""
         try:
-            return await asyncio.wait_for(self._search(req, principals, rendered), self.settings.request_timeout_s)
+            return await within(self._search(req, principals, rendered), self.settings.request_timeout_s)
         except TimeoutError:
             raise RequestError(f"the search took longer than router.request_timeout_s "
                                f"({self.settings.request_timeout_s:g} s) and was stopped", 504) from None
@@ -390,8 +411,7 @@ class SearchPipeline:
         if need_vector:
             t = time.perf_counter()
             try:
-                embedded = await asyncio.wait_for(asyncio.gather(*(c.encoder.embed(text) for c in targets)),
-                                                  s.encoder_timeout_s)
+                embedded = await within(gathered([c.encoder.embed(text) for c in targets]), s.encoder_timeout_s)
                 vectors = dict(zip((c.name for c in targets), embedded, strict=True))
             except Exception as exc:  # a hybrid search can still answer from its keyword leg
                 if req.method is not Method.hybrid or req.mmr_lambda is not None:
@@ -485,7 +505,7 @@ class SearchPipeline:
 
         t = time.perf_counter()
         try:
-            rows = await asyncio.wait_for(self._fetch(top, targets, known), s.shard_timeout_s)
+            rows = await within(self._fetch(top, targets, known), s.shard_timeout_s)
         except Exception as exc:
             raise RequestError(f"the shards did not send the results' texts: {failure(exc)}; retry shortly",
                                503) from exc
@@ -600,7 +620,7 @@ class SearchPipeline:
                 groups.setdefault((name, h.shard), []).append(cid)
         calls = [by_name[name].shards[shard].fetch(ids) for (name, shard), ids in groups.items()]
         rows: dict[str, dict] = dict(known)
-        for (name, _), fetched in zip(groups, await asyncio.gather(*calls), strict=True):
+        for (name, _), fetched in zip(groups, await gathered(calls), strict=True):
             for row in fetched:
                 rows[f"{name}{SEP}{row['chunk_id']}"] = row | {"collection": name}
         return [rows[h.chunk_id] for h in hits]

@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encoder-backend", choices=["onnx", "onnx-int8", "torch"], default="onnx",
                         help="how queries are embedded on CPU: ONNX Runtime (the default), its int8 variant (about "
                              "a third of the CPU, an approximation: see bench/README.md), or torch")
+    parser.add_argument("--encoder-router-threads", type=int, default=2, metavar="N",
+                        help="queries a router replica embeds at once, one core each (default: %(default)s)")
     parser.add_argument("--no-verify", action="store_true", help="skip checking shard files against their checksums")
     parser.add_argument("--no-cache", action="store_true", help="answer every request afresh (for load tests)")
     parser.add_argument("--reranker", metavar="MODEL",
@@ -151,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                         shard_group_size=args.shard_group_size, shard_placement=args.shard_placement,
                         encoder_placement=args.encoder_placement,
                         encoder_backend=args.encoder_backend,
+                        encoder_router_threads=args.encoder_router_threads,
                         verify_checksums=not args.no_verify,
                         security=SecurityConfig(max_inflight=args.max_inflight),
                         router=RouterSettings(cache_size=0 if args.no_cache else 1024,

@@ -262,6 +262,10 @@ class AppConfig(BaseModel):
         "rounding). onnx-int8: the same with int8 weights, about a third of onnx's CPU, an approximation (query "
         "vectors at cosine ~0.99 to fp32; nDCG cost in bench/README.md). torch: sentence-transformers. A GPU always "
         "runs torch.")
+    encoder_router_threads: int = Field(
+        2, ge=1, description="Queries a router replica embeds at once (encoder_placement: router), each forward pass "
+        "on one thread. A second one runs while the first waits for the GIL to hand its vector back, which a busy "
+        "event loop can hold for milliseconds; the cost per query is the same (bench/README.md).")
     encoder_num_replicas: int = Field(1, ge=1, description="Replicas of the query encoder (deployment placement).")
     encoder_num_cpus: float = Field(0.5, gt=0, description="CPUs reserved per query-encoder replica.")
     encoder_num_gpus: float = Field(0, ge=0, description="GPUs per query-encoder replica (0 on CPU machines).")

@@ -143,6 +143,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
             ).bind(max_versions=cfg.shard_max_versions, **host), group))
         collections[name] = {"version": manifest.version, "shards": slots, "encoder": encoders[manifest.encoder],
                              "encoder_model": manifest.encoder, "encoder_backend": cfg.encoder_backend,
+                             "encoder_threads": cfg.encoder_router_threads,
                              "dimension": manifest.dimension,
                              "root": str(index) if follows else None, "rerank": coll.rerank,
                              # Beside the versions, so judgments outlive restarts and reindexing.

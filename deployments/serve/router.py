@@ -215,15 +215,19 @@ class HandleEncoder:
 
 class LocalEncoder:
     """The query encoder inside the router replica (``encoder_placement: router``): no hop, no serialization.
-    One worker thread runs the model (ONNX Runtime releases the GIL), so the event loop keeps serving."""
+    Worker threads run the model (ONNX Runtime releases the GIL), so the event loop keeps serving; each
+    forward pass uses one core (``threads`` queries at once: ``encoder_router_threads``)."""
 
-    def __init__(self, model: str, backend: str):
+    def __init__(self, model: str, backend: str, threads: int = 1):
         from concurrent.futures import ThreadPoolExecutor
 
         from index_build.encoders import load_encoder
 
         self.encoder = load_encoder(model, "cpu", backend, threads=1)
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="query-encoder")
+        # ONNX Runtime's session and the tokenizer's encode_batch may be called from threads at once;
+        # transformers' tokenizer (the torch backend) changes its settings on each call, so it gets one.
+        self.worker = ThreadPoolExecutor(max_workers=threads if backend.startswith("onnx") else 1,
+                                         thread_name_prefix="query-encoder")
 
     async def embed(self, text: str):
         loop = asyncio.get_running_loop()
@@ -315,7 +319,8 @@ class SearchRouter:
         for spec in collections.values():
             if spec["encoder"] is None and spec["encoder_model"] not in local_encoders:
                 local_encoders[spec["encoder_model"]] = LocalEncoder(spec["encoder_model"],
-                                                                     spec.get("encoder_backend", "onnx"))
+                                                                     spec.get("encoder_backend", "onnx"),
+                                                                     spec.get("encoder_threads", 1))
         deployed = {
             name: DeployedCollection(
                 name=name, root=Path(spec["root"]) if spec.get("root") else None,

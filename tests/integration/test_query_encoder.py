@@ -72,3 +72,32 @@ def test_int8_is_close_and_opt_in(encoders, monkeypatch):
     a, b = int8.encode(TEXTS), onnx.encode(TEXTS)
     cosine = (a * b).sum(axis=1)
     assert cosine.min() > 0.97 and cosine.max() < 0.99999  # close, and not the fp32 model
+
+
+def test_the_routers_encoder_embeds_queries_at_once_on_its_threads():
+    """Two forward passes at once (``encoder_router_threads: 2``) on one session give each query its own
+    vector: the vector it gets embedded alone. The torch backend, whose tokenizer is not safe to share
+    between threads, keeps one."""
+    import asyncio
+    import threading
+
+    from deployments.serve.router import LocalEncoder
+
+    local = LocalEncoder("all-MiniLM-L6-v2", "onnx", threads=2)
+    queries = [f"{t} {i}" for i in range(12) for t in TEXTS[:4]]
+    alone = np.stack([local.encoder.encode([q])[0] for q in queries])
+    threads: set[str] = set()
+    encode = local.encoder.encode
+
+    def traced(texts, *args):
+        threads.add(threading.current_thread().name)
+        return encode(texts, *args)
+
+    local.encoder.encode = traced
+
+    async def together():
+        return await asyncio.gather(*(local.embed(q) for q in queries))
+
+    assert np.abs(np.stack(asyncio.run(together())) - alone).max() < 1e-6
+    assert len(threads) == 2
+    assert LocalEncoder("all-MiniLM-L6-v2", "torch", threads=2).worker._max_workers == 1

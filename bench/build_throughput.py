@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         corpus = args.data / name
         base = BuildConfig(corpus=corpus, out=args.work / name, shards=1, encoder=args.encoder, progress=False,
                            chunk_size=args.chunk_size, chunk_overlap=args.chunk_overlap)
-        chunks_by_shard, _, _ = read_and_chunk(base)
+        chunks_by_shard, _ = read_and_chunk(base)
         chunks = chunks_by_shard[0]
         contents = [c.contents(base.prepend_title) for c in chunks]
         bare = bare_embedding(contents, args.encoder, args.bare_sample, base.embed_batch_size)

@@ -1,78 +1,42 @@
-"""The build job: read -> chunk -> shard -> embed (Ray Data) -> FAISS + Lucene (Ray tasks) -> publish.
+"""The build job: plan -> read+chunk (Ray tasks) -> assemble shards (tasks) -> embed (Ray Data actor pool)
+-> FAISS + Lucene (tasks) -> commit -> publish.
 
-The driver reads and chunks the corpus (cheap, and it must see every record to report bad ones),
-then starts the Lucene indexing of every shard at once (it needs no vectors) while a Ray Data actor
-pool embeds the chunks in shard order. As soon as a shard's last vector arrives its FAISS index is
-built; as soon as both halves of a shard are done its manifest is written, which commits the shard.
-A rerun with the same corpus and settings finds the staging folder by its build key and keeps every
-committed shard whose checksums still match.
+The driver plans and schedules; it never holds the corpus. It cuts the corpus into read splits in one
+streaming pass over the bytes (which also fingerprints it), and from then on only passes folder names and
+small results: counts, bad records, statistics. Read tasks parse and chunk their split into per-shard
+fragments; one task per shard puts its fragments together in corpus order and decides what earlier
+versions can give (a whole shard, or the vectors of texts embedded before); a Ray Data actor pool embeds
+the remaining rows block by block, each block's vectors saved in the shard's work folder; as soon as a
+shard's last block is embedded its FAISS index is built, and its Lucene index is built as soon as its chunk
+table exists. A shard is committed by its manifest. A rerun with the same corpus and settings finds the
+staging folder by its build key and keeps every committed shard whose checksums still match.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import os
 import shutil
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from .bm25_stats import merge_shard_stats, merge_term_tables, write_stats
 from .chunking import Chunk, chunk_document
 from .config import BuildConfig
-from .corpus import (
-    BadRecord,
-    CorpusError,
-    Document,
-    corpus_files,
-    fingerprint,
-    iter_documents,
-    read_files_in_parallel,
-    resolve_corpus_file,
-)
+from .corpus import BadRecord, CorpusError, corpus_files, fingerprint, resolve_corpus_file
 from .faiss_index import FaissSpec
-from .manifest import (
-    CHUNKS_FILE,
-    DOCUMENTS_FILE,
-    EMBEDDINGS_FILE,
-    FAISS_FILE,
-    LUCENE_DIR,
-    MANIFEST,
-    TERMS_FILE,
-    IndexMismatch,
-    ShardManifest,
-    VersionManifest,
-    checksum_tree,
-    code_version,
-    now_iso,
-    read_shard_manifest,
-    sha256_file,
-    verify_shard,
-    write_json_atomic,
-)
-from .reuse import ReusePlan, VectorLookup, find_sources, link_shard, shard_donor
+from .manifest import MANIFEST, IndexMismatch, VersionManifest, code_version, now_iso, write_json_atomic
+from .reuse import ReusePlan, find_sources, task_sources
 from .sharding import shard_name, shard_of
+from .splits import DEFAULT_SPLIT_BYTES, Split, plan_splits
+from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, contents_of  # noqa: F401  (the tables' home is tables.py)
 from .versions import activate, build_lock, publish, read_version_manifest, staging_dir, verify_version
 
 CRASH_ENV = "INDEX_BUILD_CRASH_AFTER_SHARDS"  # fault injection: exit like a kill after N shard commits
-
-DOCUMENT_SCHEMA = pa.schema([
-    ("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string()), ("metadata_json", pa.string()),
-    ("source", pa.string()),
-])
-
-CHUNK_SCHEMA = pa.schema([
-    ("chunk_id", pa.string()), ("doc_id", pa.string()), ("chunk_index", pa.int32()),
-    ("char_start", pa.int64()), ("char_end", pa.int64()), ("title", pa.string()), ("section", pa.string()),
-    ("text", pa.string()), ("metadata_json", pa.string()), ("source", pa.string()),
-])
+SUMMARY_BAD_RECORDS = 100  # bad records a summary keeps in memory; all of them go to bad_records.jsonl
 
 
 @dataclass
@@ -84,10 +48,12 @@ class BuildSummary:
     chunks: int
     shards: int
     reused_shards: int
-    bad_records: list[BadRecord]
+    bad_records: list[BadRecord]  # the first SUMMARY_BAD_RECORDS, in corpus order
     seconds: dict[str, float] = field(default_factory=dict)
     reuse: dict = field(default_factory=dict)  # ReusePlan.describe(): what came from earlier versions
     delta: dict = field(default_factory=dict)  # a delta build: its base, documents replaced, added, deleted
+    bad_count: int = 0
+    read: dict = field(default_factory=dict)  # files and read tasks
 
     @property
     def total_s(self) -> float:
@@ -96,12 +62,16 @@ class BuildSummary:
     def render(self) -> str:
         t = max(self.total_s, 1e-9)
         reused = f" ({self.reused_shards} reused from an interrupted build)" if self.reused_shards else ""
+        bad_count = max(self.bad_count, len(self.bad_records))
         lines = [
             f"index version  {self.version}{' (active)' if self.active else ''}",
             f"location       {self.version_dir}",
             f"documents      {self.docs:,}   chunks {self.chunks:,}   shards {self.shards}{reused}",
-            f"bad records    {len(self.bad_records):,} skipped" if self.bad_records else "bad records    none",
+            f"bad records    {bad_count:,} skipped" if bad_count else "bad records    none",
         ]
+        if self.read:
+            lines.append(f"read           {self.read['files']:,} file{'s' if self.read['files'] != 1 else ''} in "
+                         f"{self.read['tasks']:,} parallel task{'s' if self.read['tasks'] != 1 else ''}")
         if self.delta:
             d = self.delta
             lines.append(f"delta          on {d['base']}: {d['replaced']:,} replaced, {d['added']:,} added, "
@@ -113,8 +83,8 @@ class BuildSummary:
             lines.append(f"embedded       {r['chunks_embedded']:,} chunks   reused {r['chunks_reused']:,}"
                          f"{f' ({origin})' if origin else ''}{linked}")
         lines += [f"  {r}" for r in self.bad_records[:10]]
-        if len(self.bad_records) > 10:
-            lines.append(f"  ... and {len(self.bad_records) - 10} more (all listed in the version's bad_records.jsonl)")
+        if bad_count > 10:
+            lines.append(f"  ... and {bad_count - 10:,} more (all listed in the version's bad_records.jsonl)")
         stages = "  ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items() if k != "total")
         lines.append(f"time           {self.total_s:.1f}s  ({stages})")
         lines.append(f"throughput     {self.docs / t:,.1f} docs/s   {self.chunks / t:,.1f} chunks/s")
@@ -127,115 +97,20 @@ def _progress(total: int | None, desc: str, unit: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True, leave=True)
 
 
-def read_and_chunk(cfg: BuildConfig, documents: Iterable[Document | BadRecord] | None = None,
-                   ) -> tuple[list[list[Chunk]], list[list[Document]], list[BadRecord]]:
-    """Chunks per shard, documents per shard and the bad records, in corpus order (``documents``: another
-    source than ``cfg.corpus``, such as a delta applied to a built version)."""
+def read_and_chunk(cfg: BuildConfig) -> tuple[list[list[Chunk]], list[BadRecord]]:
+    """The corpus's chunks per shard and its bad records, read in this process: for benchmarks and tests
+    that need the chunks themselves. The build job never calls it (its driver holds no corpus)."""
+    from .corpus import iter_documents
+
     chunks: list[list[Chunk]] = [[] for _ in range(cfg.shards)]
-    docs: list[list[Document]] = [[] for _ in range(cfg.shards)]
     bad: list[BadRecord] = []
-    if documents is None:
-        documents = iter_documents(cfg.corpus, cfg.id_fields, cfg.text_fields)
-    with _progress(None, "read+chunk", "doc", cfg.progress) as bar:
-        for item in documents:
-            bar.update(1)
+    for path in corpus_files(cfg.corpus):
+        for item in iter_documents(path, cfg.id_fields, cfg.text_fields):
             if isinstance(item, BadRecord):
-                if cfg.strict:
-                    raise CorpusError(f"{item} (strict mode; drop --strict to skip and count bad records)")
                 bad.append(item)
-                continue
-            shard = shard_of(item.doc_id, cfg.shards)
-            docs[shard].append(item)
-            chunks[shard].extend(chunk_document(item, cfg.chunk_size, cfg.chunk_overlap))
-    return chunks, docs, bad
-
-
-def document_table(docs: list[Document]) -> pa.Table:
-    return pa.table({
-        "doc_id": [d.doc_id for d in docs], "title": [d.title for d in docs], "text": [d.text for d in docs],
-        "metadata_json": [json.dumps(d.metadata, ensure_ascii=False, sort_keys=True) for d in docs],
-        "source": [d.source for d in docs],
-    }, schema=DOCUMENT_SCHEMA)
-
-
-def chunk_table(chunks: list[Chunk]) -> pa.Table:
-    return pa.table(
-        {
-            "chunk_id": [c.chunk_id for c in chunks],
-            "doc_id": [c.doc_id for c in chunks],
-            "chunk_index": [c.chunk_index for c in chunks],
-            "char_start": [c.char_start for c in chunks],
-            "char_end": [c.char_end for c in chunks],
-            "title": [c.title for c in chunks],
-            "section": [c.section for c in chunks],
-            "text": [c.text for c in chunks],
-            "metadata_json": [json.dumps(c.metadata, ensure_ascii=False, sort_keys=True) for c in chunks],
-            "source": [c.source for c in chunks],
-        },
-        schema=CHUNK_SCHEMA,
-    )
-
-
-def contents_of(table: pa.Table, prepend_title: bool) -> list[str]:
-    """The text BM25 and the encoder see for each row of a chunk table (see ``Chunk.contents``)."""
-    titles, texts = table["title"].to_pylist(), table["text"].to_pylist()
-    if not prepend_title:
-        return [text or title for title, text in zip(titles, texts, strict=True)]
-    return [
-        (f"{title}\n{text}" if text else title) if title else text for title, text in zip(titles, texts, strict=True)
-    ]
-
-
-# ---------------------------------------------------------------- Ray side: tasks and the embedding actor
-
-
-class EmbedBatch:
-    """Ray Data actor: loads the encoder once, embeds each batch of chunk contents."""
-
-    def __init__(self, encoder: str, device: str, batch_size: int, threads: int):
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
-        from .encoders import load_encoder
-
-        self.encoder = load_encoder(encoder, device)
-        self.batch_size = batch_size
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        vectors = self.encoder.encode([str(t) for t in batch["contents"]], self.batch_size)
-        return {"shard": batch["shard"], "row": batch["row"], "embedding": vectors}
-
-
-def _build_lucene_shard(shard_dir: str, prepend_title: bool, heap: str) -> dict:
-    from .lucene import build_lucene_index, index_statistics, write_collection
-
-    t0 = time.perf_counter()
-    folder = Path(shard_dir)
-    table = pq.read_table(folder / CHUNKS_FILE, columns=["chunk_id", "title", "text"])
-    collection, tmp_index = folder / "_collection", folder / "_lucene.tmp"
-    for stale in (collection, tmp_index):
-        shutil.rmtree(stale, ignore_errors=True)
-    write_collection(zip(table["chunk_id"].to_pylist(), contents_of(table, prepend_title), strict=True), collection)
-    build_lucene_index(collection, tmp_index, heap=heap, threads=1)
-    stats, terms = index_statistics(tmp_index)
-    pq.write_table(terms, folder / TERMS_FILE)
-    shutil.rmtree(folder / LUCENE_DIR, ignore_errors=True)
-    os.replace(tmp_index, folder / LUCENE_DIR)
-    shutil.rmtree(collection)
-    return {"stats": stats, "seconds": time.perf_counter() - t0}
-
-
-def _build_faiss_shard(shard_dir: str, spec: FaissSpec) -> dict:
-    import faiss
-
-    from .faiss_index import build_faiss_index, index_description
-
-    folder = Path(shard_dir)
-    index = build_faiss_index(np.load(folder / EMBEDDINGS_FILE), spec)
-    faiss.write_index(index, str(folder / (FAISS_FILE + ".tmp")))
-    os.replace(folder / (FAISS_FILE + ".tmp"), folder / FAISS_FILE)
-    return index_description(index)
+            else:
+                chunks[shard_of(item.doc_id, cfg.shards)].extend(chunk_document(item, cfg.chunk_size, cfg.chunk_overlap))
+    return chunks, bad
 
 
 def ensure_ray() -> None:
@@ -256,17 +131,6 @@ def ensure_ray() -> None:
 # ---------------------------------------------------------------- the job
 
 
-def _reusable(folder: Path, build_key: str) -> bool:
-    if not (folder / MANIFEST).is_file():
-        return False
-    try:
-        verify_shard(folder, expect={"build_key": build_key})
-        return True
-    except IndexMismatch as e:
-        print(f"rebuilding {folder.name}: {e}")
-        return False
-
-
 def build_index(cfg: BuildConfig) -> BuildSummary:
     """Build, verify, publish and (by default) activate one version of ``cfg.corpus`` under ``cfg.out``;
     one build at a time per root."""
@@ -274,21 +138,28 @@ def build_index(cfg: BuildConfig) -> BuildSummary:
         return _build_index(cfg)
 
 
-def _corpus(cfg: BuildConfig) -> tuple[dict, str, Iterable[Document | BadRecord] | None, dict]:
-    """(what the version's manifest records as its corpus, its fingerprint, the documents when they are not
-    simply the corpus file's, what a delta did)."""
+@dataclass
+class _Plan:
+    """What the driver knows of the corpus before any task runs."""
+
+    record: dict  # what the version's manifest records as its corpus
+    sha256: str
+    splits: list[Split] = field(default_factory=list)  # a corpus; empty for a delta
+    files: int = 0
+    delta: dict | None = None  # a delta: {"base": name, "base_dir": Path, "changes": path, "deletes": path}
+
+
+def _plan(cfg: BuildConfig) -> _Plan:
     if not cfg.is_delta:
         files = corpus_files(cfg.corpus)
+        splits, shas = plan_splits(files, cfg.read_split_mb * 2**20 if cfg.read_split_mb else DEFAULT_SPLIT_BYTES)
         if len(files) == 1:
-            sha = fingerprint(files[0])
-            return ({"path": str(files[0].resolve()), "sha256": sha, "format": files[0].suffix.lstrip(".")}, sha,
-                    None, {})
-        ensure_ray()
-        documents, shas = read_files_in_parallel(files, cfg.id_fields, cfg.text_fields)
+            sha = shas[str(files[0])]
+            return _Plan({"path": str(files[0].resolve()), "sha256": sha, "format": files[0].suffix.lstrip(".")}, sha,
+                         splits, 1)
         sha = hashlib.sha256(json.dumps(shas, sort_keys=True).encode()).hexdigest()
-        return ({"path": str(Path(cfg.corpus).resolve()) if Path(cfg.corpus).exists() else str(cfg.corpus),
-                 "files": shas, "sha256": sha, "format": "files"}, sha, documents, {})
-    from .delta import delta_documents
+        return _Plan({"path": str(Path(cfg.corpus).resolve()) if Path(cfg.corpus).exists() else str(cfg.corpus),
+                      "files": shas, "sha256": sha, "format": "files"}, sha, splits, len(files))
     from .versions import active_version, versions_dir
 
     root = Path(cfg.reuse_from or cfg.out)
@@ -298,6 +169,7 @@ def _corpus(cfg: BuildConfig) -> tuple[dict, str, Iterable[Document | BadRecord]
                             f"{root} has no active version to apply the delta to; name one with --base")
     base_manifest = read_version_manifest(versions_dir(root) / base)
     parts = {"base": base, "base_build_key": base_manifest.build_key}
+    paths = {}
     for name in ("changes", "deletes"):
         path = getattr(cfg, name)
         if path is not None:
@@ -305,160 +177,223 @@ def _corpus(cfg: BuildConfig) -> tuple[dict, str, Iterable[Document | BadRecord]
             if not path.is_file():
                 raise CorpusError(f"--{name} {path}: no such file")
             parts[name] = {"path": str(path.resolve()), "sha256": fingerprint(path)}
+            paths[name] = str(path)
     sha = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-    report: dict = {}
-    documents = delta_documents(versions_dir(root) / base, cfg.changes, cfg.deletes, cfg.id_fields,
-                                cfg.text_fields, report)
-    return {"delta": parts, "sha256": sha, "format": "delta"}, sha, documents, report
+    return _Plan({"delta": parts, "sha256": sha, "format": "delta"}, sha,
+                 delta={"base": base, "base_dir": versions_dir(root) / base, "manifest": base_manifest} | paths)
+
+
+class _BadRecords:
+    """Bad records in corpus order, written to the version's bad_records.jsonl as they come; the first few
+    kept for the summary, all counted. Each has a sort key (split, position)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.first: list[BadRecord] = []
+        self.count = 0
+        self._read = open(path.with_suffix(".read.jsonl"), "w")  # noqa: SIM115 (from the read tasks, in order)
+
+    def add_read(self, split: int, records: list) -> None:
+        for file, line, reason in records:
+            self._read.write(json.dumps([split, line, file, line, reason]) + "\n")
+
+    def finish(self, duplicates: list[list]) -> None:
+        """Merge the read tasks' records with the shards' duplicates, each already sorted, into the file."""
+        self._read.close()
+        with open(self._read.name) as f, open(self.path, "w") as out:
+            read = (json.loads(line) for line in f)
+            for _split, _position, file, line, reason in heapq.merge(read, *[sorted(list(x) for x in d) for d in duplicates]):
+                out.write(json.dumps({"file": file, "line": line, "reason": reason}) + "\n")
+                if len(self.first) < SUMMARY_BAD_RECORDS:
+                    self.first.append(BadRecord(file, line, reason))
+                self.count += 1
+        os.unlink(self._read.name)
 
 
 def _build_index(cfg: BuildConfig) -> BuildSummary:
+    import ray
+
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
-    t = time.perf_counter()
-    corpus_record, corpus_sha, documents, delta = _corpus(cfg)
-    if corpus_record.get("format") == "files":
-        seconds[f"read {len(corpus_record['files'])} files in parallel"] = time.perf_counter() - t
-    build_key = cfg.build_key(corpus_sha)
+    plan = _plan(cfg)
+    build_key = cfg.build_key(plan.sha256)
     root = Path(cfg.out)
     staging = staging_dir(root, build_key)
+    work = staging / "_work"
+    shutil.rmtree(work / "fragments", ignore_errors=True)
+    shutil.rmtree(work / "delta", ignore_errors=True)
     (staging / "shards").mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     write_json_atomic(staging / "build.json", {"build_key": build_key, "config": cfg.model_dump(mode="json")})
+    ensure_ray()
 
     t = time.perf_counter()
-    chunks, docs, bad = read_and_chunk(cfg, documents)
-    docs_per_shard = [len(d) for d in docs]
+    bad = _BadRecords(staging / "bad_records.jsonl")
+    delta_report = _read(cfg, plan, work, bad)
     seconds["read+chunk"] = time.perf_counter() - t
-    total_docs, total_chunks = sum(docs_per_shard), sum(len(c) for c in chunks)
-    if total_chunks == 0:
-        raise CorpusError(f"{cfg.corpus or cfg.changes or cfg.deletes}: no valid documents ({len(bad)} bad records); "
-                          "nothing to index")
-    with open(staging / "bad_records.jsonl", "w") as f:
-        for r in bad:
-            f.write(json.dumps({"file": r.file, "line": r.line, "reason": r.reason}) + "\n")
 
+    t = time.perf_counter()
     shard_dirs = [staging / "shards" / shard_name(s) for s in range(cfg.shards)]
-    todo = [s for s in range(cfg.shards) if not _reusable(shard_dirs[s], build_key)]
-    reused = cfg.shards - len(todo)
-    tables: dict[int, pa.Table] = {}
-    for s in todo:
-        shutil.rmtree(shard_dirs[s], ignore_errors=True)
-        shard_dirs[s].mkdir(parents=True)
-        tables[s] = chunk_table(chunks[s])
-        pq.write_table(tables[s], shard_dirs[s] / CHUNKS_FILE)
-        pq.write_table(document_table(docs[s]), shard_dirs[s] / DOCUMENTS_FILE)
-    del chunks, docs
+    reuse_plan = ReusePlan()
+    if cfg.reuse:
+        reuse_plan.sources = find_sources(Path(cfg.reuse_from or cfg.out), cfg.encoder, cfg.chunk_size, cfg.chunk_overlap)
+    sources = task_sources(reuse_plan.sources) if cfg.reuse else None
+    assemble = ray.remote(num_cpus=1)(_task("assemble_shard"))
+    refs = [assemble.remote(s, str(shard_dirs[s]), str(work), build_key, cfg.shards, cfg.prepend_title, cfg.strict,
+                            sources, cfg.content_key()) for s in range(cfg.shards)]
+    shards = [_get(ref) for ref in refs]
+    bad.finish([r["bad"] for r in shards])
+    if cfg.strict and bad.count:
+        raise CorpusError(f"{bad.first[0]} (strict mode; drop --strict to skip and count bad records)")
+    total_docs, total_chunks = sum(r["docs"] for r in shards), sum(r["chunks"] for r in shards)
+    if total_chunks == 0:
+        raise CorpusError(f"{cfg.corpus or cfg.changes or cfg.deletes}: no valid documents ({bad.count} bad records); "
+                          "nothing to index")
+    for r in shards:
+        if r["linked"]:
+            reuse_plan.shards[r["shard"]] = r["linked"]
+        for name, n in r["reused_from"].items():
+            reuse_plan.vectors_from[name] = reuse_plan.vectors_from.get(name, 0) + n
+        if not r["resumed"]:
+            reuse_plan.vectors_reused += r["reused"]
+            reuse_plan.vectors_embedded += r["todo"]
+    seconds["assemble shards"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    plan, prefilled = ReusePlan(), {}
-    if cfg.reuse and todo:
-        todo, prefilled, plan = _plan_reuse(cfg, build_key, todo, tables, shard_dirs)
-    seconds["reuse"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    dimension, lucene_seconds = _build_shards(cfg, build_key, todo, tables, shard_dirs, docs_per_shard, prefilled)
-    plan.vectors_embedded = sum(len(prefilled[s][1]) if s in prefilled else tables[s].num_rows for s in todo)
+    dimension, lucene_seconds = _embed_and_index(cfg, build_key, shards, shard_dirs, work)
     seconds["embed+index"] = time.perf_counter() - t
     seconds["lucene (sum of shard tasks)"] = lucene_seconds
 
     t = time.perf_counter()
-    manifests = [read_shard_manifest(d) for d in shard_dirs]
-    dimension = dimension or manifests[0].dimension
-    stats = merge_shard_stats([m.lucene for m in manifests], cfg.bm25_k1, cfg.bm25_b)
-    terms = merge_term_tables([pq.read_table(d / TERMS_FILE) for d in shard_dirs])
-    write_stats(staging / "bm25", stats, terms)
-    _verify_partition(shard_dirs, manifests, total_chunks)
+    bm25 = _get(ray.remote(num_cpus=1)(_task("merge_bm25")).remote(str(staging), [str(d) for d in shard_dirs],
+                                                                   cfg.bm25_k1, cfg.bm25_b))
     name = cfg.version or f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{build_key[:8]}"
     manifest = VersionManifest(
         version=name,
         build_key=build_key,
         created=now_iso(),
-        corpus=corpus_record,
+        corpus=plan.record,
         encoder=cfg.encoder,
         dimension=dimension,
         metric="inner_product",
         num_shards=cfg.shards,
         shards=[d.name for d in shard_dirs],
-        counts={"docs": total_docs, "chunks": total_chunks, "bad_records": len(bad)},
-        bm25={"k1": cfg.bm25_k1, "b": cfg.bm25_b, "doc_count": stats.doc_count, "total_terms": stats.total_terms,
-              "avgdl": stats.avgdl, "unique_terms": terms.num_rows},
+        counts={"docs": total_docs, "chunks": total_chunks, "bad_records": bad.count},
+        bm25={"k1": cfg.bm25_k1, "b": cfg.bm25_b} | bm25,
         build_config=cfg.content_key(),
         code_version=code_version(),
-        reuse=plan.describe() if cfg.reuse else None,
+        reuse=reuse_plan.describe() if cfg.reuse else None,
     )
     write_json_atomic(staging / MANIFEST, manifest.model_dump(mode="json"))
-    verify_version(staging)  # every file against its checksum, the counts: before anyone can see the version
+    # Every file against its checksum and the counts, in the shards' own tasks, before anyone can see it.
+    verify = ray.remote(num_cpus=0.5)(_task("verify_shard_files"))
+    counts = [_get(ref) for ref in [verify.remote(str(d), {"encoder": cfg.encoder, "dimension": dimension})
+                                    for d in shard_dirs]]
+    for d, c, r in zip(shard_dirs, counts, shards, strict=True):
+        if (c["docs"], c["chunks"]) != (r["docs"], r["chunks"]):
+            raise IndexMismatch(f"{d.name}: holds {c['docs']} documents and {c['chunks']} chunks, its fragments gave "
+                                f"{r['docs']} and {r['chunks']}")
+    verify_version(staging, checksums=False)  # the counts add up (the files were checked just above)
+    shutil.rmtree(work)
     version_dir = publish(staging, root, name)
     if cfg.activate:
         activate(root, name, by="index_build", verify=False)  # verified just above
     seconds["publish"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
-    return BuildSummary(name, version_dir, cfg.activate, total_docs, total_chunks, cfg.shards, reused, bad, seconds,
-                        plan.describe() if cfg.reuse else {}, delta)
+    return BuildSummary(name, version_dir, cfg.activate, total_docs, total_chunks, cfg.shards,
+                        sum(r["resumed"] for r in shards), bad.first, seconds,
+                        reuse_plan.describe() if cfg.reuse else {}, delta_report, bad.count,
+                        {"files": plan.files, "tasks": len(plan.splits)} if plan.splits else {})
 
 
-def _plan_reuse(cfg: BuildConfig, build_key: str, todo: list[int], tables: dict[int, pa.Table],
-                shard_dirs: list[Path]):
-    """Link the shards that are unchanged in an earlier version; for the others, the stored vectors of every
-    chunk whose text was embedded before. Returns (shards still to build, shard -> (vectors or None, rows
-    to embed), the plan)."""
-    root = Path(cfg.reuse_from or cfg.out)
-    plan = ReusePlan(sources=find_sources(root, cfg.encoder, cfg.chunk_size, cfg.chunk_overlap))
-    if not plan.sources:
-        return todo, {}, plan
-    content_key = cfg.content_key()
-    left = []
-    for s in todo:
-        donor = shard_donor(plan.sources, content_key, cfg.shards, shard_dirs[s].name,
-                            {name: sha256_file(shard_dirs[s] / name) for name in (CHUNKS_FILE, DOCUMENTS_FILE)})
-        if donor is None:
-            left.append(s)
-            continue
-        source = donor.folder / "shards" / shard_dirs[s].name
-        link_shard(source, shard_dirs[s])
-        old = read_shard_manifest(source)
-        write_json_atomic(shard_dirs[s] / MANIFEST, old.model_copy(update={
-            "build_key": build_key, "build_config": content_key, "code_version": code_version(),
-            "created": now_iso()}).model_dump(mode="json"))  # its files are checked by verify_version below
-        plan.shards[s] = donor.name
-        plan.vectors_reused += tables[s].num_rows
-        plan.vectors_from[donor.name] = plan.vectors_from.get(donor.name, 0) + tables[s].num_rows
-    prefilled = {}
-    if left:
-        lookup = VectorLookup(plan.sources)
-        prefilled = {s: lookup.take(contents_of(tables[s], cfg.prepend_title), plan) for s in left}
-    return left, prefilled, plan
+def _task(name: str):
+    """A function of shard_tasks, looked up by name (keeps the driver from importing FAISS or the encoders)."""
+    from . import shard_tasks
+
+    return getattr(shard_tasks, name)
 
 
-def _build_shards(
-    cfg: BuildConfig, build_key: str, todo: list[int], tables: dict[int, pa.Table], shard_dirs: list[Path],
-    docs_per_shard: list[int], prefilled: dict[int, tuple[np.ndarray | None, list[int]]] | None = None,
-) -> tuple[int, float]:
-    """Embed and index the shards in ``todo``; returns the embedding dimension (0 if nothing was built)
-    and the summed seconds of the Lucene shard tasks. ``prefilled``: per shard, vectors already known
-    (reused) and the rows that still need embedding."""
-    prefilled = prefilled or {}
-    if not todo:
-        return 0, 0.0
-    ensure_ray()
+def _get(ref):
+    """ray.get, with a task's own error (a bad corpus, a mismatch) raised as itself."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, CorpusError | IndexMismatch):
+            raise type(e.cause)(*e.cause.args) from None
+        raise
+
+
+def _read(cfg: BuildConfig, plan: _Plan, work: Path, bad: _BadRecords) -> dict:
+    """Run the read tasks (a corpus: one per split; a delta: one per base shard and one for the additions);
+    their fragments land in ``work``, their bad records in ``bad``. Returns what a delta did."""
+    import ray
+
+    from .splits import read_split
+
+    if plan.delta is None:
+        read = ray.remote(num_cpus=1)(read_split)
+        refs = [read.remote(split, str(work), cfg.shards, cfg.chunk_size, cfg.chunk_overlap, cfg.id_fields,
+                            cfg.text_fields, cfg.strict) for split in plan.splits]
+        with _progress(len(refs), "read+chunk", "split", cfg.progress) as bar:
+            for split, ref in zip(plan.splits, refs, strict=True):
+                bad.add_read(split.index, _get(ref)["bad"])
+                bar.update(1)
+        return {}
+    from .delta import add_new_documents, apply_to_base_shard, parse_delta
+
+    d = plan.delta
+    parsed = _get(ray.remote(num_cpus=1)(parse_delta).remote(d.get("changes"), d.get("deletes"), str(work),
+                                                              cfg.id_fields, cfg.text_fields))
+    bad.add_read(-1, parsed["bad"])
+    if cfg.strict and parsed["bad"]:
+        file, line, reason = parsed["bad"][0]
+        raise CorpusError(f"{BadRecord(file, line, reason)} (strict mode; drop --strict to skip and count bad records)")
+    apply = ray.remote(num_cpus=1)(apply_to_base_shard)
+    base_shards = [str(d["base_dir"] / "shards" / shard) for shard in d["manifest"].shards]
+    results = [_get(ref) for ref in [apply.remote(folder, str(work), i, cfg.shards, cfg.chunk_size, cfg.chunk_overlap)
+                                     for i, folder in enumerate(base_shards)]]
+    added = _get(ray.remote(num_cpus=1)(add_new_documents).remote(str(work), len(base_shards), cfg.shards,
+                                                                  cfg.chunk_size, cfg.chunk_overlap))
+    bad.add_read(len(base_shards), added["bad"])
+    return {"base": d["base"], "replaced": sum(r["replaced"] for r in results), "added": added["added"],
+            "deleted": sum(r["deleted"] for r in results)}
+
+
+def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard_dirs: list[Path],
+                     work: Path) -> tuple[int, float]:
+    """Embed what each shard still needs and build its FAISS and Lucene indexes, committing each shard as
+    soon as both are done. Returns the embedding dimension and the summed seconds of the Lucene tasks."""
     import ray
     import ray.data
 
     from .encoders import resolve_device
+    from .shard_tasks import EmbedBlocks, work_dir
 
     device = resolve_device(cfg.device.value) if not cfg.encoder.startswith("hashing:") else "cpu"
     gpus = int(ray.cluster_resources().get("GPU", 0))
     faiss_gpu = gpus > 0 and cfg.device.value != "cpu"
     spec = FaissSpec(cfg.faiss_index.value, cfg.hnsw_m, cfg.hnsw_ef_construction, cfg.ivf_nlist,
                      cfg.device.value if faiss_gpu else "cpu")
+    todo = [r for r in shards if not r["resumed"] and not r["linked"]]
+    dimension = max([r["dimension"] for r in shards] + [0])
+    if not todo:
+        return dimension, 0.0
     # An indexing JVM keeps about one core busy. Lucene builds start at once (they need no vectors)
     # but only on the CPUs the embedding actors leave free, topped up as they finish.
-    lucene_task = ray.remote(num_cpus=1)(_build_lucene_shard)
-    faiss_task = ray.remote(num_cpus=0.25, num_gpus=1 if faiss_gpu else 0)(_build_faiss_shard)
+    lucene_task = ray.remote(num_cpus=1)(_task("build_lucene_shard"))
+    dense_task = ray.remote(num_cpus=0.25, num_gpus=1 if faiss_gpu else 0)(_task("finish_dense"))
+    commit_task = ray.remote(num_cpus=0.25)(_task("commit_shard"))
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    slots = {"lucene": max(1, cpus - (0 if device == "cuda" else cfg.embed_actors))}
-    lucene_queue = list(todo)
-    pending: dict[ray.ObjectRef, tuple[int, str]] = {}
+    embedding = any(r["blocks"] for r in todo)
+    slots = {"lucene": max(1, cpus - (0 if device == "cuda" or not embedding else cfg.embed_actors))}
+    lucene_queue = [r["shard"] for r in todo]
+    pending: dict = {}
+    by_shard = {r["shard"]: r for r in todo}
+
+    def work_of(s: int) -> str:
+        return str(work_dir(work, shard_dirs[s].name))
 
     def top_up_lucene() -> None:
         refs = [ref for ref, (_, part) in pending.items() if part == "lucene"]
@@ -469,64 +404,51 @@ def _build_shards(
             pending[lucene_task.remote(str(shard_dirs[s]), cfg.prepend_title, cfg.lucene_heap)] = (s, "lucene")
             running += 1
 
+    def start_dense(s: int) -> None:
+        r = by_shard[s]
+        pending[dense_task.remote(str(shard_dirs[s]), work_of(s), r["chunks"], r["blocks"], dimension, spec)] = \
+            (s, "faiss")
+
     top_up_lucene()
-
-    # Embedding input in shard order, so early shards finish early and their FAISS builds overlap.
-    blocks = []
-    vectors: dict[int, np.ndarray] = {}
-    filled = dict.fromkeys(todo, 0)
-    dimension = 0
-    for s in todo:
-        contents = contents_of(tables[s], cfg.prepend_title)
-        known, rows = prefilled.get(s, (None, list(range(len(contents)))))
-        if known is not None:
-            vectors[s], filled[s], dimension = known, len(contents) - len(rows), known.shape[1]
-        for start in range(0, len(rows), 1024):
-            part = rows[start:start + 1024]
-            blocks.append(pa.table({"shard": [s] * len(part), "row": part, "contents": [contents[r] for r in part]}))
-    on_gpu = device == "cuda"
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    ctx.print_on_execution_start = False
-    threads = 0 if on_gpu else max(1, (os.cpu_count() or 1) // cfg.embed_actors)
-    for s in todo:  # every vector reused: the shard's dense side can be built at once
-        if tables[s].num_rows and filled[s] == tables[s].num_rows:
-            np.save(shard_dirs[s] / EMBEDDINGS_FILE, vectors.pop(s))
-            pending[faiss_task.remote(str(shard_dirs[s]), spec)] = (s, "faiss")
-    ds = None if not blocks else ray.data.from_arrow(blocks).map_batches(
-        EmbedBatch,
-        fn_constructor_kwargs={"encoder": cfg.encoder, "device": device, "batch_size": cfg.embed_batch_size,
-                               "threads": threads},
-        compute=ray.data.ActorPoolStrategy(size=cfg.embed_actors),
-        batch_size=cfg.embed_batch_size * 4,
-        num_cpus=1,
-        num_gpus=1 if on_gpu else 0,
-    )
-    with _progress(sum(b.num_rows for b in blocks), "embed", "chunk", cfg.progress) as bar:
-        for batch in ds.iter_batches(batch_size=None, batch_format="numpy") if ds is not None else ():
-            emb = np.asarray(batch["embedding"], dtype=np.float32)
-            dimension = emb.shape[1]
-            for s in np.unique(batch["shard"]).tolist():
-                mask = batch["shard"] == s
-                if s not in vectors:
-                    vectors[s] = np.zeros((tables[s].num_rows, dimension), dtype=np.float32)
-                vectors[s][batch["row"][mask]] = emb[mask]
-                filled[s] += int(mask.sum())
-                if filled[s] == tables[s].num_rows:
-                    np.save(shard_dirs[s] / EMBEDDINGS_FILE, vectors.pop(s))
-                    pending[faiss_task.remote(str(shard_dirs[s]), spec)] = (s, "faiss")
-            bar.update(len(emb))
-            top_up_lucene()
+    for r in todo:  # every vector reused: the shard's dense side can be built at once
+        if r["chunks"] and not r["blocks"]:
+            start_dense(r["shard"])
+    items = [{"shard": r["shard"], "work": work_of(r["shard"]), "block": b} for r in todo for b in range(r["blocks"])]
+    left = {r["shard"]: r["blocks"] for r in todo}
+    if items:
+        on_gpu = device == "cuda"
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False
+        threads = 0 if on_gpu else max(1, (os.cpu_count() or 1) // cfg.embed_actors)
+        ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+            EmbedBlocks,
+            fn_constructor_kwargs={"encoder": cfg.encoder, "device": device, "batch_size": cfg.embed_batch_size,
+                                   "threads": threads},
+            compute=ray.data.ActorPoolStrategy(size=cfg.embed_actors),
+            batch_size=1,
+            num_cpus=1,
+            num_gpus=1 if on_gpu else 0,
+        )
+        with _progress(sum(r["todo"] for r in todo), "embed", "chunk", cfg.progress) as bar:
+            for row in ds.iter_rows():
+                s = int(row["shard"])
+                dimension = dimension or int(row["dimension"])
+                left[s] -= 1
+                if left[s] == 0:
+                    start_dense(s)
+                bar.update(int(row["rows"]))
+                top_up_lucene()
     slots["lucene"] = cpus  # the embedding actors are gone: Lucene builds may take every CPU
-    for s in todo:  # a shard with no chunks never appears in the stream
-        if tables[s].num_rows == 0:
-            np.save(shard_dirs[s] / EMBEDDINGS_FILE, np.zeros((0, dimension), dtype=np.float32))
-            pending[faiss_task.remote(str(shard_dirs[s]), spec)] = (s, "faiss")
+    for r in todo:  # a shard with no chunks has nothing to embed
+        if r["chunks"] == 0:
+            start_dense(r["shard"])
 
-    results: dict[int, dict[str, dict]] = {s: {} for s in todo}
+    results: dict[int, dict[str, dict]] = {r["shard"]: {} for r in todo}
     lucene_seconds = 0.0
     committed = 0
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
+    content_key = cfg.content_key()
     with _progress(len(todo), "index shards", "shard", cfg.progress) as bar:
         while pending or lucene_queue:
             top_up_lucene()
@@ -534,60 +456,29 @@ def _build_shards(
             s, part = pending.pop(done[0])
             try:
                 results[s][part] = ray.get(done[0])
-                if part == "lucene":
-                    lucene_seconds += results[s][part]["seconds"]
             except ray.exceptions.RayTaskError as e:
                 raise RuntimeError(f"{part} build of {shard_name(s)} failed: {e}") from None
-            if len(results[s]) == 2:
-                _commit_shard(cfg, build_key, s, shard_dirs[s], docs_per_shard[s], tables[s].num_rows, dimension,
-                              results[s])
+            if part == "lucene":
+                lucene_seconds += results[s][part]["seconds"]
+            if part == "faiss":
+                dimension = dimension or results[s][part]["dimension"]
+            if part == "commit":
                 committed += 1
                 bar.update(1)
                 if crash_after and committed >= crash_after:
                     print(f"{CRASH_ENV}={crash_after}: exiting after {committed} committed shard(s)", flush=True)
                     os._exit(137)
+            elif "faiss" in results[s] and "lucene" in results[s]:
+                faiss_info = {k: v for k, v in results[s]["faiss"].items() if k != "dimension"}
+                manifest = {
+                    "shard": s, "num_shards": cfg.shards, "build_key": build_key, "encoder": cfg.encoder,
+                    "dimension": results[s]["faiss"]["dimension"], "metric": "inner_product",
+                    "faiss": {"type": cfg.faiss_index.value} | faiss_info,
+                    "counts": {"docs": by_shard[s]["docs"], "chunks": by_shard[s]["chunks"],
+                               "faiss_vectors": faiss_info["ntotal"],
+                               "lucene_docs": results[s]["lucene"]["stats"]["documents"]},
+                    "lucene": results[s]["lucene"]["stats"], "build_config": content_key,
+                }
+                pending[commit_task.remote(str(shard_dirs[s]), manifest, faiss_info,
+                                           results[s]["lucene"]["stats"])] = (s, "commit")
     return dimension, lucene_seconds
-
-
-def _commit_shard(cfg: BuildConfig, build_key: str, shard: int, folder: Path, docs: int, chunks: int,
-                  dimension: int, parts: dict[str, dict]) -> None:
-    faiss_info, lucene_stats = parts["faiss"], parts["lucene"]["stats"]
-    if not (faiss_info["ntotal"] == chunks == lucene_stats["documents"]):
-        raise IndexMismatch(
-            f"{folder.name}: {chunks} chunks but FAISS holds {faiss_info['ntotal']} vectors and Lucene "
-            f"{lucene_stats['documents']} documents"
-        )
-    manifest = ShardManifest(
-        shard=shard,
-        num_shards=cfg.shards,
-        build_key=build_key,
-        encoder=cfg.encoder,
-        dimension=dimension,
-        metric="inner_product",
-        faiss={"type": cfg.faiss_index.value} | faiss_info,
-        counts={"docs": docs, "chunks": chunks, "faiss_vectors": faiss_info["ntotal"],
-                "lucene_docs": lucene_stats["documents"]},
-        lucene=lucene_stats,
-        checksums=checksum_tree(folder),
-        build_config=cfg.content_key(),
-        code_version=code_version(),
-        created=now_iso(),
-    )
-    write_json_atomic(folder / MANIFEST, manifest.model_dump(mode="json"))
-
-
-def _verify_partition(shard_dirs: list[Path], manifests: list[ShardManifest], total_chunks: int) -> None:
-    """Fail unless every chunk is in exactly one shard and the counts add up."""
-    seen: set[str] = set()
-    count = 0
-    for folder, m in zip(shard_dirs, manifests, strict=True):
-        ids = pq.read_table(folder / CHUNKS_FILE, columns=["chunk_id"])["chunk_id"].to_pylist()
-        if len(ids) != m.counts["chunks"]:
-            raise IndexMismatch(f"{folder.name}: {len(ids)} rows in {CHUNKS_FILE}, manifest says {m.counts['chunks']}")
-        overlap = seen.intersection(ids)
-        if overlap:
-            raise IndexMismatch(f"{folder.name}: chunks also found in another shard: {sorted(overlap)[:5]}")
-        seen.update(ids)
-        count += len(ids)
-    if count != total_chunks or len(seen) != total_chunks:
-        raise IndexMismatch(f"shards hold {count} chunks ({len(seen)} distinct) but the corpus gave {total_chunks}")

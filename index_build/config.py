@@ -102,6 +102,11 @@ class BuildConfig(BaseModel):
     reuse_from: Path | None = Field(
         None, description="Index root to reuse from instead of --out (e.g. another copy of the index).")
 
+    read_split_mb: int = Field(
+        32, ge=1, le=4096, description="Size of the piece of a corpus file each read task parses and chunks: a "
+        "large JSONL file is cut at line starts, a Parquet file at row groups. Changes how the work is spread, "
+        "never what is built.")
+
     progress: bool = Field(True, description="Show progress bars.")
 
     @model_validator(mode="after")
@@ -132,7 +137,7 @@ class BuildConfig(BaseModel):
     def content_key(self) -> dict[str, Any]:
         """The fields that change the bytes of a shard; two builds with the same key are interchangeable."""
         skip = {"out", "version", "activate", "progress", "embed_actors", "lucene_heap", "strict", "embed_batch_size",
-                "reuse", "reuse_from"}
+                "reuse", "reuse_from", "read_split_mb"}
         data = self.model_dump(mode="json", exclude=skip | {"changes", "deletes", "base"})
         data["corpus"] = str(Path(self.corpus).resolve()) if self.corpus is not None else None  # a glob stays a glob
         return data

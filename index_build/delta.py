@@ -9,6 +9,9 @@ shard keeps corpus order, this gives every shard the same rows a full build of t
 
 Bad records in the changes file are reported as in any corpus; an id to delete that the base does not
 hold, or one both changed and deleted, is reported as a bad record too, never dropped silently.
+
+It runs as read tasks like any corpus: one task parses the changes and deletes, one task per base shard
+applies them to that shard's documents, and a last one adds the new documents; the driver holds none.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .corpus import BadRecord, Document, iter_documents, resolve_corpus_file
 from .manifest import DOCUMENTS_FILE, IndexMismatch
-from .versions import read_version_manifest
+from .splits import FRAGMENT_DOCS, FragmentWriter
 
 
 def read_delete_ids(path: Path, id_fields: tuple[str, ...]) -> Iterator[tuple[str, int] | BadRecord]:
@@ -46,63 +50,98 @@ def read_delete_ids(path: Path, id_fields: tuple[str, ...]) -> Iterator[tuple[st
             yield text, line_no
 
 
-def base_documents(version_dir: Path) -> Iterator[Document]:
-    """A built version's documents, shard by shard, each shard in corpus order."""
-    manifest = read_version_manifest(version_dir)
-    for shard in manifest.shards:
-        path = version_dir / "shards" / shard / DOCUMENTS_FILE
-        if not path.is_file():
-            raise IndexMismatch(f"version {version_dir.name!r} does not store its documents ({shard} has no "
-                                f"{DOCUMENTS_FILE}; it was built by an older release): build once from the full corpus, "
-                                "then deltas apply to that version")
-        table = pq.read_table(path)
-        for row in table.to_pylist():
-            yield Document(doc_id=row["doc_id"], title=row["title"], text=row["text"],
-                           metadata=json.loads(row["metadata_json"]), source=row["source"])
+def _delta_dir(work: Path) -> Path:
+    return Path(work) / "delta"
 
 
-def delta_documents(version_dir: Path, changes: Path | None, deletes: Path | None,
-                    id_fields: tuple[str, ...], text_fields: tuple[str, ...],
-                    report: dict | None = None) -> Iterator[Document | BadRecord]:
-    """The documents of ``version_dir`` with ``changes`` upserted and ``deletes`` removed (see the module)."""
-    report = report if report is not None else {}
-    upserts: dict[str, Document] = {}
-    order: list[str] = []
+def parse_delta(changes: str | None, deletes: str | None, work: str, id_fields: tuple[str, ...],
+                text_fields: tuple[str, ...]) -> dict:
+    """Ray task: the changes file parsed (its bad records and repeated ids reported) and the ids to delete,
+    both kept in the work folder for the tasks that apply them. Returns the bad records, in file order."""
+    folder = _delta_dir(Path(work))
+    folder.mkdir(parents=True, exist_ok=True)
+    bad: list[tuple[str, int, str]] = []
+    rows: dict[str, list] = {name: [] for name in FRAGMENT_DOCS.names}
+    upserts: set[str] = set()
     if changes is not None:
-        for item in iter_documents(resolve_corpus_file(changes), id_fields, text_fields):
+        for item in iter_documents(resolve_corpus_file(Path(changes)), id_fields, text_fields):
             if isinstance(item, BadRecord):
-                yield item
+                bad.append((item.file, item.line, item.reason))
                 continue
-            upserts[item.doc_id] = item
-            order.append(item.doc_id)
-    doomed: dict[str, tuple[str, int]] = {}
+            upserts.add(item.doc_id)
+            for name, value in (("doc_id", item.doc_id), ("title", item.title), ("text", item.text),
+                                ("metadata_json", json.dumps(item.metadata, ensure_ascii=False, sort_keys=True)),
+                                ("source", item.source), ("position", len(rows["doc_id"]))):
+                rows[name].append(value)
+    pq.write_table(pa.table(rows, schema=FRAGMENT_DOCS), folder / "changes.parquet")
+    doomed: dict[str, list] = {"doc_id": [], "file": [], "line": []}
     if deletes is not None:  # its existence was checked when the build fingerprinted it
         for item in read_delete_ids(Path(deletes), id_fields):
             if isinstance(item, BadRecord):
-                yield item
+                bad.append((item.file, item.line, item.reason))
                 continue
             doc_id, line = item
             if doc_id in upserts:
-                yield BadRecord(str(deletes), line, f"id {doc_id!r} is both changed and deleted; kept the change")
+                bad.append((str(deletes), line, f"id {doc_id!r} is both changed and deleted; kept the change"))
                 continue
-            doomed[doc_id] = (str(deletes), line)
+            for name, value in (("doc_id", doc_id), ("file", str(deletes)), ("line", line)):
+                doomed[name].append(value)
+    pq.write_table(pa.table(doomed, schema=pa.schema([("doc_id", pa.string()), ("file", pa.string()),
+                                                       ("line", pa.int64())])), folder / "deletes.parquet")
+    return {"bad": bad}
+
+
+def apply_to_base_shard(base_shard: str, work: str, split: int, num_shards: int, chunk_size: int,
+                        chunk_overlap: int) -> dict:
+    """Ray task: one shard of the base version with the changes applied, as one read split: every document
+    in its place, a changed one replaced, a deleted one left out. Notes which changes and deletes it used."""
+    folder = _delta_dir(Path(work))
+    path = Path(base_shard) / DOCUMENTS_FILE
+    if not path.is_file():
+        raise IndexMismatch(f"version {Path(base_shard).parent.parent.name!r} does not store its documents "
+                            f"({Path(base_shard).name} has no {DOCUMENTS_FILE}; it was built by an older release): "
+                            "build once from the full corpus, then deltas apply to that version")
+    changes = pq.read_table(folder / "changes.parquet")
+    changed = {doc_id: i for i, doc_id in enumerate(changes["doc_id"].to_pylist())}
+    doomed = set(pq.read_table(folder / "deletes.parquet", columns=["doc_id"])["doc_id"].to_pylist())
+    writer = FragmentWriter(num_shards, chunk_size, chunk_overlap)
+    used: list[str] = []
     replaced = deleted = 0
-    for doc in base_documents(version_dir):
-        if doc.doc_id in doomed:
-            del doomed[doc.doc_id]
-            deleted += 1
-            continue
-        changed = upserts.pop(doc.doc_id, None)
-        if changed is not None:
-            replaced += 1
-            yield changed
-        else:
-            yield doc
-    for file, line in doomed.values():
-        yield BadRecord(file, line, "no document with this id in the base version; nothing deleted")
+    position = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=8192):
+        for row in batch.to_pylist():
+            position += 1
+            doc_id = row["doc_id"]
+            if doc_id in doomed:
+                used.append(doc_id)
+                deleted += 1
+                continue
+            if doc_id in changed:
+                used.append(doc_id)
+                replaced += 1
+                row = changes.slice(changed[doc_id], 1).to_pylist()[0]
+            writer.add(Document(row["doc_id"], row["title"], row["text"], json.loads(row["metadata_json"]),
+                                row["source"]), position)
+    pq.write_table(pa.table({"doc_id": used}, schema=pa.schema([("doc_id", pa.string())])),
+                   folder / f"used-{split:06d}.parquet")
+    return {"split": split, "shards": writer.write(Path(work), split), "bad": [], "replaced": replaced,
+            "deleted": deleted}
+
+
+def add_new_documents(work: str, split: int, num_shards: int, chunk_size: int, chunk_overlap: int) -> dict:
+    """Ray task, after every base shard's: the changes no base document took, in the order of the changes
+    file, as the last read split; an id to delete that no base shard held is a bad record."""
+    folder = _delta_dir(Path(work))
+    used = set()
+    for path in sorted(folder.glob("used-*.parquet")):
+        used.update(pq.read_table(path)["doc_id"].to_pylist())
+    writer = FragmentWriter(num_shards, chunk_size, chunk_overlap)
     added = 0
-    for doc_id in order:
-        if doc_id in upserts:
+    for row in pq.read_table(folder / "changes.parquet").to_pylist():
+        if row["doc_id"] not in used:
             added += 1
-            yield upserts.pop(doc_id)
-    report.update(base=version_dir.name, replaced=replaced, added=added, deleted=deleted)
+            writer.add(Document(row["doc_id"], row["title"], row["text"], json.loads(row["metadata_json"]),
+                                row["source"]), row["position"])
+    bad = [(r["file"], r["line"], "no document with this id in the base version; nothing deleted")
+           for r in pq.read_table(folder / "deletes.parquet").to_pylist() if r["doc_id"] not in used]
+    return {"split": split, "shards": writer.write(Path(work), split), "bad": bad, "added": added}

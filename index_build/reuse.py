@@ -13,7 +13,8 @@ Two levels, both checked against the content, never assumed from a name or a dat
   prepended or not, as each version was built) is identical. Only new or changed texts are embedded.
 
 The versions searched are those of the output root (the active one first, then the newest), or of a
-``--reuse-from`` root; ``--no-reuse`` turns both off.
+``--reuse-from`` root; ``--no-reuse`` turns both off. Both checks run in each shard's own task
+(``shard_tasks.assemble_shard``), which holds its own chunks' text keys, never a source's.
 """
 
 from __future__ import annotations
@@ -24,10 +25,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
-
-from .manifest import CHUNKS_FILE, EMBEDDINGS_FILE, MANIFEST, IndexMismatch, VersionManifest
+from .manifest import MANIFEST, IndexMismatch, VersionManifest
 from .versions import active_version, list_versions, read_version_manifest, versions_dir
 
 MAX_SOURCES = 4  # versions searched for vectors: the active one and the newest others
@@ -82,19 +80,25 @@ def find_sources(root: Path, encoder: str, chunk_size: int, chunk_overlap: int) 
     return (active + others)[:MAX_SOURCES]
 
 
-def shard_donor(sources: list[SourceVersion], content_key: dict, num_shards: int, shard: str,
-                files_sha256: dict[str, str]) -> SourceVersion | None:
-    """A version whose shard ``shard`` was built from exactly these chunks and documents (``files_sha256``:
-    file name -> checksum) with the same index options."""
+def task_sources(sources: list[SourceVersion]) -> list[dict]:
+    """What the shard tasks need of the source versions: plain values, sent to every task."""
+    return [{"name": s.name, "folder": str(s.folder), "num_shards": s.manifest.num_shards,
+             "prepend_title": bool(s.manifest.build_config.get("prepend_title", True)),
+             "build_config": s.manifest.build_config,
+             "shards": [str(s.folder / "shards" / shard) for shard in s.manifest.shards]} for s in sources]
+
+
+def shard_donor_of(sources: list[dict], content_key: dict, num_shards: int, shard: str,
+                   files_sha256: dict[str, str]) -> dict | None:
+    """A source version (as ``task_sources`` gives it) whose shard ``shard`` was built from exactly these
+    chunks and documents (``files_sha256``: file name -> checksum) with the same index options."""
     from .manifest import read_shard_manifest
 
     for source in sources:
-        m = source.manifest
-        if m.num_shards != num_shards or not _same_index_options(m.build_config, content_key):
+        if source["num_shards"] != num_shards or not _same_index_options(source["build_config"], content_key):
             continue
-        folder = source.folder / "shards" / shard
         try:
-            shard_manifest = read_shard_manifest(folder)
+            shard_manifest = read_shard_manifest(Path(source["folder"]) / "shards" / shard)
         except IndexMismatch:
             continue
         if all(shard_manifest.checksums.get(name) == sha for name, sha in files_sha256.items()):
@@ -120,57 +124,3 @@ def link_shard(donor: Path, target: Path) -> None:
             os.link(path, dest)
         except OSError:
             shutil.copy2(path, dest)
-
-
-class VectorLookup:
-    """Stored vectors of the source versions, found by the text they were embedded from."""
-
-    def __init__(self, sources: list[SourceVersion]):
-        from .build import contents_of
-
-        self.where: dict[bytes, tuple[int, int, int]] = {}  # text key -> (source, shard, row)
-        self.arrays: list[list[np.ndarray | None]] = []
-        self.names = [s.name for s in sources]
-        for i, source in enumerate(sources):
-            prepend = bool(source.manifest.build_config.get("prepend_title", True))
-            shards: list[np.ndarray | None] = []
-            for j, shard in enumerate(source.manifest.shards):
-                folder = source.folder / "shards" / shard
-                table = pq.read_table(folder / CHUNKS_FILE, columns=["title", "text"])
-                shards.append(None)
-                for row, contents in enumerate(contents_of(table, prepend)):
-                    self.where.setdefault(text_key(contents), (i, j, row))
-            self.arrays.append(shards)
-        self._folders = [[s.folder / "shards" / shard for shard in s.manifest.shards] for s in sources]
-
-    def _array(self, source: int, shard: int) -> np.ndarray:
-        array = self.arrays[source][shard]
-        if array is None:
-            array = self.arrays[source][shard] = np.load(self._folders[source][shard] / EMBEDDINGS_FILE,
-                                                          mmap_mode="r")
-        return array
-
-    def take(self, contents: list[str], plan: ReusePlan) -> tuple[np.ndarray | None, list[int]]:
-        """(vectors with the found rows filled, or None when none was found; the rows still to embed)."""
-        found: list[tuple[int, tuple[int, int, int]]] = []
-        missing: list[int] = []
-        for row, text in enumerate(contents):
-            hit = self.where.get(text_key(text))
-            if hit is None:
-                missing.append(row)
-            else:
-                found.append((row, hit))
-        if not found:
-            return None, missing
-        dimension = self._array(found[0][1][0], found[0][1][1]).shape[1]
-        vectors = np.zeros((len(contents), dimension), dtype=np.float32)
-        groups: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
-        for row, (source, shard, at) in found:
-            rows, ats = groups.setdefault((source, shard), ([], []))
-            rows.append(row)
-            ats.append(at)
-        for (source, shard), (rows, ats) in groups.items():
-            vectors[rows] = self._array(source, shard)[ats]  # one gather per stored shard
-            plan.vectors_from[self.names[source]] = plan.vectors_from.get(self.names[source], 0) + len(rows)
-        plan.vectors_reused += len(found)
-        return vectors, missing

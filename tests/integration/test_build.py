@@ -218,3 +218,30 @@ def test_real_encoder_vectors_equal_direct_sentence_transformers(ray_local, tmp_
         assert got.shape == (t.num_rows, 384)
         assert np.allclose(got, expected, atol=1e-5)
         assert verify_shard(folder).encoder == "all-MiniLM-L6-v2"
+
+
+@pytest.mark.skipif(shutil.which("strace") is None and not os.environ.get("CI"), reason="needs strace")
+def test_the_driver_never_opens_a_shards_vectors_chunk_texts_or_fragments(corpus, built, ray_local, tmp_path):
+    """The build's driver, joined to a running cluster (so Ray's workers are not its children) and traced
+    with strace: it reads the corpus file only to plan and fingerprint it, and never opens a file holding
+    documents, chunks or vectors of a shard, or a read task's fragments. The version equals the one the
+    in-process build gave."""
+    path, _ = corpus
+    trace = tmp_path / "opens.trace"
+    argv = ["strace", "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", str(trace), sys.executable, "-m",
+            "index_build", "--corpus", str(path), "--out", str(tmp_path / "idx"), "--shards", "3", "--encoder", ENCODER,
+            "--chunk-size", "40", "--chunk-overlap", "8", "--no-progress", "--no-reuse"]
+    env = dict(os.environ, RAY_ADDRESS=ray_local.get_runtime_context().gcs_address)
+    out = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    opened = [line for line in trace.read_text().splitlines() if "open" in line and "ENOENT" not in line]
+    forbidden = [line for line in opened if any(name in line for name in (
+        "chunks.parquet", "documents.parquet", "embeddings.npy", "dense.faiss", "/fragments/", "todo.parquet",
+        "embedded-", "reused.npy", "terms.parquet"))]
+    assert forbidden == []
+    assert any(f'"{path}"' in line for line in opened)  # the trace sees the driver's own opens
+    version = tmp_path / "idx" / "versions" / list_versions(tmp_path / "idx")[0]
+    _, clean = built[3]
+    for a, b in zip(sorted((version / "shards").iterdir()), shard_dirs(clean), strict=True):
+        assert pq.read_table(a / "chunks.parquet").equals(pq.read_table(b / "chunks.parquet"))
+        assert np.array_equal(np.load(a / "embeddings.npy"), np.load(b / "embeddings.npy"))

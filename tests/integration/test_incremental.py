@@ -175,7 +175,7 @@ def test_a_folder_or_glob_of_files_is_read_in_parallel_as_one_corpus(ray_local, 
             ("a.jsonl", 11, "malformed"), ("c.jsonl", 11, "duplicate")]
         corpus_record = read_version_manifest(summary.version_dir).corpus
         assert corpus_record["format"] == "files" and len(corpus_record["files"]) == 3
-        assert "read 3 files in parallel" in summary.render()
+        assert "read           3 files in 3 parallel tasks" in summary.render()
 
 
 def test_a_killed_incremental_build_resumes_to_the_same_version(versions, tmp_path):

@@ -1,0 +1,179 @@
+"""Build memory and throughput as the corpus grows: the driver's peak RSS, every worker's, documents/s.
+
+Runs ``python -m index_build`` as a user would, once per corpus and per code checkout (this one, and any
+``--also-code NAME=DIR`` such as a worktree of an earlier commit, in the same run), and samples every
+process of the build four times a second: the driver, the Ray workers (their titles say what task or actor
+they ran), the Lucene indexing JVMs and Ray's own daemons. Peak RSS is each process's VmHWM from
+/proc/PID/status. Throughput is documents over the build's wall time, Python start and Ray start included.
+
+    python -m bench.build_scale --corpus bench/out/scifact-200k --corpus bench/out/scifact-1m \\
+        --encoder hashing:384 --shards 4 --code before=/tmp/before --code after=/tmp/after --out bench/results/build_scale.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench.common import machine
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _status(pid: int) -> dict[str, int] | None:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    out = {}
+    for key in ("VmHWM", "VmRSS", "PPid"):
+        m = re.search(rf"^{key}:\s+(\d+)", text, re.M)
+        if m:
+            out[key] = int(m.group(1))
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _status(int(entry))
+            if st and "PPid" in st:
+                children.setdefault(st["PPid"], []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _kind(pid: int, driver: int) -> str:
+    if pid == driver:
+        return "driver"
+    cmd = _cmdline(pid)
+    if cmd.startswith("ray::") or "default_worker.py" in cmd:
+        return "worker"
+    if "java" in cmd.split(" ")[0]:
+        return "lucene jvm"
+    return "ray daemons"
+
+
+class Sampler(threading.Thread):
+    """Peak RSS of every process under the driver, by kind; a worker's last title names what it ran."""
+
+    def __init__(self, driver: int, interval: float = 0.25):
+        super().__init__(daemon=True)
+        self.driver, self.interval = driver, interval
+        self.peaks: dict[int, dict] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for pid in _descendants(self.driver):
+                st = _status(pid)
+                if not st or "VmHWM" not in st:
+                    continue
+                seen = self.peaks.setdefault(pid, {"kind": "", "hwm_kb": 0, "titles": set()})
+                seen["hwm_kb"] = max(seen["hwm_kb"], st["VmHWM"])
+                if seen["kind"] in ("", "ray daemons"):  # a worker takes its ray:: title after it starts
+                    seen["kind"] = _kind(pid, self.driver)
+                if seen["kind"] == "worker":
+                    seen["titles"].add(_cmdline(pid).split(" ")[0])
+            self.stop.wait(self.interval)
+
+    def summary(self) -> dict:
+        by_kind: dict[str, dict] = {}
+        for p in self.peaks.values():
+            k = by_kind.setdefault(p["kind"], {"processes": 0, "max_peak_mb": 0.0, "sum_peak_mb": 0.0})
+            k["processes"] += 1
+            k["max_peak_mb"] = max(k["max_peak_mb"], p["hwm_kb"] / 1024)
+            k["sum_peak_mb"] += p["hwm_kb"] / 1024
+        workers = sorted(((p["hwm_kb"] / 1024, sorted(p["titles"])) for p in self.peaks.values()
+                          if p["kind"] == "worker"), reverse=True)
+        return {"by_kind": by_kind, "workers": [{"peak_mb": round(mb, 1), "ran": titles} for mb, titles in workers]}
+
+
+def run_build(code: Path, corpus: Path, out: Path, encoder: str, shards: int) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=str(code), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               RAY_AUTH_MODE="disabled", OPENAI_API_KEY=os.environ.get("OPENAI_API_KEY", "unused"))
+    env.pop("RAY_ADDRESS", None)
+    argv = [sys.executable, "-m", "index_build", "--corpus", str(corpus), "--out", str(out), "--shards", str(shards),
+            "--encoder", encoder, "--no-reuse", "--no-progress"]
+    t = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sampler = Sampler(proc.pid)
+    sampler.start()
+    output = proc.communicate()[0]
+    wall = time.perf_counter() - t
+    sampler.stop.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"build of {corpus} with {code} failed ({proc.returncode}):\n{output[-4000:]}")
+    docs = int(re.search(r"documents\s+([\d,]+)", output).group(1).replace(",", ""))
+    chunks = int(re.search(r"chunks ([\d,]+)", output).group(1).replace(",", ""))
+    memory = sampler.summary()
+    shutil.rmtree(out, ignore_errors=True)
+    return {"corpus": str(corpus), "documents": docs, "chunks": chunks, "wall_s": round(wall, 2),
+            "documents_per_s": round(docs / wall, 1), "driver_peak_mb": round(memory["by_kind"]["driver"]["max_peak_mb"], 1),
+            "memory": memory, "summary": output.strip().splitlines()[-12:]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.build_scale", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", type=Path, action="append", required=True, help="a corpus (repeat: smallest first)")
+    ap.add_argument("--encoder", default="hashing:384")
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--code", action="append", default=[], metavar="NAME=DIR",
+                    help="a checkout to build with (repeat to compare several in one run, e.g. before=/tmp/before "
+                    "after=/tmp/after, git worktrees: a checkout being edited must not be measured); default: this one")
+    ap.add_argument("--work", type=Path, default=Path("bench/out/build-scale"), help="where the indexes are built")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/build_scale.json"))
+    args = ap.parse_args(argv)
+
+    codes = [(v.split("=", 1)[0], Path(v.split("=", 1)[1]).resolve()) for v in args.code] or [("this", ROOT)]
+    results = []
+    for corpus in args.corpus:
+        for name, code in codes:
+            print(f"building {corpus} with {name} ({code}) ...", flush=True)
+            r = run_build(code, corpus, args.work / f"{name}-{corpus.name}", args.encoder, args.shards)
+            r["code"] = name
+            r["commit"] = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                         text=True).stdout.strip()
+            results.append(r)
+            worker = r["memory"]["by_kind"].get("worker", {}).get("max_peak_mb", 0)
+            print(f"  {r['documents']:,} documents in {r['wall_s']} s = {r['documents_per_s']:,} documents/s; "
+                  f"driver peak {r['driver_peak_mb']:,} MB, largest worker {worker:,.0f} MB", flush=True)
+    body = {"machine": machine(), "encoder": args.encoder, "shards": args.shards,
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(body, indent=2))
+    print("\n| code | documents | wall s | documents/s | driver peak MB | largest worker MB | JVM peak MB |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        kinds = r["memory"]["by_kind"]
+        print(f"| {r['code']} ({r['commit']}) | {r['documents']:,} | {r['wall_s']} | {r['documents_per_s']:,} | "
+              f"{r['driver_peak_mb']:,} | {kinds.get('worker', {}).get('max_peak_mb', 0):,.0f} | "
+              f"{kinds.get('lucene jvm', {}).get('max_peak_mb', 0):,.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,353 @@
+"""The work of one shard, each step a Ray task or actor that reads and writes the shard's own files.
+
+The driver of a build only passes folder names and small results between these steps; no document, chunk
+text or vector of the corpus passes through it:
+
+1. ``assemble_shard``: the shard's fragments (written by the read tasks) put together in corpus order, a
+   repeated id dropped and reported, ``documents.parquet`` and ``chunks.parquet`` written; then what can be
+   reused from earlier versions (the whole shard, or the vector of each chunk whose text was embedded
+   before), and the rows still to embed written to the work folder in blocks.
+2. ``EmbedBlocks`` (a Ray Data actor pool): one block of rows to embed, its vectors saved beside it.
+3. ``finish_dense``: the stored and the new vectors into ``embeddings.npy``, then the FAISS index.
+4. ``build_lucene_shard``: the BM25 index and the shard's term statistics, from ``chunks.parquet``.
+5. ``commit_shard``: counts checked, checksums taken, the manifest written: the shard is committed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .faiss_index import FaissSpec
+from .manifest import (
+    CHUNKS_FILE,
+    DOCUMENTS_FILE,
+    EMBEDDINGS_FILE,
+    FAISS_FILE,
+    LUCENE_DIR,
+    MANIFEST,
+    TERMS_FILE,
+    IndexMismatch,
+    ShardManifest,
+    checksum_tree,
+    code_version,
+    now_iso,
+    read_shard_manifest,
+    sha256_file,
+    verify_shard,
+    write_json_atomic,
+)
+from .sharding import shard_of
+from .splits import fragments_of
+from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, RowGroupWriter, contents_of
+
+EMBED_BLOCK = 1024  # rows of a shard embedded as one Ray Data item
+TODO_FILE, REUSED_FILE, REUSED_ROWS_FILE = "todo.parquet", "reused.npy", "reused_rows.npy"
+
+
+def work_dir(work: Path, shard_name: str) -> Path:
+    return Path(work) / "shards" / shard_name
+
+
+def _committed(folder: Path, build_key: str) -> ShardManifest | None:
+    """The shard's manifest when an interrupted run of this very build committed it (files verified)."""
+    if not (folder / MANIFEST).is_file():
+        return None
+    try:
+        return verify_shard(folder, expect={"build_key": build_key})
+    except IndexMismatch as e:
+        print(f"rebuilding {folder.name}: {e}")
+        return None
+
+
+def _write_tables(shard: int, num_shards: int, fragments: list[tuple[Path, Path]], folder: Path | None,
+                  strict: bool) -> tuple[int, int, list[tuple[int, int, str, int, str]]]:
+    """Stream the fragments into the shard's two tables (``folder`` None: only find duplicates). Returns
+    (documents, chunks, duplicates as (split, position, file, line, reason))."""
+    from .corpus import CorpusError
+
+    first_seen: dict[str, tuple[int, int, str]] = {}  # doc id -> (split, position, source) of its first record
+    bad: list[tuple[int, int, str, int, str]] = []
+    docs = chunks = 0
+    writers = (RowGroupWriter(folder / DOCUMENTS_FILE, DOCUMENT_SCHEMA),
+               RowGroupWriter(folder / CHUNKS_FILE, CHUNK_SCHEMA)) if folder is not None else None
+    try:
+        for docs_file, chunks_file in fragments:
+            split = int(docs_file.name.split(".")[0])
+            table = pq.read_table(docs_file)
+            ids, sources = table["doc_id"].to_pylist(), table["source"].to_pylist()
+            positions = table["position"].to_pylist()
+            keep, dropped = [], set()
+            for doc_id, source, position in zip(ids, sources, positions, strict=True):
+                if shard_of(doc_id, num_shards) != shard:
+                    raise IndexMismatch(f"document {doc_id!r} reached shard {shard} but hashes to another")
+                first = first_seen.setdefault(doc_id, (split, position, source))
+                if first[:2] == (split, position):
+                    keep.append(True)
+                    continue
+                keep.append(False)
+                dropped.add(position)
+                file, _, line = source.rpartition(":")
+                reason = f"duplicate id {doc_id!r} (first seen at {first[2]}); kept the first"
+                if strict:
+                    raise CorpusError(f"{source}: {reason} (strict mode; drop --strict to skip and count bad records)")
+                bad.append((split, position, file, int(line) if line.isdigit() else 0, reason))
+            docs += sum(keep)
+            if writers is None:
+                if dropped:  # count the chunks that stay
+                    positions_c = pq.read_table(chunks_file, columns=["position"])["position"]
+                    chunks += int(pc.sum(pc.invert(pc.is_in(positions_c, pa.array(sorted(dropped))))).as_py() or 0)
+                else:
+                    chunks += pq.read_metadata(chunks_file).num_rows
+                continue
+            writers[0].write(table.filter(pa.array(keep)) if dropped else table)
+            chunk_table = pq.read_table(chunks_file)
+            if dropped:
+                chunk_table = chunk_table.filter(pc.invert(pc.is_in(chunk_table["position"], pa.array(sorted(dropped)))))
+            writers[1].write(chunk_table)
+            chunks += chunk_table.num_rows
+    finally:
+        if writers is not None:
+            for w in writers:
+                w.close()
+    return docs, chunks, bad
+
+
+def _text_keys(folder: Path, prepend_title: bool) -> list[bytes]:
+    from .reuse import text_key
+
+    keys = []
+    pf = pq.ParquetFile(folder / CHUNKS_FILE)
+    for batch in pf.iter_batches(columns=["title", "text"], batch_size=8192):
+        keys.extend(text_key(t) for t in contents_of(pa.Table.from_batches([batch]), prepend_title))
+    return keys
+
+
+def _find_vectors(keys: list[bytes], sources: list[dict], work: Path) -> tuple[int, dict[str, int], int, list[int]]:
+    """The stored vector of every row whose text a source version embedded, gathered into the work folder.
+    Sources are searched in order (the active version first), each shard's rows in order; the first
+    holder of a text gives its vector. Holds this shard's keys, never a source's. Returns (rows reused,
+    version -> rows taken from it, dimension, rows still to embed)."""
+    from .reuse import text_key
+
+    needed: dict[bytes, list[int]] = {}
+    for row, key in enumerate(keys):
+        needed.setdefault(key, []).append(row)
+    found: dict[tuple[int, int], tuple[list[int], list[int]]] = {}  # (source, shard) -> (rows, source rows)
+    for i, source in enumerate(sources):
+        for j, shard_folder in enumerate(source["shards"]):
+            if not needed:
+                break
+            pf = pq.ParquetFile(Path(shard_folder) / CHUNKS_FILE)
+            at = 0
+            for batch in pf.iter_batches(columns=["title", "text"], batch_size=8192):
+                for k, contents in enumerate(contents_of(pa.Table.from_batches([batch]), source["prepend_title"])):
+                    rows = needed.pop(text_key(contents), None)
+                    if rows is not None:
+                        mine, theirs = found.setdefault((i, j), ([], []))
+                        mine.extend(rows)
+                        theirs.extend([at + k] * len(rows))
+                at += batch.num_rows
+    if not found:
+        return 0, {}, 0, list(range(len(keys)))
+    reused_rows: list[int] = []
+    parts: list[np.ndarray] = []
+    by_version: dict[str, int] = {}
+    for (i, j), (mine, theirs) in found.items():
+        stored = np.load(Path(sources[i]["shards"][j]) / EMBEDDINGS_FILE, mmap_mode="r")
+        parts.append(np.asarray(stored[theirs], dtype=np.float32))  # one gather per stored shard
+        reused_rows.extend(mine)
+        by_version[sources[i]["name"]] = by_version.get(sources[i]["name"], 0) + len(mine)
+    vectors = np.concatenate(parts)
+    np.save(work / REUSED_FILE, vectors)
+    np.save(work / REUSED_ROWS_FILE, np.asarray(reused_rows, dtype=np.int64))
+    taken = set(reused_rows)
+    return len(reused_rows), by_version, vectors.shape[1], [r for r in range(len(keys)) if r not in taken]
+
+
+def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_shards: int, prepend_title: bool,
+                   strict: bool, sources: list[dict] | None, content_key: dict) -> dict:
+    """Ray task: step 1 of the module. ``sources``: the versions to reuse from (None: reuse is off), each
+    {"name", "prepend_title", "shards": [folder, ...], "num_shards", "build_config", "manifests": [...]}."""
+    folder, mine = Path(shard_dir), work_dir(Path(work), Path(shard_dir).name)
+    fragments = fragments_of(Path(work), shard)
+    result = {"shard": shard, "resumed": False, "linked": None, "todo": 0, "blocks": 0, "reused": 0,
+              "reused_from": {}, "dimension": 0}
+    committed = _committed(folder, build_key)
+    if committed is not None:  # an interrupted run of this build finished it; find its duplicates again
+        _, _, bad = _write_tables(shard, num_shards, fragments, None, strict)
+        return result | {"resumed": True, "docs": committed.counts["docs"], "chunks": committed.counts["chunks"],
+                         "dimension": committed.dimension, "bad": bad}
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(mine, ignore_errors=True)
+    folder.mkdir(parents=True)
+    mine.mkdir(parents=True)
+    docs, chunks, bad = _write_tables(shard, num_shards, fragments, folder, strict)
+    result |= {"docs": docs, "chunks": chunks, "bad": bad}
+    if sources:
+        from .reuse import link_shard, shard_donor_of
+
+        donor = shard_donor_of(sources, content_key, num_shards, folder.name,
+                               {name: sha256_file(folder / name) for name in (CHUNKS_FILE, DOCUMENTS_FILE)})
+        if donor is not None:
+            link_shard(Path(donor["folder"]) / "shards" / folder.name, folder)
+            old = read_shard_manifest(Path(donor["folder"]) / "shards" / folder.name)
+            write_json_atomic(folder / MANIFEST, old.model_copy(update={
+                "build_key": build_key, "build_config": content_key, "code_version": code_version(),
+                "created": now_iso()}).model_dump(mode="json"))  # its files are verified before publishing
+            return result | {"linked": donor["name"], "reused": chunks, "reused_from": {donor["name"]: chunks},
+                             "dimension": old.dimension}
+    todo = list(range(chunks))
+    if sources and chunks:
+        reused, by_version, dimension, todo = _find_vectors(_text_keys(folder, prepend_title), sources, mine)
+        result |= {"reused": reused, "reused_from": by_version, "dimension": dimension}
+    if todo:
+        _write_todo(folder, mine, todo, prepend_title)
+    return result | {"todo": len(todo), "blocks": -(-len(todo) // EMBED_BLOCK)}
+
+
+def _write_todo(folder: Path, mine: Path, todo: list[int], prepend_title: bool) -> None:
+    """The rows to embed and their contents, in blocks of EMBED_BLOCK rows (one Parquet row group each)."""
+    schema = pa.schema([("row", pa.int64()), ("contents", pa.string())])
+    wanted = np.zeros(pq.read_metadata(folder / CHUNKS_FILE).num_rows, dtype=bool)
+    wanted[todo] = True
+    with RowGroupWriter(mine / TODO_FILE, schema, EMBED_BLOCK) as writer:
+        at = 0
+        for batch in pq.ParquetFile(folder / CHUNKS_FILE).iter_batches(columns=["title", "text"], batch_size=8192):
+            rows = np.arange(at, at + batch.num_rows)
+            take = wanted[at:at + batch.num_rows]
+            at += batch.num_rows
+            if not take.any():
+                continue
+            table = pa.Table.from_batches([batch]).filter(pa.array(take))
+            writer.write(pa.table({"row": rows[take], "contents": contents_of(table, prepend_title)}, schema=schema))
+
+
+class EmbedBlocks:
+    """Ray Data actor: loads the encoder once; for each item (a block of a shard's rows to embed) reads the
+    contents from the work folder, embeds them and saves the vectors beside them."""
+
+    def __init__(self, encoder: str, device: str, batch_size: int, threads: int):
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        from .encoders import load_encoder
+
+        self.encoder = load_encoder(encoder, device)
+        self.batch_size = batch_size
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows, dims = [], []
+        for folder, block in zip(batch["work"], batch["block"], strict=True):
+            todo = pq.ParquetFile(Path(str(folder)) / TODO_FILE).read_row_group(int(block), columns=["contents"])
+            vectors = self.encoder.encode(todo["contents"].to_pylist(), self.batch_size).astype(np.float32)
+            out = Path(str(folder)) / f"embedded-{int(block):06d}.npy"
+            np.save(out.with_suffix(".tmp.npy"), vectors)
+            os.replace(out.with_suffix(".tmp.npy"), out)
+            rows.append(len(vectors))
+            dims.append(vectors.shape[1] if vectors.ndim == 2 else 0)
+        return {"shard": batch["shard"], "block": batch["block"], "rows": np.asarray(rows),
+                "dimension": np.asarray(dims)}
+
+
+def finish_dense(shard_dir: str, work: str, rows: int, blocks: int, dimension: int, spec: FaissSpec) -> dict:
+    """Ray task: the stored and the new vectors of a shard into ``embeddings.npy`` (written in place, never
+    whole in memory twice), then its FAISS index. ``dimension`` is needed only for an empty shard."""
+    import faiss
+
+    from .faiss_index import build_faiss_index, index_description
+
+    folder, mine = Path(shard_dir), Path(work)
+    parts = [(np.load(mine / REUSED_ROWS_FILE), np.load(mine / REUSED_FILE, mmap_mode="r"))] \
+        if (mine / REUSED_FILE).is_file() else []
+    if blocks:
+        row_ids = pq.read_table(mine / TODO_FILE, columns=["row"])["row"].to_numpy()
+        at = 0
+        for block in range(blocks):
+            vectors = np.load(mine / f"embedded-{block:06d}.npy", mmap_mode="r")
+            parts.append((row_ids[at:at + len(vectors)], vectors))
+            at += len(vectors)
+    dimension = parts[0][1].shape[1] if parts else dimension
+    tmp = folder / (EMBEDDINGS_FILE + ".tmp")
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(rows, dimension))
+    filled = 0
+    for row_ids, vectors in parts:
+        out[row_ids] = vectors
+        filled += len(row_ids)
+    if filled != rows:
+        raise IndexMismatch(f"{folder.name}: {filled} vectors for {rows} chunks")
+    out.flush()
+    del out
+    os.replace(tmp, folder / EMBEDDINGS_FILE)
+    index = build_faiss_index(np.load(folder / EMBEDDINGS_FILE, mmap_mode="r"), spec)
+    faiss.write_index(index, str(folder / (FAISS_FILE + ".tmp")))
+    os.replace(folder / (FAISS_FILE + ".tmp"), folder / FAISS_FILE)
+    shutil.rmtree(mine, ignore_errors=True)
+    return index_description(index) | {"dimension": dimension}
+
+
+def build_lucene_shard(shard_dir: str, prepend_title: bool, heap: str) -> dict:
+    """Ray task: the shard's Lucene index and term statistics, from its chunk table."""
+    from .lucene import build_lucene_index, index_statistics, write_collection
+
+    t0 = time.perf_counter()
+    folder = Path(shard_dir)
+    collection, tmp_index = folder / "_collection", folder / "_lucene.tmp"
+    for stale in (collection, tmp_index):
+        shutil.rmtree(stale, ignore_errors=True)
+    pf = pq.ParquetFile(folder / CHUNKS_FILE)
+
+    def rows():
+        for batch in pf.iter_batches(columns=["chunk_id", "title", "text"], batch_size=8192):
+            table = pa.Table.from_batches([batch])
+            yield from zip(table["chunk_id"].to_pylist(), contents_of(table, prepend_title), strict=True)
+
+    write_collection(rows(), collection)
+    build_lucene_index(collection, tmp_index, heap=heap, threads=1)
+    stats, terms = index_statistics(tmp_index)
+    pq.write_table(terms, folder / TERMS_FILE)
+    shutil.rmtree(folder / LUCENE_DIR, ignore_errors=True)
+    os.replace(tmp_index, folder / LUCENE_DIR)
+    shutil.rmtree(collection)
+    return {"stats": stats, "seconds": time.perf_counter() - t0}
+
+
+def commit_shard(shard_dir: str, manifest: dict, faiss_info: dict, lucene_stats: dict) -> dict:
+    """Ray task: the shard's counts checked against each other, its files' checksums taken, its manifest
+    written (which commits it). Returns the manifest's counts."""
+    folder = Path(shard_dir)
+    chunks = manifest["counts"]["chunks"]
+    if not (faiss_info["ntotal"] == chunks == lucene_stats["documents"]):
+        raise IndexMismatch(f"{folder.name}: {chunks} chunks but FAISS holds {faiss_info['ntotal']} vectors and "
+                            f"Lucene {lucene_stats['documents']} documents")
+    body = ShardManifest(**manifest, checksums=checksum_tree(folder), code_version=code_version(), created=now_iso())
+    write_json_atomic(folder / MANIFEST, body.model_dump(mode="json"))
+    return body.counts
+
+
+def verify_shard_files(shard_dir: str, expect: dict) -> dict:
+    """Ray task: every file of a shard against its checksum; its counts."""
+    m = verify_shard(Path(shard_dir), expect=expect)
+    if not m.counts["chunks"] == m.counts["faiss_vectors"] == m.counts["lucene_docs"]:
+        raise IndexMismatch(f"{Path(shard_dir).name}: counts disagree: {m.counts}")
+    return m.counts
+
+
+def merge_bm25(staging: str, shard_dirs: list[str], k1: float, b: float) -> dict:
+    """Ray task: corpus-wide BM25 statistics, summed from the shards' own (``bm25/``)."""
+    from .bm25_stats import merge_shard_stats, merge_term_tables, write_stats
+
+    manifests = [read_shard_manifest(Path(d)) for d in shard_dirs]
+    stats = merge_shard_stats([m.lucene for m in manifests], k1, b)
+    terms = merge_term_tables([pq.read_table(Path(d) / TERMS_FILE) for d in shard_dirs])
+    write_stats(Path(staging) / "bm25", stats, terms)
+    return {"doc_count": stats.doc_count, "total_terms": stats.total_terms, "avgdl": stats.avgdl,
+            "unique_terms": terms.num_rows}

@@ -4,7 +4,8 @@ Runs ``python -m index_build`` as a user would, once per corpus and per code che
 ``--also-code NAME=DIR`` such as a worktree of an earlier commit, in the same run), and samples every
 process of the build four times a second: the driver, the Ray workers (their titles say what task or actor
 they ran), the Lucene indexing JVMs and Ray's own daemons. Peak RSS is each process's VmHWM from
-/proc/PID/status. Throughput is documents over the build's wall time, Python start and Ray start included.
+/proc/PID/status; as a Ray worker runs many tasks one after another, the largest VmRSS seen while it bore a
+task's title (``ray::finish_dense``) is also kept per task. Throughput is documents over the build's wall time, Python start and Ray start included.
 
     python -m bench.build_scale --corpus bench/out/scifact-200k --corpus bench/out/scifact-1m \\
         --encoder hashing:384 --shards 4 --code before=/tmp/before --code after=/tmp/after --out bench/results/build_scale.json
@@ -81,6 +82,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.driver, self.interval = driver, interval
         self.peaks: dict[int, dict] = {}
+        self.by_task: dict[str, int] = {}  # task or actor title -> largest RSS (kB) seen while a worker ran it
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -94,7 +96,11 @@ class Sampler(threading.Thread):
                 if seen["kind"] in ("", "ray daemons"):  # a worker takes its ray:: title after it starts
                     seen["kind"] = _kind(pid, self.driver)
                 if seen["kind"] == "worker":
-                    seen["titles"].add(_cmdline(pid).split(" ")[0])
+                    title = _cmdline(pid).split(" ")[0]
+                    seen["titles"].add(title)
+                    # A worker runs many tasks; its RSS while it bears a task's title is that task's.
+                    if title.startswith("ray::") and "IDLE" not in title:
+                        self.by_task[title] = max(self.by_task.get(title, 0), st.get("VmRSS", 0))
             self.stop.wait(self.interval)
 
     def summary(self) -> dict:
@@ -106,7 +112,9 @@ class Sampler(threading.Thread):
             k["sum_peak_mb"] += p["hwm_kb"] / 1024
         workers = sorted(((p["hwm_kb"] / 1024, sorted(p["titles"])) for p in self.peaks.values()
                           if p["kind"] == "worker"), reverse=True)
-        return {"by_kind": by_kind, "workers": [{"peak_mb": round(mb, 1), "ran": titles} for mb, titles in workers]}
+        return {"by_kind": by_kind, "workers": [{"peak_mb": round(mb, 1), "ran": titles} for mb, titles in workers],
+                "largest_rss_mb_by_task": {t: round(kb / 1024, 1) for t, kb in
+                                           sorted(self.by_task.items(), key=lambda kv: -kv[1])}}
 
 
 def run_build(code: Path, corpus: Path, out: Path, encoder: str, shards: int) -> dict:

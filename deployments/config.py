@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from deployments.schemas import AnnParams
+
 
 def renamed_keys(values: Any, renames: dict[str, str], where: str) -> Any:
     """Accept a key under its old name (with a FutureWarning, which Python shows users by default), so a
@@ -92,6 +94,9 @@ class CollectionConfig(BaseModel):
     version: str | None = Field(None, description="Serve this version instead of the active one.")
     rerank: bool = Field(True, description="Rerank this collection's results by default (when a reranker is deployed); "
                          "turn off for a collection where reranking does not help. Requests can still ask.")
+    ann: AnnParams | None = Field(
+        None, description="Approximate dense search options for this collection (ef_search, nprobe), over what its "
+        "index was built with; a request's own `ann` wins.")
 
 
 class Autoscaling(BaseModel):

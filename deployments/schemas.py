@@ -104,6 +104,26 @@ class Turn(BaseModel):
     content: str = Field(max_length=MAX_QUERY_CHARS)
 
 
+class AnnParams(BaseModel):
+    """Search-time options of the approximate dense index; unset ones keep the collection's (then the index's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ef_search: int | None = Field(
+        None, ge=1, le=4096, description="HNSW candidates explored per shard (never fewer than the candidates asked "
+        "for); higher finds more of the exact top-k at more CPU.")
+    nprobe: int | None = Field(
+        None, ge=1, le=65536, description="IVF lists scanned per shard (at most the shard's lists).")
+    exact: bool = Field(False, description="Scan every stored vector instead of the index: the exact answer, at a "
+                        "flat scan's CPU (to check what an approximate index misses).")
+
+    def merged_over(self, base: AnnParams | None) -> dict:
+        """These options over ``base``'s, as the plain dict a shard takes (None when nothing is set)."""
+        out = {k: v for k, v in (base.model_dump() if base else {}).items() if v}
+        out.update({k: v for k, v in self.model_dump().items() if v})
+        return out
+
+
 class SearchRequest(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
@@ -128,6 +148,9 @@ class SearchRequest(RequestBody):
         "default: the service's rule (candidate_base, candidate_factor x limit).")
     weights: Weights | None = Field(
         None, description="Weighted fusion weights (default: the service's, 0.5 dense / 0.5 keyword unless changed).")
+    ann: AnnParams | None = Field(
+        None, description='Approximate dense search options for this request, e.g. {"ef_search": 256} or '
+        '{"exact": true}; default: the collection\'s, else what the index was built with (its manifest).')
     mmr_lambda: float | None = Field(
         None, ge=0, le=1, description="Diversify with MMR; 1 = pure relevance. Null: the service's setting (off "
         "unless tuned).")

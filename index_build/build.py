@@ -375,7 +375,7 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
     gpus = int(ray.cluster_resources().get("GPU", 0))
     faiss_gpu = gpus > 0 and cfg.device.value != "cpu"
     spec = FaissSpec(cfg.faiss_index.value, cfg.hnsw_m, cfg.hnsw_ef_construction, cfg.ivf_nlist,
-                     cfg.device.value if faiss_gpu else "cpu")
+                     cfg.device.value if faiss_gpu else "cpu", cfg.hnsw_ef_search, cfg.ivf_nprobe, cfg.pq_m, cfg.refine)
     todo = [r for r in shards if not r["resumed"] and not r["linked"]]
     dimension = max([r["dimension"] for r in shards] + [0])
     if not todo:
@@ -473,7 +473,7 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
                 manifest = {
                     "shard": s, "num_shards": cfg.shards, "build_key": build_key, "encoder": cfg.encoder,
                     "dimension": results[s]["faiss"]["dimension"], "metric": "inner_product",
-                    "faiss": {"type": cfg.faiss_index.value} | faiss_info,
+                    "faiss": faiss_info,
                     "counts": {"docs": by_shard[s]["docs"], "chunks": by_shard[s]["chunks"],
                                "faiss_vectors": faiss_info["ntotal"],
                                "lucene_docs": results[s]["lucene"]["stats"]["documents"]},

@@ -20,9 +20,13 @@ DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 
 
 class FaissIndexType(StrEnum):
+    auto = "auto"
     flat = "flat"
     hnsw = "hnsw"
+    hnsw_sq8 = "hnsw_sq8"
     ivf = "ivf"
+    ivf_sq8 = "ivf_sq8"
+    ivf_pq = "ivf_pq"
 
 
 class Device(StrEnum):
@@ -65,12 +69,26 @@ class BuildConfig(BaseModel):
     device: Device = Field(Device.auto, description="Where to embed and build FAISS: auto uses a GPU when one is seen.")
 
     # FAISS
-    faiss_index: FaissIndexType = Field(FaissIndexType.flat, description="flat (exact), hnsw or ivf.")
+    faiss_index: FaissIndexType = Field(
+        FaissIndexType.flat, description="flat (exact); hnsw or ivf (approximate, full vectors); hnsw_sq8, ivf_sq8 "
+        "(8-bit codes: a quarter of the memory) or ivf_pq (product quantization: 1/32), whose candidates are "
+        "rescored exactly with the stored vectors; auto: flat for shards under 100,000 chunks, hnsw above.")
     hnsw_m: int = Field(32, ge=4, le=256, description="HNSW graph degree M.")
     hnsw_ef_construction: int = Field(80, ge=8, description="HNSW efConstruction.")
+    hnsw_ef_search: int = Field(
+        0, ge=0, le=4096, description="HNSW efSearch served by default (0: 128); a search never uses less than the "
+        "candidates it asks for. Recorded in the manifest; a collection or a request may override it.")
     ivf_nlist: int = Field(
         0, ge=0, description="IVF lists per shard; 0 picks about 4*sqrt(chunks in the shard)."
     )
+    ivf_nprobe: int = Field(
+        0, ge=0, le=65536, description="IVF lists scanned by default (0: an eighth of them, at least 16). Recorded "
+        "in the manifest; a collection or a request may override it.")
+    pq_m: int = Field(0, ge=0, le=1024, description="ivf_pq sub-quantizers (0: dimension / 8); must divide the "
+                      "dimension.")
+    refine: int = Field(
+        0, ge=0, le=64, description="Quantized types: k x REFINE candidates are rescored exactly with the shard's "
+        "stored vectors (0: 4; 1: no rescoring).")
 
     # Lucene / BM25
     bm25_k1: float = Field(0.9, gt=0, description="BM25 k1 recorded for query time (Pyserini's BEIR default).")

@@ -1,9 +1,16 @@
-"""Build one shard's FAISS index: exact inner product by default, HNSW or IVF when asked.
+"""Build one shard's FAISS index: exact, graph (HNSW), inverted lists (IVF), each of the last two with
+full vectors or quantized codes (8-bit scalar: a quarter of the bytes; product quantization: 1/32).
 
 Vectors are unit length, so inner product is cosine similarity. Row ``i`` of the index is row ``i`` of
 the shard's chunk table; FAISS ids are those row numbers. Flat and IVF are built on a GPU when faiss
 has one and the device allows it, then moved back to the CPU to be written; HNSW is built on the CPU
 (faiss has no GPU HNSW builder).
+
+The search-time knobs (``ef_search`` of HNSW, ``nprobe`` of IVF, ``refine`` for quantized codes: how many
+times k candidates are rescored exactly with the shard's stored float vectors) are index options: the
+build records them in the shard manifest, a serving collection or a request may override them.
+``auto`` picks the type by the shard's size (``auto_kind``); bench/README.md, "Approximate search",
+has the figures that chose the rule.
 """
 
 from __future__ import annotations
@@ -13,14 +20,49 @@ from dataclasses import dataclass
 
 import numpy as np
 
+KINDS = ("flat", "hnsw", "hnsw_sq8", "ivf", "ivf_sq8", "ivf_pq")
+QUANTIZED = ("hnsw_sq8", "ivf_sq8", "ivf_pq")
+AUTO_FLAT_BELOW = 100_000  # rows of a shard under which ``auto`` stays exact (see auto_kind)
+MIN_TRAIN_ROWS = 1_000  # below this a trained index (IVF, quantizers) is not worth training: built flat
+
 
 @dataclass(frozen=True)
 class FaissSpec:
-    kind: str = "flat"  # flat | hnsw | ivf
+    kind: str = "flat"  # one of KINDS, or "auto"
     hnsw_m: int = 32
     hnsw_ef_construction: int = 80
     ivf_nlist: int = 0  # 0: pick from the row count
     device: str = "auto"  # auto | cpu | cuda
+    ef_search: int = 0  # 0: DEFAULT_EF_SEARCH (never below the k asked for, at search time)
+    nprobe: int = 0  # 0: default_nprobe(nlist)
+    pq_m: int = 0  # 0: dimension / 8 sub-quantizers (8 bits each)
+    refine: int = 0  # 0: DEFAULT_REFINE for quantized types, 1 (none) otherwise
+
+
+DEFAULT_EF_SEARCH = 128
+DEFAULT_REFINE = 4
+
+
+def auto_kind(rows: int) -> str:
+    """The index type ``auto`` builds for a shard of ``rows`` vectors: exact below AUTO_FLAT_BELOW rows (a
+    flat scan is cheap there and loses nothing), HNSW above."""
+    return "flat" if rows < AUTO_FLAT_BELOW else "hnsw"
+
+
+def default_nprobe(nlist: int) -> int:
+    """IVF lists scanned by default: an eighth of them, at least 16 (all of them when there are fewer)."""
+    return min(nlist, max(16, nlist // 8))
+
+
+def search_options(spec: FaissSpec, kind: str, index) -> dict:
+    """What a shard manifest records for serving: the resolved search-time defaults of this index."""
+    out: dict = {}
+    if kind.startswith("hnsw"):
+        out["ef_search"] = spec.ef_search or DEFAULT_EF_SEARCH
+    if hasattr(index, "nlist"):
+        out["nprobe"] = spec.nprobe or default_nprobe(int(index.nlist))
+    out["refine"] = spec.refine or (DEFAULT_REFINE if kind in QUANTIZED else 1)
+    return out
 
 
 def gpu_count() -> int:
@@ -51,35 +93,67 @@ def ivf_nlist_for(rows: int, requested: int) -> int:
     return max(1, min(nlist, rows // 39 or 1))
 
 
+def resolved_kind(spec: FaissSpec, rows: int) -> str:
+    kind = auto_kind(rows) if spec.kind == "auto" else spec.kind
+    if kind not in KINDS:
+        raise ValueError(f"unknown faiss index type {spec.kind!r}: expected auto or one of {', '.join(KINDS)}")
+    if rows == 0 or (rows < MIN_TRAIN_ROWS and kind not in ("flat", "hnsw")):
+        return "flat"  # an empty shard cannot train; a tiny one is scanned exactly as fast
+    return kind
+
+
+def factory_string(kind: str, rows: int, dim: int, spec: FaissSpec) -> str:
+    nlist = ivf_nlist_for(rows, spec.ivf_nlist)
+    pq_m = spec.pq_m or max(1, dim // 8)
+    return {"flat": "Flat", "hnsw": f"HNSW{spec.hnsw_m},Flat", "hnsw_sq8": f"HNSW{spec.hnsw_m},SQ8",
+            "ivf": f"IVF{nlist},Flat", "ivf_sq8": f"IVF{nlist},SQ8", "ivf_pq": f"IVF{nlist},PQ{pq_m}x8"}[kind]
+
+
+ADD_BATCH = 65_536  # rows copied out of a memory-mapped array and added at a time
+TRAIN_ROWS = 262_144  # at most this many rows, spread over the shard, train a quantizer or IVF lists
+
+
+def _batches(vectors: np.ndarray):
+    for start in range(0, len(vectors), ADD_BATCH):
+        yield np.ascontiguousarray(vectors[start:start + ADD_BATCH], dtype=np.float32)
+
+
+def _training_sample(vectors: np.ndarray) -> np.ndarray:
+    """Rows spread evenly over the shard (corpus order is not random: the first rows may be one source)."""
+    step = max(1, -(-len(vectors) // TRAIN_ROWS))
+    return np.ascontiguousarray(vectors[::step], dtype=np.float32)
+
+
 def build_faiss_index(vectors: np.ndarray, spec: FaissSpec):
-    """A trained, filled CPU index over ``vectors`` (float32, unit rows)."""
+    """A trained, filled CPU index over ``vectors`` (float32, unit rows; a memory-mapped array is read a batch at
+    a time, so the build holds the index and one batch, never a second copy of the vectors)."""
     import faiss
 
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     rows, dim = vectors.shape
-    if spec.kind == "flat" or rows == 0:  # an empty shard cannot train IVF; flat answers "no hits" alike
-        index = faiss.IndexFlatIP(dim)
-    elif spec.kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, spec.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+    kind = resolved_kind(spec, rows)
+    index = faiss.IndexFlatIP(dim) if kind == "flat" else \
+        faiss.index_factory(dim, factory_string(kind, rows, dim, spec), faiss.METRIC_INNER_PRODUCT)
+    if kind.startswith("hnsw"):
         index.hnsw.efConstruction = spec.hnsw_ef_construction
-    elif spec.kind == "ivf":
-        nlist = ivf_nlist_for(rows, spec.ivf_nlist)
-        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
-    else:
-        raise ValueError(f"unknown faiss index type {spec.kind!r}: expected flat, hnsw or ivf")
+        index.hnsw.efSearch = spec.ef_search or DEFAULT_EF_SEARCH
+    if hasattr(index, "nprobe"):
+        index.nprobe = spec.nprobe or default_nprobe(int(index.nlist))
+    if hasattr(index, "do_polysemous_training"):
+        index.do_polysemous_training = False  # only for polysemous search, which is not used; 40x the PQ's training
 
-    if spec.kind != "hnsw" and use_gpu(spec.device):
+    if not kind.startswith("hnsw") and use_gpu(spec.device):
         resources = faiss.StandardGpuResources()
         gpu_index = faiss.index_cpu_to_gpu(resources, 0, index)
         if not gpu_index.is_trained:
-            gpu_index.train(vectors)
-        gpu_index.add(vectors)
+            gpu_index.train(_training_sample(vectors))
+        for batch in _batches(vectors):
+            gpu_index.add(batch)
         return faiss.index_gpu_to_cpu(gpu_index)
 
     if not index.is_trained:
-        index.train(vectors)
-    if rows:
-        index.add(vectors)
+        index.train(_training_sample(vectors))
+    for batch in _batches(vectors):
+        index.add(batch)
     return index
 
 
@@ -87,10 +161,20 @@ def index_description(index) -> dict:
     import faiss
 
     out = {"class": type(index).__name__, "ntotal": int(index.ntotal), "dimension": int(index.d),
-           "metric": "inner_product" if index.metric_type == faiss.METRIC_INNER_PRODUCT else "l2"}
+           "metric": "inner_product" if index.metric_type == faiss.METRIC_INNER_PRODUCT else "l2",
+           "bytes_per_vector": index_bytes_per_vector(index)}
     if hasattr(index, "nlist"):
         out["nlist"] = int(index.nlist)
     if hasattr(index, "hnsw"):
         out["hnsw_m"] = int(index.hnsw.nb_neighbors(1))
         out["ef_construction"] = int(index.hnsw.efConstruction)
     return out
+
+
+def index_bytes_per_vector(index) -> float:
+    """Bytes the index holds per vector (codes, graph links, list ids), from its serialized size."""
+    import faiss
+
+    if index.ntotal == 0:
+        return 0.0
+    return round(len(faiss.serialize_index(index)) / index.ntotal, 1)

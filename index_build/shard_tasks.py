@@ -263,7 +263,7 @@ def finish_dense(shard_dir: str, work: str, rows: int, blocks: int, dimension: i
     whole in memory twice), then its FAISS index. ``dimension`` is needed only for an empty shard."""
     import faiss
 
-    from .faiss_index import build_faiss_index, index_description
+    from .faiss_index import build_faiss_index, index_description, resolved_kind, search_options
 
     folder, mine = Path(shard_dir), Path(work)
     parts = [(np.load(mine / REUSED_ROWS_FILE), np.load(mine / REUSED_FILE, mmap_mode="r"))] \
@@ -287,11 +287,15 @@ def finish_dense(shard_dir: str, work: str, rows: int, blocks: int, dimension: i
     out.flush()
     del out
     os.replace(tmp, folder / EMBEDDINGS_FILE)
+    t = time.perf_counter()
     index = build_faiss_index(np.load(folder / EMBEDDINGS_FILE, mmap_mode="r"), spec)
+    seconds = time.perf_counter() - t
     faiss.write_index(index, str(folder / (FAISS_FILE + ".tmp")))
     os.replace(folder / (FAISS_FILE + ".tmp"), folder / FAISS_FILE)
     shutil.rmtree(mine, ignore_errors=True)
-    return index_description(index) | {"dimension": dimension}
+    kind = resolved_kind(spec, rows)
+    return ({"type": kind} | index_description(index) | search_options(spec, kind, index)
+            | {"build_s": round(seconds, 2), "dimension": dimension})
 
 
 def build_lucene_shard(shard_dir: str, prepend_title: bool, heap: str) -> dict:

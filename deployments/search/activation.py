@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.errors import ActivationError
+from deployments.schemas import AnnParams
 from deployments.search.pipeline import Collection, EncoderClient, ShardClient, failure
 from index_build.manifest import IndexMismatch, VersionManifest
 from index_build.versions import (
@@ -50,6 +51,7 @@ class DeployedCollection:
     slots: list[tuple[str, Any, list[str]]]  # (slot name, handle of its deployment, the shards it serves)
     encoder: EncoderClient
     rerank: bool = True
+    ann: AnnParams | None = None  # the collection's approximate search options
 
     @property
     def follows_active(self) -> bool:
@@ -141,7 +143,7 @@ class VersionSwitch:
             for info in infos:
                 fields.update(info["fields"])
             self.collections[name] = Collection(name=name, version=version, shards=shards, encoder=deployed.encoder,
-                                                fields=fields, rerank=deployed.rerank)
+                                                fields=fields, rerank=deployed.rerank, ann=deployed.ann)
             self.state.errors.pop(name, None)
             warm_ms = round((time.perf_counter() - t0) * 1000, 1)
             logger.info(f"collection {name!r}: now serving index version {version!r} (was {current.version!r}; "

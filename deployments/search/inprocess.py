@@ -33,8 +33,10 @@ class InProcessShard:
     async def _call(self, fn, *args):
         return await asyncio.to_thread(fn, *args) if self.threaded else fn(*args)
 
-    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None) -> ShardAnswer:
-        return await self._call(self.service.search, vector, text, k_dense, k_keyword, filters, rows_for_top, acl)
+    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None,
+                     ann=None) -> ShardAnswer:
+        return await self._call(self.service.search, vector, text, k_dense, k_keyword, filters, rows_for_top, acl,
+                                ann)
 
     async def fetch(self, chunk_ids):
         return self.service.fetch(chunk_ids)

@@ -31,6 +31,7 @@ import numpy as np
 
 from deployments.errors import RequestError
 from deployments.schemas import (
+    AnnParams,
     Answer,
     Coverage,
     Fusion,
@@ -62,7 +63,7 @@ class ShardClient(Protocol):
     remote: bool
 
     async def search(self, vector, text, k_dense: int, k_keyword: int, filters, rows_for_top: int = 0,
-                     acl: tuple[str, list[str]] | None = None) -> ShardAnswer: ...
+                     acl: tuple[str, list[str]] | None = None, ann: dict | None = None) -> ShardAnswer: ...
     async def fetch(self, chunk_ids: list[str]) -> list[dict]: ...
     async def vectors(self, chunk_ids: list[str]) -> np.ndarray: ...
     async def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]: ...
@@ -92,6 +93,7 @@ class Collection:
     encoder: EncoderClient
     fields: dict[str, str] = field(default_factory=dict)
     rerank: bool = True  # rerank by default (when a reranker is deployed)
+    ann: AnnParams | None = None  # the collection's approximate search options (a request's own win)
 
 
 def failure(exc: BaseException) -> str:
@@ -247,15 +249,17 @@ class SearchPipeline:
         self.spellers.move_to_end(key)
         return self.spellers[key]
 
-    async def _fan_out(self, targets, vectors, text, k_dense, k_keyword, filters, timings, rows_for_top, acl=None):
+    async def _fan_out(self, targets, vectors, text, k_dense, k_keyword, filters, timings, rows_for_top, acl=None,
+                       ann: AnnParams | None = None):
         t = time.perf_counter()
         calls = []
         for c in targets:
             vector = vectors.get(c.name)
+            options = (ann or AnnParams()).merged_over(c.ann) or None if k_dense else None
             for shard in c.shards:
                 rows = rows_for_top if shard.remote else 0
                 calls.append((c, shard, within(
-                    shard.search(vector, text, k_dense, k_keyword, filters, rows, acl),
+                    shard.search(vector, text, k_dense, k_keyword, filters, rows, acl, options),
                     self.settings.shard_timeout_s)))
         answers = await gathered([call for _, _, call in calls], return_exceptions=True)
         timings["retrieve"] = timings.get("retrieve", 0.0) + (time.perf_counter() - t) * 1000
@@ -442,7 +446,7 @@ class SearchPipeline:
         fan_vectors = vectors if req.method is not Method.keyword else {}
         rows_for_top = min(max(req.limit, rerank_depth), s.rows_with_answers)
         per_collection, failed, asked, answered = await self._fan_out(targets, fan_vectors, text, k_dense, k_keyword,
-                                                           req.filters, timings, rows_for_top, acl)
+                                                           req.filters, timings, rows_for_top, acl, req.ann)
 
         t = time.perf_counter()
         legs = {name: self._legs(name, answers, depth) for name, answers in per_collection.items()}
@@ -453,7 +457,7 @@ class SearchPipeline:
             depth = min(2 * depth, s.candidate_cap)
             per_collection, failed, asked, answered = await self._fan_out(
                 targets, fan_vectors, text, depth if k_dense else 0, depth if k_keyword else 0, req.filters, timings,
-                rows_for_top, acl)
+                rows_for_top, acl, req.ann)
             legs = {name: self._legs(name, answers, depth) for name, answers in per_collection.items()}
             fused_per = [self._fuse(req, *legs[c.name]) for c in targets]
             fused = fused_per[0] if len(fused_per) == 1 else rrf(fused_per, rrf_k=req.rrf_k or s.rrf_k)

@@ -146,6 +146,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
                              "encoder_threads": cfg.encoder_router_threads,
                              "dimension": manifest.dimension,
                              "root": str(index) if follows else None, "rerank": coll.rerank,
+                             "ann": coll.ann.model_dump() if coll.ann else None,
                              # Beside the versions, so judgments outlive restarts and reindexing.
                              "judgments": str(judgments_root(index, version_dir) / "judgments")}
     default = cfg.default_collection if cfg.collections else next(iter(collections))

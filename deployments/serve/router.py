@@ -35,6 +35,7 @@ from deployments.relevance.judgments import JudgmentStore, doc_of_chunk
 from deployments.schemas import (
     ActivateRequest,
     ActivationResponse,
+    AnnParams,
     ErrorResponse,
     FeedbackRequest,
     FeedbackResponse,
@@ -173,9 +174,9 @@ class HandleShard(SlotClient):
         super().__init__(name, version, shards)
         self.handle = handle.options(multiplexed_model_id=version)
 
-    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None):
+    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None, ann=None):
         return await call_with_retry(self.handle.search, vector, text, k_dense, k_keyword, filters, rows_for_top,
-                                     acl)
+                                     acl, ann)
 
     async def fetch(self, chunk_ids):
         return await call_with_retry(self.handle.fetch, chunk_ids)
@@ -328,7 +329,8 @@ class SearchRouter:
                 slots=[(slot, held_slot(handle), shards) for slot, handle, shards in spec["shards"]],
                 encoder=HandleEncoder(spec["encoder"]) if spec["encoder"] is not None
                 else local_encoders[spec["encoder_model"]],
-                rerank=spec.get("rerank", True))
+                rerank=spec.get("rerank", True),
+                ann=AnnParams(**spec["ann"]) if spec.get("ann") else None)
             for name, spec in collections.items()
         }
         self.pipeline = SearchPipeline(
@@ -340,6 +342,7 @@ class SearchRouter:
                             for slot, handle, shards in d.slots],
                     encoder=d.encoder,
                     rerank=d.rerank,
+                    ann=d.ann,
                 )
                 for name, d in deployed.items()
             },

@@ -62,9 +62,9 @@ class ShardRetriever:
         return await self._service_for(serve.get_multiplexed_model_id() or self.host.initial_version)
 
     async def search(self, vector, text, k_dense: int, k_keyword: int, filters=None, rows_for_top: int = 0,
-                     acl=None) -> ShardAnswer:
+                     acl=None, ann=None) -> ShardAnswer:
         group = await self._service()
-        return await self.host.run(group.search, vector, text, k_dense, k_keyword, filters, rows_for_top, acl)
+        return await self.host.run(group.search, vector, text, k_dense, k_keyword, filters, rows_for_top, acl, ann)
 
     async def fetch(self, chunk_ids: list[str]) -> list[dict]:
         return (await self._service()).fetch(chunk_ids)

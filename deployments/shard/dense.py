@@ -14,16 +14,29 @@ from deployments.search.hits import Hit
 
 
 class DenseShard:
-    def __init__(self, index, chunk_ids: Sequence[str], shard: int = -1, ef_search: int = 128, nprobe: int = 16):
+    """A shard's FAISS index with its search-time options: the defaults its manifest records (``options``:
+    ef_search, nprobe, refine), which a request's ``ann`` overrides (ef_search, nprobe, exact).
+
+    HNSW never explores fewer than the k candidates asked for (efSearch = max(ef_search, k)). For quantized
+    codes, k x refine candidates are rescored with the shard's stored float vectors (``vectors``, memory-mapped:
+    only the rows rescored are read), so the scores returned are exact inner products. ``exact`` scans the
+    stored vectors instead of the index: the oracle an approximate answer can be checked against.
+    """
+
+    def __init__(self, index, chunk_ids: Sequence[str], shard: int = -1, options: dict | None = None,
+                 vectors: np.ndarray | None = None):
         import faiss
 
+        options = options or {}
         self.index = index
         self.chunk_ids = list(chunk_ids)
         self.shard = shard
-        if hasattr(index, "hnsw"):
-            index.hnsw.efSearch = ef_search
-        if hasattr(index, "nprobe"):
-            index.nprobe = min(nprobe, index.nlist)
+        self.vectors = vectors
+        self.is_hnsw = hasattr(index, "hnsw")
+        self.nlist = int(index.nlist) if hasattr(index, "nlist") else 0
+        self.ef_search = int(options.get("ef_search") or (index.hnsw.efSearch if self.is_hnsw else 0))
+        self.nprobe = int(options.get("nprobe") or (index.nprobe if self.nlist else 0))
+        self.refine = int(options.get("refine") or 1) if vectors is not None else 1
         self._faiss = faiss
         # Serving searches one query at a time: OpenMP's threads would add nothing to a 0.2 ms scan, and after
         # each search they spin-wait on the other core for milliseconds (measured: ~1 ms of CPU per query).
@@ -33,51 +46,88 @@ class DenseShard:
     def ntotal(self) -> int:
         return int(self.index.ntotal)
 
-    def _params(self, allowed_rows: np.ndarray | None):
-        if allowed_rows is None:
-            return None
-        selector = self._faiss.IDSelectorBatch(np.ascontiguousarray(allowed_rows, dtype=np.int64))
-        if hasattr(self.index, "hnsw"):
-            return self._faiss.SearchParametersHNSW(sel=selector, efSearch=self.index.hnsw.efSearch)
-        if hasattr(self.index, "nprobe"):
-            return self._faiss.SearchParametersIVF(sel=selector, nprobe=self.index.nprobe)
-        return self._faiss.SearchParameters(sel=selector)
+    def _params(self, allowed_rows: np.ndarray | None, k: int, ann: dict | None):
+        ann = ann or {}
+        selector = None if allowed_rows is None else \
+            self._faiss.IDSelectorBatch(np.ascontiguousarray(allowed_rows, dtype=np.int64))
+        if self.is_hnsw:
+            ef = max(int(ann.get("ef_search") or self.ef_search), k)
+            return self._faiss.SearchParametersHNSW(sel=selector, efSearch=ef) if selector else \
+                self._faiss.SearchParametersHNSW(efSearch=ef)
+        if self.nlist:
+            nprobe = min(int(ann.get("nprobe") or self.nprobe), self.nlist)
+            return self._faiss.SearchParametersIVF(sel=selector, nprobe=nprobe) if selector else \
+                self._faiss.SearchParametersIVF(nprobe=nprobe)
+        return self._faiss.SearchParameters(sel=selector) if selector else None
 
-    def _top(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    def _exact(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        rows = np.arange(self.ntotal) if allowed_rows is None else np.sort(np.asarray(allowed_rows, dtype=np.int64))
+        k = min(k, len(rows))
+        scores = queries @ np.asarray(self.vectors[rows] if allowed_rows is not None else self.vectors).T
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < len(rows) else np.tile(np.arange(len(rows)),
+                                                                                                (len(queries), 1))
+        picked = np.take_along_axis(scores, top, axis=1)
+        order = np.argsort(-picked, axis=1, kind="stable")
+        return np.take_along_axis(picked, order, axis=1), rows[np.take_along_axis(top, order, axis=1)]
+
+    def _top(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None,
+             ann: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(scores, rows) per query row, FAISS's -1 marking padding (fewer than k candidates)."""
+        if ann and ann.get("exact") and self.vectors is not None:
+            return self._exact(queries, k, allowed_rows)
         k = min(k, self.index.ntotal)
-        params = self._params(allowed_rows)
-        return self.index.search(queries, k, params=params) if params else self.index.search(queries, k)
+        fetch = min(k * self.refine, self.index.ntotal)
+        params = self._params(allowed_rows, fetch, ann)
+        scores, rows = self.index.search(queries, fetch, params=params) if params else self.index.search(queries, fetch)
+        if self.refine == 1:
+            return scores, rows
+        return self._rescore(queries, rows, k)
 
-    def search_rows(self, query: np.ndarray, k: int,
-                    allowed_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _rescore(self, queries: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates' exact scores from the stored vectors, best k kept (padding stays -1)."""
+        out_scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        out_rows = np.full((len(queries), k), -1, dtype=np.int64)
+        for i, (q, cand) in enumerate(zip(queries, rows, strict=True)):
+            cand = cand[cand >= 0]
+            if not len(cand):
+                continue
+            order = np.argsort(cand)  # read the memory-mapped rows in file order
+            exact = np.asarray(self.vectors[cand[order]]) @ q
+            best = np.argsort(-exact, kind="stable")[:k]
+            out_scores[i, :len(best)] = exact[best]
+            out_rows[i, :len(best)] = cand[order][best]
+        return out_scores, out_rows
+
+    def search_rows(self, query: np.ndarray, k: int, allowed_rows: np.ndarray | None = None,
+                    ann: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(rows, float32 scores) of one query's top-k, best first, without padding: ``search`` for one
         query without a Python object per hit (what a shard group merges)."""
-        return _one_query(self, query, k, allowed_rows)
+        return _one_query(self, query, k, allowed_rows, ann)
 
-    def search(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None = None) -> list[list[Hit]]:
+    def search(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None = None,
+               ann: dict | None = None) -> list[list[Hit]]:
         """Top-k hits per query row; padding (fewer than k candidates) is dropped here, once."""
-        return _hits(self, queries, k, allowed_rows)
+        return _hits(self, queries, k, allowed_rows, ann)
 
 
 def _empty(index, k: int, allowed_rows) -> bool:
     return index.ntotal == 0 or k <= 0 or (allowed_rows is not None and len(allowed_rows) == 0)
 
 
-def _one_query(index, query, k, allowed_rows) -> tuple[np.ndarray, np.ndarray]:
+def _one_query(index, query, k, allowed_rows, ann=None) -> tuple[np.ndarray, np.ndarray]:
     queries = np.ascontiguousarray(np.atleast_2d(query), dtype=np.float32)
     if _empty(index, k, allowed_rows):
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-    scores, rows = index._top(queries, k, allowed_rows)
+    scores, rows = index._top(queries, k, allowed_rows, ann)
     keep = rows[0] >= 0
     return rows[0][keep].astype(np.int64), scores[0][keep].astype(np.float32)
 
 
-def _hits(index, queries, k, allowed_rows) -> list[list[Hit]]:
+def _hits(index, queries, k, allowed_rows, ann=None) -> list[list[Hit]]:
     queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
     if _empty(index, k, allowed_rows):
         return [[] for _ in range(len(queries))]
-    scores, rows = index._top(queries, k, allowed_rows)
+    scores, rows = index._top(queries, k, allowed_rows, ann)
     return [
         [Hit(index.chunk_ids[r], float(s), index.shard) for s, r in zip(srow, rrow, strict=True) if r >= 0]
         for srow, rrow in zip(scores, rows, strict=True)
@@ -107,8 +157,10 @@ class TorchDenseShard:
     def ntotal(self) -> int:
         return int(self.vectors.shape[0])
 
-    def _top(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, rows) per query row, rows -1 where a disallowed row filled the top-k (as FAISS pads)."""
+    def _top(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None,
+             ann: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows) per query row, rows -1 where a disallowed row filled the top-k (as FAISS pads); exact
+        always, so ``ann`` changes nothing."""
         torch = self.torch
         with torch.inference_mode():
             q = torch.from_numpy(queries).to(self.device, self.dtype)
@@ -122,9 +174,10 @@ class TorchDenseShard:
         top, rows = top.cpu().numpy(), rows.cpu().numpy()
         return top, np.where(np.isfinite(top), rows, -1)
 
-    def search_rows(self, query: np.ndarray, k: int,
-                    allowed_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        return _one_query(self, query, k, allowed_rows)
+    def search_rows(self, query: np.ndarray, k: int, allowed_rows: np.ndarray | None = None,
+                    ann: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return _one_query(self, query, k, allowed_rows, ann)
 
-    def search(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None = None) -> list[list[Hit]]:
-        return _hits(self, queries, k, allowed_rows)
+    def search(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None = None,
+               ann: dict | None = None) -> list[list[Hit]]:
+        return _hits(self, queries, k, allowed_rows, ann)

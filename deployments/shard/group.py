@@ -82,11 +82,11 @@ class ShardGroup:
 
     def search(self, vector: np.ndarray | None, text: str | None, k_dense: int, k_keyword: int,
                filters: dict[str, Any] | None = None, rows_for_top: int = 0,
-               acl: tuple[str, list[str]] | None = None) -> ShardAnswer:
+               acl: tuple[str, list[str]] | None = None, ann: dict[str, Any] | None = None) -> ShardAnswer:
         """Each leg's top hits over the group's shards, as one shard holding them all would answer."""
         t0 = time.perf_counter()
         terms = self.services[0].analyze(text) if text and k_keyword > 0 else None
-        answers = [s.legs(vector, terms, k_dense, k_keyword, filters, acl) for s in self.services]
+        answers = [s.legs(vector, terms, k_dense, k_keyword, filters, acl, ann) for s in self.services]
         answer = ShardAnswer(self.name, shards=self.size)
         for a in answers:
             if a.filter_error:

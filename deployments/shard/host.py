@@ -158,9 +158,10 @@ class LocalShard(SlotClient):
         super().__init__(name, version, shards)
         self.cache = cache
 
-    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None):
+    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None, ann=None):
         group = await self.cache.get(self.version)
-        return await self.cache.host.run(group.search, vector, text, k_dense, k_keyword, filters, rows_for_top, acl)
+        return await self.cache.host.run(group.search, vector, text, k_dense, k_keyword, filters, rows_for_top, acl,
+                                         ann)
 
     async def fetch(self, chunk_ids):
         return (await self.cache.get(self.version)).fetch(chunk_ids)

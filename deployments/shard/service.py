@@ -97,7 +97,9 @@ class ShardService:
         if resolve_device(search_device) == "cuda":  # exact search on the GPU, from the shard's vectors
             self.dense = TorchDenseShard(np.load(self.folder / EMBEDDINGS_FILE), chunk_ids, self.shard, "cuda")
         else:
-            self.dense = DenseShard(faiss.read_index(str(self.folder / FAISS_FILE)), chunk_ids, self.shard)
+            self.dense = DenseShard(faiss.read_index(str(self.folder / FAISS_FILE)), chunk_ids, self.shard,
+                                    options=self.manifest.faiss,
+                                    vectors=np.load(self.folder / EMBEDDINGS_FILE, mmap_mode="r"))
         self.lucene = LuceneShard(self.folder / LUCENE_DIR, chunk_ids, self.manifest.lucene, corpus, corpus_df,
                                   self.shard)
         self.metadata = MetadataTable.from_json_column(self.table["metadata_json"].to_pylist())
@@ -134,12 +136,14 @@ class ShardService:
         return self.metadata.fields()
 
     def legs(self, vector: np.ndarray | None, text: str | list[str] | None, k_dense: int, k_keyword: int,
-             filters: dict[str, Any] | None = None, acl: tuple[str, list[str]] | None = None) -> Legs:
+             filters: dict[str, Any] | None = None, acl: tuple[str, list[str]] | None = None,
+             ann: dict[str, Any] | None = None) -> Legs:
         """Both legs' top hits as arrays, the filter applied inside each engine (a filtered top-k is complete).
 
         ``acl`` = (field, principals): only chunks whose field holds one of the principals exist for this
         call, in both legs, before any ranking; a chunk without the field is seen by nobody. A shard group
-        merges these per leg (``deployments.shard.group``) and sends the rows of the best hits along."""
+        merges these per leg (``deployments.shard.group``) and sends the rows of the best hits along. ``ann``
+        overrides the index's search options for this call (see ``DenseShard``)."""
         t0 = time.perf_counter()
         legs = Legs(_NO_ROWS, _NO_SCORES, _NO_ROWS, _NO_SCORES)
         allowed = None
@@ -156,7 +160,7 @@ class ShardService:
             legs.allowed = len(allowed)
         if vector is not None and k_dense > 0:
             legs.dense_rows, legs.dense_scores = self.dense.search_rows(np.asarray(vector, dtype=np.float32),
-                                                                        k_dense, allowed)
+                                                                        k_dense, allowed, ann)
         if text and k_keyword > 0:
             terms = self.analyze(text) if isinstance(text, str) else text
             legs.keyword_rows, legs.keyword_scores = self.lucene.search_rows(

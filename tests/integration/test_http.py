@@ -57,6 +57,9 @@ def test_search_over_http_equals_the_cores(served):
         ({"query": "x", "synthesize": True}, 400, "synthesis is not enabled"),
         ({"query": "x", "stream": True}, 422, "set synthesize: true"),
         ({"query": "x", "rerank_depth": 0}, 422, "rerank_depth"),
+        ({"query": "x", "ann": {"ef_search": 5000}}, 422, "less than or equal to 4096"),
+        ({"query": "x", "ann": {"nprobe": 0}}, 422, "greater than or equal to 1"),
+        ({"query": "x", "ann": {"efSearch": 64}}, 422, "efSearch"),
         ({"query": "x", "conversation_history": ["y" * 2000] * 40}, 413, "the limit is 65536"),
     ],
 )

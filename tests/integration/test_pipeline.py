@@ -437,3 +437,30 @@ def test_a_cached_rendered_response_is_not_served_to_callers_wanting_models(buil
     models = run(pipe.search(SearchRequest(query="anchor mast keel", limit=3)))
     assert again.cached and _sent(again).replace('"cached":true', '"cached":false') == _sent(rendered)
     assert not models.cached and len(models.results) == 3
+
+
+def test_ann_options_reach_every_shard_the_request_over_the_collections(built):
+    """A collection's ``ann`` and a request's, merged (the request's win), reach each shard with the dense leg;
+    a keyword search sends none. The shard clients are the real in-process ones, each call recorded."""
+    from deployments.schemas import AnnParams
+
+    _, three = built[3]
+    pipe = inprocess_pipeline({"main": three.version_dir}, default="main")
+    collection = pipe.collections["main"]
+    collection.ann = AnnParams(ef_search=300, nprobe=9)
+    seen = []
+    for shard in collection.shards:
+        real = shard.search
+
+        async def recorded(*args, _real=real, **kwargs):
+            seen.append(args[7] if len(args) > 7 else kwargs.get("ann"))
+            return await _real(*args, **kwargs)
+
+        shard.search = recorded
+    exact = search(pipe, query="telescope galaxy", method="vector", limit=5, ann={"nprobe": 7, "exact": True})
+    assert seen == [{"ef_search": 300, "nprobe": 7, "exact": True}] * len(collection.shards)
+    default = search(pipe, query="telescope galaxy", method="vector", limit=5)
+    assert [r.chunk_id for r in exact.results] == [r.chunk_id for r in default.results]  # flat: exact either way
+    seen.clear()
+    search(pipe, query="telescope galaxy", method="keyword", limit=5, ann={"nprobe": 7})
+    assert seen == [None] * len(collection.shards)

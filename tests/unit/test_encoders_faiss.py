@@ -15,15 +15,16 @@ def test_hashing_encoder_is_deterministic_and_unit_length():
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
 def test_every_index_type_finds_an_exact_copy(kind):
+    """(Every type, on more rows and against brute force: tests/unit/test_ann.py.)"""
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(400, 16)).astype(np.float32)
+    x = rng.normal(size=(1200, 16)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     index = build_faiss_index(x, FaissSpec(kind=kind, ivf_nlist=4, device="cpu"))
     if kind == "ivf":
         index.nprobe = 4  # all lists: exact
     _, ids = index.search(x[:20], 1)
     assert ids[:, 0].tolist() == list(range(20))
-    assert index.ntotal == 400
+    assert index.ntotal == 1200
 
 
 def test_empty_shard_builds_an_empty_index():

@@ -1,0 +1,215 @@
+"""Approximate dense search measured against exact: every index type, its search options, under filters.
+
+Reads the vectors written by ``bench.minilm_vectors`` (MiniLM vectors of the 205k corpus, real and a checked
+proxy), shards the rows as the build does (by document id), builds every index type per shard with the
+build's own code (``index_build.faiss_index``) and searches through the serving code
+(``deployments.shard.dense.DenseShard``: the same efSearch floor, nprobe bound and exact rescoring). For
+each type and setting, unfiltered and under filters that keep 10% and 1% of the rows (a document's bucket by
+hash, as a metadata filter selects rows), over the split's queries:
+
+- recall@10 and recall@200 of the merged top-200 against ``flat`` (exact) with the same filter;
+- CPU per shard search (process time of one single-threaded search of one shard, top-200);
+- bytes per chunk (the serialized index over its rows) and build seconds (all shards, one thread);
+- nDCG@10 of the dense leg and, with ``--index`` (a version of the same corpus and chunking: its BM25 leg),
+  of the hybrid the service ranks by default (weighted fusion, 0.5 / 0.5 over min-max scores, 200 a leg).
+
+``--check-proxy`` measures the rows embedded for real twice, with their real vectors and with the proxies
+substituted for the real distractors: how far the proxy's recall is from the real one's.
+
+    python -m bench.ann --vectors bench/out/minilm-205k --corpus bench/out/scifact-200k \\
+        --index bench/out/indexes/scifact-200k-4 --out bench/results/ann_205k.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from bench.common import load_beir, machine
+
+SETTINGS = {
+    "flat": [{}],
+    "hnsw": [{"ef_search": e} for e in (32, 64, 128, 256)],
+    "hnsw_sq8": [{"ef_search": e} for e in (64, 128, 256)],
+    "ivf": [{"nprobe": p} for p in (8, 16, 32, 64)],
+    "ivf_sq8": [{"nprobe": p} for p in (16, 32, 64)],
+    "ivf_pq": [{"nprobe": p} for p in (16, 32, 64)],
+}
+FILTERS = {"none": None, "10%": 10, "1%": 1}
+K = 200
+
+
+def bucket(doc_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=4).digest(), "big") % 100
+
+
+class Shards:
+    """The rows split as the build splits them, each shard's vectors and its allowed rows per filter."""
+
+    def __init__(self, vectors: np.ndarray, chunk_ids: list[str], doc_ids: list[str], shards: int):
+        from index_build.sharding import shard_of
+
+        of = np.array([shard_of(d, shards) for d in doc_ids])
+        buckets = np.array([bucket(d) for d in doc_ids])
+        self.rows = [np.flatnonzero(of == s) for s in range(shards)]
+        self.vectors = [np.ascontiguousarray(vectors[r]) for r in self.rows]
+        self.ids = [[chunk_ids[i] for i in r] for r in self.rows]
+        self.allowed = {name: [None if keep is None else np.flatnonzero(buckets[r] < keep) for r in self.rows]
+                        for name, keep in FILTERS.items()}
+
+
+def build(shards: Shards, kind: str) -> tuple[list, float, float]:
+    """(DenseShards, build seconds over all shards, bytes per vector)."""
+    import faiss
+
+    from deployments.shard.dense import DenseShard
+    from index_build.faiss_index import FaissSpec, build_faiss_index, resolved_kind, search_options
+
+    faiss.omp_set_num_threads(1)
+    spec = FaissSpec(kind=kind, device="cpu")
+    out, seconds, size, rows = [], 0.0, 0, 0
+    for vectors, ids in zip(shards.vectors, shards.ids, strict=True):
+        t = time.process_time()
+        index = build_faiss_index(vectors, spec)
+        seconds += time.process_time() - t
+        size += len(faiss.serialize_index(index))
+        rows += index.ntotal
+        out.append(DenseShard(index, ids, options=search_options(spec, resolved_kind(spec, len(vectors)), index),
+                              vectors=vectors))
+    return out, seconds, size / rows
+
+
+def search(dense: list, queries: np.ndarray, allowed: list, ann: dict) -> tuple[list[list[tuple[str, float]]], float]:
+    """Merged top-K (chunk id, score) per query, and CPU ms per shard search."""
+    results, cpu, calls = [], 0.0, 0
+    for q in queries:
+        merged = []
+        for shard, rows_allowed in zip(dense, allowed, strict=True):
+            t = time.process_time()
+            rows, scores = shard.search_rows(q, K, rows_allowed, ann or None)
+            cpu += time.process_time() - t
+            calls += 1
+            merged += [(shard.chunk_ids[r], float(s)) for r, s in zip(rows, scores, strict=True)]
+        merged.sort(key=lambda h: (-h[1], h[0]))
+        results.append(merged[:K])
+    return results, cpu * 1000 / max(calls, 1)
+
+
+def recall(got: list[list[tuple[str, float]]], exact: list[list[tuple[str, float]]], k: int) -> float:
+    values = []
+    for g, e in zip(got, exact, strict=True):
+        truth = {c for c, _ in e[:k]}
+        if truth:
+            values.append(len(truth & {c for c, _ in g[:k]}) / len(truth))
+    return float(np.mean(values)) if values else 1.0
+
+
+def ndcg(runs: list[list[tuple[str, float]]], qids: list[str], qrels: dict, bm25: dict | None) -> dict:
+    from deployments.relevance.metrics import ndcg_at
+    from deployments.relevance.tuning import doc_ranking
+    from deployments.search.fusion import weighted
+    from deployments.search.hits import Hit
+
+    dense_total = hybrid_total = 0.0
+    for qid, run in zip(qids, runs, strict=True):
+        dense_total += ndcg_at(doc_ranking(run, limit=10), qrels[qid], 10)
+        if bm25 is not None:
+            fused = weighted([[Hit(c, s) for c, s in run], [Hit(c, s) for c, s in bm25[qid]]], [0.5, 0.5])
+            hybrid_total += ndcg_at(doc_ranking([(h.chunk_id, h.score) for h in fused], limit=10), qrels[qid], 10)
+    out = {"ndcg10_dense": round(dense_total / len(qids), 4)}
+    if bm25 is not None:
+        out["ndcg10_hybrid"] = round(hybrid_total / len(qids), 4)
+    return out
+
+
+def measure(shards: Shards, queries: np.ndarray, qids: list[str], qrels: dict, bm25: dict | None,
+            kinds: list[str], label: str) -> list[dict]:
+    exact: dict[str, list] = {}
+    rows = []
+    for kind in kinds:
+        t = time.perf_counter()
+        dense, build_s, bytes_per = build(shards, kind)
+        print(f"[{label}] {kind}: built in {build_s:.1f} s of CPU, {bytes_per:.0f} bytes a vector", flush=True)
+        for ann in SETTINGS[kind]:
+            row = {"vectors": label, "kind": kind, "setting": ann, "build_cpu_s": round(build_s, 2),
+                   "bytes_per_chunk": round(bytes_per, 1), "class": type(dense[0].index).__name__}
+            for fname in FILTERS:
+                results, cpu_ms = search(dense, queries, shards.allowed[fname], ann)
+                if kind == "flat":
+                    exact[fname] = results
+                row[fname] = {"recall@10": round(recall(results, exact[fname], 10), 4),
+                              "recall@200": round(recall(results, exact[fname], K), 4),
+                              "cpu_ms_per_shard_search": round(cpu_ms, 3)}
+                if fname == "none" and qrels:
+                    row[fname] |= ndcg(results, qids, qrels, bm25)
+            rows.append(row)
+            print(f"  {json.dumps(row)}", flush=True)
+        del dense
+        print(f"  ({time.perf_counter() - t:.0f} s)", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.ann", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vectors", type=Path, required=True, help="a folder written by bench.minilm_vectors")
+    ap.add_argument("--corpus", type=Path, required=True, help="the BEIR folder (queries and qrels)")
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--index", type=Path, help="a built version of the same corpus and chunking: its BM25 leg")
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--kinds", nargs="+", default=list(SETTINGS))
+    ap.add_argument("--check-proxy", action="store_true", help="also: real against proxy vectors, same rows")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/ann.json"))
+    args = ap.parse_args(argv)
+
+    vectors = np.load(args.vectors / "vectors.npy")
+    table = pq.read_table(args.vectors / "chunks.parquet")
+    chunk_ids, doc_ids = table["chunk_id"].to_pylist(), table["doc_id"].to_pylist()
+    kinds = np.array(table["vector"].to_pylist())
+    queries = np.load(args.vectors / "queries.npy")
+    qids = json.loads((args.vectors / "queries.json").read_text())
+    _, qrels = load_beir(args.corpus, args.split)
+    bm25 = None
+    if args.index:
+        from deployments.search.inprocess import LocalIndex
+
+        texts, _ = load_beir(args.corpus, args.split)
+        index = LocalIndex(args.index)
+        bm25 = {qid: [(h.chunk_id, h.score) for h in index.bm25(texts[qid], K)] for qid in qids}
+        del index
+    record = {"machine": machine(), "vectors": str(args.vectors), "chunks": len(chunk_ids), "shards": args.shards,
+              "queries": len(qids), "k": K, "filters": {k: v for k, v in FILTERS.items()},
+              "check": json.loads((args.vectors / "check.json").read_text()), "rows": []}
+    if args.check_proxy:
+        subset = np.flatnonzero(kinds != "proxy")
+        real = vectors[subset]
+        proxied = real.copy()
+        proxied[np.flatnonzero(kinds[subset] == "real")] = np.load(args.vectors / "proxy.npy")
+        ids, docs = [chunk_ids[i] for i in subset], [doc_ids[i] for i in subset]
+        for label, v in (("subset real", real), ("subset proxy", proxied)):
+            record["rows"] += measure(Shards(v, ids, docs, args.shards), queries, qids, {}, None, args.kinds, label)
+    record["rows"] += measure(Shards(vectors, chunk_ids, doc_ids, args.shards), queries, qids, qrels, bm25, args.kinds,
+                              "all")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2))
+    print("| vectors | type | setting | bytes/chunk | build CPU s | recall@10 (none / 10% / 1%) | "
+          "recall@200 (none / 10% / 1%) | CPU ms a shard search (none / 10% / 1%) | nDCG@10 dense | hybrid |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in record["rows"]:
+        f = [r[name] for name in FILTERS]
+        setting = ", ".join(f"{k} {v}" for k, v in r["setting"].items()) or "exact"
+        print(f"| {r['vectors']} | {r['kind']} | {setting} | {r['bytes_per_chunk']:.0f} | {r['build_cpu_s']} | "
+              f"{' / '.join(str(x['recall@10']) for x in f)} | {' / '.join(str(x['recall@200']) for x in f)} | "
+              f"{' / '.join(str(x['cpu_ms_per_shard_search']) for x in f)} | {f[0].get('ndcg10_dense', '')} | "
+              f"{f[0].get('ndcg10_hybrid', '')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""Serving as the index grows: the same service, the same queries, a small and a large index in one run.
+
+For each ``--index NAME=ROOT`` in turn, ``python -m deployments --index ROOT --no-cache`` (the default serving
+command, the cache off so every request is searched) is started and measured:
+
+- seconds from the command to the first healthy answer (every shard opened, verified and warmed);
+- peak and current RSS of every process of the app (VmHWM and VmRSS from /proc), by process;
+- closed-loop load at ``limit`` 10, hybrid, ``--clients`` clients: QPS, p50 / p99, server CPU per answered
+  query (machine busy CPU minus this process's), by process;
+- with ``--activate NAME=VERSION``: seconds from ``python -m index_build.versions activate`` to the first
+  answer from the new version (then the old one is activated again).
+
+The queries are the split's queries of ``--data`` (SciFact's test queries are in both the 5k corpus and the
+205k / 1M corpora of ``bench.scale_corpus``).
+
+    python -m bench.serving_scale --data ../shared/data/scifact --index small=bench/out/indexes/scifact-h384 \\
+        --index large=bench/out/indexes/scifact-1m --activate large=v2 --out bench/results/serving_scale.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.common import load_beir, machine, service_process, write_record
+from bench.serving import level
+
+
+def memory_by_process() -> dict[str, dict[str, float]]:
+    """label -> {"hwm_mb", "rss_mb"} of every ray and python process on the machine but this one."""
+    import psutil
+
+    from bench.cpu import process_label
+
+    out: dict[str, dict[str, float]] = {}
+    for p in psutil.process_iter(["pid", "name", "cmdline"]):
+        if p.info["pid"] == os.getpid():
+            continue
+        label = process_label(p.info["cmdline"] or [], p.info["name"] or "?")
+        if not (label.startswith(("replica", "python -m deployments", "raylet", "gcs_server")) or "Serve" in label):
+            continue
+        try:
+            status = Path(f"/proc/{p.info['pid']}/status").read_text()
+        except OSError:
+            continue
+        fields = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines()
+                  if line.startswith(("VmHWM", "VmRSS"))}
+        entry = out.setdefault(label, {"hwm_mb": 0.0, "rss_mb": 0.0, "processes": 0})
+        entry["hwm_mb"] = round(entry["hwm_mb"] + fields.get("VmHWM", 0) / 1024, 1)
+        entry["rss_mb"] = round(entry["rss_mb"] + fields.get("VmRSS", 0) / 1024, 1)
+        entry["processes"] += 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["hwm_mb"]))
+
+
+def served_version(base: str) -> str:
+    body = httpx.post(f"{base}/search", json={"query": "probe", "limit": 1}, timeout=60).json()
+    return next(iter(body["index_version"].values()))
+
+
+def activation_seconds(base: str, root: Path, version: str, timeout_s: float = 600) -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "index_build.versions", "activate", str(root), version], check=True,
+                   capture_output=True)
+    while served_version(base) != version:
+        if time.perf_counter() - t > timeout_s:
+            raise TimeoutError(f"{version} not served after {timeout_s}s")
+        time.sleep(0.2)
+    return time.perf_counter() - t
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.serving_scale", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="a BEIR dataset folder (its queries are sent)")
+    ap.add_argument("--index", action="append", required=True, metavar="NAME=ROOT")
+    ap.add_argument("--activate", action="append", default=[], metavar="NAME=VERSION",
+                    help="time the switch of index NAME to VERSION (an inactive version of its root)")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--port", type=int, default=8650)
+    ap.add_argument("--serve-args", default="", help="extra arguments for python -m deployments")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/serving_scale.json"))
+    args = ap.parse_args(argv)
+    queries, _ = load_beir(args.data)
+    texts = list(queries.values())
+    switch = dict(a.split("=", 1) for a in args.activate)
+    record: dict = {"machine": machine(), "clients": args.clients, "seconds": args.seconds, "runs": []}
+    for spec in args.index:
+        name, root = spec.split("=", 1)
+        cmd = [sys.executable, "-m", "deployments", "--index", root, "--port", str(args.port), "--no-cache",
+               *args.serve_args.split()]
+        t = time.perf_counter()
+        with service_process(cmd, args.port, startup_s=1200) as base:
+            run = {"index": name, "root": root, "start_s": round(time.perf_counter() - t, 1)}
+            run["version"] = served_version(base)
+            run["memory_after_start"] = memory_by_process()
+            run["load"] = level(base, texts, {"limit": 10, "method": "hybrid"}, args.clients, args.seconds)
+            run["memory_after_load"] = memory_by_process()
+            if name in switch:
+                run["activate_s"] = round(activation_seconds(base, Path(root), switch[name]), 1)
+                run["activate_back_s"] = round(activation_seconds(base, Path(root), run["version"]), 1)
+                run["memory_after_activations"] = memory_by_process()
+            print(f"{name}: started in {run['start_s']} s; {run['load']['qps']:.1f} QPS, "
+                  f"{run['load']['server_cpu_ms_per_query']:.1f} ms server CPU a query, p99 "
+                  f"{run['load']['p99_ms']:.0f} ms", flush=True)
+            record["runs"].append(run)
+        time.sleep(5)
+    write_record(args.out, record)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

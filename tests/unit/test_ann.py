@@ -1,0 +1,115 @@
+"""Approximate dense search: every index type against brute force, its search options as the manifest records
+them, a collection's and a request's overrides, exact rescoring of quantized codes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from deployments.schemas import AnnParams, SearchRequest
+from deployments.shard.dense import DenseShard
+from index_build.faiss_index import (
+    KINDS,
+    FaissSpec,
+    auto_kind,
+    build_faiss_index,
+    resolved_kind,
+    search_options,
+)
+
+
+def _unit(rng, n, d=32):
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def data():
+    import faiss
+
+    faiss.omp_set_num_threads(1)  # as a build task and a replica run it; OpenMP's spinning threads only slow it
+    rng = np.random.default_rng(0)
+    return _unit(rng, 3000), _unit(rng, 20)
+
+
+def _shard(x, kind, **spec):
+    s = FaissSpec(kind=kind, ivf_nlist=16, device="cpu", pq_m=8, **spec)
+    index = build_faiss_index(x, s)
+    return DenseShard(index, [f"c{i}" for i in range(len(x))], options=search_options(s, resolved_kind(s, len(x)), index),
+                      vectors=x)
+
+
+def _recall(got_rows, exact_rows):
+    return len(set(got_rows) & set(exact_rows)) / len(exact_rows)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_index_type_finds_an_exact_copy_and_near_all_of_the_exact_top10(data, kind):
+    x, queries = data
+    shard = _shard(x, kind)
+    assert type(shard.index).__name__ == {"flat": "IndexFlatIP", "hnsw": "IndexHNSWFlat", "hnsw_sq8": "IndexHNSWSQ",
+                                          "ivf": "IndexIVFFlat", "ivf_sq8": "IndexIVFScalarQuantizer",
+                                          "ivf_pq": "IndexIVFPQ"}[kind]
+    rows, _ = shard.search_rows(x[7], 1, ann={"nprobe": 16})
+    assert rows.tolist() == [7]
+    recalls = []
+    for q in queries:
+        exact = np.argsort(-(x @ q))[:10]
+        rows, scores = shard.search_rows(q, 10, ann={"nprobe": 16, "ef_search": 400})
+        recalls.append(_recall(rows, exact))
+        if kind != "flat" and shard.refine > 1:  # rescored: the scores are the exact inner products
+            np.testing.assert_allclose(scores, x[rows] @ q, rtol=1e-5, atol=1e-6)
+    assert np.mean(recalls) >= 0.9
+
+
+def test_a_tiny_shard_of_a_trained_type_is_built_exact_and_auto_picks_by_size():
+    x = _unit(np.random.default_rng(1), 200)
+    assert resolved_kind(FaissSpec(kind="ivf_pq"), 200) == "flat" and type(
+        build_faiss_index(x, FaissSpec(kind="ivf_pq", device="cpu"))).__name__ == "IndexFlatIP"
+    assert auto_kind(1_000) == "flat" and auto_kind(1_000_000) == "hnsw"
+    assert resolved_kind(FaissSpec(kind="auto"), 0) == "flat"
+
+
+def test_search_options_are_recorded_and_hnsw_never_explores_fewer_than_k(data):
+    x, queries = data
+    shard = _shard(x, "hnsw", ef_search=16)
+    assert shard.ef_search == 16 and search_options(FaissSpec(kind="hnsw", ef_search=16), "hnsw", shard.index) == \
+        {"ef_search": 16, "refine": 1}
+    assert shard._params(None, 200, None).efSearch == 200
+    assert shard._params(None, 10, None).efSearch == 16
+    assert shard._params(None, 10, {"ef_search": 64}).efSearch == 64
+    ivf = _shard(x, "ivf")
+    assert ivf.nprobe == 16 and ivf._params(None, 10, {"nprobe": 4}).nprobe == 4
+    assert ivf._params(None, 10, {"nprobe": 10_000}).nprobe == 16  # never more lists than there are
+    pq = _shard(x, "ivf_pq")
+    assert pq.refine == 4
+
+
+def test_a_wider_search_finds_at_least_as_much_and_exact_is_brute_force(data):
+    x, queries = data
+    shard = _shard(x, "ivf_pq", refine=1)
+    narrow = wide = 0.0
+    for q in queries:
+        exact = np.argsort(-(x @ q))[:10]
+        narrow += _recall(shard.search_rows(q, 10, ann={"nprobe": 1})[0], exact)
+        wide += _recall(shard.search_rows(q, 10, ann={"nprobe": 16})[0], exact)
+        rows, scores = shard.search_rows(q, 10, ann={"exact": True})
+        assert rows.tolist() == exact.tolist()
+        np.testing.assert_allclose(scores, (x @ q)[exact], rtol=1e-5)
+    assert wide > narrow
+    allowed = np.arange(0, 3000, 7)
+    rows, _ = shard.search_rows(queries[0], 5, allowed, ann={"exact": True})
+    best = allowed[np.argsort(-(x[allowed] @ queries[0]))[:5]]
+    assert rows.tolist() == best.tolist()
+
+
+def test_request_and_collection_options_merge_and_are_bounded():
+    collection = AnnParams(ef_search=256, nprobe=32)
+    assert AnnParams(ef_search=64).merged_over(collection) == {"ef_search": 64, "nprobe": 32}
+    assert AnnParams().merged_over(None) == {}
+    assert AnnParams(exact=True).merged_over(collection) == {"ef_search": 256, "nprobe": 32, "exact": True}
+    for bad in ({"ef_search": 0}, {"ef_search": 5000}, {"nprobe": 0}, {"nprobe": 70_000}, {"efSearch": 10}):
+        with pytest.raises(ValidationError):
+            SearchRequest(query="q", ann=bad)
+    assert SearchRequest(query="q", ann={"ef_search": 4096}).ann.ef_search == 4096

@@ -12,6 +12,8 @@ import numpy as np
 
 from deployments.search.hits import Hit
 
+EXACT_FILTERED_ROWS = 20_000  # a filter leaving at most this many rows is searched exactly (see DenseShard._top)
+
 
 class DenseShard:
     """A shard's FAISS index with its search-time options: the defaults its manifest records (``options``:
@@ -72,11 +74,25 @@ class DenseShard:
 
     def _top(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None,
              ann: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, rows) per query row, FAISS's -1 marking padding (fewer than k candidates)."""
-        if ann and ann.get("exact") and self.vectors is not None:
+        """(scores, rows) per query row, FAISS's -1 marking padding (fewer than k candidates).
+
+        Under a filter an approximate index sees only the allowed rows it happens to visit: at 1% of the rows
+        HNSW's top-200 held under half of the exact one (bench/README.md, "Approximate search"). So a filter
+        that leaves at most EXACT_FILTERED_ROWS rows is answered by scanning them exactly (cheap: they are
+        few), and a wider one widens the search by the rows it drops (efSearch, nprobe / allowed fraction)."""
+        approximate = self.is_hnsw or self.nlist
+        if self.vectors is not None and ((ann and ann.get("exact")) or (
+                approximate and allowed_rows is not None and len(allowed_rows) <= EXACT_FILTERED_ROWS)):
             return self._exact(queries, k, allowed_rows)
         k = min(k, self.index.ntotal)
         fetch = min(k * self.refine, self.index.ntotal)
+        if approximate and allowed_rows is not None:
+            widen = self.index.ntotal / max(len(allowed_rows), 1)
+            ann = dict(ann or {})
+            if self.is_hnsw:
+                ann["ef_search"] = min(int(max(int(ann.get("ef_search") or self.ef_search), fetch) * widen), 4096)
+            else:
+                ann["nprobe"] = int(min(int(ann.get("nprobe") or self.nprobe) * widen, self.nlist))
         params = self._params(allowed_rows, fetch, ann)
         scores, rows = self.index.search(queries, fetch, params=params) if params else self.index.search(queries, fetch)
         if self.refine == 1:

@@ -34,7 +34,7 @@ def data():
 
 
 def _shard(x, kind, **spec):
-    s = FaissSpec(kind=kind, ivf_nlist=16, device="cpu", pq_m=8, **spec)
+    s = FaissSpec(kind=kind, device="cpu", pq_m=8, **({"ivf_nlist": 16} | spec))
     index = build_faiss_index(x, s)
     return DenseShard(index, [f"c{i}" for i in range(len(x))], options=search_options(s, resolved_kind(s, len(x)), index),
                       vectors=x)
@@ -113,3 +113,22 @@ def test_request_and_collection_options_merge_and_are_bounded():
         with pytest.raises(ValidationError):
             SearchRequest(query="q", ann=bad)
     assert SearchRequest(query="q", ann={"ef_search": 4096}).ann.ef_search == 4096
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "ivf", "ivf_pq"])
+def test_a_filtered_search_is_exact_when_few_rows_pass_and_widened_when_many_do(data, kind, monkeypatch):
+    import deployments.shard.dense as dense
+
+    x, queries = data
+    shard = _shard(x, kind, ef_search=16, ivf_nlist=64, nprobe=4)
+    few = np.arange(0, 3000, 100)  # 1% of the rows: scanned exactly
+    for q in queries[:5]:
+        rows, _ = shard.search_rows(q, 20, few)
+        assert rows.tolist() == few[np.argsort(-(x[few] @ q))[:20]].tolist()
+    monkeypatch.setattr(dense, "EXACT_FILTERED_ROWS", 10)  # now every filter goes through the index, widened
+    tenth = np.arange(0, 3000, 10)
+    recalls = []
+    for q in queries:
+        exact = tenth[np.argsort(-(x[tenth] @ q))[:50]]
+        recalls.append(_recall(shard.search_rows(q, 50, tenth)[0], exact))
+    assert np.mean(recalls) >= 0.85  # measured: 0.86-1.0; without the widening 0.17 (IVF) and 0.79 (HNSW)

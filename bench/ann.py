@@ -22,6 +22,11 @@ substituted for the real distractors: how far the proxy's recall is from the rea
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as in a replica (Ray gives it one thread): no spinning BLAS
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import argparse
 import hashlib
 import json

@@ -117,13 +117,13 @@ class Sampler(threading.Thread):
                                            sorted(self.by_task.items(), key=lambda kv: -kv[1])}}
 
 
-def run_build(code: Path, corpus: Path, out: Path, encoder: str, shards: int) -> dict:
+def run_build(code: Path, corpus: Path, out: Path, encoder: str, shards: int, extra: list[str]) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=str(code), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                RAY_AUTH_MODE="disabled", OPENAI_API_KEY=os.environ.get("OPENAI_API_KEY", "unused"))
     env.pop("RAY_ADDRESS", None)
     argv = [sys.executable, "-m", "index_build", "--corpus", str(corpus), "--out", str(out), "--shards", str(shards),
-            "--encoder", encoder, "--no-reuse", "--no-progress"]
+            "--encoder", encoder, "--no-reuse", "--no-progress", *extra]
     t = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sampler = Sampler(proc.pid)
@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--code", action="append", default=[], metavar="NAME=DIR",
                     help="a checkout to build with (repeat to compare several in one run, e.g. before=/tmp/before "
                     "after=/tmp/after, git worktrees: a checkout being edited must not be measured); default: this one")
+    ap.add_argument("--build-args", default="--faiss-index flat",
+                    help="more flags for every build (default: flat FAISS, the index every code compared can build)")
     ap.add_argument("--work", type=Path, default=Path("bench/out/build-scale"), help="where the indexes are built")
     ap.add_argument("--out", type=Path, default=Path("bench/results/build_scale.json"))
     args = ap.parse_args(argv)
@@ -161,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     for corpus in args.corpus:
         for name, code in codes:
             print(f"building {corpus} with {name} ({code}) ...", flush=True)
-            r = run_build(code, corpus, args.work / f"{name}-{corpus.name}", args.encoder, args.shards)
+            r = run_build(code, corpus, args.work / f"{name}-{corpus.name}", args.encoder, args.shards,
+                          args.build_args.split())
             r["code"] = name
             r["commit"] = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True,
                                          text=True).stdout.strip()
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             worker = r["memory"]["by_kind"].get("worker", {}).get("max_peak_mb", 0)
             print(f"  {r['documents']:,} documents in {r['wall_s']} s = {r['documents_per_s']:,} documents/s; "
                   f"driver peak {r['driver_peak_mb']:,} MB, largest worker {worker:,.0f} MB", flush=True)
-    body = {"machine": machine(), "encoder": args.encoder, "shards": args.shards,
+    body = {"machine": machine(), "encoder": args.encoder, "shards": args.shards, "build_args": args.build_args,
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(body, indent=2))

@@ -70,9 +70,10 @@ class BuildConfig(BaseModel):
 
     # FAISS
     faiss_index: FaissIndexType = Field(
-        FaissIndexType.flat, description="flat (exact); hnsw or ivf (approximate, full vectors); hnsw_sq8, ivf_sq8 "
-        "(8-bit codes: a quarter of the memory) or ivf_pq (product quantization: 1/32), whose candidates are "
-        "rescored exactly with the stored vectors; auto: flat for shards under 100,000 chunks, hnsw above.")
+        FaissIndexType.auto, description="auto: flat for shards under 20,000 chunks, hnsw above (the rule and its "
+        "figures: bench/README.md, 'Approximate search'); flat (exact); hnsw or ivf (approximate, full vectors); "
+        "hnsw_sq8, ivf_sq8 (8-bit codes: a quarter of the memory) or ivf_pq (product quantization: 1/17 at 384 "
+        "dimensions), whose candidates are rescored exactly with the stored vectors.")
     hnsw_m: int = Field(32, ge=4, le=256, description="HNSW graph degree M.")
     hnsw_ef_construction: int = Field(80, ge=8, description="HNSW efConstruction.")
     hnsw_ef_search: int = Field(

@@ -22,7 +22,7 @@ import numpy as np
 
 KINDS = ("flat", "hnsw", "hnsw_sq8", "ivf", "ivf_sq8", "ivf_pq")
 QUANTIZED = ("hnsw_sq8", "ivf_sq8", "ivf_pq")
-AUTO_FLAT_BELOW = 100_000  # rows of a shard under which ``auto`` stays exact (see auto_kind)
+AUTO_FLAT_BELOW = 20_000  # rows of a shard under which ``auto`` stays exact (see auto_kind)
 MIN_TRAIN_ROWS = 1_000  # below this a trained index (IVF, quantizers) is not worth training: built flat
 
 
@@ -44,8 +44,10 @@ DEFAULT_REFINE = 4
 
 
 def auto_kind(rows: int) -> str:
-    """The index type ``auto`` builds for a shard of ``rows`` vectors: exact below AUTO_FLAT_BELOW rows (a
-    flat scan is cheap there and loses nothing), HNSW above."""
+    """The index type ``auto`` builds for a shard of ``rows`` vectors: exact below AUTO_FLAT_BELOW rows, HNSW
+    above. Measured on MiniLM vectors of the 205k corpus (bench/README.md, "Approximate search"): a flat scan
+    costs about 0.073 us a row (4.2 ms at 57k rows), HNSW (M 32, efSearch 200) 1.25 ms at 57k rows for a
+    recall@10 of 0.991 and a hybrid nDCG@10 0.0011 below flat; the two cost the same near 20k rows."""
     return "flat" if rows < AUTO_FLAT_BELOW else "hnsw"
 
 

@@ -65,7 +65,7 @@ class DenseShard:
     def _exact(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         rows = np.arange(self.ntotal) if allowed_rows is None else np.sort(np.asarray(allowed_rows, dtype=np.int64))
         k = min(k, len(rows))
-        scores = queries @ np.asarray(self.vectors[rows] if allowed_rows is not None else self.vectors).T
+        scores = (np.asarray(self.vectors[rows] if allowed_rows is not None else self.vectors) @ queries.T).T
         top = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < len(rows) else np.tile(np.arange(len(rows)),
                                                                                                 (len(queries), 1))
         picked = np.take_along_axis(scores, top, axis=1)

@@ -9,7 +9,7 @@ from index_build.config import BuildConfig, FaissIndexType
 
 def test_contract_flags_with_defaults(tmp_path):
     cfg = config_from_args(["--corpus", "c.jsonl", "--out", str(tmp_path), "--shards", "3"])
-    assert cfg.shards == 3 and cfg.faiss_index is FaissIndexType.flat and cfg.encoder == "all-MiniLM-L6-v2"
+    assert cfg.shards == 3 and cfg.faiss_index is FaissIndexType.auto and cfg.encoder == "all-MiniLM-L6-v2"
 
 
 def test_yaml_then_flags_override(tmp_path):

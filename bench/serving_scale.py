@@ -63,15 +63,46 @@ def served_version(base: str) -> str:
     return next(iter(body["index_version"].values()))
 
 
-def activation_seconds(base: str, root: Path, version: str, timeout_s: float = 600) -> float:
+def search_during(base: str, texts: list[str], stop) -> dict:
+    """One client searching while a version loads: answers, errors and the slowest answer."""
+    out = {"answered": 0, "errors": 0, "partial": 0, "max_ms": 0.0}
+    i = 0
+    while not stop.is_set():
+        t = time.perf_counter()
+        try:
+            r = httpx.post(f"{base}/search", json={"query": texts[i % len(texts)], "limit": 10}, timeout=60)
+            body = r.text
+            out["answered" if r.status_code == 200 else "errors"] += 1
+            out["partial"] += '"degraded":true' in body
+        except httpx.HTTPError:
+            out["errors"] += 1
+        out["max_ms"] = max(out["max_ms"], (time.perf_counter() - t) * 1000)
+        i += 1
+    return out
+
+
+def activation_seconds(base: str, root: Path, version: str, texts: list[str], timeout_s: float = 600) -> dict:
+    """Seconds from the activate command to the first answer from ``version``, and what a client searching
+    meanwhile got."""
+    import threading
+
+    stop = threading.Event()
+    during: dict = {}
+    client = threading.Thread(target=lambda: during.update(search_during(base, texts, stop)), daemon=True)
+    client.start()
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "index_build.versions", "activate", str(root), version], check=True,
                    capture_output=True)
-    while served_version(base) != version:
-        if time.perf_counter() - t > timeout_s:
-            raise TimeoutError(f"{version} not served after {timeout_s}s")
-        time.sleep(0.2)
-    return time.perf_counter() - t
+    try:
+        while served_version(base) != version:
+            if time.perf_counter() - t > timeout_s:
+                raise TimeoutError(f"{version} not served after {timeout_s}s")
+            time.sleep(0.2)
+        seconds = round(time.perf_counter() - t, 1)
+    finally:
+        stop.set()
+        client.join()
+    return {"seconds": seconds} | during
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,14 +133,17 @@ def main(argv: list[str] | None = None) -> int:
             run["memory_after_start"] = memory_by_process()
             run["load"] = level(base, texts, {"limit": 10, "method": "hybrid"}, args.clients, args.seconds)
             run["memory_after_load"] = memory_by_process()
-            if name in switch:
-                run["activate_s"] = round(activation_seconds(base, Path(root), switch[name]), 1)
-                run["activate_back_s"] = round(activation_seconds(base, Path(root), run["version"]), 1)
-                run["memory_after_activations"] = memory_by_process()
+            record["runs"].append(run)
+            write_record(args.out, record)
             print(f"{name}: started in {run['start_s']} s; {run['load']['qps']:.1f} QPS, "
                   f"{run['load']['server_cpu_ms_per_query']:.1f} ms server CPU a query, p99 "
                   f"{run['load']['p99_ms']:.0f} ms", flush=True)
-            record["runs"].append(run)
+            if name in switch:
+                run["activate"] = activation_seconds(base, Path(root), switch[name], texts)
+                run["activate_back"] = activation_seconds(base, Path(root), run["version"], texts)
+                run["memory_after_activations"] = memory_by_process()
+                print(f"{name}: activated {switch[name]}: {run['activate']}; back: {run['activate_back']}", flush=True)
+            write_record(args.out, record)
         time.sleep(5)
     write_record(args.out, record)
     return 0

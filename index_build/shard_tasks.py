@@ -285,7 +285,7 @@ def finish_dense(shard_dir: str, work: str, rows: int, blocks: int, dimension: i
     if filled != rows:
         raise IndexMismatch(f"{folder.name}: {filled} vectors for {rows} chunks")
     out.flush()
-    del out
+    del out, parts  # unmapped before the index is built: the process then holds the index and one batch
     os.replace(tmp, folder / EMBEDDINGS_FILE)
     t = time.perf_counter()
     index = build_faiss_index(np.load(folder / EMBEDDINGS_FILE, mmap_mode="r"), spec)

@@ -5,7 +5,12 @@ request is pinned to. The shard deployment wraps a host (Serve's model multiplex
 and routes each call to a replica holding the version); so does the router when it holds the shards
 itself (``shard_placement: router``), keeping its versions in ``VersionCache``.
 
-All of a host's index work runs on one thread: pyjnius keeps per-method state that is not thread-safe.
+A host's searches run on one thread: pyjnius keeps per-method state that is not thread-safe. A new version
+is opened on a second thread (its files verified and read, its FAISS index and Lucene reader opened: about a
+minute for a million chunks), then warmed on the search thread: searches of the versions already open go on
+meanwhile, and the health check, which runs on the search thread, is not stuck behind the load. Opening calls
+only Java methods of objects of its own (the reader, its stored fields) and constructors the search path does
+not call.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class ShardHost:
         self.expect, self.verify_checksums = dict(expect), verify_checksums
         self.search_device, self.warmup_searches = search_device, warmup_searches
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-search")
+        self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-load")
         self.opened: dict[str, ShardGroup] = {}  # every version this host has open, until it is closed
         self.sick: str | None = None  # why this slot should leave rotation (a JVM error), once seen
         initial = Path(version_dir)
@@ -74,7 +80,7 @@ class ShardHost:
         await asyncio.sleep(grace_s)
         await self.run(self.close_version, version, group)
 
-    def _open(self, version_dir: Path) -> ShardGroup:
+    def _open(self, version_dir: Path, warm: bool = True) -> ShardGroup:
         stats, terms = read_stats(version_dir / "bm25")
         df = corpus_df_map(terms)
         # A version with fewer shards than the app was deployed with is served by the first slots, each
@@ -84,23 +90,28 @@ class ShardHost:
             raise IndexMismatch(f"index version {version_dir.name!r} has none of {', '.join(self.shards)}")
         group = ShardGroup([ShardService(version_dir / "shards" / shard, stats, df, self.expect,
                                          self.verify_checksums, self.search_device) for shard in held])
-        group.warm_up(self.warmup_searches)
+        if warm:
+            group.warm_up(self.warmup_searches)
         pin_version(version_dir)  # served from this process: not removable until it exits
         self.opened[version_dir.name] = group
         return group
 
-    def open_version(self, version: str) -> ShardGroup:
-        """The group of ``version`` (blocking: run it on the index thread)."""
+    def open_version(self, version: str, warm: bool = True) -> ShardGroup:
+        """The group of ``version`` (blocking; ``warm``: its warm-up searches too, which must run on the
+        search thread)."""
         opened = self._preloaded.pop(version, None)
         if opened is not None:
             return opened
         # The name came over the wire: only a published version's folder is ever opened.
         if self.root is None or version not in list_versions(self.root):
             raise IndexMismatch(f"index version {version!r} is not published here")
-        return self._open(versions_dir(self.root) / version)
+        return self._open(versions_dir(self.root) / version, warm)
 
     async def load(self, version: str) -> ShardGroup:
-        return await self.run(self.open_version, version)
+        """Open on the loading thread, warm up on the search thread (see the module)."""
+        group = await asyncio.get_running_loop().run_in_executor(self.loader, self.open_version, version, False)
+        await self.run(group.warm_up, self.warmup_searches)
+        return group
 
 
 class VersionCache:

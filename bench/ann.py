@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from bench.common import load_beir, machine
+from bench.common import load_beir, machine, write_record
 
 SETTINGS = {  # HNSW never explores fewer than the k = 200 asked for, so efSearch below 200 is efSearch 200
     "flat": [{}],
@@ -201,8 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             record["rows"] += measure(Shards(v, ids, docs, args.shards), queries, qids, {}, None, args.kinds, label)
     record["rows"] += measure(Shards(vectors, chunk_ids, doc_ids, args.shards), queries, qids, qrels, bm25, args.kinds,
                               "all")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2))
+    write_record(args.out, record)
     print("| vectors | type | setting | bytes/chunk | build CPU s | recall@10 (none / 10% / 1%) | "
           "recall@200 (none / 10% / 1%) | CPU ms a shard search (none / 10% / 1%) | nDCG@10 dense | hybrid |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -14,7 +14,6 @@ task's title (``ray::finish_dense``) is also kept per task. Throughput is docume
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -24,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import machine
+from bench.common import machine, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -174,8 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"driver peak {r['driver_peak_mb']:,} MB, largest worker {worker:,.0f} MB", flush=True)
     body = {"machine": machine(), "encoder": args.encoder, "shards": args.shards, "build_args": args.build_args,
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(body, indent=2))
+    write_record(args.out, body)
     print("\n| code | documents | wall s | documents/s | driver peak MB | largest worker MB | JVM peak MB |")
     print("|---|---|---|---|---|---|---|")
     for r in results:

@@ -32,7 +32,6 @@ from .manifest import MANIFEST, IndexMismatch, VersionManifest, code_version, no
 from .reuse import ReusePlan, find_sources, task_sources
 from .sharding import shard_name, shard_of
 from .splits import DEFAULT_SPLIT_BYTES, Split, plan_splits
-from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, contents_of  # noqa: F401  (the tables' home is tables.py)
 from .versions import activate, build_lock, publish, read_version_manifest, staging_dir, verify_version
 
 CRASH_ENV = "INDEX_BUILD_CRASH_AFTER_SHARDS"  # fault injection: exit like a kill after N shard commits

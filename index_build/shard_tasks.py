@@ -69,8 +69,8 @@ def _committed(folder: Path, build_key: str) -> ShardManifest | None:
 
 def _write_tables(shard: int, num_shards: int, fragments: list[tuple[Path, Path]], folder: Path | None,
                   strict: bool) -> tuple[int, int, list[tuple[int, int, str, int, str]]]:
-    """Stream the fragments into the shard's two tables (``folder`` None: only find duplicates). Returns
-    (documents, chunks, duplicates as (split, position, file, line, reason))."""
+    """Stream the fragments into the shard's two tables (``folder`` None: only find the duplicates, and count
+    no chunks). Returns (documents, chunks, duplicates as (split, position, file, line, reason))."""
     from .corpus import CorpusError
 
     first_seen: dict[str, tuple[int, int, str]] = {}  # doc id -> (split, position, source) of its first record
@@ -101,11 +101,6 @@ def _write_tables(shard: int, num_shards: int, fragments: list[tuple[Path, Path]
                 bad.append((split, position, file, int(line) if line.isdigit() else 0, reason))
             docs += sum(keep)
             if writers is None:
-                if dropped:  # count the chunks that stay
-                    positions_c = pq.read_table(chunks_file, columns=["position"])["position"]
-                    chunks += int(pc.sum(pc.invert(pc.is_in(positions_c, pa.array(sorted(dropped))))).as_py() or 0)
-                else:
-                    chunks += pq.read_metadata(chunks_file).num_rows
                 continue
             writers[0].write(table.filter(pa.array(keep)) if dropped else table)
             chunk_table = pq.read_table(chunks_file)
@@ -120,14 +115,13 @@ def _write_tables(shard: int, num_shards: int, fragments: list[tuple[Path, Path]
     return docs, chunks, bad
 
 
-def _text_keys(folder: Path, prepend_title: bool) -> list[bytes]:
+def _text_keys(folder: Path, prepend_title: bool):
+    """The text key of every row of a shard's chunk table, in row order, read a batch at a time."""
     from .reuse import text_key
 
-    keys = []
-    pf = pq.ParquetFile(folder / CHUNKS_FILE)
+    pf = pq.ParquetFile(Path(folder) / CHUNKS_FILE)
     for batch in pf.iter_batches(columns=["title", "text"], batch_size=8192):
-        keys.extend(text_key(t) for t in contents_of(pa.Table.from_batches([batch]), prepend_title))
-    return keys
+        yield from (text_key(t) for t in contents_of(pa.Table.from_batches([batch]), prepend_title))
 
 
 def _find_vectors(keys: list[bytes], sources: list[dict], work: Path) -> tuple[int, dict[str, int], int, list[int]]:
@@ -135,8 +129,6 @@ def _find_vectors(keys: list[bytes], sources: list[dict], work: Path) -> tuple[i
     Sources are searched in order (the active version first), each shard's rows in order; the first
     holder of a text gives its vector. Holds this shard's keys, never a source's. Returns (rows reused,
     version -> rows taken from it, dimension, rows still to embed)."""
-    from .reuse import text_key
-
     needed: dict[bytes, list[int]] = {}
     for row, key in enumerate(keys):
         needed.setdefault(key, []).append(row)
@@ -145,16 +137,12 @@ def _find_vectors(keys: list[bytes], sources: list[dict], work: Path) -> tuple[i
         for j, shard_folder in enumerate(source["shards"]):
             if not needed:
                 break
-            pf = pq.ParquetFile(Path(shard_folder) / CHUNKS_FILE)
-            at = 0
-            for batch in pf.iter_batches(columns=["title", "text"], batch_size=8192):
-                for k, contents in enumerate(contents_of(pa.Table.from_batches([batch]), source["prepend_title"])):
-                    rows = needed.pop(text_key(contents), None)
-                    if rows is not None:
-                        mine, theirs = found.setdefault((i, j), ([], []))
-                        mine.extend(rows)
-                        theirs.extend([at + k] * len(rows))
-                at += batch.num_rows
+            for at, key in enumerate(_text_keys(shard_folder, source["prepend_title"])):
+                rows = needed.pop(key, None)
+                if rows is not None:
+                    mine, theirs = found.setdefault((i, j), ([], []))
+                    mine.extend(rows)
+                    theirs.extend([at] * len(rows))
     if not found:
         return 0, {}, 0, list(range(len(keys)))
     reused_rows: list[int] = []
@@ -175,7 +163,7 @@ def _find_vectors(keys: list[bytes], sources: list[dict], work: Path) -> tuple[i
 def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_shards: int, prepend_title: bool,
                    strict: bool, sources: list[dict] | None, content_key: dict) -> dict:
     """Ray task: step 1 of the module. ``sources``: the versions to reuse from (None: reuse is off), each
-    {"name", "prepend_title", "shards": [folder, ...], "num_shards", "build_config", "manifests": [...]}."""
+    as ``reuse.task_sources`` gives them."""
     folder, mine = Path(shard_dir), work_dir(Path(work), Path(shard_dir).name)
     fragments = fragments_of(Path(work), shard)
     result = {"shard": shard, "resumed": False, "linked": None, "todo": 0, "blocks": 0, "reused": 0,
@@ -206,7 +194,7 @@ def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_sh
                              "dimension": old.dimension}
     todo = list(range(chunks))
     if sources and chunks:
-        reused, by_version, dimension, todo = _find_vectors(_text_keys(folder, prepend_title), sources, mine)
+        reused, by_version, dimension, todo = _find_vectors(list(_text_keys(folder, prepend_title)), sources, mine)
         result |= {"reused": reused, "reused_from": by_version, "dimension": dimension}
     if todo:
         _write_todo(folder, mine, todo, prepend_title)

@@ -86,7 +86,9 @@ class ShardGroup:
         """Each leg's top hits over the group's shards, as one shard holding them all would answer."""
         t0 = time.perf_counter()
         terms = self.services[0].analyze(text) if text and k_keyword > 0 else None
-        answers = [s.legs(vector, terms, k_dense, k_keyword, filters, acl, ann) for s in self.services]
+        # The shards' BM25 searches share one top-k: each later shard skips what cannot reach the k best so far.
+        shared = self.services[0].lucene.shared_top_k(k_keyword) if terms and self.size > 1 else None
+        answers = [s.legs(vector, terms, k_dense, k_keyword, filters, acl, ann, shared) for s in self.services]
         answer = ShardAnswer(self.name, shards=self.size)
         for a in answers:
             if a.filter_error:

@@ -139,13 +139,14 @@ class ShardService:
 
     def legs(self, vector: np.ndarray | None, text: str | list[str] | None, k_dense: int, k_keyword: int,
              filters: dict[str, Any] | None = None, acl: tuple[str, list[str]] | None = None,
-             ann: dict[str, Any] | None = None) -> Legs:
+             ann: dict[str, Any] | None = None, keyword_top=None) -> Legs:
         """Both legs' top hits as arrays, the filter applied inside each engine (a filtered top-k is complete).
 
         ``acl`` = (field, principals): only chunks whose field holds one of the principals exist for this
         call, in both legs, before any ranking; a chunk without the field is seen by nobody. A shard group
         merges these per leg (``deployments.shard.group``) and sends the rows of the best hits along. ``ann``
-        overrides the index's search options for this call (see ``DenseShard``)."""
+        overrides the index's search options for this call (see ``DenseShard``); ``keyword_top`` is the BM25 top-k
+        shared by a group's shards (``LuceneShard.shared_top_k``)."""
         t0 = time.perf_counter()
         legs = Legs(_NO_ROWS, _NO_SCORES, _NO_ROWS, _NO_SCORES)
         allowed = None
@@ -166,7 +167,7 @@ class ShardService:
         if text and k_keyword > 0:
             terms = self.analyze(text) if isinstance(text, str) else text
             legs.keyword_rows, legs.keyword_scores = self.lucene.search_rows(
-                terms, k_keyword, None if allowed is None else allowed.tolist())
+                terms, k_keyword, None if allowed is None else allowed.tolist(), keyword_top)
         legs.took_ms = (time.perf_counter() - t0) * 1000
         return legs
 

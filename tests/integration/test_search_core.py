@@ -153,3 +153,35 @@ def test_helper_and_proxy_paths_give_identical_hits(local):
                 b_rows, b_scores = slow.search_rows(terms, 15, rows)
                 assert a_rows.tolist() == b_rows.tolist() and a_scores.tolist() == b_scores.tolist()
         slow.close()
+
+
+@pytest.mark.parametrize("use_helper", [True, False])
+def test_shards_sharing_one_top_k_prune_yet_merge_to_the_same_hits(local, oracle, use_helper):
+    """A group's shards searched with one shared top-k: later shards skip what cannot reach the k best so far
+    (they return fewer rows), and the merged top-k still equals one unsharded index's."""
+    from deployments.shard.lucene import LuceneShard
+
+    searcher, n = oracle
+    engines = [s.lucene if use_helper else
+               LuceneShard(s.folder / "lucene", s.lucene.chunk_ids, s.manifest.lucene, s.lucene.corpus,
+                           s.lucene.corpus_df, s.lucene.shard, use_helper=False) for s in local.shards]
+    assert all(e.fast == use_helper for e in engines) or not use_helper
+    k, pruned = 3, 0
+    vocab = " ".join(TOPICS.values()).split()
+    rng = random.Random(5)
+    for q in QUERIES + [" ".join(rng.choice(vocab) for _ in range(4)) for _ in range(20)]:
+        terms = engines[0].analyzer.analyze(q)
+        shared = engines[0].shared_top_k(k)
+        alone = [e.search_rows(terms, k) for e in engines]
+        together = [e.search_rows(terms, k, None, shared) for e in engines]
+        pruned += sum(len(b[0]) < len(a[0]) for a, b in zip(alone, together, strict=True))
+        merged = sorted((s for _, scores in together for s in scores.tolist()), reverse=True)[:k]
+        expected = [h.score for h in searcher.search(q, k=k)]
+        assert np.allclose(merged, expected, rtol=0, atol=1e-4), q
+        truth = _all_scores(searcher, q, n)
+        for e, (rows, scores) in zip(engines, together, strict=True):
+            assert all(abs(truth[e.chunk_ids[r]] - s) < 1e-4 for r, s in zip(rows.tolist(), scores.tolist(), strict=True))
+    assert pruned > 0  # the bound did skip hits somewhere, or this test shows nothing
+    if not use_helper:
+        for e in engines:
+            e.close()

@@ -10,11 +10,13 @@ import org.apache.lucene.index.Term;
 import org.apache.lucene.search.BooleanClause;
 import org.apache.lucene.search.BooleanQuery;
 import org.apache.lucene.search.BoostQuery;
+import org.apache.lucene.search.CollectorManager;
 import org.apache.lucene.search.IndexSearcher;
 import org.apache.lucene.search.ScoreDoc;
 import org.apache.lucene.search.TermInSetQuery;
 import org.apache.lucene.search.TermQuery;
 import org.apache.lucene.search.TopDocs;
+import org.apache.lucene.search.TopScoreDocCollector;
 import org.apache.lucene.util.BytesRef;
 
 /**
@@ -53,6 +55,11 @@ public final class ShardSearch {
     return out.toArray(new String[0]);
   }
 
+  /** One query's top-k collector manager, shared by the shards of a group searched one after another. */
+  public static CollectorManager<TopScoreDocCollector, TopDocs> sharedTopK(int k) {
+    return TopScoreDocCollector.createSharedManager(k, null, k);
+  }
+
   /** Lucene 9's BM25 idf: ln(1 + (N - df + 0.5) / (df + 0.5)). */
   static double idf(long docCount, long df) {
     return Math.log(1 + (docCount - df + 0.5) / (df + 0.5));
@@ -65,10 +72,16 @@ public final class ShardSearch {
    * corpus's; terms absent from the shard or the corpus are left out, and at most {@code maxClauses} are
    * kept. With {@code allowedIds} (values of {@code idField}) not null, only those documents can match, as
    * a FILTER clause with at least one SHOULD clause required. No clause at all: no hits.
+   *
+   * <p>{@code shared} (may be null) is one query's top-k collector manager shared by the shards searched one
+   * after another (see {@link #sharedTopK}): once any shard has k hits, its k-th score bounds the whole
+   * group's k-th score, and the next shards skip every block that cannot reach it. Scores are comparable
+   * across shards because each is corpus-exact, so the group's merged top k is unchanged.
    */
   public static ShardSearch search(
       IndexSearcher searcher, String field, String[] terms, int[] counts, long[] corpusDf, long corpusDocs,
-      long shardDocs, int maxClauses, int k, String idField, String[] allowedIds) throws IOException {
+      long shardDocs, int maxClauses, int k, String idField, String[] allowedIds,
+      CollectorManager<TopScoreDocCollector, TopDocs> shared) throws IOException {
     BooleanQuery.Builder builder = new BooleanQuery.Builder();
     int clauses = 0;
     for (int i = 0; i < terms.length && clauses < maxClauses; i++) {
@@ -94,7 +107,11 @@ public final class ShardSearch {
       // would match with score 0.
       builder.setMinimumNumberShouldMatch(1);
     }
-    TopDocs top = searcher.search(builder.build(), k);
+    // Total hits are never reported, so they are not counted past k: block skipping starts at the k-th hit.
+    TopScoreDocCollector collector =
+        shared != null ? shared.newCollector() : TopScoreDocCollector.create(k, null, k);
+    searcher.search(builder.build(), collector);
+    TopDocs top = collector.topDocs();
     int n = top.scoreDocs.length;
     int[] docs = new int[n];
     float[] scores = new float[n];

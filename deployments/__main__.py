@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+APP = "raysearch"  # the Serve application's name, as deployments.settings and deployments.tune --apply name it
+
 
 def show_example(base: str, query: str, synthesize: bool = False) -> None:
     import json
@@ -198,12 +200,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        _stop(serve, ray)
 
 
 def _interrupt(*_):
     raise KeyboardInterrupt
+
+
+def _stop(serve, ray) -> None:
+    """Drain, then stop. Deleting the app has each replica finish the requests it holds (up to Serve's
+    ``graceful_shutdown_timeout_s``, 20 s) while it takes no new ones; then Ray stops every process it started.
+    ``serve.shutdown()`` is not called: it ends with Serve's controller killing itself while the caller waits on
+    it, which Ray printed as a failed task ("ServeController.graceful_shutdown failed") on every clean stop."""
+    try:
+        serve.delete(APP)
+    except Exception:  # noqa: BLE001 - Serve never started, or the app never deployed: nothing to drain
+        pass
+    ray.shutdown()
 
 
 def _serve(args, cfg, proxy_port: int, ray, serve) -> int:
@@ -216,7 +229,7 @@ def _serve(args, cfg, proxy_port: int, ray, serve) -> int:
                                           "TOKENIZERS_PARALLELISM", "RAY_SERVE_THROUGHPUT_OPTIMIZED")
                if k in os.environ}
     try:
-        deploy_app(cfg.model_dump(mode="json", exclude_defaults=True), "raysearch", env_vars=offline)
+        deploy_app(cfg.model_dump(mode="json", exclude_defaults=True), APP, env_vars=offline)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

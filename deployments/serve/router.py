@@ -50,6 +50,7 @@ from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.guard import CONSOLE_ASSETS, REPLICA_GUARD, Caller, Guard, key_digest, route_path
 from deployments.search.pipeline import Collection, SearchPipeline, failure, redact
 from deployments.serve.heap import settle_heap
+from deployments.serve.listen import reuse_address_on_bind
 from deployments.serve.shedding import COUNTED_KEY, counted, refuse
 from deployments.shard.host import LocalShard, ShardHost, SlotClient, VersionCache
 
@@ -312,6 +313,7 @@ class _Metrics:
 class SearchRouter:
     def __init__(self, collections: dict[str, dict[str, Any]], default_collection: str, reranker=None,
                  synthesis=None, llm_rerank: bool = False, security: dict | None = None, settings: dict | None = None):
+        reuse_address_on_bind()  # before Serve binds this replica's port (deployments.serve.listen says why)
         self.settings = RouterSettings(**(settings or {}))
         security_cfg = SecurityConfig.model_validate(security or {})
         self.guard = configure_guard(security_cfg)

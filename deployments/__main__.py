@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -112,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-inflight", type=int, default=64, metavar="N",
                         help="requests the router works on at once; more are answered 503 with Retry-After "
                              "(default: %(default)s)")
+    parser.add_argument("--metrics-port", type=int, default=8080, metavar="PORT",
+                        help="where Ray's metrics agent serves Prometheus metrics, /metrics (default: %(default)s; "
+                             "names in README, 'Metrics')")
     parser.add_argument("--example", metavar="QUERY", help="once serving, send this query and print the answer")
     args = parser.parse_args(argv)
 
@@ -192,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return USAGE_ERROR
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=512 * 2**20,
-                 log_to_driver=False)
+                 log_to_driver=False, _metrics_export_port=args.metrics_port)
     # SIGTERM (a supervisor, `kill`) stops it like Ctrl-C, also while it is still starting.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -212,10 +216,8 @@ def _stop(serve, ray) -> None:
     ``graceful_shutdown_timeout_s``, 20 s) while it takes no new ones; then Ray stops every process it started.
     ``serve.shutdown()`` is not called: it ends with Serve's controller killing itself while the caller waits on
     it, which Ray printed as a failed task ("ServeController.graceful_shutdown failed") on every clean stop."""
-    try:
+    with contextlib.suppress(Exception):  # Serve never started, or the app never deployed: nothing to drain
         serve.delete(APP)
-    except Exception:  # noqa: BLE001 - Serve never started, or the app never deployed: nothing to drain
-        pass
     ray.shutdown()
 
 
@@ -239,6 +241,10 @@ def _serve(args, cfg, proxy_port: int, ray, serve) -> int:
         return 1
     print(f"serving {args.index} at {base}  (docs: {base}/docs, console: {base}/console, health: {base}/health); "
           "Ctrl-C to stop")
+    if os.environ.get("RAY_ADDRESS"):
+        print("  metrics (Prometheus): /metrics on each node's Ray metrics agent (ray start --metrics-export-port)")
+    else:
+        print(f"  metrics (Prometheus): http://{args.host}:{args.metrics_port}/metrics")
     print(f"  Ray cluster {ray.get_runtime_context().gcs_address}: pass it as --address to python -m "
           "deployments.settings (settings changed in place)")
     print(f"  curl -s {base}/search -H 'content-type: application/json' -d '{{\"query\": \"how to parse arguments\", \"limit\": 3}}'",

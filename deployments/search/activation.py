@@ -130,7 +130,7 @@ class VersionSwitch:
             if current.version == version:
                 return {"collection": name, "version": version, "previous": version, "warm_ms": 0.0}
             self.state.attempted[name] = (version, time.monotonic())
-            _, slots = self._manifest(deployed, version)
+            manifest, slots = self._manifest(deployed, version)
             shards = [self.make_shard(slot, handle, version, names) for slot, handle, names in slots]
             t0 = time.perf_counter()
             try:
@@ -143,7 +143,9 @@ class VersionSwitch:
             for info in infos:
                 fields.update(info["fields"])
             self.collections[name] = Collection(name=name, version=version, shards=shards, encoder=deployed.encoder,
-                                                fields=fields, rerank=deployed.rerank, ann=deployed.ann)
+                                                fields=fields, rerank=deployed.rerank, ann=deployed.ann,
+                                                documents=manifest.counts.get("docs", 0),
+                                                chunks=manifest.counts.get("chunks", 0))
             self.state.errors.pop(name, None)
             warm_ms = round((time.perf_counter() - t0) * 1000, 1)
             logger.info(f"collection {name!r}: now serving index version {version!r} (was {current.version!r}; "

@@ -94,6 +94,8 @@ class Collection:
     fields: dict[str, str] = field(default_factory=dict)
     rerank: bool = True  # rerank by default (when a reranker is deployed)
     ann: AnnParams | None = None  # the collection's approximate search options (a request's own win)
+    documents: int = 0  # of the version served (its manifest's counts), for metrics
+    chunks: int = 0
 
 
 def failure(exc: BaseException) -> str:

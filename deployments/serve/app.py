@@ -141,7 +141,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
                                    "resources": dict(cfg.shard_resources)},
                 logging_config=QUIET,
             ).bind(max_versions=cfg.shard_max_versions, **host), group))
-        collections[name] = {"version": manifest.version, "shards": slots, "encoder": encoders[manifest.encoder],
+        collections[name] = {"version": manifest.version, "counts": dict(manifest.counts), "shards": slots, "encoder": encoders[manifest.encoder],
                              "encoder_model": manifest.encoder, "encoder_backend": cfg.encoder_backend,
                              "encoder_threads": cfg.encoder_router_threads,
                              "dimension": manifest.dimension,

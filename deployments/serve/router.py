@@ -50,6 +50,7 @@ from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.guard import CONSOLE_ASSETS, REPLICA_GUARD, Caller, Guard, key_digest, route_path
 from deployments.search.pipeline import Collection, SearchPipeline, failure, redact
 from deployments.serve.heap import settle_heap
+from deployments.serve.http_metrics import HTTP_REQUESTS, route_label
 from deployments.serve.listen import reuse_address_on_bind
 from deployments.serve.shedding import COUNTED_KEY, counted, refuse
 from deployments.shard.host import LocalShard, ShardHost, SlotClient, VersionCache
@@ -95,17 +96,27 @@ class FrontDoor:
         if counted_here:
             refusal = _guard.admit()
             if refusal is not None:
+                HTTP_REQUESTS.count(route_label(scope, path), scope["method"], refusal.status, shed=True)
                 return await refuse(refusal, send)
+        status = [500]  # what an exception that escapes the app becomes (Starlette's outer layer answers 500)
+
+        async def send_and_note(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
         try:
             headers = Headers(scope=scope)
             refusal = _guard.check(scope["method"], path, headers)
             if refusal is not None:
+                status[0] = refusal.status
                 return await refuse(refusal, send)
             caller = _guard.caller(headers)
             state = scope.setdefault("state", {})
             state["caller"], state["principals"] = caller, list(caller.principals)
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_and_note)
         finally:
+            HTTP_REQUESTS.count(route_label(scope, path), scope["method"], status[0])
             if counted_here:
                 _guard.release()
 
@@ -281,7 +292,19 @@ async def _ndjson(events):
         yield json.dumps(event) + "\n"
 
 
+# A response's warnings that say an optional stage was skipped (the pipeline writes them), and the stage each names.
+_SKIPPED_STAGES = (("spell correction stopped", None), ("spell correction", "spelling"), ("query encoder", "embed"),
+                   ("reranking", "rerank"), ("MMR skipped", "mmr"), ("synthesis", "synthesis"))
+
+
+def skipped_stage(warning: str) -> str | None:
+    return next((stage for start, stage in _SKIPPED_STAGES if warning.startswith(start)), None)
+
+
 class _Metrics:
+    """The router's search metrics (README, "Metrics", lists them as Prometheus sees them); HTTP requests are
+    counted apart, every one (``deployments.serve.http_metrics``)."""
+
     def __init__(self):
         from ray.util import metrics
 
@@ -292,10 +315,18 @@ class _Metrics:
             "search_retrieved_documents", description="Results returned per request.",
             boundaries=[0.5, 1, 5, 10, 20, 50, 100], tag_keys=("method",))
         self.requests = metrics.Counter(
-            "search_requests", description="Search requests by outcome.", tag_keys=("method", "outcome"))
+            "search_requests", description="Searches answered, by search method and outcome (ok, degraded, cached).",
+            tag_keys=("method", "outcome"))
         self.skipped = metrics.Counter(
-            "search_stages_skipped", description="Optional stages (rerank, synthesis) that failed or timed out.",
-            tag_keys=("method",))
+            "search_stages_skipped", description="Optional stages that failed or timed out and were skipped.",
+            tag_keys=("stage", "method"))
+        self.documents = metrics.Gauge(
+            "search_index_documents", description="Documents of the index version a collection serves (0: no longer "
+            "served).", tag_keys=("collection", "version"))
+        self.chunks = metrics.Gauge(
+            "search_index_chunks", description="Chunks of the index version a collection serves (0: no longer served).",
+            tag_keys=("collection", "version"))
+        self._served: dict[str, str] = {}
 
     def record(self, response: SearchResponse) -> None:
         method = response.method.value
@@ -304,8 +335,23 @@ class _Metrics:
         self.retrieved.observe(response.total_results, tags={"method": method})
         outcome = "cached" if response.cached else ("degraded" if response.coverage.degraded else "ok")
         self.requests.inc(1, tags={"method": method, "outcome": outcome})
-        if response.warnings:
-            self.skipped.inc(len(response.warnings), tags={"method": method})
+        for warning in response.warnings:
+            stage = skipped_stage(warning)
+            if stage is not None:
+                self.skipped.inc(1, tags={"stage": stage, "method": method})
+
+    def index(self, collections) -> None:
+        """The version each collection serves and its size; a version no longer served drops to 0."""
+        for c in collections:
+            before = self._served.get(c.name)
+            if before == c.version:
+                continue
+            if before is not None:
+                for gauge in (self.documents, self.chunks):
+                    gauge.set(0, tags={"collection": c.name, "version": before})
+            self.documents.set(c.documents, tags={"collection": c.name, "version": c.version})
+            self.chunks.set(c.chunks, tags={"collection": c.name, "version": c.version})
+            self._served[c.name] = c.version
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256, health_check_period_s=10)
@@ -345,6 +391,8 @@ class SearchRouter:
                     encoder=d.encoder,
                     rerank=d.rerank,
                     ann=d.ann,
+                    documents=collections[name].get("counts", {}).get("docs", 0),
+                    chunks=collections[name].get("counts", {}).get("chunks", 0),
                 )
                 for name, d in deployed.items()
             },
@@ -364,6 +412,7 @@ class SearchRouter:
         self._info_lock = asyncio.Lock()
         self._info_loaded = False
         self.metrics = _Metrics()
+        self.metrics.index(self.pipeline.collections.values())
         settle_heap()
 
     async def reconfigure(self, user_config: dict) -> None:
@@ -381,6 +430,7 @@ class SearchRouter:
         while True:
             try:
                 await self.versions.follow()
+                self.metrics.index(self.pipeline.collections.values())
             except Exception:  # a watcher that died would silently stop every later switch
                 logger.exception("following the active index versions")
             await asyncio.sleep(self.settings.version_poll_s)
@@ -492,7 +542,9 @@ class SearchRouter:
         """Switch to an index version: the shards load it beside the current one, then every request that
         starts afterwards uses it. Other router replicas follow within ``version_poll_s``."""
         self._watch()
-        return ActivationResponse(**await self.versions.activate(collection, body.version))
+        result = await self.versions.activate(collection, body.version)
+        self.metrics.index(self.pipeline.collections.values())
+        return ActivationResponse(**result)
 
     @app.post("/admin/collections/{collection}/rollback", response_model=ActivationResponse,
               responses=error_responses({403: "A key that is not an admin key", 404: "Unknown collection",
@@ -500,7 +552,9 @@ class SearchRouter:
     async def rollback(self, collection: str) -> ActivationResponse:
         """Activate the version that was active before the current one."""
         self._watch()
-        return ActivationResponse(**await self.versions.rollback(collection))
+        result = await self.versions.rollback(collection)
+        self.metrics.index(self.pipeline.collections.values())
+        return ActivationResponse(**result)
 
     async def check_health(self) -> None:
         """Serve's health check: a replica holding shards (``shard_placement: router``) whose JVM ran out of

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 
 from deployments.search.guard import REPLICA_GUARD, Refusal
+from deployments.serve.http_metrics import HTTP_REQUESTS
 
 # The routes that do a request's work (search, streamed answers until they end, judgments' disk writes); health,
 # the console and /admin/ (an operator's rollback must get through) are never refused for load. Matched at the
@@ -57,6 +58,8 @@ class ShedFirst:
             return await self.app(scope, receive, send)
         refusal = REPLICA_GUARD.admit()
         if refusal is not None:
+            route = next(e for e in COUNTED_ENDINGS if scope["path"].rstrip("/").endswith(e))  # before any prefix is taken off
+            HTTP_REQUESTS.count(route, scope["method"], refusal.status, shed=True)
             return await refuse(refusal, send)
         scope[COUNTED_KEY] = True
         try:

@@ -56,6 +56,17 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def port_is_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     from deployments.cli import FAILURE, USAGE_ERROR, renamed_flag
 
@@ -114,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="requests the router works on at once; more are answered 503 with Retry-After "
                              "(default: %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=8080, metavar="PORT",
-                        help="where Ray's metrics agent serves Prometheus metrics, /metrics (default: %(default)s; "
-                             "names in README, 'Metrics')")
+                        help="where Ray's metrics agent serves Prometheus metrics, /metrics; 0: a free port (default: "
+                             "%(default)s; names in README, 'Metrics')")
     parser.add_argument("--example", metavar="QUERY", help="once serving, send this query and print the answer")
     args = parser.parse_args(argv)
 
@@ -193,6 +204,13 @@ def main(argv: list[str] | None = None) -> int:
         if need > (os.cpu_count() or 1) + 1e-9:
             print(f"error: these settings reserve {need:g} Ray CPUs to start, and this machine has {os.cpu_count()}: "
                   "lower --shard-num-cpus, --shard-num-replicas or --reranker-num-replicas",
+                  file=sys.stderr)
+            return USAGE_ERROR
+        if args.metrics_port == 0:
+            args.metrics_port = free_port(args.host)
+        elif not port_is_free(args.metrics_port):
+            # Ray would fail to start its node after a long timeout, saying nothing of the port.
+            print(f"error: --metrics-port {args.metrics_port} is taken: pick another, or 0 for a free one",
                   file=sys.stderr)
             return USAGE_ERROR
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=512 * 2**20,

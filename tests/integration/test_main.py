@@ -249,3 +249,22 @@ def test_a_stop_drains_leaves_nothing_and_a_restart_gets_the_port_at_once(servic
         assert again.left_behind() == []
     finally:
         again.kill()
+
+
+def test_a_taken_metrics_port_is_said_at_once(built):
+    """Ray fails to start its node, after a long timeout and without naming the port, when its metrics port is
+    taken: the command checks first."""
+    import socket
+
+    _, summary = built[3]
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "deployments", "--index", str(summary.version_dir), "--port",
+                               str(PORT), "--metrics-port", str(port)], cwd=Path(__file__).parents[2],
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"--metrics-port {port} is taken" in proc.stderr
+    assert time.monotonic() - t0 < 60

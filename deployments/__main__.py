@@ -60,6 +60,8 @@ def port_is_free(port: int) -> bool:
     import socket
 
     with socket.socket() as s:
+        # As a server binds: connections of a stopped run in TIME-WAIT do not make the port taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("0.0.0.0", port))
         except OSError:
@@ -136,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     # Serve's throughput mode (user code on the replica's own loop, buffered request logs, handle calls over
     # gRPC): read by every Ray process at start, so it is set before Ray starts (export 0 to turn it off).
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    # ... which also holds a replica's log lines until 1,000 are waiting: a search's line reaches the log at once
+    # here (one write a search, a few microseconds against milliseconds of work); export a larger size to batch.
+    os.environ.setdefault("RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE", "1")
     # Load shedding as the outermost layer of every HTTP server of the app (the router's own among them), so a
     # refused request costs no Serve request handling: Serve asks this function for its HTTP middlewares.
     os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "deployments.serve.shedding.middlewares")
@@ -246,7 +251,8 @@ def _serve(args, cfg, proxy_port: int, ray, serve) -> int:
     # Deployed from a config, as `serve run serve_config.yaml` is, so that python -m deployments.settings
     # (and deployments.tune --apply) can change the router's settings in place.
     offline = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OPENAI_API_KEY",
-                                          "TOKENIZERS_PARALLELISM", "RAY_SERVE_THROUGHPUT_OPTIMIZED")
+                                          "TOKENIZERS_PARALLELISM", "RAY_SERVE_THROUGHPUT_OPTIMIZED",
+                                          "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE")
                if k in os.environ}
     try:
         deploy_app(cfg.model_dump(mode="json", exclude_defaults=True), APP, env_vars=offline)

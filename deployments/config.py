@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -286,6 +286,9 @@ class AppConfig(BaseModel):
         512, ge=-1, description="Requests waiting for a router replica before Serve's proxy answers 503 (-1: no limit).")
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     verify_checksums: bool = Field(True, description="Check every shard file against its manifest at start.")
+    log_encoding: Literal["JSON", "TEXT"] = Field(
+        "JSON", description="Serve's log lines of every deployment: JSON (one object a line, with the request id, "
+        "route and replica of the request it was written for) or Serve's text lines.")
     lucene_heap: str = Field("512m", pattern=r"^\d+[mMgG]$", description="JVM heap of each process that holds shards.")
     router: RouterSettings = Field(default_factory=RouterSettings)
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)

@@ -336,6 +336,8 @@ class HealthResponse(BaseModel):
 class ErrorResponse(BaseModel):
     error: str
     detail: Any = None
+    request_id: str | None = Field(None, description="The request's X-Request-Id: every log line written for "
+                                   "the request carries it")
 
 
 class ActivateRequest(RequestBody):

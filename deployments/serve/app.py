@@ -36,7 +36,7 @@ def check_model_available(model: str, what: str) -> None:
                          "forbids downloading it: give a local path, or download it once where a hub is reachable")
 
 
-def reranker_deployment(cfg: RerankerConfig):
+def reranker_deployment(cfg: RerankerConfig, logs: dict[str, Any] | None = None):
     check_model_available(cfg.model, "reranker.model")
     a = cfg.autoscaling
     return Reranker.options(
@@ -48,17 +48,19 @@ def reranker_deployment(cfg: RerankerConfig):
                             "target_ongoing_requests": a.target_ongoing_requests,
                             "upscale_delay_s": a.upscale_delay_s, "downscale_delay_s": a.downscale_delay_s},
         user_config=cfg.batching.model_dump(mode="json"),
+        **({"logging_config": logs} if logs else {}),
     ).bind(cfg.model, "cuda" if cfg.num_gpus else cfg.device, cfg.dtype, cfg.max_length,
            cfg.threads or max(1, int(cfg.num_cpus)))
 
 
-def synthesis_deployment(cfg: SynthesisConfig):
+def synthesis_deployment(cfg: SynthesisConfig, logs: dict[str, Any] | None = None):
     if cfg.model is not None and cfg.model != "smollm2" and not cfg.model.endswith(".gguf"):
         check_model_available(cfg.model, "synthesis.model")
     return Synthesis.options(
         name="synthesis",
         num_replicas=cfg.num_replicas,
         ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "resources": dict(cfg.resources)},
+        **({"logging_config": logs} if logs else {}),
     ).bind(cfg.model_dump(mode="json"))
 
 
@@ -97,8 +99,11 @@ def logical_cpus_needed(cfg: AppConfig) -> float:
     return need
 
 
-# Per-request access log lines cost every replica CPU at high rates; Serve's own metrics stay on.
-QUIET = {"enable_access_log": False}
+def logging_config(cfg: AppConfig) -> dict[str, Any]:
+    """Serve's logging for every deployment: JSON lines by default (each written during a request carries its
+    request id), and no access log: a line per request costs every replica CPU at high rates, and the router
+    writes one line per search itself (Serve's own metrics stay on)."""
+    return {"encoding": cfg.log_encoding, "enable_access_log": False}
 
 
 def build_app(args: dict[str, Any] | AppConfig) -> Application:
@@ -118,7 +123,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
                 name=f"encoder-{len(encoders)}",
                 num_replicas=cfg.encoder_num_replicas,
                 ray_actor_options={"num_cpus": cfg.encoder_num_cpus, "num_gpus": cfg.encoder_num_gpus},
-                logging_config=QUIET,
+                logging_config=logging_config(cfg),
             ).bind(manifest.encoder, cfg.encoder_max_batch_size, cfg.encoder_batch_wait_s,
                    max(1, int(cfg.encoder_num_cpus)), "cuda" if cfg.encoder_num_gpus else "cpu", cfg.encoder_backend)
         expect = {"encoder": manifest.encoder, "dimension": manifest.dimension}
@@ -139,7 +144,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
                 max_ongoing_requests=cfg.shard_max_ongoing_requests,
                 ray_actor_options={"num_cpus": cfg.shard_num_cpus, "num_gpus": cfg.shard_num_gpus,
                                    "resources": dict(cfg.shard_resources)},
-                logging_config=QUIET,
+                logging_config=logging_config(cfg),
             ).bind(max_versions=cfg.shard_max_versions, **host), group))
         collections[name] = {"version": manifest.version, "counts": dict(manifest.counts), "shards": slots, "encoder": encoders[manifest.encoder],
                              "encoder_model": manifest.encoder, "encoder_backend": cfg.encoder_backend,
@@ -150,13 +155,13 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
                              # Beside the versions, so judgments outlive restarts and reindexing.
                              "judgments": str(judgments_root(index, version_dir) / "judgments")}
     default = cfg.default_collection if cfg.collections else next(iter(collections))
-    reranker = reranker_deployment(cfg.reranker) if cfg.reranker.model else None
-    synthesis = synthesis_deployment(cfg.synthesis) if cfg.synthesis.enabled else None
+    reranker = reranker_deployment(cfg.reranker, logging_config(cfg)) if cfg.reranker.model else None
+    synthesis = synthesis_deployment(cfg.synthesis, logging_config(cfg)) if cfg.synthesis.enabled else None
     return SearchRouter.options(
         name="router",
         num_replicas=cfg.router_num_replicas,
         ray_actor_options={"num_cpus": cfg.router_num_cpus, "resources": dict(cfg.router_resources)},
         max_queued_requests=cfg.router_max_queued_requests,
         user_config=cfg.router.model_dump(mode="json"),
-        logging_config=QUIET,
+        logging_config=logging_config(cfg),
     ).bind(collections, default, reranker, synthesis, cfg.synthesis.llm_rerank, cfg.security.model_dump(mode="json"))

@@ -28,6 +28,7 @@ from fastapi.responses import (
 from ray import serve
 from ray.exceptions import RayActorError
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.config import RouterSettings, SecurityConfig
 from deployments.errors import RequestError, ServiceError
@@ -97,7 +98,7 @@ class FrontDoor:
             refusal = _guard.admit()
             if refusal is not None:
                 HTTP_REQUESTS.count(route_label(scope, path), scope["method"], refusal.status, shed=True)
-                return await refuse(refusal, send)
+                return await refuse(refusal, send, Headers(scope=scope).get("x-request-id"))
         status = [500]  # what an exception that escapes the app becomes (Starlette's outer layer answers 500)
 
         async def send_and_note(message):
@@ -110,7 +111,7 @@ class FrontDoor:
             refusal = _guard.check(scope["method"], path, headers)
             if refusal is not None:
                 status[0] = refusal.status
-                return await refuse(refusal, send)
+                return await refuse(refusal, send, headers.get("x-request-id"))
             caller = _guard.caller(headers)
             state = scope.setdefault("state", {})
             state["caller"], state["principals"] = caller, list(caller.principals)
@@ -143,24 +144,42 @@ def configure_guard(security: SecurityConfig) -> Guard:
     return _guard
 
 
+def request_id(request: Request) -> str | None:
+    """The request's id: the caller's ``X-Request-Id``, or the one Serve made for it (Serve puts it in the request's
+    headers, returns it in the response's, and writes it in every log line of the request, in every replica)."""
+    return request.headers.get("x-request-id")
+
+
+def error_body(request: Request, message: str, detail: Any = None) -> dict[str, Any]:
+    """``ErrorResponse``: every error the app answers, with the id to find the request in the logs."""
+    return {"error": message, "detail": detail, "request_id": request_id(request)}
+
+
 @app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     problems = [{"field": ".".join(str(p) for p in e["loc"] if p != "body"), "error": e["msg"]} for e in exc.errors()]
-    return JSONResponse(status_code=422, content={"error": "invalid request", "detail": problems})
+    return JSONResponse(status_code=422, content=error_body(request, "invalid request", problems))
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    # Starlette's own (no such route, method not allowed), in the app's one error body.
+    return JSONResponse(status_code=exc.status_code, content=error_body(request, str(exc.detail)),
+                        headers=getattr(exc, "headers", None))
 
 
 @app.exception_handler(RayActorError)
 async def _replica_gone(request: Request, exc: RayActorError) -> JSONResponse:
     # A needed replica died and its retries found no live one yet: Serve is starting a replacement.
     return JSONResponse(status_code=503, headers={"Retry-After": "2"},
-                        content={"error": "a replica this request needs is restarting; retry shortly"})
+                        content=error_body(request, "a replica this request needs is restarting; retry shortly"))
 
 
 @app.exception_handler(ServiceError)
 async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
     """Every error a core raises on purpose (``deployments.errors``), mapped to HTTP here and only here."""
     headers = {"Retry-After": "2"} if exc.status == 503 else None
-    return JSONResponse(status_code=exc.status, content={"error": str(exc)}, headers=headers)
+    return JSONResponse(status_code=exc.status, content=error_body(request, str(exc)), headers=headers)
 
 
 async def call_with_retry(method, *args, attempts: int = 5, pause_s: float = 0.05):
@@ -473,12 +492,14 @@ class SearchRouter:
             # and encode it again (the schema above still documents it).
             return Response(response_json(response), media_type="application/json")
         finally:
-            logger.info(json.dumps({
+            # One line a search, in Serve's log format (JSON by default: these fields beside Serve's request_id,
+            # route, application, deployment and replica); the query redacted unless router.redact_queries is off.
+            logger.info("search", extra={
                 "event": "search",
                 "query": redact(body.query) if self.settings.redact_queries else body.query,
                 "method": body.method.value, "limit": body.limit, "outcome": outcome,
                 "ms": round((time.perf_counter() - t0) * 1000, 2),
-            }))
+            })
 
     def _judgments(self, collection: str | None) -> tuple[str, JudgmentStore]:
         name = collection or self.pipeline.default_collection

@@ -29,9 +29,10 @@ COUNTED_ENDINGS = ("/search", "/feedback")
 COUNTED_KEY = "raysearch.counted"  # set in the scope of a request this layer counted
 
 
-async def refuse(refusal: Refusal, send) -> None:
-    """The refusal as two raw ASGI messages: no response object, no header parsing, one small ``dumps``."""
-    body = json.dumps({"error": refusal.message}).encode()
+async def refuse(refusal: Refusal, send, request_id: str | None = None) -> None:
+    """The refusal as two raw ASGI messages: no response object, no header parsing, one small ``dumps``. Refused
+    ahead of Serve, a request has no id yet; inside the app it has one, and the body says it."""
+    body = json.dumps({"error": refusal.message} | ({"request_id": request_id} if request_id else {})).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in refusal.headers.items()]
     await send({"type": "http.response.start", "status": refusal.status, "headers": headers})

@@ -140,7 +140,8 @@ def test_keys_size_and_overload_at_the_front_door(served):
     base = f"http://127.0.0.1:{PORT}"
     assert httpx.post(f"{base}/search", json={"query": "comet"}).status_code == 401
     wrong = httpx.post(f"{base}/search", json={"query": "comet"}, headers={"X-API-Key": "rsk_wrong"})
-    assert wrong.status_code == 401 and wrong.json() == {"error": "this API key is not valid"}
+    assert wrong.status_code == 401 and wrong.json() == {"error": "this API key is not valid",
+                                                         "request_id": wrong.headers["x-request-id"]}
     assert httpx.get(f"{base}/health").status_code == 200  # probes need no key
     big = client.post("/search", json={"query": "comet", "conversation_history": ["tide " * 100] * 10})
     assert big.status_code == 413 and "the limit is 4096" in big.json()["error"]

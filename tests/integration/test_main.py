@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -198,6 +199,45 @@ def test_every_request_is_counted_once_by_route_method_and_outcome(service, buil
     assert "ray_search_http_requests_total" in listed and len(listed) == 7
     # A skipped stage needs a stage that fails; this app has none to fail, so that counter is not exported yet.
     assert listed - scraped == {"ray_search_stages_skipped_total"}
+
+
+def serve_logs(running: Running) -> list[dict]:
+    """Every JSON line of the app's Serve logs (the Ray session's logs/serve/), found through its GCS process."""
+    log_dir = next(arg.split("=", 1)[1] for p in running.processes for arg in p.cmdline() if arg.startswith("--log_dir="))
+    lines = []
+    for path in sorted(Path(log_dir, "serve").glob("*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                lines.append(json.loads(line))
+    return lines
+
+
+def test_the_request_id_is_in_every_log_line_and_error_body_and_queries_are_redacted(service):
+    base, running = service
+    secret = "telescope galaxy confidential-words"
+    ok = httpx.post(f"{base}/search", json={"query": secret, "limit": 2}, headers={"X-Request-Id": "rid-ok-1"})
+    assert ok.status_code == 200 and ok.headers["x-request-id"] == "rid-ok-1"
+    missing = httpx.post(f"{base}/search", json={"query": "x", "collections": ["nope"]},
+                         headers={"X-Request-Id": "rid-404-1"})
+    assert missing.status_code == 404 and missing.json()["request_id"] == "rid-404-1"
+    invalid = httpx.post(f"{base}/search", json={"query": ""})  # no id sent: Serve makes one and says it
+    assert invalid.status_code == 422 and invalid.json()["request_id"] == invalid.headers["x-request-id"]
+    nowhere = httpx.get(f"{base}/nowhere")  # Starlette's own 404, in the app's error body
+    assert nowhere.status_code == 404 and nowhere.json() == {"error": "Not Found", "detail": None,
+                                                             "request_id": nowhere.headers["x-request-id"]}
+    deadline = time.monotonic() + 30
+    while True:
+        lines = serve_logs(running)
+        mine = [r for r in lines if r.get("request_id") == "rid-ok-1"]
+        if any(r.get("event") == "search" for r in mine) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    (search,) = [r for r in mine if r.get("event") == "search"]
+    assert search["route"] == "/search" and search["deployment"] == "raysearch_router" and search["outcome"] == "ok"
+    assert search["query"].startswith("<redacted sha256:") and search["method"] == "hybrid"
+    assert not [r for r in lines if "confidential-words" in json.dumps(r)]
+    failed = [r for r in lines if r.get("request_id") == "rid-404-1" and r.get("event") == "search"]
+    assert [r["outcome"] for r in failed] == ["error"]
 
 
 def time_wait_sockets(port: int) -> int:

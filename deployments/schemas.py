@@ -130,6 +130,10 @@ class SearchRequest(RequestBody):
     query: str = Field(description="Free text. Lucene syntax characters are searched as text.")
     method: Method = Field(Method.hybrid, description="vector, keyword or hybrid (both, fused).")
     limit: int = Field(10, ge=1, le=100, description="Results to return.")
+    offset: int = Field(0, ge=0, le=999, description="Ranked results to skip: a page inside the candidate window "
+                        "(offset + limit at most router.candidate_cap, 200 by default). Not with MMR.")
+    cursor: str | None = Field(None, max_length=512, description="next_cursor of the previous page: the next page of "
+                               "the same search, from the same index versions (409 once they changed).")
     collections: list[str] | None = Field(
         None, min_length=1, max_length=8, description="Collections to search (fused across them); default: the default one."
     )
@@ -183,6 +187,8 @@ class SearchRequest(RequestBody):
     def _stream_needs_synthesis(self) -> SearchRequest:
         if self.stream and not self.synthesize:
             raise ValueError("stream: true streams the synthesized answer; set synthesize: true as well")
+        if self.cursor is not None and self.offset:
+            raise ValueError("send offset or cursor, not both: a cursor knows where its page starts")
         return self
 
     @field_validator("query")
@@ -278,6 +284,9 @@ class SearchResponse(BaseModel):
     results: list[Result]
     total: int = Field(description="Candidates at or above min_relevance_score, before the limit.")
     total_results: int = Field(description="The number of results returned.")
+    offset: int = Field(0, description="Ranked results before this page (a result's rank is offset + its place).")
+    next_cursor: str | None = Field(None, description="Send it as cursor for the next page; null on the last page "
+                                    "(and under MMR, which diversifies one page).")
     citations: list[str] | None = Field(
         None, description="The results' sources in rank order (citations[n-1] is result n's, the [n] of an "
         "answer); null when include_citations is false.")

@@ -47,6 +47,7 @@ from deployments.search.context import assemble, citations
 from deployments.search.fusion import candidate_depth, is_flat, min_max, relevance_scores, rrf, weighted
 from deployments.search.hits import Hit, merge_top_k
 from deployments.search.mmr import mmr
+from deployments.search.paging import check_window, make_cursor, page_offset
 from deployments.search.query_text import expand_synonyms, expand_with_history, normalize_query
 from deployments.search.reranking import passage_text
 from deployments.search.result_json import FragmentCache, render_results, source_of
@@ -391,6 +392,15 @@ class SearchPipeline:
             defaults["min_relevance_score"] = s.min_relevance_score
         if defaults:
             req = req.model_copy(update=defaults)
+        # A page: ranks offset+1.. of the same ranking, so the ranking covers offset + limit (``paging``).
+        # Depths follow ``limit`` (the page's size), never the offset: every page of a search ranks the same
+        # candidates the same way.
+        offset = page_offset(req, {c.name: c.version for c in targets})
+        window = offset + req.limit
+        if offset:
+            if req.mmr_lambda is not None:
+                raise RequestError("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
+                                   "to 100 results in one page", 400)
         corrected, asked_query = None, req.query
         if req.spell_correct:
             t = time.perf_counter()
@@ -437,8 +447,14 @@ class SearchPipeline:
                 depth = candidate_depth(req.limit, s.candidate_base, s.candidate_factor, s.candidate_cap)
             if req.mmr_lambda is not None:
                 depth = max(depth, min(req.limit * s.mmr_pool_factor, s.candidate_cap))
+            # Fused scores depend on the candidates (min-max over each leg's list): pages stay inside them.
+            pages_end = depth
         else:
-            depth = req.limit  # one leg, no reordering: each shard's top-limit merged is the exact top-limit
+            # One leg, no reordering: each shard's top-k merged is the exact top-k, to any depth.
+            pages_end = max(s.candidate_cap, req.limit)
+            depth = window
+        if offset:
+            check_window(offset, req.limit, pages_end)
         rerank_depth = 0
         if rerank:
             rerank_depth = max(req.rerank_depth or s.rerank_depth, req.limit)
@@ -446,7 +462,7 @@ class SearchPipeline:
         k_dense = depth if req.method is not Method.keyword and vectors else 0
         k_keyword = depth if req.method is not Method.vector else 0
         fan_vectors = vectors if req.method is not Method.keyword else {}
-        rows_for_top = min(max(req.limit, rerank_depth), s.rows_with_answers)
+        rows_for_top = min(max(window, rerank_depth), s.rows_with_answers)
         per_collection, failed, asked, answered = await self._fan_out(targets, fan_vectors, text, k_dense, k_keyword,
                                                            req.filters, timings, rows_for_top, acl, req.ann)
 
@@ -507,7 +523,7 @@ class SearchPipeline:
                 relevance = [h.score for h in min_max(pool)]
                 final = mmr(pool, query_vector, pool_vectors, req.limit, req.mmr_lambda, relevance)
             timings["mmr"] = (time.perf_counter() - t) * 1000
-        top = final[: req.limit]
+        top = final[offset:window]
 
         t = time.perf_counter()
         try:
@@ -522,9 +538,9 @@ class SearchPipeline:
         if rendered and not req.synthesize:
             results = []
             results_json = render_results(self.fragments, {c.name: c.version for c in targets}, top, rows, dense_of,
-                                          keyword_of, fused_scores, reranked, relevance_of)
+                                          keyword_of, fused_scores, reranked, relevance_of, offset + 1)
         else:
-            results = self._results(top, rows, dense_of, keyword_of, fused_scores, reranked, relevance_of)
+            results = self._results(top, rows, dense_of, keyword_of, fused_scores, reranked, relevance_of, offset + 1)
 
         context_payload = citation_payload = None
         if req.include_context or req.include_citations:
@@ -556,6 +572,11 @@ class SearchPipeline:
             results=results,
             total=len(kept),
             total_results=len(top),
+            offset=offset,
+            next_cursor=make_cursor(req, {c.name: c.version for c in targets}, window)
+            # A one-leg search ranks exactly the page: a full page may have a next one (maybe empty).
+            if (len(final) > window or (len(final) == window and not hybrid and len(targets) == 1))
+            and req.mmr_lambda is None and window < pages_end else None,
             citations=[source_of(r["doc_id"], r["metadata"]) for r in rows] if req.include_citations else None,
             passage_citations=citation_payload,
             synthesis=answer.text if answer else None,
@@ -645,9 +666,10 @@ class SearchPipeline:
 
     @staticmethod
     def _results(top: list[Hit], rows: list[dict], dense_of: dict[str, float], keyword_of: dict[str, float],
-                 fused_scores: dict[str, float], reranked: bool, relevance_of: dict[str, float]) -> list[Result]:
+                 fused_scores: dict[str, float], reranked: bool, relevance_of: dict[str, float],
+                 first_rank: int = 1) -> list[Result]:
         results = []
-        for rank, (hit, row) in enumerate(zip(top, rows, strict=True), start=1):
+        for rank, (hit, row) in enumerate(zip(top, rows, strict=True), start=first_rank):
             cid, metadata = hit.chunk_id, row["metadata"]
             results.append(Result(
                 rank=rank, chunk_id=row["chunk_id"], doc_id=row["doc_id"], collection=row["collection"],

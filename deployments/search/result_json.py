@@ -71,7 +71,7 @@ class FragmentCache:
 
 def render_results(fragments: FragmentCache, versions: dict[str, str], top: Sequence[Hit], rows: Sequence[dict],
                    dense_of: dict[str, float], keyword_of: dict[str, float], fused_of: dict[str, float],
-                   reranked: bool, relevance_of: dict[str, float]) -> str:
+                   reranked: bool, relevance_of: dict[str, float], first_rank: int = 1) -> str:
     """The ``results`` array of a response: ``top`` (best first) with their ``rows`` (each naming its
     ``collection``), the legs' and fusion's scores by the hits' chunk ids, and ``relevance_score``."""
     if len(rows) != len(top):
@@ -92,6 +92,6 @@ def render_results(fragments: FragmentCache, versions: dict[str, str], top: Sequ
                   if scores[at + j] is not None]
         if reranked:
             stages.append(f'"reranked":{numbers[at + 1]}')
-        out.append(f'{{"rank":{i + 1},{fields},"relevance_score":{numbers[at]},"score":{numbers[at + 1]},'
+        out.append(f'{{"rank":{i + first_rank},{fields},"relevance_score":{numbers[at]},"score":{numbers[at + 1]},'
                    f'"scores":{{{",".join(stages)}}},{span}}}')
     return f'[{",".join(out)}]'

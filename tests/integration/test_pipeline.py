@@ -464,3 +464,59 @@ def test_ann_options_reach_every_shard_the_request_over_the_collections(built):
     seen.clear()
     search(pipe, query="telescope galaxy", method="keyword", limit=5, ann={"nprobe": 7})
     assert seen == [None] * len(collection.shards)
+
+
+@pytest.mark.parametrize("method", ["hybrid", "keyword", "vector"])
+def test_pages_by_cursor_are_slices_of_one_ranking(pipeline, method):
+    """Pages of 4 followed by their cursors, and by offset, give exactly the ranking one request of the same
+    search returns at once (same candidates: depths follow the page size), ranks continuing across pages."""
+    q = "telescope galaxy lucene"
+    whole = search(pipeline, query=q, method=method, limit=4, offset=0, candidates=40)
+    assert whole.next_cursor is not None
+    pages, cursor = [], None
+    while True:
+        page = search(pipeline, query=q, method=method, limit=4, candidates=40,
+                      **({"cursor": cursor} if cursor else {}))
+        pages.append(page)
+        cursor = page.next_cursor
+        if cursor is None or len(pages) == 10:
+            break
+    paged = [(r.rank, r.chunk_id, r.score) for p in pages for r in p.results]
+    assert [rank for rank, _, _ in paged] == list(range(1, len(paged) + 1))
+    assert len(paged) > 8 and len({cid for _, cid, _ in paged}) == len(paged)
+    by_offset = [(r.rank, r.chunk_id, r.score) for o in range(0, len(paged), 4)
+                 for r in search(pipeline, query=q, method=method, limit=4, offset=o, candidates=40).results]
+    assert by_offset == paged
+    # The oracle: one page as big as all of them, over the same 40 candidates a leg (depth is max(candidates,
+    # limit)); one leg's exact top-k is the same at any depth.
+    assert len(paged) <= 40
+    big = search(pipeline, query=q, method=method, limit=len(paged), candidates=40)
+    assert [(r.rank, r.chunk_id) for r in big.results] == [(rank, cid) for rank, cid, _ in paged]
+    assert [r.score for r in big.results] == pytest.approx([score for _, _, score in paged])
+
+
+def test_a_cursor_is_refused_for_another_search_after_a_switch_and_with_mmr(pipeline):
+    from deployments.search.paging import make_cursor, page_offset
+
+    first = search(pipeline, query="telescope galaxy", limit=3)
+    cursor = first.next_cursor
+    assert page_offset(SearchRequest(query="telescope galaxy", limit=3, cursor=cursor), first.index_version) == 3
+    with pytest.raises(RequestError) as e:
+        search(pipeline, query="bread oven", limit=3, cursor=cursor)
+    assert e.value.status == 400 and "another search" in str(e.value)
+    with pytest.raises(RequestError) as e:  # the version the cursor was made on is no longer the one served
+        stale = make_cursor(SearchRequest(query="telescope galaxy", limit=3), {"main": "v0-gone"}, 3)
+        search(pipeline, query="telescope galaxy", limit=3, cursor=stale)
+    assert e.value.status == 409 and "v0-gone ->" in str(e.value)
+    with pytest.raises(RequestError) as e:
+        search(pipeline, query="telescope galaxy", limit=3, cursor="not-a-cursor")
+    assert e.value.status == 400
+    with pytest.raises(RequestError) as e:
+        search(pipeline, query="telescope galaxy", limit=3, offset=3, mmr_lambda=0.5)
+    assert e.value.status == 400 and "MMR" in str(e.value)
+    assert search(pipeline, query="telescope galaxy", limit=3, mmr_lambda=0.5).next_cursor is None
+    with pytest.raises(RequestError) as e:
+        search(pipeline, query="telescope galaxy", limit=10, offset=195)
+    assert e.value.status == 400 and "past the 200 results" in str(e.value)
+    with pytest.raises(ValueError):
+        SearchRequest(query="x", offset=3, cursor=cursor)

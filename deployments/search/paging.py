@@ -1,0 +1,68 @@
+"""Pages of one search, Ray-free: an offset inside the candidate window, and cursors that never mix versions.
+
+A search ranks a window of candidates (each leg's top ``candidates`` of every shard, fused, maybe reranked);
+a page is a slice of that ranking. ``offset`` asks for one directly; ``next_cursor`` in a response names the
+next page of the same search. The cursor carries the index version of every collection searched and a digest
+of the request: the next page is served only from the same versions (a page after a switch is refused with
+409, never a page of the new version after a page of the old one) and for the same request (400 otherwise).
+Pages stop at the window: a hybrid search's fused scores depend on its candidates (min-max over each leg's
+list), so its pages stay inside the candidates that ``limit`` asks for (200 by default) and every page ranks
+the same ones; a one-leg search's exact top-k goes to ``router.candidate_cap``. A reranked search ranks its
+rerank depth (40 by default). Deep paging of a million results is not what a relevance-ranked search answers.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Mapping
+
+from deployments.errors import RequestError
+from deployments.schemas import SearchRequest
+
+# What may change from one page to the next without making it another search.
+# ``limit`` stays: it sets how deep the legs search, so another limit would rank other candidates.
+_PAGE_FIELDS = {"offset", "cursor", "debug"}
+
+
+def request_digest(req: SearchRequest) -> str:
+    body = req.model_dump(mode="json", exclude=_PAGE_FIELDS)
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def make_cursor(req: SearchRequest, versions: Mapping[str, str], offset: int) -> str:
+    body = {"o": offset, "v": dict(versions), "r": request_digest(req)}
+    return base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
+def page_offset(req: SearchRequest, versions: Mapping[str, str]) -> int:
+    """Where this request's page starts: its cursor's offset (checked against the request and the versions
+    served now), else ``offset``."""
+    if req.cursor is None:
+        return req.offset
+    try:
+        padded = req.cursor + "=" * (-len(req.cursor) % 4)
+        body = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        offset, made_on, digest = int(body["o"]), dict(body["v"]), str(body["r"])
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        raise RequestError("cursor is not one this service made: pass next_cursor from a response as it came",
+                           400) from None
+    if digest != request_digest(req):
+        raise RequestError("cursor belongs to another search: send the same query and options (limit included) "
+                           "with it", 400)
+    if made_on != dict(versions):
+        changed = ", ".join(f"{name}: {made_on.get(name)} -> {v}" for name, v in sorted(versions.items())
+                            if made_on.get(name) != v)
+        raise RequestError(f"the index changed since the first page ({changed}); its pages would mix versions: "
+                           "search again from the first page", 409)
+    return offset
+
+
+def check_window(offset: int, limit: int, end: int) -> None:
+    """``end``: the candidates the search ranks (a hybrid search's candidate depth, 200 by default; one leg's
+    router.candidate_cap)."""
+    if offset + limit > end:
+        raise RequestError(f"offset {offset} + limit {limit} is past the {end} results this search ranks: page "
+                           "within them, or narrow the query with filters", 400)

@@ -397,10 +397,9 @@ class SearchPipeline:
         # candidates the same way.
         offset = page_offset(req, {c.name: c.version for c in targets})
         window = offset + req.limit
-        if offset:
-            if req.mmr_lambda is not None:
-                raise RequestError("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
-                                   "to 100 results in one page", 400)
+        if offset and req.mmr_lambda is not None:
+            raise RequestError("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
+                               "to 100 results in one page", 400)
         corrected, asked_query = None, req.query
         if req.spell_correct:
             t = time.perf_counter()

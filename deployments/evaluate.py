@@ -23,7 +23,9 @@ import httpx
 from tqdm import tqdm
 
 from deployments.cli import renamed_flag
+from deployments.client import SearchClient, SearchServiceError
 from deployments.relevance.metrics import evaluate
+from deployments.schemas import SearchRequest, SearchResponse
 
 
 def read_queries(path: Path) -> dict[str, str]:
@@ -46,11 +48,11 @@ def read_qrels(path: Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
-def partial(answer: dict) -> bool:
-    return bool(answer["coverage"]["degraded"] or answer.get("warnings"))
+def partial(answer: SearchResponse) -> bool:
+    return bool(answer.coverage.degraded or answer.warnings)
 
 
-def search_all(url: str, queries: dict[str, str], body: dict, headers: dict, workers: int, progress: bool):
+def search_all(client: SearchClient, queries: dict[str, str], body: dict, workers: int, progress: bool):
     """(run: qid -> doc -> score, chunk runs: qid -> document of each returned chunk, failures)."""
     run: dict[str, dict[str, float]] = {}
     chunks: dict[str, list[str]] = {}
@@ -58,30 +60,32 @@ def search_all(url: str, queries: dict[str, str], body: dict, headers: dict, wor
 
     def one(item):
         # A partial answer (a shard or the encoder late: coverage degraded, or a warning) is asked again; one
-        # that stays partial is counted as failed, so the figures never quietly include it.
+        # that stays partial is counted as failed, so the figures never quietly include it. The client itself
+        # sends a 503 with Retry-After again.
         qid, text = item
         for attempt in range(3):
-            r = httpx.post(f"{url}/search", json={"query": text, "limit": 100, "include_citations": False} | body,
-                           headers=headers, timeout=300)
-            if r.status_code not in (200, 503) or (r.status_code == 200 and not partial(r.json())):
+            try:
+                answer = client.search(SearchRequest(query=text, limit=100, include_citations=False, **body))
+            except SearchServiceError as e:
+                return qid, e
+            if not partial(answer):
                 break
             time.sleep(1 + attempt)
-        return qid, r
+        return qid, answer
 
     with ThreadPoolExecutor(workers) as pool, tqdm(total=len(queries), desc="queries", disable=not progress) as bar:
-        for qid, r in pool.map(one, queries.items()):
+        for qid, answer in pool.map(one, queries.items()):
             bar.update(1)
-            if r.status_code != 200:
-                failures.append(f"{qid}: {r.status_code} {r.text[:200]}")
+            if isinstance(answer, SearchServiceError):
+                failures.append(f"{qid}: {answer}")
                 continue
-            if partial(r.json()):
-                failures.append(f"{qid}: a partial answer: {r.json().get('warnings') or r.json()['coverage']}")
+            if partial(answer):
+                failures.append(f"{qid}: a partial answer: {answer.warnings or answer.coverage}")
                 continue
-            results = r.json()["results"]
-            chunks[qid] = [hit["doc_id"] for hit in results]
+            chunks[qid] = [hit.doc_id for hit in answer.results]
             best: dict[str, float] = {}
-            for rank, hit in enumerate(results):
-                best.setdefault(hit["doc_id"], float(len(results) - rank))  # the order the service gave
+            for rank, hit in enumerate(answer.results):
+                best.setdefault(hit.doc_id, float(len(answer.results) - rank))  # the order the service gave
             run[qid] = best
     return run, chunks, failures
 
@@ -121,10 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no query of {queries_path} has judgments in {qrels_path}", file=sys.stderr)
         return 1
     body = {"method": args.method} | ({"collections": [args.collection]} if args.collection else {}) | args.request
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
-        run, chunks, failures = search_all(args.url.rstrip("/"), queries, body, headers, args.workers,
-                                           not args.no_progress)
+        SearchRequest(query="checked", **body)
+    except (ValueError, TypeError) as e:
+        print(f"error: --request makes no valid search: {e}", file=sys.stderr)
+        return 1
+    try:
+        with SearchClient(args.url, api_key=args.api_key, timeout=300) as client:
+            run, chunks, failures = search_all(client, queries, body, args.workers, not args.no_progress)
     except httpx.HTTPError as e:
         print(f"error: cannot reach {args.url}: {e}", file=sys.stderr)
         return 1

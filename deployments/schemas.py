@@ -342,6 +342,29 @@ class HealthResponse(BaseModel):
         default_factory=dict, description="Optional stages (reranker, synthesis): ok, off, or why not.")
 
 
+MAX_BATCH_SEARCHES = 64
+
+
+class BatchSearchRequest(RequestBody):
+    """Up to 64 searches answered in one call; each is checked and answered on its own."""
+
+    searches: list[dict[str, Any]] = Field(
+        min_length=1, max_length=MAX_BATCH_SEARCHES,
+        description="Search request bodies (as POST /search takes them); one that is invalid gets its own error.")
+
+
+class BatchItem(BaseModel):
+    status: int = Field(description="The status this search alone would have been answered with.")
+    response: SearchResponse | None = None
+    error: str | None = None
+    detail: Any = None
+
+
+class BatchSearchResponse(BaseModel):
+    responses: list[BatchItem] = Field(description="One a search, in the order sent.")
+    request_id: str | None = None
+
+
 class ErrorResponse(BaseModel):
     error: str
     detail: Any = None

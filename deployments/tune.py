@@ -35,6 +35,7 @@ import yaml
 from tqdm import tqdm
 
 from deployments.cli import renamed_flag
+from deployments.client import SearchClient, SearchServiceError
 from deployments.evaluate import partial, read_qrels, read_queries
 from deployments.relevance.metrics import ndcg_at
 from deployments.relevance.tuning import (
@@ -46,14 +47,14 @@ from deployments.relevance.tuning import (
     split_queries,
     threshold_candidates,
 )
+from deployments.schemas import SearchRequest
 
 
 class Service:
     """The running service, as the tuner talks to it."""
 
-    def __init__(self, url: str, headers: dict, collection: str | None, workers: int, progress: bool):
-        self.url = url.rstrip("/")
-        self.headers = headers
+    def __init__(self, client: SearchClient, collection: str | None, workers: int, progress: bool):
+        self.client = client
         self.collection = collection
         self.workers = workers
         self.progress = progress
@@ -66,20 +67,20 @@ class Service:
 
         def one(item):
             # A partial answer (a shard or the encoder late under load: coverage degraded, or a warning such
-            # as "keyword results only") would be scored as if the setting were worse: ask again, or stop.
+            # as "keyword results only") would be scored as if the setting were worse: ask again, or stop. The
+            # client sends a 503 with Retry-After again itself; any other error stops the tuning.
             qid, text = item
             for attempt in range(self.attempts):
-                r = httpx.post(f"{self.url}/search", json=base | body | {"query": text}, headers=self.headers,
-                               timeout=300)
-                if r.status_code == 200:
-                    answer = r.json()
-                    if not partial(answer):
-                        return qid, answer
-                    problem = f"a partial answer ({answer.get('warnings') or answer['coverage']})"
-                elif r.status_code == 503:
-                    problem = f"503 {r.text[:200]}"
+                try:
+                    answer = self.client.search(SearchRequest(**(base | body | {"query": text})))
+                except SearchServiceError as e:
+                    if e.status != 503:
+                        raise SystemExit(f"error: POST /search answered {e} for query {qid}") from None
+                    problem = f"503 {e.message}"
                 else:
-                    raise SystemExit(f"error: POST /search answered {r.status_code} for query {qid}: {r.text[:300]}")
+                    if not partial(answer):
+                        return qid, answer.model_dump(mode="json")
+                    problem = f"a partial answer ({answer.warnings or answer.coverage})"
                 time.sleep(1 + 2 * attempt)
             raise SystemExit(f"error: query {qid} got {problem} {self.attempts} times: the service is overloaded or "
                              "a shard is down; lower --workers or fix the service, then run again")
@@ -197,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {len(train)} training and {len(test)} held-out queries: judge more queries first "
               "(at least 5 each)", file=sys.stderr)
         return 1
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    svc = Service(args.url, headers, args.collection, args.workers, not args.no_progress)
+    svc = Service(SearchClient(args.url, api_key=args.api_key, timeout=300), args.collection, args.workers,
+                  not args.no_progress)
     train_q = {q: texts[q] for q in train}
     test_q = {q: texts[q] for q in test}
     train_qrels = {q: qrels[q] for q in train}

@@ -63,6 +63,9 @@ class InProcessEncoder:
     async def embed(self, text: str) -> np.ndarray:
         return self.encoder.encode([text])[0]
 
+    async def embed_many(self, texts: list[str]) -> list[np.ndarray]:
+        return list(self.encoder.encode(texts))
+
 
 def open_collection(name: str, index: Path, version: str | None = None, threaded: bool = False,
                     verify_checksums: bool = True, group_size: int = 0, encoder_backend: str = "onnx") -> Collection:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from deployments.errors import RequestError
+from deployments.errors import RequestError, ServiceError
 from deployments.schemas import (
     AnnParams,
     Answer,
@@ -73,6 +73,8 @@ class ShardClient(Protocol):
 class EncoderClient(Protocol):
     async def embed(self, text: str) -> np.ndarray: ...
 
+    async def embed_many(self, texts: list[str]) -> list[np.ndarray]: ...  # one batch (POST /search/batch)
+
 
 class RerankerClient(Protocol):
     async def score(self, query: str, passages: list[str]) -> list[float]: ...
@@ -97,6 +99,10 @@ class Collection:
     ann: AnnParams | None = None  # the collection's approximate search options (a request's own win)
     documents: int = 0  # of the version served (its manifest's counts), for metrics
     chunks: int = 0
+
+
+async def _given(value):
+    return value
 
 
 def failure(exc: BaseException) -> str:
@@ -349,8 +355,44 @@ class SearchPipeline:
         return json.dumps({"v": versions, "r": req.model_dump(mode="json", exclude={"debug"}), "acl": acl},
                           sort_keys=True)
 
+    async def search_batch(self, reqs: Sequence[SearchRequest], principals: list[str] | None = None,
+                           rendered: bool = False) -> list[SearchResponse | ServiceError]:
+        """Several searches at once, each answered or failed on its own (an error in place of its response).
+        Their queries are embedded first, one batch per encoder: a forward pass over 64 queries costs much
+        less than 64 passes of one. A request that corrects its spelling is embedded on its own (its text is
+        known only after the correction)."""
+        texts: dict[int, list[str]] = {}
+        encoders: dict[int, EncoderClient] = {}
+        for req in reqs:
+            if req.spell_correct or (req.method is Method.keyword and req.mmr_lambda is None):
+                continue
+            try:
+                targets = self._targets(req)
+            except ServiceError:
+                continue  # answered as that request's error below
+            text = self._query_text(req, {})
+            for c in targets:
+                encoders[id(c.encoder)] = c.encoder
+                texts.setdefault(id(c.encoder), []).append(text)
+        ready: dict[tuple[int, str], np.ndarray] = {}
+        for key, encoder in encoders.items():
+            distinct = list(dict.fromkeys(texts[key]))
+            try:
+                vectors = await within(encoder.embed_many(distinct), self.settings.encoder_timeout_s)
+            except Exception:  # noqa: BLE001 - each search then embeds its own query, and fails or warns alone
+                continue
+            ready.update(((key, t), v) for t, v in zip(distinct, vectors, strict=True))
+
+        async def one(req: SearchRequest) -> SearchResponse | ServiceError:
+            try:
+                return await self.search(req, principals, rendered, ready)
+            except ServiceError as e:
+                return e
+
+        return list(await asyncio.gather(*(one(r) for r in reqs)))
+
     async def search(self, req: SearchRequest, principals: list[str] | None = None,
-                     rendered: bool = False) -> SearchResponse:
+                     rendered: bool = False, embedded: dict | None = None) -> SearchResponse:
         """``principals``: who the caller is; with an ACL field configured it sees only chunks listed for
         one of them (or public), decided inside each shard before ranking. The request as a whole has a
         deadline (``request_timeout_s``, a 504 past it); every stage still at work for it is cancelled.
@@ -360,12 +402,13 @@ class SearchPipeline:
         response's ``results`` is then empty and ``response_json`` writes them. A request that synthesizes
         an answer always gets the models (the writer reads them)."""
         try:
-            return await within(self._search(req, principals, rendered), self.settings.request_timeout_s)
+            return await within(self._search(req, principals, rendered, embedded), self.settings.request_timeout_s)
         except TimeoutError:
             raise RequestError(f"the search took longer than router.request_timeout_s "
                                f"({self.settings.request_timeout_s:g} s) and was stopped", 504) from None
 
-    async def _search(self, req: SearchRequest, principals: list[str] | None, rendered: bool) -> SearchResponse:
+    async def _search(self, req: SearchRequest, principals: list[str] | None, rendered: bool,
+                      embedded: dict | None = None) -> SearchResponse:
         t_start = time.perf_counter()
         targets = self._targets(req)
         acl = None
@@ -426,8 +469,10 @@ class SearchPipeline:
         if need_vector:
             t = time.perf_counter()
             try:
-                embedded = await within(gathered([c.encoder.embed(text) for c in targets]), s.encoder_timeout_s)
-                vectors = dict(zip((c.name for c in targets), embedded, strict=True))
+                ready = embedded or {}  # queries a batch embedded at once (``search_batch``)
+                got = await within(gathered([_given(ready.get((id(c.encoder), text))) if (id(c.encoder), text) in ready
+                                             else c.encoder.embed(text) for c in targets]), s.encoder_timeout_s)
+                vectors = dict(zip((c.name for c in targets), got, strict=True))
             except Exception as exc:  # a hybrid search can still answer from its keyword leg
                 if req.method is not Method.hybrid or req.mmr_lambda is not None:
                     raise RequestError(f"the query encoder {failure(exc)}; retry shortly", 503) from exc

@@ -20,7 +20,7 @@ import logging
 log = logging.getLogger(__name__)
 
 ROUTES = frozenset({
-    "/search", "/feedback", "/feedback/qrels", "/health", "/admin/versions",
+    "/search", "/search/batch", "/feedback", "/feedback/qrels", "/health", "/admin/versions",
     "/admin/collections/{collection}/activate", "/admin/collections/{collection}/rollback",
     "/", "/console", "/console/{asset}", "/docs", "/openapi.json", "/redoc", "/docs/oauth2-redirect",
 })

@@ -25,6 +25,7 @@ from fastapi.responses import (
     Response,
     StreamingResponse,
 )
+from pydantic import ValidationError
 from ray import serve
 from ray.exceptions import RayActorError
 from starlette.datastructures import Headers
@@ -37,6 +38,8 @@ from deployments.schemas import (
     ActivateRequest,
     ActivationResponse,
     AnnParams,
+    BatchSearchRequest,
+    BatchSearchResponse,
     ErrorResponse,
     FeedbackRequest,
     FeedbackResponse,
@@ -157,8 +160,12 @@ def error_body(request: Request, message: str, detail: Any = None) -> dict[str, 
 
 @app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    problems = [{"field": ".".join(str(p) for p in e["loc"] if p != "body"), "error": e["msg"]} for e in exc.errors()]
-    return JSONResponse(status_code=422, content=error_body(request, "invalid request", problems))
+    return JSONResponse(status_code=422, content=error_body(request, "invalid request", validation_problems(exc)))
+
+
+def validation_problems(exc) -> list[dict[str, str]]:
+    """Each problem of a request body: the field's path and the rule it broke."""
+    return [{"field": ".".join(str(p) for p in e["loc"] if p != "body"), "error": e["msg"]} for e in exc.errors()]
 
 
 @app.exception_handler(StarletteHTTPException)
@@ -244,6 +251,10 @@ class HandleEncoder:
     async def embed(self, text: str):
         return await call_with_retry(self.handle.embed, text)
 
+    async def embed_many(self, texts: list[str]):
+        # The encoder deployment batches calls that arrive together (serve.batch): one call a query is one batch.
+        return await asyncio.gather(*(self.embed(t) for t in texts))
+
 
 class LocalEncoder:
     """The query encoder inside the router replica (``encoder_placement: router``): no hop, no serialization.
@@ -264,6 +275,10 @@ class LocalEncoder:
     async def embed(self, text: str):
         loop = asyncio.get_running_loop()
         return (await loop.run_in_executor(self.worker, self.encoder.encode, [text]))[0]
+
+    async def embed_many(self, texts: list[str]):
+        loop = asyncio.get_running_loop()
+        return list(await loop.run_in_executor(self.worker, self.encoder.encode, texts))
 
 
 class HandleReranker:
@@ -500,6 +515,42 @@ class SearchRouter:
                 "method": body.method.value, "limit": body.limit, "outcome": outcome,
                 "ms": round((time.perf_counter() - t0) * 1000, 2),
             })
+
+    @app.post("/search/batch", response_model=BatchSearchResponse,
+              responses=error_responses({504: "Past router.request_timeout_s"}))
+    async def search_batch(self, body: BatchSearchRequest, request: Request) -> Response:
+        """Up to 64 searches in one call, their queries embedded as one batch; each answered or refused on its
+        own (``status`` and ``response``, or ``status``, ``error`` and ``detail``, as POST /search would)."""
+        self._watch()
+        await self._load_info()
+        checked: list[SearchRequest | dict] = []
+        for item in body.searches:
+            try:
+                req = SearchRequest.model_validate(item)
+            except ValidationError as e:
+                checked.append({"status": 422, "error": "invalid request", "detail": validation_problems(e)})
+                continue
+            if req.stream:
+                checked.append({"status": 400, "error": "stream: a streamed answer cannot be batched; send it "
+                                "to POST /search"})
+                continue
+            checked.append(req)
+        reqs = [c for c in checked if isinstance(c, SearchRequest)]
+        answered = iter(await self.pipeline.search_batch(reqs, getattr(request.state, "principals", None),
+                                                         rendered=True))
+        parts = []
+        for c in checked:
+            if not isinstance(c, SearchRequest):
+                parts.append(json.dumps(c))
+                continue
+            result = next(answered)
+            if isinstance(result, ServiceError):
+                parts.append(json.dumps({"status": result.status, "error": str(result)}))
+            else:
+                self.metrics.record(result)
+                parts.append(f'{{"status":200,"response":{response_json(result)}}}')
+        rid = json.dumps(request_id(request))
+        return Response(f'{{"responses":[{",".join(parts)}],"request_id":{rid}}}', media_type="application/json")
 
     def _judgments(self, collection: str | None) -> tuple[str, JudgmentStore]:
         name = collection or self.pipeline.default_collection

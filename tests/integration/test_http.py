@@ -259,3 +259,64 @@ def test_tune_command_tunes_writes_and_applies_settings_in_place(served, corpus,
         apply_router_settings(original)
     with pytest.raises(ValueError, match="rrf_k"):
         apply_router_settings({"rrf_k": 0})  # refused before anything changes
+
+
+def test_a_batch_over_http_answers_each_search_as_alone_with_its_own_errors(served):
+    client, _ = served
+    searches = [{"query": "telescope galaxy", "limit": 3}, {"query": "bread oven", "method": "keyword", "limit": 2},
+                {"query": "sail", "limit": 1000}, {"query": "x", "collections": ["nope"]},
+                {"query": "lucene replica", "method": "vector", "limit": 2, "offset": 2}]
+    r = client.post("/search/batch", json={"searches": searches}, headers={"X-Request-Id": "batch-1"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "batch-1"
+    body = r.json()
+    assert body["request_id"] == "batch-1"
+    assert [item["status"] for item in body["responses"]] == [200, 200, 422, 404, 200]
+    for search, item in zip(searches, body["responses"], strict=True):
+        alone = client.post("/search", json=search)
+        assert alone.status_code == item["status"]
+        if item["status"] == 200:
+            assert [(x["rank"], x["chunk_id"]) for x in item["response"]["results"]] == \
+                   [(x["rank"], x["chunk_id"]) for x in alone.json()["results"]]
+        else:
+            assert item["error"] == alone.json()["error"]
+    assert body["responses"][2]["detail"][0]["field"] == "limit"
+    assert body["responses"][4]["response"]["results"][0]["rank"] == 3
+    too_many = client.post("/search/batch", json={"searches": [{"query": "x"}] * 65})
+    assert too_many.status_code == 422 and too_many.json()["detail"][0]["field"] == "searches"
+
+
+def test_the_typed_client_against_the_served_app(served):
+    """deployments.client, sync and async, on the real app: answers equal raw HTTP's, pages follow cursors to
+    the end, a batch keeps each search's error in its place, errors carry status and request id."""
+    import asyncio
+
+    from deployments.client import AsyncSearchClient, SearchClient, SearchServiceError
+
+    raw, _ = served
+    with SearchClient(str(raw.base_url)) as client:
+        page = client.search("telescope galaxy", limit=3, method="keyword")
+        assert [r.chunk_id for r in page.results] == \
+               [r["chunk_id"] for r in raw.post("/search", json={"query": "telescope galaxy", "limit": 3,
+                                                                  "method": "keyword"}).json()["results"]]
+        pages = list(client.pages("telescope galaxy", limit=4, candidates=12))
+        ranks = [r.rank for p in pages for r in p.results]
+        assert len(pages) > 1 and ranks == list(range(1, len(ranks) + 1)) and pages[-1].next_cursor is None
+        answers = client.search_batch(["telescope galaxy", {"query": "x", "collections": ["nope"]}])
+        assert answers[0].results and isinstance(answers[1], SearchServiceError) and answers[1].status == 404
+        with pytest.raises(SearchServiceError) as e:
+            client.search("x", collections=["nope"])
+        assert e.value.status == 404 and e.value.request_id and "unknown collection" in e.value.message
+        assert client.health().status == "ok"
+        stored = client.feedback("telescope galaxy", 1, chunk_id=page.results[0].chunk_id)
+        assert stored.doc_id == page.results[0].doc_id and stored.label == 1
+
+    async def go():
+        async with AsyncSearchClient(str(raw.base_url)) as client:
+            one = await client.search("telescope galaxy", limit=2)
+            pages = [p async for p in client.pages("telescope galaxy", limit=4, candidates=12)]
+            return one, pages, await client.search_batch(["bread oven"] * 3)
+
+    one, async_pages, batch = asyncio.run(go())
+    assert len(one.results) == 2 and [r.chunk_id for p in async_pages for r in p.results] == \
+           [r.chunk_id for p in pages for r in p.results]
+    assert len(batch) == 3 and all(b.results for b in batch)

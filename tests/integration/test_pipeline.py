@@ -520,3 +520,34 @@ def test_a_cursor_is_refused_for_another_search_after_a_switch_and_with_mmr(pipe
     assert e.value.status == 400 and "past the 200 results" in str(e.value)
     with pytest.raises(ValueError):
         SearchRequest(query="x", offset=3, cursor=cursor)
+
+
+def test_a_batch_answers_each_search_as_alone_embedding_the_queries_once(built, monkeypatch):
+    """A batch's responses equal the same searches sent one by one; the queries went to the encoder as one
+    batch, never one by one; an invalid search fails alone."""
+    pipeline = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(cache_size=0))  # no cache
+    reqs = [SearchRequest(query=q, limit=5, method=m) for q in ("telescope galaxy", "bread oven", "sail tide")
+            for m in ("hybrid", "vector", "keyword")]
+    reqs.append(SearchRequest(query="telescope", collections=["nope"]))
+    encoder = pipeline.collections["main"].encoder
+    calls = {"one": 0, "many": []}
+    one, many = encoder.embed, encoder.embed_many
+
+    async def counted_one(text):
+        calls["one"] += 1
+        return await one(text)
+
+    async def counted_many(texts):
+        calls["many"].append(len(texts))
+        return await many(texts)
+
+    monkeypatch.setattr(encoder, "embed", counted_one)
+    monkeypatch.setattr(encoder, "embed_many", counted_many)
+    answers = run(pipeline.search_batch(reqs))
+    assert calls == {"one": 0, "many": [3]}  # 3 distinct texts of the 6 searches that embed
+    for req, got in zip(reqs[:-1], answers[:-1], strict=True):
+        alone = run(pipeline.search(req))
+        assert not alone.cached and not got.cached
+        assert [(r.chunk_id, r.rank) for r in got.results] == [(r.chunk_id, r.rank) for r in alone.results]
+        assert [r.score for r in got.results] == pytest.approx([r.score for r in alone.results], abs=1e-6)
+    assert isinstance(answers[-1], RequestError) and answers[-1].status == 404

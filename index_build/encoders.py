@@ -265,3 +265,24 @@ def load_encoder(name: str, device: str = "cpu", backend: str = "torch", threads
     if backend not in ("onnx", "onnx-int8", "torch"):
         raise ValueError(f"encoder backend {backend!r}: expected onnx, onnx-int8 or torch")
     return SentenceTransformerEncoder(name, device=resolved)
+
+
+QUERY_GROUP = 4
+
+
+def encode_queries(encoder, texts: list[str], group: int = QUERY_GROUP) -> np.ndarray:
+    """Many short queries embedded a few at a time, in order of length (vectors returned in the order given).
+
+    Measured on 2 AMD EPYC cores with MiniLM through ONNX Runtime, one thread, SciFact's queries
+    (bench/README.md, "Batches"): one query at a time 8.1 ms a query, all 64 in one pass 15.3-17.5 (sorted or
+    not: the larger pass itself costs more a query on this CPU), 8 at a time 9.8 unsorted and 7.8-8.0 sorted,
+    4 at a time sorted 7.3-7.5."""
+    if not texts:
+        return np.zeros((0, encoder.dimension), dtype=np.float32)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out = np.empty((len(texts), encoder.dimension), dtype=np.float32)
+    for start in range(0, len(order), group):
+        rows = order[start:start + group]
+        out[rows] = encoder.encode([texts[i] for i in rows], batch_size=group)
+    return out
+

@@ -18,7 +18,7 @@ from deployments.search.hits import Hit, merge_top_k
 from deployments.search.pipeline import Collection, SearchPipeline
 from deployments.shard.group import ShardGroup
 from deployments.shard.service import ShardAnswer, ShardService, open_version
-from index_build.encoders import load_encoder
+from index_build.encoders import encode_queries, load_encoder
 
 
 class InProcessShard:
@@ -64,7 +64,7 @@ class InProcessEncoder:
         return self.encoder.encode([text])[0]
 
     async def embed_many(self, texts: list[str]) -> list[np.ndarray]:
-        return list(self.encoder.encode(texts))
+        return list(encode_queries(self.encoder, texts))
 
 
 def open_collection(name: str, index: Path, version: str | None = None, threaded: bool = False,

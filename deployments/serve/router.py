@@ -277,8 +277,10 @@ class LocalEncoder:
         return (await loop.run_in_executor(self.worker, self.encoder.encode, [text]))[0]
 
     async def embed_many(self, texts: list[str]):
+        from index_build.encoders import encode_queries
+
         loop = asyncio.get_running_loop()
-        return list(await loop.run_in_executor(self.worker, self.encoder.encode, texts))
+        return list(await loop.run_in_executor(self.worker, encode_queries, self.encoder, texts))
 
 
 class HandleReranker:

@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=8080, metavar="PORT",
                         help="where Ray's metrics agent serves Prometheus metrics, /metrics; 0: a free port (default: "
                              "%(default)s; names in README, 'Metrics')")
+    parser.add_argument("--otlp-endpoint", metavar="URL",
+                        help="send OpenTelemetry traces of searches here (OTLP over HTTP, e.g. "
+                             "http://127.0.0.1:4318/v1/traces); default: tracing off")
     parser.add_argument("--example", metavar="QUERY", help="once serving, send this query and print the answer")
     args = parser.parse_args(argv)
 
@@ -176,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                         encoder_placement=args.encoder_placement,
                         encoder_backend=args.encoder_backend,
                         encoder_router_threads=args.encoder_router_threads,
-                        verify_checksums=not args.no_verify,
+                        verify_checksums=not args.no_verify, otlp_endpoint=args.otlp_endpoint,
                         security=SecurityConfig(max_inflight=args.max_inflight),
                         router=RouterSettings(cache_size=0 if args.no_cache else 1024,
                                               rerank_timeout_s=args.rerank_timeout_s),

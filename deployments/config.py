@@ -286,6 +286,9 @@ class AppConfig(BaseModel):
         512, ge=-1, description="Requests waiting for a router replica before Serve's proxy answers 503 (-1: no limit).")
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     verify_checksums: bool = Field(True, description="Check every shard file against its manifest at start.")
+    otlp_endpoint: str | None = Field(
+        None, description="Send OpenTelemetry traces of searches here (OTLP over HTTP, e.g. "
+        "http://collector:4318/v1/traces); none: tracing is off and costs nothing.")
     log_encoding: Literal["JSON", "TEXT"] = Field(
         "JSON", description="Serve's log lines of every deployment: JSON (one object a line, with the request id, "
         "route and replica of the request it was written for) or Serve's text lines.")

@@ -101,6 +101,14 @@ class Collection:
     chunks: int = 0
 
 
+def _mark(timings: dict, stage: str, started: float) -> None:
+    """A stage's time in ``timings_ms`` (summed when it runs again), and its span: (name, start, end, parent)
+    in perf_counter seconds, for traces (``deployments.search.tracing``)."""
+    now = time.perf_counter()
+    timings[stage] = timings.get(stage, 0.0) + (now - started) * 1000
+    timings.setdefault("_stages", []).append((stage, started, now, None))
+
+
 async def _given(value):
     return value
 
@@ -271,7 +279,7 @@ class SearchPipeline:
                     shard.search(vector, text, k_dense, k_keyword, filters, rows, acl, options),
                     self.settings.shard_timeout_s)))
         answers = await gathered([call for _, _, call in calls], return_exceptions=True)
-        timings["retrieve"] = timings.get("retrieve", 0.0) + (time.perf_counter() - t) * 1000
+        _mark(timings, "retrieve", t)
         per_collection: dict[str, list[tuple[int, ShardAnswer]]] = {c.name: [] for c in targets}
         shard_ms = timings.setdefault("_shards", {})
         failed = []
@@ -287,6 +295,7 @@ class SearchPipeline:
             if answer.filter_error:
                 raise RequestError(answer.filter_error, status=422)
             per_collection[c.name].append((c.shards.index(shard), answer))
+            timings["_stages"].append((f"shards {c.name}/{shard.name}", t, t + answer.took_ms / 1000, "retrieve"))
             for name, ms in (answer.shard_ms or {answer.shard: answer.took_ms}).items():
                 shard_ms[f"{c.name}/{name}"] = round(ms, 3)
         return per_collection, failed, asked, answered
@@ -461,7 +470,7 @@ class SearchPipeline:
                 if corrections:
                     corrected = fixed
                     req = req.model_copy(update={"query": fixed})
-            timings["spell"] = (time.perf_counter() - t) * 1000
+            _mark(timings, "spell", t)
         text = self._query_text(req, trace)
 
         need_vector = req.method is not Method.keyword or req.mmr_lambda is not None
@@ -477,7 +486,7 @@ class SearchPipeline:
                 if req.method is not Method.hybrid or req.mmr_lambda is not None:
                     raise RequestError(f"the query encoder {failure(exc)}; retry shortly", 503) from exc
                 warnings.append(f"query encoder {failure(exc)}: keyword results only")
-            timings["embed"] = (time.perf_counter() - t) * 1000
+            _mark(timings, "embed", t)
 
         hybrid = req.method is Method.hybrid
         if hybrid or req.mmr_lambda is not None or len(targets) > 1:
@@ -524,7 +533,7 @@ class SearchPipeline:
             fused_per = [self._fuse(req, *legs[c.name]) for c in targets]
             fused = fused_per[0] if len(fused_per) == 1 else rrf(fused_per, rrf_k=req.rrf_k or s.rrf_k)
             deepened = True
-        timings["fuse"] = (time.perf_counter() - t) * 1000
+        _mark(timings, "fuse", t)
         if hybrid:
             trace["fusion"] = self._fusion(req)
 
@@ -545,7 +554,7 @@ class SearchPipeline:
                 reranked = True
             except Exception as exc:  # the fused order stands; the request still succeeds
                 warnings.append(f"reranking {failure(exc)}: results are in fused order")
-            timings["rerank"] = (time.perf_counter() - t) * 1000
+            _mark(timings, "rerank", t)
             trace["rerank"] = {"depth": len(pool), "with": req.rerank_with.value, "applied": reranked}
         relevance_of = dict(zip((h.chunk_id for h in ranked),
                              relevance_scores([h.score for h in ranked], *self._relevance_scale(req, reranked, targets)),
@@ -566,7 +575,7 @@ class SearchPipeline:
                 query_vector = next(iter(vectors.values()))
                 relevance = [h.score for h in min_max(pool)]
                 final = mmr(pool, query_vector, pool_vectors, req.limit, req.mmr_lambda, relevance)
-            timings["mmr"] = (time.perf_counter() - t) * 1000
+            _mark(timings, "mmr", t)
         top = final[offset:window]
 
         t = time.perf_counter()
@@ -575,7 +584,7 @@ class SearchPipeline:
         except Exception as exc:
             raise RequestError(f"the shards did not send the results' texts: {failure(exc)}; retry shortly",
                                503) from exc
-        timings["fetch"] = (time.perf_counter() - t) * 1000
+        _mark(timings, "fetch", t)
         fused_scores = {h.chunk_id: h.score for h in fused} if hybrid else {}
         dense_of, keyword_of = leg_scores(legs)
         results_json = None
@@ -598,15 +607,16 @@ class SearchPipeline:
                 trace["context"] = info
             if req.include_citations:
                 citation_payload = citations(passages)
-            timings["assemble"] = (time.perf_counter() - t) * 1000
+            _mark(timings, "assemble", t)
 
         answer = None
         if req.synthesize and not req.stream:
             t = time.perf_counter()
             answer = await self._answer(req, results, warnings)
-            timings["synthesize"] = (time.perf_counter() - t) * 1000
+            _mark(timings, "synthesize", t)
 
         trace["shard_search_ms"] = timings.pop("_shards", {})
+        stages = timings.pop("_stages", [])
         timings["total"] = (time.perf_counter() - t_start) * 1000
         response = SearchResponse(
             query=asked_query,
@@ -636,6 +646,7 @@ class SearchPipeline:
             if req.debug else None,
         )
         response._results_json = results_json
+        response._stages = (t_start, time.perf_counter(), stages)
         if key is not None and not failed and not warnings and not req.debug and not req.stream:
             self.cache.put(key, response)
         return response

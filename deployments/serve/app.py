@@ -164,4 +164,5 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
         max_queued_requests=cfg.router_max_queued_requests,
         user_config=cfg.router.model_dump(mode="json"),
         logging_config=logging_config(cfg),
-    ).bind(collections, default, reranker, synthesis, cfg.synthesis.llm_rerank, cfg.security.model_dump(mode="json"))
+    ).bind(collections, default, reranker, synthesis, cfg.synthesis.llm_rerank, cfg.security.model_dump(mode="json"),
+           otlp_endpoint=cfg.otlp_endpoint)

@@ -394,8 +394,14 @@ class _Metrics:
 @serve.ingress(app)
 class SearchRouter:
     def __init__(self, collections: dict[str, dict[str, Any]], default_collection: str, reranker=None,
-                 synthesis=None, llm_rerank: bool = False, security: dict | None = None, settings: dict | None = None):
+                 synthesis=None, llm_rerank: bool = False, security: dict | None = None, settings: dict | None = None,
+                 otlp_endpoint: str | None = None):
         reuse_address_on_bind()  # before Serve binds this replica's port (deployments.serve.listen says why)
+        self.tracer = None
+        if otlp_endpoint:
+            from deployments.search.tracing import SearchTracer
+
+            self.tracer = SearchTracer(otlp_endpoint)
         self.settings = RouterSettings(**(settings or {}))
         security_cfg = SecurityConfig.model_validate(security or {})
         self.guard = configure_guard(security_cfg)
@@ -502,12 +508,18 @@ class SearchRouter:
                                                   rendered=True)
             outcome = "degraded" if response.coverage.degraded else "ok"
             self.metrics.record(response)
+            if self.tracer is not None:
+                self.tracer.record(response, request.headers, request_id(request))
             if body.stream:
                 return StreamingResponse(_ndjson(self.pipeline.stream_answer(body, response)),
                                          media_type="application/x-ndjson")
             # Serialized once by pydantic's Rust encoder: returning the model would have FastAPI validate
             # and encode it again (the schema above still documents it).
             return Response(response_json(response), media_type="application/json")
+        except Exception as exc:
+            if self.tracer is not None:
+                self.tracer.record_failure(request.headers, t0, getattr(exc, "status", 500), request_id(request))
+            raise
         finally:
             # One line a search, in Serve's log format (JSON by default: these fields beside Serve's request_id,
             # route, application, deployment and replica); the query redacted unless router.redact_queries is off.

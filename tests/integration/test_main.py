@@ -18,6 +18,7 @@ import pytest
 
 PORT = 8791
 METRICS_PORT = 8792
+COLLECTOR_PORT = 8793
 
 
 class Running:
@@ -28,7 +29,8 @@ class Running:
         root = Path(__file__).parents[2]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "deployments", "--index", str(version_dir), "--port", str(PORT), "--no-cache",
-             "--max-inflight", "2", "--metrics-port", str(METRICS_PORT)], cwd=root, env=os.environ | {"PYTHONPATH": str(root)},
+             "--max-inflight", "2", "--metrics-port", str(METRICS_PORT),
+             "--otlp-endpoint", f"http://127.0.0.1:{COLLECTOR_PORT}/v1/traces"], cwd=root, env=os.environ | {"PYTHONPATH": str(root)},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
@@ -65,8 +67,44 @@ class Running:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+class Collector:
+    """An OTLP/HTTP trace collector: what the app exports, decoded with OpenTelemetry's own protobufs."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.spans: list = []
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+                body = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
+                for resource in body.resource_spans:
+                    for scope in resource.scope_spans:
+                        collector.spans.extend(scope.spans)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", COLLECTOR_PORT), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
 @pytest.fixture(scope="module")
-def service(built):
+def collector():
+    c = Collector()
+    yield c
+    c.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def service(built, collector):
     _, summary = built[3]
     running = Running(summary.version_dir)
     yield running.base, running
@@ -238,6 +276,27 @@ def test_the_request_id_is_in_every_log_line_and_error_body_and_queries_are_reda
     assert not [r for r in lines if "confidential-words" in json.dumps(r)]
     failed = [r for r in lines if r.get("request_id") == "rid-404-1" and r.get("event") == "search"]
     assert [r["outcome"] for r in failed] == ["error"]
+
+
+def test_a_served_search_is_one_trace_exported_by_otlp_with_its_stages(service, collector):
+    base, _ = service
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    r = httpx.post(f"{base}/search", json={"query": "telescope galaxy", "limit": 3},
+                   headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01", "X-Request-Id": "rid-otlp-1"})
+    assert r.status_code == 200
+    deadline = time.monotonic() + 30  # spans are sent in batches, every few seconds
+    while time.monotonic() < deadline and not any(s.trace_id.hex() == trace_id and s.name == "search"
+                                                  for s in collector.spans):
+        time.sleep(0.5)
+    time.sleep(1)
+    mine = [s for s in collector.spans if s.trace_id.hex() == trace_id]
+    (root,) = [s for s in mine if s.name == "search"]
+    assert root.parent_span_id.hex() == "b7ad6b7169203331"
+    attributes = {a.key: a.value for a in root.attributes}
+    assert attributes["request.id"].string_value == "rid-otlp-1"
+    children = {s.name for s in mine if s.parent_span_id == root.span_id}
+    assert {"embed", "retrieve", "fuse", "fetch"} <= children
+    assert any(s.name.startswith("shards default/") for s in mine)
 
 
 def time_wait_sockets(port: int) -> int:

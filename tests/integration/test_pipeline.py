@@ -551,3 +551,36 @@ def test_a_batch_answers_each_search_as_alone_embedding_the_queries_once(built, 
         assert [(r.chunk_id, r.rank) for r in got.results] == [(r.chunk_id, r.rank) for r in alone.results]
         assert [r.score for r in got.results] == pytest.approx([r.score for r in alone.results], abs=1e-6)
     assert isinstance(answers[-1], RequestError) and answers[-1].status == 404
+
+
+def test_a_trace_per_search_with_its_stages_as_children(built):
+    """The spans of a search: one root in the caller's trace (traceparent), a child per stage that ran (the
+    response's timings), a child of retrieve per shard group, all inside the root; a cached answer: the root."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from deployments.search.tracing import SearchTracer
+
+    pipeline = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(), group_size=1)
+    exporter = InMemorySpanExporter()
+    tracer = SearchTracer(exporter=exporter)
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    req = SearchRequest(query="telescope galaxy", limit=3, include_context=True)
+    resp = run(pipeline.search(req))
+    tracer.record(resp, {"traceparent": f"00-{trace_id}-{parent_id}-01"}, "rid-trace-1")
+    spans = exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.name == "search"]
+    assert f"{root.context.trace_id:032x}" == trace_id and f"{root.parent.span_id:016x}" == parent_id
+    assert root.attributes["request.id"] == "rid-trace-1" and root.attributes["search.results"] == 3
+    assert {s.context.trace_id for s in spans} == {root.context.trace_id}
+    children = {s.name: s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id}
+    assert set(children) == set(resp.timings_ms) - {"total"}
+    assert {"embed", "retrieve", "fuse", "fetch", "assemble"} <= set(children)
+    groups = [s for s in spans if s.parent is not None and s.parent.span_id == children["retrieve"].context.span_id]
+    assert sorted(s.name for s in groups) == [f"shards main/{g.name}" for g in
+                                              sorted(pipeline.collections["main"].shards, key=lambda g: g.name)]
+    assert all(root.start_time <= s.start_time <= s.end_time <= root.end_time for s in spans)
+    exporter.clear()
+    cached = run(pipeline.search(req))
+    assert cached.cached
+    tracer.record(cached, {}, None)
+    assert [s.name for s in exporter.get_finished_spans()] == ["search"]

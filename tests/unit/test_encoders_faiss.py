@@ -83,3 +83,14 @@ def test_shard_search_device_is_a_config_choice():
     assert AppConfig(index="x", shard_search_device="cuda", shard_num_gpus=0.5).shard_num_gpus == 0.5
     with pytest.raises(ValidationError):
         AppConfig(index="x", shard_search_device="tpu")
+
+
+def test_queries_embedded_in_small_groups_come_back_in_the_order_given():
+    from index_build.encoders import encode_queries
+
+    enc = HashingEncoder(32)
+    texts = ["a much longer query about many things", "short", "mid length query", "x", "", "another one here"]
+    got = encode_queries(enc, texts, group=2)
+    assert got.shape == (6, 32)
+    assert np.allclose(got, np.stack([enc.encode([t])[0] for t in texts]))
+    assert encode_queries(enc, []).shape == (0, 32)

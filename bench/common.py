@@ -35,12 +35,9 @@ def machine() -> dict:
 
 def load_beir(folder: Path, split: str = "test") -> tuple[dict[str, str], dict[str, dict[str, int]]]:
     """(queries of the split, qrels) from a BEIR folder; only queries that have judgments."""
-    qrels: dict[str, dict[str, int]] = {}
-    with open(folder / "qrels" / f"{split}.tsv") as f:
-        next(f)
-        for line in f:
-            qid, did, score = line.rstrip("\n").split("\t")
-            qrels.setdefault(qid, {})[did] = int(score)
+    from deployments.relevance.qrels import read_qrels
+
+    qrels = read_qrels(folder / "qrels" / f"{split}.tsv")
     queries = {}
     with open(folder / "queries.jsonl") as f:
         for line in f:

@@ -25,27 +25,13 @@ from tqdm import tqdm
 from deployments.cli import renamed_flag
 from deployments.client import SearchClient, SearchServiceError
 from deployments.relevance.metrics import evaluate
+from deployments.relevance.qrels import read_qrels
 from deployments.schemas import SearchRequest, SearchResponse
 
 
 def read_queries(path: Path) -> dict[str, str]:
     with open(path, encoding="utf-8") as f:
         return {str(q["_id"]): q["text"] for q in map(json.loads, filter(str.strip, f))}
-
-
-def read_qrels(path: Path) -> dict[str, dict[str, int]]:
-    qrels: dict[str, dict[str, int]] = {}
-    with open(path) as f:
-        for n, line in enumerate(f):
-            parts = line.rstrip("\n").split("\t")
-            if n == 0 and parts[0] == "query-id":
-                continue
-            if len(parts) == 4:  # TREC style: qid 0 doc grade
-                parts = [parts[0], parts[2], parts[3]]
-            if len(parts) != 3:
-                raise ValueError(f"{path}:{n + 1}: expected 'query-id<TAB>corpus-id<TAB>score'")
-            qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
-    return qrels
 
 
 def partial(answer: SearchResponse) -> bool:

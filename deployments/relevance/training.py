@@ -20,6 +20,7 @@ from pathlib import Path
 
 from deployments.cli import renamed_flag
 from deployments.relevance.judgments import JudgmentStore
+from deployments.relevance.qrels import read_qrels
 
 TRAINING_FILE = "training.json"  # written beside a trained model: its data, held-out split, settings, time
 
@@ -39,18 +40,6 @@ class Pair:
     def negatives(self) -> list[str]:
         """The texts of every hard negative, best-ranked first."""
         return ([self.negative_text] if self.negative_text else []) + [text for _, text in self.more_negatives]
-
-
-def read_qrels(path: Path) -> dict[str, dict[str, int]]:
-    qrels: dict[str, dict[str, int]] = {}
-    with open(path) as f:
-        for n, line in enumerate(f):
-            parts = line.rstrip("\n").split("\t")
-            if n == 0 and parts[0] == "query-id":
-                continue
-            if len(parts) == 3:
-                qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
-    return qrels
 
 
 def read_corpus(path: Path, ids: set[str] | None = None) -> dict[str, str]:

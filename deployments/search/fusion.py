@@ -106,19 +106,6 @@ def weighted(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> list[Hi
     return _ranked(scores, shard_of)
 
 
-def dedupe(hits: Sequence[Hit]) -> list[Hit]:
-    """The best-scoring occurrence of each chunk id, ordered by score descending, then chunk id ascending.
-
-    Between equal-scoring copies the first one wins (it decides ``shard``). Empty input: ``[]``.
-    """
-    best: dict[str, Hit] = {}
-    for hit in hits:
-        kept = best.get(hit.chunk_id)
-        if kept is None or hit.score > kept.score:
-            best[hit.chunk_id] = hit
-    return sorted(best.values(), key=rank_key)
-
-
 def candidate_depth(limit: int, base: int = 50, factor: int = 4, cap: int = 1000) -> int:
     """How many candidates to ask each leg and shard for: ``min(cap, max(base, factor * limit))``.
 
@@ -170,15 +157,3 @@ def relevance_scores(scores: Sequence[float], scale: str, weight_sum: float = 1.
     if hi == lo:
         return [1.0 for _ in scores]
     return [(s - lo) / (hi - lo) for s in scores]
-
-
-def apply_threshold(hits: Sequence[Hit], min_score: float | None) -> tuple[list[Hit], list[Hit]]:
-    """``(kept, dropped)``: kept have ``score >= min_score``; both keep the input order.
-
-    ``min_score=None`` keeps everything. Empty input: ``([], [])``.
-    """
-    if min_score is None:
-        return list(hits), []
-    kept = [h for h in hits if h.score >= min_score]
-    dropped = [h for h in hits if not h.score >= min_score]
-    return kept, dropped

@@ -59,7 +59,12 @@ def test_every_chunk_lands_in_exactly_one_shard_with_its_trace(built, corpus):
             i = int(c.doc_id[1:])  # d007 is record 7; two bad lines were inserted before record 10
             assert r["source"] == f"{path}:{i + 1 if i < 10 else i + 3}"
             seen.append(r["chunk_id"])
-    assert sorted(seen) == sorted(by_id) and len(set(sizes)) > 1  # all chunks, once; shards of uneven size
+    assert sorted(seen) == sorted(by_id)  # all chunks, once
+    # ... in the shard their document's id hashes to (the oracle: sharding's own function over the documents).
+    from index_build.sharding import shard_of
+
+    expected = [sum(1 for c in by_id.values() if shard_of(c.doc_id, len(sizes)) == s) for s in range(len(sizes))]
+    assert sizes == expected
     # a document's chunks never straddle shards
     doc_shard = {}
     for i, folder in enumerate(shard_dirs(summary)):

@@ -242,7 +242,11 @@ def test_tune_command_tunes_writes_and_applies_settings_in_place(served, corpus,
         report = json.loads((tmp_path / "report.json").read_text())
         assert report["train_queries"] + report["held_out_queries"] == 20 and report["grid_size"] == 8
         assert report["held_out"]["low"] <= report["held_out"]["diff"] <= report["held_out"]["high"]
-        assert tuned["candidate_base"] in (20, 40) and tuned["fusion"] in ("rrf", "weighted")
+        # The chosen setting is the grid's best on the training queries (its label, the first of the ranking).
+        top = report["grid_top"]
+        assert top[0]["nDCG@10"] == max(row["nDCG@10"] for row in top)
+        how = (f"rrf k={tuned['rrf_k']}" if tuned["fusion"] == "rrf" else f"weighted dense={tuned['dense_weight']:.2f}")
+        assert top[0]["setting"].startswith(f"{how}, {tuned['candidate_base']} candidates")
         assert "held-out" in capsys.readouterr().out
         # Applied in place: the settings are live, the replicas are the same ones.
         deadline = time.monotonic() + 60

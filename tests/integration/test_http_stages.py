@@ -68,9 +68,12 @@ def test_reranked_over_http_and_batched_equals_one_at_a_time(served):
         # Equal up to float noise from padding (the random tiny model ties often, so near-ties may swap).
         assert [x["score"] for x in body["results"]] == pytest.approx([x["score"] for x in alone[q]["results"]],
                                                                        abs=1e-5)
-        scored_alone = {x["chunk_id"]: x["score"] for x in alone[q]["results"]}
+        # Every chunk of the batched top 5 against its own score when searched alone: the whole rerank pool (40,
+        # the same candidates for limit 5 and 40) searched alone scores each of them.
+        pool = client.post("/search", json={"query": q, "limit": 40}).json()["results"]
+        scored_alone = {x["chunk_id"]: x["score"] for x in pool}
         for x in body["results"]:
-            assert x["score"] == pytest.approx(scored_alone.get(x["chunk_id"], x["score"]), abs=1e-5)
+            assert x["score"] == pytest.approx(scored_alone[x["chunk_id"]], abs=1e-5)
         scores = [x["scores"]["reranked"] for x in body["results"]]
         assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
     stats = serve.get_deployment_handle("reranker", app_name="stages").info.remote().result()["stats"]

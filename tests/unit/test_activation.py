@@ -17,15 +17,22 @@ def _publish(root, name, shards=2, encoder="hashing:64", dimension=64):
     fake_version(versions_dir(root) / name, name, shards, encoder, dimension)
 
 
-class Slot:
-    """A shard slot's stand-in: answers ``info`` for a version, slowly, or fails for one named version."""
+# Closed, a slot's ``info`` waits until a test opens it again (a flag polled by yielding to the loop, not a
+# timer: the order is the test's own on any machine).
+GATE = {"open": True}
 
-    def __init__(self, name, version, log, broken=frozenset(), delay_s=0.0):
-        self.name, self.version, self.log, self.broken, self.delay_s = name, version, log, broken, delay_s
+
+class Slot:
+    """A shard slot's stand-in: answers ``info`` for a version once the gate is open, or fails for one named
+    version."""
+
+    def __init__(self, name, version, log, broken=frozenset()):
+        self.name, self.version, self.log, self.broken = name, version, log, broken
 
     async def info(self):
         self.log.append((self.name, self.version))
-        await asyncio.sleep(self.delay_s)
+        while not GATE["open"]:
+            await asyncio.sleep(0)
         if self.version in self.broken:
             raise OSError("checksum mismatch")
         return {"fields": {f"field-of-{self.version}": "keyword"}}
@@ -43,7 +50,7 @@ def setup(tmp_path):
     deployed = {"docs": DeployedCollection("docs", tmp_path, "hashing:64", 64, slots, encoder=None)}
 
     def make_shard(name, _handle, version, _shards):
-        return Slot(name, version, log, broken, delay_s=0.05)
+        return Slot(name, version, log, broken)
 
     collections = {"docs": Collection("docs", "v1", [make_shard(n, h, "v1", s) for n, h, s in slots], None)}
     return VersionSwitch(collections, deployed, make_shard, warm_timeout_s=5, retry_s=0.0), collections, log, broken
@@ -54,9 +61,14 @@ def test_every_shard_loads_the_version_before_the_one_swap(setup, tmp_path):
     before = collections["docs"]
 
     async def run():
-        task = asyncio.create_task(switch.activate("docs", "v2"))
-        await asyncio.sleep(0.02)
-        assert collections["docs"] is before  # still warming: requests keep the old version
+        GATE["open"] = False
+        try:
+            task = asyncio.create_task(switch.activate("docs", "v2"))
+            while len(log) < 2:  # both shards asked to load v2, neither done
+                await asyncio.sleep(0)
+            assert collections["docs"] is before  # still warming: requests keep the old version
+        finally:
+            GATE["open"] = True
         return await task
 
     result = asyncio.run(run())

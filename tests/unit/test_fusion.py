@@ -2,9 +2,7 @@ import pytest
 from pytest import approx
 
 from deployments.search.fusion import (
-    apply_threshold,
     candidate_depth,
-    dedupe,
     is_flat,
     min_max,
     relevance_scores,
@@ -137,12 +135,6 @@ def test_min_max():
     assert min_max([]) == []
 
 
-def test_dedupe_keeps_best_occurrence():
-    hits = [Hit("b", 1.0, 0), Hit("a", 2.0, 0), Hit("b", 3.0, 1), Hit("a", 2.0, 2), Hit("c", 3.0, 0)]
-    assert dedupe(hits) == [Hit("b", 3.0, 1), Hit("c", 3.0, 0), Hit("a", 2.0, 0)]
-    assert dedupe([]) == []
-
-
 @pytest.mark.parametrize(
     ("limit", "expected"),
     [(0, 50), (10, 50), (12, 50), (13, 52), (100, 400), (250, 1000), (10_000, 1000)],
@@ -179,15 +171,6 @@ def test_is_flat_only_looks_at_the_top():
     hits = [Hit("a", 10.0), Hit("b", 9.9), Hit("c", 1.0)]
     assert is_flat(hits, top=2)
     assert not is_flat(hits, top=3)
-
-
-def test_apply_threshold():
-    hits = run(("a", 0.9), ("b", 0.5), ("c", 0.2), ("d", 0.5))
-    kept, dropped = apply_threshold(hits, 0.5)
-    assert [h.chunk_id for h in kept] == ["a", "b", "d"]
-    assert [h.chunk_id for h in dropped] == ["c"]
-    assert apply_threshold(hits, None) == (hits, [])
-    assert apply_threshold([], 0.1) == ([], [])
 
 
 def test_relevance_scores_on_every_scale():

@@ -144,7 +144,9 @@ def test_the_layer_ahead_of_serve_counts_each_request_once_and_the_app_door_coun
         release["now"] = asyncio.Event()
         calls = [call(layer, p) for p in paths]
         tasks = [asyncio.ensure_future(c[2]) for c in calls]
-        await asyncio.sleep(0.01)
+        # Until every request is either in the app (held) or refused: an event of the test's own, not a timer.
+        while sum(1 for _, sent, _ in calls if sent) + sum(1 for p, _ in seen if isinstance(p, str)) < len(calls):
+            await asyncio.sleep(0)
         seen.append(("held", guard.inflight))
         release["now"].set()
         await asyncio.gather(*tasks)

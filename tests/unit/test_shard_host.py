@@ -12,27 +12,38 @@ from deployments.shard.host import VersionCache
 
 
 class CountingHost:
-    """Opens a "version" (a string) after a pause, counting the opens."""
+    """Opens a "version" (a string) when the test lets it (``loads_may_finish``), counting the opens; closes one
+    when the test says its grace period is over. Events, not sleeps: the order is the test's, on any machine."""
 
-    def __init__(self, pause_s: float = 0.05):
-        self.pause_s, self.opened, self.closed = pause_s, [], []
+    def __init__(self, gated: bool = False):
+        self.opened, self.closed, self.graces = [], [], []
+        self.loads_may_finish = asyncio.Event()
+        if not gated:
+            self.loads_may_finish.set()
+        self.grace_over = asyncio.Event()
+        self.closed_one = asyncio.Event()
 
     async def load(self, version: str) -> str:
-        await asyncio.sleep(self.pause_s)
+        await self.loads_may_finish.wait()
         if version == "broken":
             raise FileNotFoundError(version)
         self.opened.append(version)
         return f"group of {version}"
 
     async def close_later(self, version: str, group, grace_s: float) -> None:
-        await asyncio.sleep(grace_s)
+        self.graces.append(grace_s)
+        await self.grace_over.wait()
         self.closed.append((version, group))
+        self.closed_one.set()
 
 
 def test_concurrent_requests_for_a_version_load_it_once():
     async def run():
-        cache = VersionCache(CountingHost(), max_versions=2)
-        got = await asyncio.gather(*(cache.get("v1") for _ in range(5)))
+        cache = VersionCache(CountingHost(gated=True), max_versions=2)
+        waiting = [asyncio.create_task(cache.get("v1")) for _ in range(5)]
+        await asyncio.sleep(0)  # every request is now waiting on the one load
+        cache.host.loads_may_finish.set()
+        got = await asyncio.gather(*waiting)
         assert got == ["group of v1"] * 5 and cache.host.opened == ["v1"]
         assert await cache.get("v1") == "group of v1" and cache.host.opened == ["v1"]
 
@@ -41,7 +52,7 @@ def test_concurrent_requests_for_a_version_load_it_once():
 
 def test_the_least_recently_used_version_is_dropped():
     async def run():
-        cache = VersionCache(CountingHost(pause_s=0), max_versions=2)
+        cache = VersionCache(CountingHost(), max_versions=2)
         for v in ("v1", "v2", "v1", "v3"):  # v1 used again after v2, so v2 is the one dropped for v3
             await cache.get(v)
         await cache.get("v1")
@@ -54,9 +65,10 @@ def test_the_least_recently_used_version_is_dropped():
 
 def test_a_load_outlives_a_request_that_gave_up_and_a_failure_is_retried():
     async def run():
-        cache = VersionCache(CountingHost(pause_s=0.1), max_versions=2)
-        with pytest.raises(asyncio.TimeoutError):
+        cache = VersionCache(CountingHost(gated=True), max_versions=2)
+        with pytest.raises(asyncio.TimeoutError):  # the load cannot finish before the test lets it
             await asyncio.wait_for(cache.get("v2"), 0.01)
+        cache.host.loads_may_finish.set()
         assert await cache.get("v2") == "group of v2" and cache.host.opened == ["v2"]
         for _ in range(2):
             with pytest.raises(FileNotFoundError):
@@ -67,11 +79,13 @@ def test_a_load_outlives_a_request_that_gave_up_and_a_failure_is_retried():
 
 def test_an_evicted_version_is_closed_after_the_grace_period():
     async def run():
-        cache = VersionCache(CountingHost(pause_s=0), max_versions=1, close_grace_s=0.05)
+        cache = VersionCache(CountingHost(), max_versions=1, close_grace_s=0.05)
         await cache.get("v1")
         await cache.get("v2")  # evicts v1
-        assert cache.host.closed == []  # requests pinned to v1 may still be at work
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)
+        assert cache.host.graces == [0.05] and cache.host.closed == []  # pinned requests may still be at work
+        cache.host.grace_over.set()
+        await asyncio.wait_for(cache.host.closed_one.wait(), 5)
         assert cache.host.closed == [("v1", "group of v1")]
 
     asyncio.run(run())

@@ -1,0 +1,48 @@
+"""The real encoder served over HTTP: MiniLM embedding each query inside the router with ONNX Runtime (the
+default serving path), against the same searches in-process with sentence-transformers' torch encoder as the
+oracle. Every other served-app test runs on the hashing stand-in; this one proves the router's own encoder."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from deployments.schemas import SearchRequest
+from deployments.search.inprocess import inprocess_pipeline
+from index_build.build import build_index
+from index_build.config import BuildConfig
+
+PORT = 18237
+QUERIES = ["telescope galaxy orbit", "bread oven butter", "sail wind harbor captain", "lucene shard replica"]
+
+
+@pytest.fixture(scope="module")
+def minilm(corpus, ray_local, tmp_path_factory):
+    from ray import serve
+
+    from deployments.settings import deploy_app
+
+    path, _ = corpus
+    summary = build_index(BuildConfig(corpus=path, out=tmp_path_factory.mktemp("minilm"), shards=2,
+                                      encoder="all-MiniLM-L6-v2", chunk_size=40, chunk_overlap=8, progress=False))
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    deploy_app({"index": str(summary.version_dir)}, "minilm")  # defaults: ONNX encoder inside the router
+    with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
+        yield client, summary
+    serve.shutdown()
+
+
+@pytest.mark.parametrize("method", ["vector", "hybrid"])
+def test_served_minilm_answers_as_sentence_transformers_in_process(minilm, method):
+    client, summary = minilm
+    oracle = inprocess_pipeline({"default": summary.version_dir}, encoder_backend="torch")
+    for q in QUERIES:
+        served = client.post("/search", json={"query": q, "method": method, "limit": 5})
+        assert served.status_code == 200, served.text
+        body = served.json()
+        assert body["method_used"] == method and "embed" in body["timings_ms"] and not body["warnings"]
+        expected = asyncio.run(oracle.search(SearchRequest(query=q, method=method, limit=5)))
+        assert [r["chunk_id"] for r in body["results"]] == [r.chunk_id for r in expected.results], q
+        assert [r["score"] for r in body["results"]] == pytest.approx([r.score for r in expected.results], abs=1e-4)

@@ -109,8 +109,10 @@ def _mark(timings: dict, stage: str, started: float) -> None:
     timings.setdefault("_stages", []).append((stage, started, now, None))
 
 
-async def _given(value):
-    return value
+async def _embed(encoder: EncoderClient, text: str, embedded: dict | None) -> np.ndarray:
+    """The query's vector: embedded already with its batch (``search_batch``), else by the encoder now."""
+    vector = (embedded or {}).get((id(encoder), text))
+    return vector if vector is not None else await encoder.embed(text)
 
 
 def failure(exc: BaseException) -> str:
@@ -478,9 +480,7 @@ class SearchPipeline:
         if need_vector:
             t = time.perf_counter()
             try:
-                ready = embedded or {}  # queries a batch embedded at once (``search_batch``)
-                got = await within(gathered([_given(ready.get((id(c.encoder), text))) if (id(c.encoder), text) in ready
-                                             else c.encoder.embed(text) for c in targets]), s.encoder_timeout_s)
+                got = await within(gathered([_embed(c.encoder, text, embedded) for c in targets]), s.encoder_timeout_s)
                 vectors = dict(zip((c.name for c in targets), got, strict=True))
             except Exception as exc:  # a hybrid search can still answer from its keyword leg
                 if req.method is not Method.hybrid or req.mmr_lambda is not None:

@@ -7,9 +7,11 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
+DRAIN_BOUND_S = 45  # a stop waits this long at most for replicas to finish (Serve gives each 20 s)
 APP = "raysearch"  # the Serve application's name, as deployments.settings and deployments.tune --apply name it
 
 
@@ -225,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                  log_to_driver=False, _metrics_export_port=args.metrics_port)
     # SIGTERM (a supervisor, `kill`) stops it like Ctrl-C, also while it is still starting.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         return _serve(args, cfg, proxy_port, ray, serve)
     except KeyboardInterrupt:
@@ -233,17 +236,30 @@ def main(argv: list[str] | None = None) -> int:
         _stop(serve, ray)
 
 
+# Set by the first Ctrl-C or SIGTERM. The KeyboardInterrupt raised with it can be swallowed by a library call it
+# lands in (Serve's deploy, still waiting for the app when a client already got answers): the main loop checks the
+# flag too, so a stop is never lost.
+STOPPING = threading.Event()
+
+
 def _interrupt(*_):
+    STOPPING.set()
     raise KeyboardInterrupt
 
 
 def _stop(serve, ray) -> None:
     """Drain, then stop. Deleting the app has each replica finish the requests it holds (up to Serve's
-    ``graceful_shutdown_timeout_s``, 20 s) while it takes no new ones; then Ray stops every process it started.
+    ``graceful_shutdown_timeout_s``, 20 s; the whole drain up to ``DRAIN_BOUND_S``) while it takes no new ones;
+    then Ray stops every process it started.
     ``serve.shutdown()`` is not called: it ends with Serve's controller killing itself while the caller waits on
     it, which Ray printed as a failed task ("ServeController.graceful_shutdown failed") on every clean stop."""
-    with contextlib.suppress(Exception):  # Serve never started, or the app never deployed: nothing to drain
-        serve.delete(APP)
+    def drain():
+        with contextlib.suppress(Exception):  # Serve never started, or the app never deployed: nothing to drain
+            serve.delete(APP)
+
+    draining = threading.Thread(target=drain, daemon=True)
+    draining.start()
+    draining.join(DRAIN_BOUND_S)  # past the bound the processes are stopped anyway
     ray.shutdown()
 
 
@@ -278,8 +294,9 @@ def _serve(args, cfg, proxy_port: int, ray, serve) -> int:
           flush=True)
     if args.example:
         show_example(base, args.example, synthesize=args.synthesis)
-    while True:
-        time.sleep(0.5)
+    while not STOPPING.wait(0.5):
+        pass
+    return 0
 
 
 if __name__ == "__main__":

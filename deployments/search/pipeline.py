@@ -44,10 +44,11 @@ from deployments.schemas import (
     response_dict,
 )
 from deployments.search.context import assemble, citations
-from deployments.search.fusion import candidate_depth, is_flat, min_max, relevance_scores, rrf, weighted
+from deployments.search.fusion import is_flat, min_max, relevance_scores, rrf, weighted
 from deployments.search.hits import Hit, merge_top_k
 from deployments.search.mmr import mmr
-from deployments.search.paging import check_window, make_cursor, page_offset
+from deployments.search.paging import make_cursor, page_offset
+from deployments.search.plan import SearchPlan, plan_search
 from deployments.search.query_text import expand_synonyms, expand_with_history, normalize_query
 from deployments.search.reranking import passage_text
 from deployments.search.result_json import FragmentCache, render_results, source_of
@@ -152,6 +153,37 @@ async def gathered(awaitables: list, return_exceptions: bool = False) -> list:
         if not return_exceptions:
             raise
         return [exc]
+
+
+@dataclass
+class _Work:
+    """What a search's stages write as they go: stage times, the debug trace, warnings."""
+
+    timings: dict[str, Any] = field(default_factory=dict)
+    trace: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Retrieved:
+    legs: dict[str, tuple[list[Hit], list[Hit]]]  # per collection: its merged dense and keyword legs
+    fused: list[Hit]
+    known: dict[str, dict]  # chunk rows that came with the answers (shard deployments send the best ones)
+    failed: list[str]
+    asked: int
+    answered: int
+    depth: int  # the depth searched (the plan's, or twice it when deepened)
+    deepened: bool
+
+
+@dataclass
+class _Ranked:
+    ranked: list[Hit]  # fused, or reranked
+    reranked: bool
+    relevance_of: dict[str, float]
+    kept: list[Hit]  # at or above min_relevance_score
+    dropped: list[Hit]
+    final: list[Hit]  # after MMR
 
 
 class LRUCache:
@@ -420,6 +452,8 @@ class SearchPipeline:
 
     async def _search(self, req: SearchRequest, principals: list[str] | None, rendered: bool,
                       embedded: dict | None = None) -> SearchResponse:
+        """The stages in order: plan, spell, embed, retrieve (fan out, merge the legs, fuse), rank (rerank,
+        threshold, MMR), respond (fetch the page's rows, render, assemble, answer)."""
         t_start = time.perf_counter()
         targets = self._targets(req)
         acl = None
@@ -431,138 +465,136 @@ class SearchPipeline:
                 and (rendered or hit._results_json is None)):
             return hit.model_copy(update={"cached": True,
                                           "timings_ms": {"total": (time.perf_counter() - t_start) * 1000}})
-        timings: dict[str, float] = {}
-        trace: dict[str, Any] = {}
-        warnings: list[str] = []
-        s = self.settings
+        work = _Work()
         rerank = self._check_stages(req, targets)
-        # Tuned defaults (deployments.tune) stand wherever a hybrid request says nothing; a threshold tuned
-        # on fused scores means nothing on BM25, cosine or reranker scores, so it stays off for those.
-        defaults = {}
+        req = self._with_tuned_defaults(req, rerank)
+        # A page: ranks offset+1.. of the same ranking (``paging``); the plan fixes every depth before any work.
+        offset = page_offset(req, {c.name: c.version for c in targets})
+        if offset and req.mmr_lambda is not None:
+            raise RequestError("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
+                               "to 100 results in one page", 400)
+        plan = plan_search(req, self.settings, len(targets), rerank, offset)
+        if plan.capped:
+            work.warnings.append(f"candidates {req.candidates} capped at {self.settings.candidate_cap} "
+                                 "(router.candidate_cap)")
+        asked_query = req.query
+        req, corrected = await self._spell(req, targets, acl, work)
+        text = self._query_text(req, work.trace)
+        vectors = await self._embed_query(req, text, targets, embedded, work)
+        got = await self._retrieve(req, plan, targets, text, vectors, acl, work)
+        ranked = await self._rank(req, plan, targets, text, vectors, got, rerank, work)
+        response = await self._respond(req, plan, targets, got, ranked, vectors, asked_query, corrected, rendered,
+                                       work, t_start)
+        if key is not None and not got.failed and not work.warnings and not req.debug and not req.stream:
+            self.cache.put(key, response)
+        return response
+
+    def _with_tuned_defaults(self, req: SearchRequest, rerank: bool) -> SearchRequest:
+        """Tuned defaults (deployments.tune) stand wherever a hybrid request says nothing; a threshold tuned on
+        fused scores means nothing on BM25, cosine or reranker scores, so it stays off for those."""
+        s, defaults = self.settings, {}
         if req.method is Method.hybrid and req.mmr_lambda is None and s.mmr_lambda is not None:
             defaults["mmr_lambda"] = s.mmr_lambda
         if (req.method is Method.hybrid and not rerank and req.min_relevance_score is None
                 and s.min_relevance_score is not None):
             defaults["min_relevance_score"] = s.min_relevance_score
-        if defaults:
-            req = req.model_copy(update=defaults)
-        # A page: ranks offset+1.. of the same ranking, so the ranking covers offset + limit (``paging``).
-        # Depths follow ``limit`` (the page's size), never the offset: every page of a search ranks the same
-        # candidates the same way.
-        offset = page_offset(req, {c.name: c.version for c in targets})
-        window = offset + req.limit
-        if offset and req.mmr_lambda is not None:
-            raise RequestError("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
-                               "to 100 results in one page", 400)
-        corrected, asked_query = None, req.query
-        if req.spell_correct:
-            t = time.perf_counter()
-            try:
-                speller = await self._speller(targets, acl)
-                # Off the event loop, under a deadline: other requests on this replica never wait for it.
-                fixed, corrections, unchecked = await asyncio.wait_for(
-                    asyncio.to_thread(speller.correct, req.query, s.spell_max_words), s.spell_timeout_s)
-            except Exception as exc:  # the query is searched as typed
-                warnings.append(f"spell correction {failure(exc)}: the query was searched as typed")
-            else:
-                if unchecked:
-                    warnings.append(f"spell correction stopped after {s.spell_max_words} unknown words "
-                                    f"(router.spell_max_words): {unchecked} more searched as typed")
-                trace["spelling"] = {"corrected_query": fixed, "corrections": [asdict(c) for c in corrections]}
-                if corrections:
-                    corrected = fixed
-                    req = req.model_copy(update={"query": fixed})
-            _mark(timings, "spell", t)
-        text = self._query_text(req, trace)
+        return req.model_copy(update=defaults) if defaults else req
 
-        need_vector = req.method is not Method.keyword or req.mmr_lambda is not None
-        vectors: dict[str, np.ndarray] = {}
-        if need_vector:
-            t = time.perf_counter()
-            try:
-                got = await within(gathered([_embed(c.encoder, text, embedded) for c in targets]), s.encoder_timeout_s)
-                vectors = dict(zip((c.name for c in targets), got, strict=True))
-            except Exception as exc:  # a hybrid search can still answer from its keyword leg
-                if req.method is not Method.hybrid or req.mmr_lambda is not None:
-                    raise RequestError(f"the query encoder {failure(exc)}; retry shortly", 503) from exc
-                warnings.append(f"query encoder {failure(exc)}: keyword results only")
-            _mark(timings, "embed", t)
-
-        hybrid = req.method is Method.hybrid
-        if hybrid or req.mmr_lambda is not None or len(targets) > 1:
-            # Fusion and MMR look past the final top-n: ask each leg for more candidates.
-            if req.candidates:
-                depth = max(req.candidates, req.limit)
-                if depth > max(s.candidate_cap, req.limit):  # the operator's cap binds clients too
-                    warnings.append(f"candidates {req.candidates} capped at {s.candidate_cap} (router.candidate_cap)")
-                    depth = max(s.candidate_cap, req.limit)
-            else:
-                depth = candidate_depth(req.limit, s.candidate_base, s.candidate_factor, s.candidate_cap)
-            if req.mmr_lambda is not None:
-                depth = max(depth, min(req.limit * s.mmr_pool_factor, s.candidate_cap))
-            # Fused scores depend on the candidates (min-max over each leg's list): pages stay inside them.
-            pages_end = depth
+    async def _spell(self, req: SearchRequest, targets, acl, work: _Work) -> tuple[SearchRequest, str | None]:
+        """(the request with its query corrected, the corrected query or None)."""
+        if not req.spell_correct:
+            return req, None
+        s, t, corrected = self.settings, time.perf_counter(), None
+        try:
+            speller = await self._speller(targets, acl)
+            # Off the event loop, under a deadline: other requests on this replica never wait for it.
+            fixed, corrections, unchecked = await asyncio.wait_for(
+                asyncio.to_thread(speller.correct, req.query, s.spell_max_words), s.spell_timeout_s)
+        except Exception as exc:  # the query is searched as typed
+            work.warnings.append(f"spell correction {failure(exc)}: the query was searched as typed")
         else:
-            # One leg, no reordering: each shard's top-k merged is the exact top-k, to any depth.
-            pages_end = max(s.candidate_cap, req.limit)
-            depth = window
-        if offset:
-            check_window(offset, req.limit, pages_end)
-        rerank_depth = 0
-        if rerank:
-            rerank_depth = max(req.rerank_depth or s.rerank_depth, req.limit)
-            depth = max(depth, min(rerank_depth, s.candidate_cap))
-        k_dense = depth if req.method is not Method.keyword and vectors else 0
-        k_keyword = depth if req.method is not Method.vector else 0
-        fan_vectors = vectors if req.method is not Method.keyword else {}
-        rows_for_top = min(max(window, rerank_depth), s.rows_with_answers)
-        per_collection, failed, asked, answered = await self._fan_out(targets, fan_vectors, text, k_dense, k_keyword,
-                                                           req.filters, timings, rows_for_top, acl, req.ann)
+            if unchecked:
+                work.warnings.append(f"spell correction stopped after {s.spell_max_words} unknown words "
+                                     f"(router.spell_max_words): {unchecked} more searched as typed")
+            work.trace["spelling"] = {"corrected_query": fixed, "corrections": [asdict(c) for c in corrections]}
+            if corrections:
+                corrected = fixed
+                req = req.model_copy(update={"query": fixed})
+        _mark(work.timings, "spell", t)
+        return req, corrected
 
+    async def _embed_query(self, req: SearchRequest, text: str, targets, embedded, work: _Work) -> dict[str, np.ndarray]:
+        """The query's vector per collection; none when no leg needs one, or (hybrid) when the encoder failed."""
+        if req.method is Method.keyword and req.mmr_lambda is None:
+            return {}
         t = time.perf_counter()
-        legs = {name: self._legs(name, answers, depth) for name, answers in per_collection.items()}
-        fused_per = [self._fuse(req, *legs[c.name]) for c in targets]
-        fused = fused_per[0] if len(fused_per) == 1 else rrf(fused_per, rrf_k=req.rrf_k or s.rrf_k)
-        deepened = False
-        if hybrid and s.deepen_when_flat and not req.candidates and is_flat(fused) and depth < s.candidate_cap and len(fused) >= depth:
-            depth = min(2 * depth, s.candidate_cap)
+        vectors: dict[str, np.ndarray] = {}
+        try:
+            got = await within(gathered([_embed(c.encoder, text, embedded) for c in targets]),
+                               self.settings.encoder_timeout_s)
+            vectors = dict(zip((c.name for c in targets), got, strict=True))
+        except Exception as exc:  # a hybrid search can still answer from its keyword leg
+            if req.method is not Method.hybrid or req.mmr_lambda is not None:
+                raise RequestError(f"the query encoder {failure(exc)}; retry shortly", 503) from exc
+            work.warnings.append(f"query encoder {failure(exc)}: keyword results only")
+        _mark(work.timings, "embed", t)
+        return vectors
+
+    async def _retrieve(self, req: SearchRequest, plan: SearchPlan, targets, text: str, vectors, acl,
+                        work: _Work) -> _Retrieved:
+        """Every shard searched (both legs, the filter inside), each collection's legs merged and fused; a flat
+        fused list is searched once more at twice the depth (``deepen_when_flat``)."""
+        s = self.settings
+        k_dense = plan.k_dense if vectors else 0
+        fan_vectors = vectors if req.method is not Method.keyword else {}
+        depth, deepened = plan.depth, False
+        while True:
             per_collection, failed, asked, answered = await self._fan_out(
-                targets, fan_vectors, text, depth if k_dense else 0, depth if k_keyword else 0, req.filters, timings,
-                rows_for_top, acl, req.ann)
+                targets, fan_vectors, text, depth if k_dense else 0, depth if plan.k_keyword else 0, req.filters,
+                work.timings, plan.rows_for_top, acl, req.ann)
+            t = time.perf_counter()
             legs = {name: self._legs(name, answers, depth) for name, answers in per_collection.items()}
             fused_per = [self._fuse(req, *legs[c.name]) for c in targets]
             fused = fused_per[0] if len(fused_per) == 1 else rrf(fused_per, rrf_k=req.rrf_k or s.rrf_k)
-            deepened = True
-        _mark(timings, "fuse", t)
-        if hybrid:
-            trace["fusion"] = self._fusion(req)
-
+            _mark(work.timings, "fuse", t)
+            if (deepened or req.method is not Method.hybrid or not s.deepen_when_flat or req.candidates
+                    or not is_flat(fused) or depth >= s.candidate_cap or len(fused) < depth):
+                break
+            depth, deepened = min(2 * depth, s.candidate_cap), True
+        if req.method is Method.hybrid:
+            work.trace["fusion"] = self._fusion(req)
         known = {f"{name}{SEP}{row['chunk_id']}": row | {"collection": name}
                  for name, answers in per_collection.items() for _, a in answers for row in a.rows}
+        return _Retrieved(legs, fused, known, failed, asked, answered, depth, deepened)
+
+    async def _rank(self, req: SearchRequest, plan: SearchPlan, targets, text: str, vectors, got: _Retrieved,
+                    rerank: bool, work: _Work) -> _Ranked:
+        """Reranked (the pool's texts fetched and scored under one deadline), cut at min_relevance_score,
+        diversified by MMR: each optional, each failure leaving the order before it, with a warning."""
+        s, fused = self.settings, got.fused
         ranked, reranked = fused, False
         if rerank and fused:
             t = time.perf_counter()
-            pool = fused[:rerank_depth]
+            pool = fused[:plan.rerank_depth]
 
             async def fetch_and_rerank() -> list[Hit]:  # one deadline for the pool's texts and their scores
-                pool_rows = await self._fetch(pool, targets, known)
-                known.update((h.chunk_id, row) for h, row in zip(pool, pool_rows, strict=True))
+                pool_rows = await self._fetch(pool, targets, got.known)
+                got.known.update((h.chunk_id, row) for h, row in zip(pool, pool_rows, strict=True))
                 return await self._rerank(req, text, pool, pool_rows)
 
             try:
                 ranked = await asyncio.wait_for(fetch_and_rerank(), s.rerank_timeout_s)
                 reranked = True
             except Exception as exc:  # the fused order stands; the request still succeeds
-                warnings.append(f"reranking {failure(exc)}: results are in fused order")
-            _mark(timings, "rerank", t)
-            trace["rerank"] = {"depth": len(pool), "with": req.rerank_with.value, "applied": reranked}
+                work.warnings.append(f"reranking {failure(exc)}: results are in fused order")
+            _mark(work.timings, "rerank", t)
+            work.trace["rerank"] = {"depth": len(pool), "with": req.rerank_with.value, "applied": reranked}
         relevance_of = dict(zip((h.chunk_id for h in ranked),
                              relevance_scores([h.score for h in ranked], *self._relevance_scale(req, reranked, targets)),
                              strict=True))
         cut = req.min_relevance_score
         kept = ranked if cut is None else [h for h in ranked if relevance_of[h.chunk_id] >= cut]
         dropped = [] if cut is None else [h for h in ranked if relevance_of[h.chunk_id] < cut]
-
         final = kept
         if req.mmr_lambda is not None and kept:
             t = time.perf_counter()
@@ -570,31 +602,38 @@ class SearchPipeline:
             try:
                 pool_vectors = await asyncio.wait_for(self._vectors(pool, targets), s.shard_timeout_s)
             except Exception as exc:  # the relevance order stands
-                warnings.append(f"MMR skipped: the candidates' vectors {failure(exc)}")
+                work.warnings.append(f"MMR skipped: the candidates' vectors {failure(exc)}")
             else:
                 query_vector = next(iter(vectors.values()))
                 relevance = [h.score for h in min_max(pool)]
                 final = mmr(pool, query_vector, pool_vectors, req.limit, req.mmr_lambda, relevance)
-            _mark(timings, "mmr", t)
-        top = final[offset:window]
+            _mark(work.timings, "mmr", t)
+        return _Ranked(ranked, reranked, relevance_of, kept, dropped, final)
 
+    async def _respond(self, req: SearchRequest, plan: SearchPlan, targets, got: _Retrieved, ranked: _Ranked, vectors,
+                       asked_query: str, corrected: str | None, rendered: bool, work: _Work,
+                       t_start: float) -> SearchResponse:
+        """The page's rows fetched and rendered, the context assembled, the answer written: the response."""
+        s, hybrid = self.settings, req.method is Method.hybrid
+        top = ranked.final[plan.offset:plan.window]
         t = time.perf_counter()
         try:
-            rows = await within(self._fetch(top, targets, known), s.shard_timeout_s)
+            rows = await within(self._fetch(top, targets, got.known), s.shard_timeout_s)
         except Exception as exc:
             raise RequestError(f"the shards did not send the results' texts: {failure(exc)}; retry shortly",
                                503) from exc
-        _mark(timings, "fetch", t)
-        fused_scores = {h.chunk_id: h.score for h in fused} if hybrid else {}
-        dense_of, keyword_of = leg_scores(legs)
+        _mark(work.timings, "fetch", t)
+        fused_scores = {h.chunk_id: h.score for h in got.fused} if hybrid else {}
+        dense_of, keyword_of = leg_scores(got.legs)
         results_json = None
         if rendered and not req.synthesize:
             results = []
             results_json = render_results(self.fragments, {c.name: c.version for c in targets}, top, rows, dense_of,
-                                          keyword_of, fused_scores, reranked, relevance_of, offset + 1)
+                                          keyword_of, fused_scores, ranked.reranked, ranked.relevance_of,
+                                          plan.offset + 1)
         else:
-            results = self._results(top, rows, dense_of, keyword_of, fused_scores, reranked, relevance_of, offset + 1)
-
+            results = self._results(top, rows, dense_of, keyword_of, fused_scores, ranked.reranked,
+                                    ranked.relevance_of, plan.offset + 1)
         context_payload = citation_payload = None
         if req.include_context or req.include_citations:
             t = time.perf_counter()
@@ -604,51 +643,50 @@ class SearchPipeline:
             )
             if req.include_context:
                 context_payload = [p.__dict__ | {"chunk_ids": list(p.chunk_ids)} for p in passages]
-                trace["context"] = info
+                work.trace["context"] = info
             if req.include_citations:
                 citation_payload = citations(passages)
-            _mark(timings, "assemble", t)
-
+            _mark(work.timings, "assemble", t)
         answer = None
         if req.synthesize and not req.stream:
             t = time.perf_counter()
-            answer = await self._answer(req, results, warnings)
-            _mark(timings, "synthesize", t)
-
-        trace["shard_search_ms"] = timings.pop("_shards", {})
+            answer = await self._answer(req, results, work.warnings)
+            _mark(work.timings, "synthesize", t)
+        timings = work.timings
+        work.trace["shard_search_ms"] = timings.pop("_shards", {})
         stages = timings.pop("_stages", [])
         timings["total"] = (time.perf_counter() - t_start) * 1000
+        final, window = ranked.final, plan.window
+        # A one-leg search ranks exactly the page: a full page may have a next one (maybe empty).
+        more = len(final) > window or (len(final) == window and not plan.reorders)
         response = SearchResponse(
             query=asked_query,
             corrected_query=corrected,
             method=req.method,
             method_used=Method.keyword if hybrid and not vectors else req.method,
             results=results,
-            total=len(kept),
+            total=len(ranked.kept),
             total_results=len(top),
-            offset=offset,
+            offset=plan.offset,
             next_cursor=make_cursor(req, {c.name: c.version for c in targets}, window)
-            # A one-leg search ranks exactly the page: a full page may have a next one (maybe empty).
-            if (len(final) > window or (len(final) == window and not hybrid and len(targets) == 1))
-            and req.mmr_lambda is None and window < pages_end else None,
+            if more and req.mmr_lambda is None and window < plan.pages_end else None,
             citations=[source_of(r["doc_id"], r["metadata"]) for r in rows] if req.include_citations else None,
             passage_citations=citation_payload,
             synthesis=answer.text if answer else None,
             context=context_payload,
             index_version={c.name: c.version for c in targets},
             timings_ms={k: round(v, 3) for k, v in timings.items()},
-            coverage=Coverage(shards_asked=asked, shards_answered=answered, ratio=answered / asked if asked else 0.0,
-                              degraded=bool(failed), failed=failed),
-            reranked=reranked,
+            coverage=Coverage(shards_asked=got.asked, shards_answered=got.answered,
+                              ratio=got.answered / got.asked if got.asked else 0.0,
+                              degraded=bool(got.failed), failed=got.failed),
+            reranked=ranked.reranked,
             answer=answer,
-            warnings=warnings,
-            debug=self._debug(trace, legs, fused, ranked if reranked else None, dropped, final, depth, deepened, req)
-            if req.debug else None,
+            warnings=work.warnings,
+            debug=self._debug(work.trace, got.legs, got.fused, ranked.ranked if ranked.reranked else None,
+                              ranked.dropped, final, got.depth, got.deepened, req) if req.debug else None,
         )
         response._results_json = results_json
         response._stages = (t_start, time.perf_counter(), stages)
-        if key is not None and not failed and not warnings and not req.debug and not req.stream:
-            self.cache.put(key, response)
         return response
 
     async def _answer(self, req: SearchRequest, results: list[Result], warnings: list[str]) -> Answer | None:

@@ -56,7 +56,10 @@ class Running:
 
     def stop(self, sig: int) -> int:
         self.proc.send_signal(sig)
-        return self.proc.wait(timeout=90)
+        try:
+            return self.proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 90 s after signal {sig}: {self.output[-3000:]}")
 
     def left_behind(self) -> list[str]:
         alive = [p for p in self.processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

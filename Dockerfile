@@ -17,6 +17,7 @@ RUN apt-get update \
 WORKDIR /app
 COPY requirements.txt pyproject.toml Makefile README.md ./
 COPY deployments deployments
+COPY index_format index_format
 COPY index_build index_build
 COPY serve_config.yaml ./
 RUN make setup PYTHON=python3.11 \

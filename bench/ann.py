@@ -58,7 +58,7 @@ class Shards:
     """The rows split as the build splits them, each shard's vectors and its allowed rows per filter."""
 
     def __init__(self, vectors: np.ndarray, chunk_ids: list[str], doc_ids: list[str], shards: int):
-        from index_build.sharding import shard_of
+        from index_format.sharding import shard_of
 
         of = np.array([shard_of(d, shards) for d in doc_ids])
         buckets = np.array([bucket(d) for d in doc_ids])

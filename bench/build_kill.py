@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from bench.common import machine, write_record
 from index_build.build import CRASH_ENV
-from index_build.versions import list_versions, read_version_manifest, versions_dir
+from index_format.versions import list_versions, read_version_manifest, versions_dir
 
 
 def embed_workers() -> list[psutil.Process]:

@@ -26,7 +26,7 @@ def bare_embedding(contents: list[str], encoder: str, sample: int, batch_size: i
     """Plain SentenceTransformer.encode over a sample of the same chunk texts, all cores, one process."""
     import torch
 
-    from index_build.encoders import load_encoder
+    from index_format.encoders import load_encoder
 
     torch.set_num_threads(os.cpu_count() or 1)
     enc = load_encoder(encoder, "cpu")
@@ -40,7 +40,7 @@ def bare_embedding(contents: list[str], encoder: str, sample: int, batch_size: i
 
 def anserini_alone(rows: list[tuple[str, str]]) -> float:
     """Seconds for Anserini's IndexCollection (1 thread) over the chunks, as Pyserini's CLI runs it."""
-    from index_build.lucene import build_lucene_index, write_collection
+    from index_format.lucene import build_lucene_index, write_collection
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-lucene-"))
     try:

@@ -72,8 +72,8 @@ def changed_corpus(source: Path, target: Path, changed: float, deleted: float, a
 def compare(a: Path, b: Path, queries: list[str]) -> dict:
     """How two versions differ: stored data, and every query's top 100 of each leg."""
     from deployments.search.inprocess import LocalIndex
-    from index_build.bm25_stats import read_stats
-    from index_build.versions import read_version_manifest
+    from index_format.bm25_stats import read_stats
+    from index_format.versions import read_version_manifest
 
     out = {"tables_equal": True, "max_vector_diff": 0.0}
     for shard in read_version_manifest(a).shards:

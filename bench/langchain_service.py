@@ -67,7 +67,7 @@ def build_retriever(corpus: Path, model: str, vectors_from: Path | None, dense_w
     from langchain_core.documents import Document
     from langchain_core.embeddings import Embeddings
 
-    from index_build.encoders import load_encoder
+    from index_format.encoders import load_encoder
 
     class EncoderEmbeddings(Embeddings):
         """What langchain_huggingface.HuggingFaceEmbeddings does (sentence-transformers ``encode``, normalized),
@@ -89,7 +89,7 @@ def build_retriever(corpus: Path, model: str, vectors_from: Path | None, dense_w
     t = time.perf_counter()
     bm25 = BM25Retriever.from_documents(docs, k=K)
     if vectors_from is not None:
-        from index_build.versions import resolve_version_dir
+        from index_format.versions import resolve_version_dir
 
         known = index_vectors(resolve_version_dir(vectors_from))
         missing = [(d, text) for d, text in rows if d not in known]

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from index_build.chunking import chunk_document
     from index_build.config import DEFAULT_ENCODER
     from index_build.corpus import Document, iter_documents
-    from index_build.encoders import load_encoder
+    from index_format.encoders import load_encoder
 
     torch.set_num_threads(torch.get_num_threads())
     encoder = load_encoder(DEFAULT_ENCODER, "cpu")

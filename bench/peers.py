@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             w = args.langchain_dense_weight
             peer = f"langchain ensemble bm25 {1 - w:.1f} / dense {w:.1f} (FastAPI)"
             if dataset in indexes:  # the same encoder as this project's index, and its document vectors
-                from index_build.versions import read_version_manifest, resolve_version_dir
+                from index_format.versions import read_version_manifest, resolve_version_dir
 
                 encoder = read_version_manifest(resolve_version_dir(Path(indexes[dataset]))).encoder
                 cmd += ["--vectors-from", indexes[dataset], "--model", encoder]

@@ -82,7 +82,7 @@ def run_config(base: str, queries: dict[str, str], body: dict, workers: int = 4)
 
 
 def pyserini_reference(corpus: Path, queries: dict[str, str], work: Path) -> dict:
-    from index_build.lucene import boot, build_lucene_index, write_collection
+    from index_format.lucene import boot, build_lucene_index, write_collection
 
     boot()
     from pyserini.search.lucene import LuceneSearcher

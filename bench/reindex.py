@@ -27,7 +27,7 @@ import httpx
 import pyarrow.parquet as pq
 
 from bench.common import ClosedLoop, load_beir, machine, percentile_ms, served, write_record
-from index_build.versions import active_version, list_versions, versions_dir
+from index_format.versions import active_version, list_versions, versions_dir
 
 
 def chunk_texts(root: Path, version: str) -> dict[str, str]:

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         record.setdefault("variants", {})[name] = measure(args.serve_args, name, False, Path(other).resolve())
 
     if not args.no_peer:
-        from index_build.versions import read_version_manifest, resolve_version_dir
+        from index_format.versions import read_version_manifest, resolve_version_dir
 
         encoder = read_version_manifest(resolve_version_dir(args.index)).encoder
         peer_cmd = [sys.executable, "-m", "bench.langchain_service", "--corpus",

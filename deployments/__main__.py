@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         SynthesisConfig,
     )
     from deployments.serve.app import build_app, logical_cpus_needed
-    from index_build.manifest import IndexMismatch
+    from index_format.manifest import IndexMismatch
 
     try:
         cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> int:
     from sentence_transformers.losses import MultipleNegativesRankingLoss
     from sentence_transformers.training_args import BatchSamplers
 
-    from index_build.encoders import resolve_model_path
+    from index_format.encoders import resolve_model_path
 
     started = time.time()
     pairs, data = load_pairs(args)

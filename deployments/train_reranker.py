@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> int:
     )
     from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
 
-    from index_build.encoders import resolve_model_path
+    from index_format.encoders import resolve_model_path
 
     started = time.time()
     pairs, data = load_pairs(args)

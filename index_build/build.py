@@ -24,15 +24,30 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from index_format.manifest import (
+    MANIFEST,
+    IndexMismatch,
+    VersionManifest,
+    code_version,
+    now_iso,
+    write_json_atomic,
+)
+from index_format.sharding import shard_name, shard_of
+from index_format.versions import (
+    activate,
+    build_lock,
+    publish,
+    read_version_manifest,
+    staging_dir,
+    verify_version,
+)
+
 from .chunking import Chunk, chunk_document
 from .config import BuildConfig
 from .corpus import BadRecord, CorpusError, corpus_files, fingerprint, resolve_corpus_file
 from .faiss_index import FaissSpec
-from .manifest import MANIFEST, IndexMismatch, VersionManifest, code_version, now_iso, write_json_atomic
 from .reuse import ReusePlan, find_sources, task_sources
-from .sharding import shard_name, shard_of
 from .splits import DEFAULT_SPLIT_BYTES, Split, plan_splits
-from .versions import activate, build_lock, publish, read_version_manifest, staging_dir, verify_version
 
 CRASH_ENV = "INDEX_BUILD_CRASH_AFTER_SHARDS"  # fault injection: exit like a kill after N shard commits
 SUMMARY_BAD_RECORDS = 100  # bad records a summary keeps in memory; all of them go to bad_records.jsonl
@@ -159,7 +174,7 @@ def _plan(cfg: BuildConfig) -> _Plan:
         sha = hashlib.sha256(json.dumps(shas, sort_keys=True).encode()).hexdigest()
         return _Plan({"path": str(Path(cfg.corpus).resolve()) if Path(cfg.corpus).exists() else str(cfg.corpus),
                       "files": shas, "sha256": sha, "format": "files"}, sha, splits, len(files))
-    from .versions import active_version, versions_dir
+    from index_format.versions import active_version, versions_dir
 
     root = Path(cfg.reuse_from or cfg.out)
     base = cfg.base or active_version(root)
@@ -367,7 +382,8 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
     import ray
     import ray.data
 
-    from .encoders import resolve_device
+    from index_format.encoders import resolve_device
+
     from .shard_tasks import EmbedBlocks, work_dir
 
     device = resolve_device(cfg.device.value) if not cfg.encoder.startswith("hashing:") else "cpu"

@@ -101,9 +101,10 @@ def config_from_args(argv: list[str] | None, prog: str = "python -m index_build"
 
 def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(argv)
+    from index_format.manifest import IndexMismatch
+
     from .build import build_index
     from .corpus import CorpusError
-    from .manifest import IndexMismatch
 
     try:
         summary = build_index(cfg)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from .manifest import sha256_file
+from index_format.manifest import sha256_file
 
 
 class CorpusError(ValueError):

@@ -23,8 +23,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from index_format.manifest import DOCUMENTS_FILE, IndexMismatch
+
 from .corpus import BadRecord, Document, iter_documents, resolve_corpus_file
-from .manifest import DOCUMENTS_FILE, IndexMismatch
 from .splits import FRAGMENT_DOCS, FragmentWriter
 
 

@@ -12,10 +12,11 @@ import os
 import textwrap
 from pathlib import Path
 
+from index_format.versions import active_version, read_version_manifest, versions_dir
+
 from .config import BuildConfig
 from .corpus import fingerprint
 from .demo_corpus import write_demo_corpus
-from .versions import active_version, read_version_manifest, versions_dir
 
 EXAMPLES = ("how do I parse command line arguments", "compress a file with gzip", "send an email over smtp")
 

@@ -25,8 +25,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .manifest import MANIFEST, IndexMismatch, VersionManifest
-from .versions import active_version, list_versions, read_version_manifest, versions_dir
+from index_format.manifest import MANIFEST, IndexMismatch, VersionManifest
+from index_format.versions import active_version, list_versions, read_version_manifest, versions_dir
 
 MAX_SOURCES = 4  # versions searched for vectors: the active one and the newest others
 
@@ -92,7 +92,7 @@ def shard_donor_of(sources: list[dict], content_key: dict, num_shards: int, shar
                    files_sha256: dict[str, str]) -> dict | None:
     """A source version (as ``task_sources`` gives it) whose shard ``shard`` was built from exactly these
     chunks and documents (``files_sha256``: file name -> checksum) with the same index options."""
-    from .manifest import read_shard_manifest
+    from index_format.manifest import read_shard_manifest
 
     for source in sources:
         if source["num_shards"] != num_shards or not _same_index_options(source["build_config"], content_key):

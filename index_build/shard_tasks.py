@@ -25,8 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .faiss_index import FaissSpec
-from .manifest import (
+from index_format.manifest import (
     CHUNKS_FILE,
     DOCUMENTS_FILE,
     EMBEDDINGS_FILE,
@@ -44,7 +43,9 @@ from .manifest import (
     verify_shard,
     write_json_atomic,
 )
-from .sharding import shard_of
+from index_format.sharding import shard_of
+
+from .faiss_index import FaissSpec
 from .splits import fragments_of
 from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, RowGroupWriter, contents_of
 
@@ -227,7 +228,7 @@ class EmbedBlocks:
             import torch
 
             torch.set_num_threads(threads)
-        from .encoders import load_encoder
+        from index_format.encoders import load_encoder
 
         self.encoder = load_encoder(encoder, device)
         self.batch_size = batch_size
@@ -288,7 +289,7 @@ def finish_dense(shard_dir: str, work: str, rows: int, blocks: int, dimension: i
 
 def build_lucene_shard(shard_dir: str, prepend_title: bool, heap: str) -> dict:
     """Ray task: the shard's Lucene index and term statistics, from its chunk table."""
-    from .lucene import build_lucene_index, index_statistics, write_collection
+    from index_format.lucene import build_lucene_index, index_statistics, write_collection
 
     t0 = time.perf_counter()
     folder = Path(shard_dir)
@@ -335,7 +336,7 @@ def verify_shard_files(shard_dir: str, expect: dict) -> dict:
 
 def merge_bm25(staging: str, shard_dirs: list[str], k1: float, b: float) -> dict:
     """Ray task: corpus-wide BM25 statistics, summed from the shards' own (``bm25/``)."""
-    from .bm25_stats import merge_shard_stats, merge_term_tables, write_stats
+    from index_format.bm25_stats import merge_shard_stats, merge_term_tables, write_stats
 
     manifests = [read_shard_manifest(Path(d)) for d in shard_dirs]
     stats = merge_shard_stats([m.lucene for m in manifests], k1, b)

@@ -1,248 +1,30 @@
-"""Index versions under one root, published and activated atomically.
-
-Layout::
-
-    ROOT/ACTIVE                  name of the live version (replaced with os.replace, never edited)
-    ROOT/activations.jsonl       one line per activation: when, which version, which it replaced, by whom
-    ROOT/versions/<name>/        complete, immutable versions
-    ROOT/staging/<build_key>/    builds in progress; a rerun with the same key resumes here
-    ROOT/.build.lock             held by the one build writing into ROOT (a second one is refused)
-    ROOT/pins/<name>             held (shared) by every process serving version <name>: it cannot be removed
-
-A version folder appears under ``versions/`` only by one ``rename`` of a finished staging folder, so
-a reader never sees a half-built version. Older versions stay until ``remove_version``.
-"""
+"""``python -m index_build.versions``: list, activate, roll back, remove or verify the index versions under a
+root (the versions themselves: ``index_format.versions``)."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
-import os
-import shutil
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from .manifest import MANIFEST, IndexMismatch, VersionManifest
-
-ACTIVE = "ACTIVE"
-ACTIVATIONS = "activations.jsonl"
-
-
-def versions_dir(root: Path) -> Path:
-    return Path(root) / "versions"
-
-
-def staging_dir(root: Path, build_key: str) -> Path:
-    return Path(root) / "staging" / build_key
-
-
-def list_versions(root: Path) -> list[str]:
-    folder = versions_dir(root)
-    if not folder.is_dir():
-        return []
-    return sorted(p.name for p in folder.iterdir() if (p / MANIFEST).is_file())
-
-
-def active_version(root: Path) -> str | None:
-    try:
-        name = (Path(root) / ACTIVE).read_text().strip()
-    except FileNotFoundError:
-        return None
-    return name or None
-
-
-def resolve_version_dir(path: Path, version: str | None = None) -> Path:
-    """A version folder from an index root (its ACTIVE one, or ``version``) or a version folder itself."""
-    path = Path(path)
-    if (path / MANIFEST).is_file() and (path / "shards").is_dir():
-        return path
-    name = version or active_version(path)
-    if name is None:
-        known = list_versions(path)
-        hint = f"; versions there: {', '.join(known)} (activate one)" if known else ""
-        raise IndexMismatch(f"{path} has no active index version{hint}")
-    folder = versions_dir(path) / name
-    if not (folder / MANIFEST).is_file():
-        raise IndexMismatch(f"index version {name!r} not found under {versions_dir(path)}")
-    return folder
-
-
-def read_version_manifest(version_dir: Path) -> VersionManifest:
-    path = Path(version_dir) / MANIFEST
-    try:
-        return VersionManifest.model_validate_json(path.read_text())
-    except FileNotFoundError:
-        raise IndexMismatch(f"{version_dir}: no {MANIFEST}: not an index version") from None
-    except ValueError as e:
-        raise IndexMismatch(f"{path}: not a valid version manifest: {e}") from None
-
-
-def publish(staging: Path, root: Path, name: str) -> Path:
-    """Move a finished staging folder into place under ``versions/<name>`` with one rename."""
-    target = versions_dir(root) / name
-    if target.exists():
-        raise FileExistsError(f"index version {name!r} already exists at {target}; pick another --version")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(staging, target)
-    _fsync_dir(target.parent)
-    return target
-
-
-def verify_version(version_dir: Path, checksums: bool = True) -> VersionManifest:
-    """The version's manifest, once every shard's files match their checksums (unless ``checksums`` is
-    False: the build checks them in the shards' own tasks) and the counts add up."""
-    from .manifest import verify_shard
-
-    version_dir = Path(version_dir)
-    manifest = read_version_manifest(version_dir)
-    chunks = 0
-    for shard in manifest.shards:
-        m = verify_shard(version_dir / "shards" / shard, expect={"encoder": manifest.encoder,
-                                                                  "dimension": manifest.dimension},
-                         checksums=checksums)
-        if not m.counts["chunks"] == m.counts["faiss_vectors"] == m.counts["lucene_docs"]:
-            raise IndexMismatch(f"{version_dir.name}/{shard}: counts disagree: {m.counts}")
-        chunks += m.counts["chunks"]
-    if chunks != manifest.counts["chunks"]:
-        raise IndexMismatch(f"{version_dir.name}: its shards hold {chunks} chunks, its manifest says "
-                            f"{manifest.counts['chunks']}")
-    return manifest
-
-
-def activate(root: Path, name: str, by: str = "cli", verify: bool = True) -> str | None:
-    """Point ACTIVE at ``name``: write a temporary file and rename it over the old pointer.
-
-    Returns the version it replaced. Running services watch ACTIVE and switch to the new version once
-    their shards have loaded it. ``name`` is looked up among the published versions, never joined
-    into a path unchecked, since it may come from an HTTP request. The version is verified first
-    (checksums and counts, ``verify_version``): a corrupted version is never made active.
-    """
-    root = Path(root)
-    if name not in list_versions(root):
-        raise IndexMismatch(f"cannot activate {name!r}: no such version under {versions_dir(root)}")
-    previous = active_version(root)
-    if previous == name:
-        return previous  # already live: nothing to write or log
-    if verify:
-        try:
-            verify_version(versions_dir(root) / name)
-        except IndexMismatch as e:
-            raise IndexMismatch(f"not activating {name!r}: {e}") from None
-    tmp = root / f".{ACTIVE}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / ACTIVE)
-    _fsync_dir(root)
-    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": name, "previous": previous,
-             "by": by}
-    with open(root / ACTIVATIONS, "a") as f:  # one short line per write: appends do not interleave
-        f.write(json.dumps(entry) + "\n")
-    return previous
-
-
-def activation_history(root: Path) -> list[dict]:
-    try:
-        lines = (Path(root) / ACTIVATIONS).read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def previous_version(root: Path) -> str | None:
-    """The version that was active before the current one (what a rollback returns to)."""
-    live = active_version(root)
-    for entry in reversed(activation_history(root)):
-        if entry.get("version") == live:
-            return entry.get("previous")
-    return None
-
-
-def rollback(root: Path, by: str = "cli") -> tuple[str, str]:
-    """Activate the version that was active before this one; returns (from, to)."""
-    target = previous_version(root)
-    if target is None:
-        raise IndexMismatch(f"{root}: no earlier activation to roll back to")
-    if target not in list_versions(root):
-        raise IndexMismatch(f"cannot roll back to {target!r}: it was removed from {versions_dir(root)}")
-    return activate(root, target, by=by), target
-
-
-@contextlib.contextmanager
-def build_lock(root: Path) -> Iterator[None]:
-    """Held by the one build writing into ``root``: a second build into the same root is refused with the
-    holder's pid and start time (an flock, so a killed build leaves no stale lock)."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / ".build.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            raise IndexMismatch(f"another build is writing into {root} ({holder}); wait for it to finish, or build "
-                                "into another --out") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}, started {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}".encode(), 0)
-        yield
-    finally:
-        os.close(fd)
-
-
-_PINS: dict[str, int] = {}  # version folder -> the open, shared-locked pin file of this process
-
-
-def pin_version(version_dir: Path) -> None:
-    """Mark a version as served by this process until it exits: ``remove_version`` refuses it meanwhile."""
-    version_dir = Path(version_dir).resolve()
-    if str(version_dir) in _PINS or version_dir.parent.name != "versions":
-        return  # already pinned, or a bare version folder outside a root (nothing removes it)
-    pins = version_dir.parent.parent / "pins"
-    pins.mkdir(exist_ok=True)
-    fd = os.open(pins / version_dir.name, os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_SH)
-    _PINS[str(version_dir)] = fd
-
-
-def remove_version(root: Path, name: str) -> None:
-    if active_version(root) == name:
-        raise ValueError(f"{name!r} is the active version; activate another one before removing it")
-    folder = versions_dir(root) / name
-    if not folder.is_dir():
-        raise IndexMismatch(f"no version {name!r} under {versions_dir(root)}")
-    pin = Path(root) / "pins" / name
-    if pin.exists():
-        fd = os.open(pin, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ValueError(f"{name!r} is served by a running app (it loaded this version); stop or redeploy it "
-                             "before removing the version") from None
-        finally:
-            os.close(fd)
-    # Rename first so a reader never opens a half-deleted folder.
-    doomed = folder.with_name(f".removing-{name}")
-    os.replace(folder, doomed)
-    shutil.rmtree(doomed)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from index_format.manifest import IndexMismatch
+from index_format.versions import (
+    activate,
+    activation_history,
+    active_version,
+    list_versions,
+    read_version_manifest,
+    remove_version,
+    resolve_version_dir,
+    rollback,
+    versions_dir,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m index_build.versions``: list, activate, remove or verify index versions."""
     import argparse
 
-    from .manifest import verify_shard
+    from index_format.manifest import verify_shard
 
     parser = argparse.ArgumentParser(prog="python -m index_build.versions", description=main.__doc__)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -153,8 +153,8 @@ def index_documents(index: Path) -> dict[str, str]:
     a version built before those were stored gives each document's chunks joined)."""
     import pyarrow.parquet as pq
 
-    from index_build.manifest import DOCUMENTS_FILE
-    from index_build.versions import resolve_version_dir
+    from index_format.manifest import DOCUMENTS_FILE
+    from index_format.versions import resolve_version_dir
 
     version_dir = resolve_version_dir(Path(index), None)
     out: dict[str, str] = {}

@@ -26,8 +26,8 @@ from typing import Any
 from deployments.errors import ActivationError
 from deployments.schemas import AnnParams
 from deployments.search.pipeline import Collection, EncoderClient, ShardClient, failure
-from index_build.manifest import IndexMismatch, VersionManifest
-from index_build.versions import (
+from index_format.manifest import IndexMismatch, VersionManifest
+from index_format.versions import (
     activate,
     active_version,
     list_versions,

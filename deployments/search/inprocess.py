@@ -18,7 +18,7 @@ from deployments.search.hits import Hit, merge_top_k
 from deployments.search.pipeline import Collection, SearchPipeline
 from deployments.shard.group import ShardGroup
 from deployments.shard.service import ShardAnswer, ShardService, open_version
-from index_build.encoders import encode_queries, load_encoder
+from index_format.encoders import encode_queries, load_encoder
 
 
 class InProcessShard:

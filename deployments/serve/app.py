@@ -19,8 +19,8 @@ from deployments.serve.reranker import Reranker
 from deployments.serve.router import SearchRouter
 from deployments.serve.shard_group import ShardRetriever
 from deployments.serve.synthesis import Synthesis
-from index_build.manifest import MANIFEST
-from index_build.versions import read_version_manifest, resolve_version_dir
+from index_format.manifest import MANIFEST
+from index_format.versions import read_version_manifest, resolve_version_dir
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 

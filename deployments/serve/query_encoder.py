@@ -14,7 +14,7 @@ class QueryEncoder:
                  device: str = "auto", backend: str = "torch"):
         import torch
 
-        from index_build.encoders import load_encoder
+        from index_format.encoders import load_encoder
 
         torch.set_num_threads(max(1, threads))
         self.encoder = load_encoder(encoder, device, backend, threads)

@@ -264,7 +264,7 @@ class LocalEncoder:
     def __init__(self, model: str, backend: str, threads: int = 1):
         from concurrent.futures import ThreadPoolExecutor
 
-        from index_build.encoders import load_encoder
+        from index_format.encoders import load_encoder
 
         self.encoder = load_encoder(model, "cpu", backend, threads=1)
         # ONNX Runtime's session and the tokenizer's encode_batch may be called from threads at once;
@@ -277,7 +277,7 @@ class LocalEncoder:
         return (await loop.run_in_executor(self.worker, self.encoder.encode, [text]))[0]
 
     async def embed_many(self, texts: list[str]):
-        from index_build.encoders import encode_queries
+        from index_format.encoders import encode_queries
 
         loop = asyncio.get_running_loop()
         return list(await loop.run_in_executor(self.worker, encode_queries, self.encoder, texts))

@@ -25,9 +25,9 @@ from typing import Any
 
 from deployments.shard.group import ShardGroup
 from deployments.shard.service import ShardService, corpus_df_map
-from index_build.bm25_stats import read_stats
-from index_build.manifest import IndexMismatch
-from index_build.versions import list_versions, pin_version, versions_dir
+from index_format.bm25_stats import read_stats
+from index_format.manifest import IndexMismatch
+from index_format.versions import list_versions, pin_version, versions_dir
 
 
 class ShardHost:

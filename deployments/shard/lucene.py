@@ -12,7 +12,7 @@ extra round trip (Elasticsearch's ``dfs_query_then_fetch`` does one):
   a term absent from the shard is left out (it would score nothing there anyway).
 
 The searcher stays pure Lucene; only parameters and boosts change. Lucene classes are used through
-jnius directly (``index_build.lucene.boot`` starts the JVM): importing ``pyserini.search`` would load
+jnius directly (``index_format.lucene.boot`` starts the JVM): importing ``pyserini.search`` would load
 torch for nothing. Where a JDK compiled the small Java helper (``raysearch.ShardSearch``), a search is
 one JNI call that builds the same query and returns the hits as primitive arrays; without it, the same
 query is built and read clause by clause and hit by hit through pyjnius proxies (~1 ms more a shard).
@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from deployments.search.hits import Hit
-from index_build.bm25_stats import CollectionStats
-from index_build.lucene import CONTENTS_FIELD, HELPER_CLASS, boot
+from index_format.bm25_stats import CollectionStats
+from index_format.lucene import CONTENTS_FIELD, HELPER_CLASS, boot
 
 MAX_CLAUSES = 1024  # Lucene's default BooleanQuery clause limit
 
@@ -80,7 +80,7 @@ class _Java:
                 setattr(cls, name, autoclass(path))
             try:
                 cls.ShardSearch = autoclass(HELPER_CLASS)
-            except Exception:  # no JDK compiled it (see index_build.lucene.helper_classes)
+            except Exception:  # no JDK compiled it (see index_format.lucene.helper_classes)
                 cls.ShardSearch = None
             cls._loaded = True
         return cls

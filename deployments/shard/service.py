@@ -24,8 +24,8 @@ from deployments.search.spelling import document_frequencies
 from deployments.shard.dense import DenseShard, TorchDenseShard
 from deployments.shard.filters import FilterError, MetadataTable
 from deployments.shard.lucene import LuceneShard
-from index_build.bm25_stats import CollectionStats, read_stats
-from index_build.manifest import (
+from index_format.bm25_stats import CollectionStats, read_stats
+from index_format.manifest import (
     CHUNKS_FILE,
     EMBEDDINGS_FILE,
     FAISS_FILE,
@@ -33,7 +33,7 @@ from index_build.manifest import (
     ShardManifest,
     verify_shard,
 )
-from index_build.versions import read_version_manifest, resolve_version_dir
+from index_format.versions import read_version_manifest, resolve_version_dir
 
 VOCABULARIES_KEPT = 8
 # Chunk rows a shard keeps as Python objects once read (all of them, for a shard up to this size): an index
@@ -85,7 +85,7 @@ class ShardService:
     ):
         import faiss
 
-        from index_build.encoders import resolve_device
+        from index_format.encoders import resolve_device
 
         self.folder = Path(shard_dir)
         self.name = self.folder.name

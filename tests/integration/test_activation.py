@@ -17,7 +17,7 @@ import pytest
 from deployments.search.guard import new_key
 from index_build.build import build_index
 from index_build.config import BuildConfig
-from index_build.versions import active_version, rollback
+from index_format.versions import active_version, rollback
 from tests.conftest import make_corpus, write_jsonl
 from tests.integration.conftest import ENCODER
 

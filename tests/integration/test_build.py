@@ -13,14 +13,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from index_build.bm25_stats import read_stats
 from index_build.build import CRASH_ENV, build_index
 from index_build.config import BuildConfig
 from index_build.corpus import CorpusError
-from index_build.encoders import HashingEncoder
-from index_build.lucene import build_lucene_index, index_statistics, write_collection
-from index_build.manifest import IndexMismatch, verify_shard
-from index_build.versions import active_version, list_versions, read_version_manifest
+from index_format.bm25_stats import read_stats
+from index_format.encoders import HashingEncoder
+from index_format.lucene import build_lucene_index, index_statistics, write_collection
+from index_format.manifest import IndexMismatch, verify_shard
+from index_format.versions import active_version, list_versions, read_version_manifest
 from tests.conftest import make_corpus, write_jsonl
 from tests.integration.conftest import ENCODER, oracle_chunks, shard_dirs
 
@@ -61,7 +61,7 @@ def test_every_chunk_lands_in_exactly_one_shard_with_its_trace(built, corpus):
             seen.append(r["chunk_id"])
     assert sorted(seen) == sorted(by_id)  # all chunks, once
     # ... in the shard their document's id hashes to (the oracle: sharding's own function over the documents).
-    from index_build.sharding import shard_of
+    from index_format.sharding import shard_of
 
     expected = [sum(1 for c in by_id.values() if shard_of(c.doc_id, len(sizes)) == s) for s in range(len(sizes))]
     assert sizes == expected
@@ -99,7 +99,7 @@ def test_sharded_dense_search_equals_one_flat_index(built, corpus):
 
 
 def test_lucene_shards_hold_every_chunk_once(built):
-    from index_build.lucene import boot
+    from index_format.lucene import boot
 
     boot()
     from pyserini.index.lucene import LuceneIndexReader
@@ -208,7 +208,7 @@ def test_parquet_input_with_hnsw(ray_local, tmp_path):
 def test_real_encoder_vectors_equal_direct_sentence_transformers(ray_local, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from index_build.encoders import resolve_model_path
+    from index_format.encoders import resolve_model_path
 
     docs = make_corpus(12, seed=5)
     path = write_jsonl(tmp_path / "corpus.jsonl", docs)

@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from deployments.search.inprocess import LocalIndex
-from index_build.bm25_stats import read_stats
 from index_build.build import build_index
 from index_build.config import BuildConfig
-from index_build.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, verify_shard
-from index_build.versions import active_version, read_version_manifest
+from index_format.bm25_stats import read_stats
+from index_format.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, verify_shard
+from index_format.versions import active_version, read_version_manifest
 from tests.conftest import make_corpus, write_jsonl
 from tests.integration.conftest import ENCODER, oracle_chunks
 
@@ -141,7 +141,7 @@ def test_a_delta_applied_to_a_version_equals_the_full_corpus(versions, tmp_path)
 
 
 def test_a_delta_needs_a_base_that_stores_its_documents(versions, tmp_path):
-    from index_build.manifest import IndexMismatch
+    from index_format.manifest import IndexMismatch
 
     changes = write_jsonl(tmp_path / "changes.jsonl", versions["changed"][:1])
     with pytest.raises(IndexMismatch, match="no version 'v9'"):

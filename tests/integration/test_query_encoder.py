@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from index_build.encoders import OnnxEncoder, load_encoder
+from index_format.encoders import OnnxEncoder, load_encoder
 
 TEXTS = [
     "What is the role of p53 in apoptosis of cancer cells?",

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from deployments.search.inprocess import LocalIndex
-from index_build.lucene import boot, build_lucene_index, write_collection
+from index_format.lucene import boot, build_lucene_index, write_collection
 from tests.conftest import TOPICS
 from tests.integration.conftest import shard_dirs
 
@@ -128,7 +128,7 @@ def test_sharded_dense_with_and_without_filter_equals_brute_force(local):
 
 def test_the_java_helper_is_compiled_here_and_in_use(local):
     """Where a JDK is present (CI's machine has one), BM25 runs through the compiled helper."""
-    from index_build.lucene import _javac, helper_classes
+    from index_format.lucene import _javac, helper_classes
 
     if _javac() is None:
         pytest.skip("no JDK on this machine: BM25 runs through pyjnius proxies")

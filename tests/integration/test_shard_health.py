@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from deployments.shard.host import ShardHost
-from index_build.versions import read_version_manifest
+from index_format.versions import read_version_manifest
 
 
 def host_of(built, tmp_path) -> tuple[ShardHost, object]:

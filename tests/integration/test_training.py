@@ -74,7 +74,7 @@ def test_train_encoder_writes_a_model_index_build_uses_and_resumes(beir, index, 
 
     from deployments import train_encoder
     from deployments.search.inprocess import LocalIndex
-    from index_build.encoders import resolve_model_path
+    from index_format.encoders import resolve_model_path
 
     out = tmp_path / "encoder"
     argv = ["--data", str(beir), "--train-split", "train", "--index", str(index), "--out", str(out), "--epochs", "2",

@@ -9,7 +9,7 @@ import pytest
 from deployments.errors import ActivationError
 from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.pipeline import Collection
-from index_build.versions import activate, active_version, versions_dir
+from index_format.versions import activate, active_version, versions_dir
 from tests.conftest import fake_version
 
 
@@ -134,7 +134,7 @@ def test_a_pinned_collection_never_moves(tmp_path):
 
 def test_a_shard_group_serves_the_shards_a_version_has(tmp_path):
     from deployments.search.activation import check_switchable
-    from index_build.versions import read_version_manifest
+    from index_format.versions import read_version_manifest
 
     for name, shards in (("v2", 2), ("v3", 3), ("v4", 1)):
         _publish(tmp_path, name, shards)

@@ -96,7 +96,7 @@ def test_offline_model_names_are_checked_before_start(monkeypatch, tmp_path):
 
 def test_cpus_needed_to_start_counts_every_replica(tmp_path):
     from deployments.serve.app import logical_cpus_needed
-    from index_build.versions import activate
+    from index_format.versions import activate
     from tests.unit.test_activation import _publish
 
     _publish(tmp_path, "v1", shards=4)

@@ -3,7 +3,7 @@ import math
 import pyarrow as pa
 import pytest
 
-from index_build.bm25_stats import (
+from index_format.bm25_stats import (
     CollectionStats,
     merge_shard_stats,
     merge_term_tables,

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from index_build.encoders import HashingEncoder, load_encoder, resolve_device
 from index_build.faiss_index import FaissSpec, build_faiss_index, ivf_nlist_for, use_gpu
+from index_format.encoders import HashingEncoder, load_encoder, resolve_device
 
 
 def test_hashing_encoder_is_deterministic_and_unit_length():
@@ -86,7 +86,7 @@ def test_shard_search_device_is_a_config_choice():
 
 
 def test_queries_embedded_in_small_groups_come_back_in_the_order_given():
-    from index_build.encoders import encode_queries
+    from index_format.encoders import encode_queries
 
     enc = HashingEncoder(32)
     texts = ["a much longer query about many things", "short", "mid length query", "x", "", "another one here"]

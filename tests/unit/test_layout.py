@@ -19,3 +19,77 @@ print("ok")
 def test_cores_import_without_ray():
     done = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def _imports() -> dict[str, set[str]]:
+    """Module -> the project modules it imports anywhere in its code (in functions too), from the source."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    modules = {}
+    for package in ("index_format", "index_build", "deployments"):
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level:  # relative: from the module's own package up
+                package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(package[: len(package) - node.level + 1])
+                found |= {f"{base}.{node.module}" if node.module else base}
+                found |= {f"{base}.{node.module}.{a.name}" if node.module else f"{base}.{a.name}" for a in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def test_the_service_never_imports_the_job_and_the_format_imports_neither():
+    graph = _imports()
+    assert {(a, b) for a, deps in graph.items() for b in deps
+            if a.startswith("deployments") and b.startswith("index_build")} == set()
+    assert {(a, b) for a, deps in graph.items() for b in deps
+            if a.startswith("index_format") and not b.startswith("index_format")} == set()
+
+
+def test_no_module_imports_itself_back_at_module_level():
+    """No cycle among the modules' top-level imports (a cycle breaks as soon as one of them is imported first)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    graph: dict[str, set[str]] = {}
+    for package in ("index_format", "index_build", "deployments"):
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            top = set()
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    top |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+                elif isinstance(node, ast.Import):
+                    top |= {a.name for a in node.names}
+            graph[name] = top
+    graph = {n: {m for m in deps if m in graph and m != n} for n, deps in graph.items()}
+    seen, stack, cycles = set(), [], []
+
+    def visit(n):
+        if n in stack:
+            cycles.append(stack[stack.index(n):] + [n])
+            return
+        if n in seen:
+            return
+        seen.add(n)
+        stack.append(n)
+        for m in sorted(graph[n]):
+            visit(m)
+        stack.pop()
+
+    for n in sorted(graph):
+        visit(n)
+    assert cycles == []

@@ -1,6 +1,6 @@
 from collections import Counter
 
-from index_build.sharding import shard_name, shard_of
+from index_format.sharding import shard_name, shard_of
 
 
 def test_stable_across_processes_and_runs():

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from index_build.corpus import Document, iter_documents
-from index_build.manifest import sha256_file
 from index_build.splits import fragments_of, plan_splits, read_split
+from index_format.manifest import sha256_file
 from tests.conftest import make_corpus
 
 SHARDS = 3

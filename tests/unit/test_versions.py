@@ -1,8 +1,8 @@
 
 import pytest
 
-from index_build.manifest import MANIFEST, IndexMismatch
-from index_build.versions import (
+from index_format.manifest import MANIFEST, IndexMismatch
+from index_format.versions import (
     ACTIVE,
     activate,
     active_version,
@@ -54,7 +54,7 @@ def test_existing_names_and_unknown_versions_are_refused(tmp_path):
 
 
 def test_activations_are_logged_and_rollback_returns_to_the_one_before(tmp_path):
-    from index_build.versions import activation_history, previous_version, rollback
+    from index_format.versions import activation_history, previous_version, rollback
 
     for key in ("v1", "v2", "v3"):
         publish(_staged(tmp_path, key), tmp_path, key)
@@ -94,7 +94,7 @@ def test_activation_refuses_a_corrupted_version(tmp_path):
 
 
 def test_one_build_at_a_time_per_root(tmp_path):
-    from index_build.versions import build_lock
+    from index_format.versions import build_lock
 
     with build_lock(tmp_path), pytest.raises(IndexMismatch, match=r"another build is writing into .* \(pid \d+, started"), \
             build_lock(tmp_path):
@@ -104,7 +104,7 @@ def test_one_build_at_a_time_per_root(tmp_path):
 
 
 def test_a_version_being_served_cannot_be_removed(tmp_path):
-    from index_build.versions import _PINS, pin_version
+    from index_format.versions import _PINS, pin_version
 
     for k in ("a", "b"):
         publish(_staged(tmp_path, k), tmp_path, k)

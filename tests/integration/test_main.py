@@ -279,6 +279,11 @@ def test_the_request_id_is_in_every_log_line_and_error_body_and_queries_are_reda
     assert not [r for r in lines if "confidential-words" in json.dumps(r)]
     failed = [r for r in lines if r.get("request_id") == "rid-404-1" and r.get("event") == "search"]
     assert [r["outcome"] for r in failed] == ["error"]
+    # README's example line names only fields a real line has.
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("### Logs and request ids"):readme.index("### Traces")]
+    example = re.search(r"```json\n(.*?)```", section, re.S).group(1)
+    assert set(re.findall(r'"([a-z_]+)":', example)) <= set(search)
 
 
 def test_a_served_search_is_one_trace_exported_by_otlp_with_its_stages(service, collector):

@@ -2,9 +2,10 @@
 
 A search ranks a window of candidates (each leg's top ``candidates`` of every shard, fused, maybe reranked);
 a page is a slice of that ranking. ``offset`` asks for one directly; ``next_cursor`` in a response names the
-next page of the same search. The cursor carries the index version of every collection searched and a digest
-of the request: the next page is served only from the same versions (a page after a switch is refused with
-409, never a page of the new version after a page of the old one) and for the same request (400 otherwise).
+next page of the same search. The cursor carries the index version of every collection searched, a digest
+of the request and one of the router settings that rank: the next page is served only from the same versions
+and settings (a page after a switch, or after an operator changed the fusion, is refused with 409, never a
+page ranked otherwise after the first) and for the same request (400 otherwise).
 Pages stop at the window: a hybrid search's fused scores depend on its candidates (min-max over each leg's
 list), so its pages stay inside the candidates that ``limit`` asks for (200 by default) and every page ranks
 the same ones; a one-leg search's exact top-k goes to ``router.candidate_cap``. A reranked search ranks its
@@ -19,6 +20,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 
+from deployments.config import RouterSettings
 from deployments.errors import RequestError
 from deployments.schemas import SearchRequest
 
@@ -27,25 +29,40 @@ from deployments.schemas import SearchRequest
 _PAGE_FIELDS = {"offset", "cursor", "debug"}
 
 
-def request_digest(req: SearchRequest) -> str:
-    body = req.model_dump(mode="json", exclude=_PAGE_FIELDS)
+# Router settings that cannot change a ranking: every other one (fusion, weights, depths, rerank depth,
+# synonyms, ...) is part of a cursor, so an operator's change between two pages is a 409, not a mixed list.
+_NOT_RANKING = {"rows_with_answers", "shard_timeout_s", "encoder_timeout_s", "request_timeout_s", "spell_timeout_s",
+                "cache_size", "redact_queries", "rerank_timeout_s", "synthesis_timeout_s", "version_poll_s",
+                "activation_timeout_s"}
+
+
+def _digest(body) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def make_cursor(req: SearchRequest, versions: Mapping[str, str], offset: int) -> str:
-    body = {"o": offset, "v": dict(versions), "r": request_digest(req)}
+def request_digest(req: SearchRequest) -> str:
+    return _digest(req.model_dump(mode="json", exclude=_PAGE_FIELDS))
+
+
+def settings_digest(settings: RouterSettings | None) -> str:
+    return _digest(settings.model_dump(mode="json", exclude=_NOT_RANKING) if settings is not None else None)
+
+
+def make_cursor(req: SearchRequest, versions: Mapping[str, str], offset: int,
+                settings: RouterSettings | None = None) -> str:
+    body = {"o": offset, "v": dict(versions), "r": request_digest(req), "s": settings_digest(settings)}
     return base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode()).decode().rstrip("=")
 
 
-def page_offset(req: SearchRequest, versions: Mapping[str, str]) -> int:
-    """Where this request's page starts: its cursor's offset (checked against the request and the versions
-    served now), else ``offset``."""
+def page_offset(req: SearchRequest, versions: Mapping[str, str], settings: RouterSettings | None = None) -> int:
+    """Where this request's page starts: its cursor's offset (checked against the request, the ranking
+    settings and the versions served now), else ``offset``."""
     if req.cursor is None:
         return req.offset
     try:
         padded = req.cursor + "=" * (-len(req.cursor) % 4)
         body = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        offset, made_on, digest = int(body["o"]), dict(body["v"]), str(body["r"])
+        offset, made_on, digest, ranking = int(body["o"]), dict(body["v"]), str(body["r"]), str(body["s"])
     except (ValueError, KeyError, TypeError, binascii.Error):
         raise RequestError("cursor is not one this service made: pass next_cursor from a response as it came",
                            400) from None
@@ -57,6 +74,9 @@ def page_offset(req: SearchRequest, versions: Mapping[str, str]) -> int:
                             if made_on.get(name) != v)
         raise RequestError(f"the index changed since the first page ({changed}); its pages would mix versions: "
                            "search again from the first page", 409)
+    if ranking != settings_digest(settings):
+        raise RequestError("the service's ranking settings (router: fusion, weights, depths) changed since the "
+                           "first page; its pages would mix rankings: search again from the first page", 409)
     return offset
 
 

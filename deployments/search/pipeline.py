@@ -469,7 +469,7 @@ class SearchPipeline:
         rerank = self._check_stages(req, targets)
         req = self._with_tuned_defaults(req, rerank)
         # A page: ranks offset+1.. of the same ranking (``paging``); the plan fixes every depth before any work.
-        offset = page_offset(req, {c.name: c.version for c in targets})
+        offset = page_offset(req, {c.name: c.version for c in targets}, self.settings)
         if offset and req.mmr_lambda is not None:
             raise RequestError("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
                                "to 100 results in one page", 400)
@@ -668,7 +668,7 @@ class SearchPipeline:
             total=len(ranked.kept),
             total_results=len(top),
             offset=plan.offset,
-            next_cursor=make_cursor(req, {c.name: c.version for c in targets}, window)
+            next_cursor=make_cursor(req, {c.name: c.version for c in targets}, window, s)
             if more and req.mmr_lambda is None and window < plan.pages_end else None,
             citations=[source_of(r["doc_id"], r["metadata"]) for r in rows] if req.include_citations else None,
             passage_citations=citation_payload,

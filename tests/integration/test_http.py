@@ -261,6 +261,13 @@ def test_tune_command_tunes_writes_and_applies_settings_in_place(served, corpus,
         assert router_replicas() == replicas
     finally:
         apply_router_settings(original)
+        # Live again before the next test (Serve reconfigures replicas in the background).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            debug = client.post("/search", json={"query": "telescope galaxy", "debug": True}).json()["debug"]
+            if (debug["fusion"]["method"], debug["candidate_depth"]) == (original["fusion"], original["candidate_base"]):
+                break
+            time.sleep(0.5)
     with pytest.raises(ValueError, match="rrf_k"):
         apply_router_settings({"rrf_k": 0})  # refused before anything changes
 

@@ -500,7 +500,8 @@ def test_a_cursor_is_refused_for_another_search_after_a_switch_and_with_mmr(pipe
 
     first = search(pipeline, query="telescope galaxy", limit=3)
     cursor = first.next_cursor
-    assert page_offset(SearchRequest(query="telescope galaxy", limit=3, cursor=cursor), first.index_version) == 3
+    assert page_offset(SearchRequest(query="telescope galaxy", limit=3, cursor=cursor), first.index_version,
+                       pipeline.settings) == 3
     with pytest.raises(RequestError) as e:
         search(pipeline, query="bread oven", limit=3, cursor=cursor)
     assert e.value.status == 400 and "another search" in str(e.value)
@@ -508,6 +509,16 @@ def test_a_cursor_is_refused_for_another_search_after_a_switch_and_with_mmr(pipe
         stale = make_cursor(SearchRequest(query="telescope galaxy", limit=3), {"main": "v0-gone"}, 3)
         search(pipeline, query="telescope galaxy", limit=3, cursor=stale)
     assert e.value.status == 409 and "v0-gone ->" in str(e.value)
+    original = pipeline.settings
+    try:  # an operator's change of the ranking between two pages: refused; a timeout's change: not
+        pipeline.reconfigure(original.model_copy(update={"shard_timeout_s": original.shard_timeout_s + 1}))
+        assert search(pipeline, query="telescope galaxy", limit=3, cursor=cursor).offset == 3
+        pipeline.reconfigure(original.model_copy(update={"dense_weight": 0.3, "keyword_weight": 0.7}))
+        with pytest.raises(RequestError) as e:
+            search(pipeline, query="telescope galaxy", limit=3, cursor=cursor)
+        assert e.value.status == 409 and "ranking settings" in str(e.value)
+    finally:
+        pipeline.reconfigure(original)
     with pytest.raises(RequestError) as e:
         search(pipeline, query="telescope galaxy", limit=3, cursor="not-a-cursor")
     assert e.value.status == 400

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 CODE = """
 import importlib, pkgutil, sys
@@ -21,21 +22,27 @@ def test_cores_import_without_ray():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
-def _imports() -> dict[str, set[str]]:
-    """Module -> the project modules it imports anywhere in its code (in functions too), from the source."""
-    import ast
-    from pathlib import Path
-
+def _modules() -> dict[str, Path]:
+    """The project's modules by dotted name, and their files."""
     root = Path(__file__).parents[2]
     modules = {}
     for package in ("index_format", "index_build", "deployments"):
         for path in (root / package).rglob("*.py"):
             parts = path.relative_to(root).with_suffix("").parts
             modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imports(top_level_only: bool = False) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (anywhere in its code, or only at its top level)."""
+    import ast
+
+    modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
+        tree = ast.parse(path.read_text())
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in (tree.body if top_level_only else ast.walk(tree)):
             if isinstance(node, ast.Import):
                 found |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -59,23 +66,7 @@ def test_the_service_never_imports_the_job_and_the_format_imports_neither():
 
 def test_no_module_imports_itself_back_at_module_level():
     """No cycle among the modules' top-level imports (a cycle breaks as soon as one of them is imported first)."""
-    import ast
-    from pathlib import Path
-
-    root = Path(__file__).parents[2]
-    graph: dict[str, set[str]] = {}
-    for package in ("index_format", "index_build", "deployments"):
-        for path in (root / package).rglob("*.py"):
-            parts = path.relative_to(root).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            top = set()
-            for node in ast.parse(path.read_text()).body:
-                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    top |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-                elif isinstance(node, ast.Import):
-                    top |= {a.name for a in node.names}
-            graph[name] = top
-    graph = {n: {m for m in deps if m in graph and m != n} for n, deps in graph.items()}
+    graph = _imports(top_level_only=True)
     seen, stack, cycles = set(), [], []
 
     def visit(n):

@@ -19,6 +19,7 @@ COPY requirements.txt pyproject.toml Makefile README.md ./
 COPY deployments deployments
 COPY index_format index_format
 COPY index_build index_build
+COPY relevance relevance
 COPY serve_config.yaml ./
 RUN make setup PYTHON=python3.11 \
     && if [ "$VARIANT" = gpu ]; then \

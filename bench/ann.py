@@ -116,10 +116,10 @@ def recall(got: list[list[tuple[str, float]]], exact: list[list[tuple[str, float
 
 
 def ndcg(runs: list[list[tuple[str, float]]], qids: list[str], qrels: dict, bm25: dict | None) -> dict:
-    from deployments.relevance.metrics import ndcg_at
-    from deployments.relevance.tuning import doc_ranking
     from deployments.search.fusion import weighted
     from deployments.search.hits import Hit
+    from relevance.metrics import ndcg_at
+    from relevance.tuning import doc_ranking
 
     dense_total = hybrid_total = 0.0
     for qid, run in zip(qids, runs, strict=True):

@@ -35,7 +35,7 @@ def machine() -> dict:
 
 def load_beir(folder: Path, split: str = "test") -> tuple[dict[str, str], dict[str, dict[str, int]]]:
     """(queries of the split, qrels) from a BEIR folder; only queries that have judgments."""
-    from deployments.relevance.qrels import read_qrels
+    from relevance.qrels import read_qrels
 
     qrels = read_qrels(folder / "qrels" / f"{split}.tsv")
     queries = {}

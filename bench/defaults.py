@@ -32,8 +32,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bench.common import load_beir, machine, served
-from deployments.relevance.tuning import AGGREGATES, Legs, grid, mean, per_query_ndcg
-from deployments.tune import Service
+from relevance.tune import Service
+from relevance.tuning import AGGREGATES, Legs, grid, mean, per_query_ndcg
 
 
 def record(name: str, index: Path, data: Path, depth: int, port: int, out: Path) -> dict:

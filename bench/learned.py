@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench.common import load_beir, machine, write_record
 from deployments.cli import renamed_flag
-from deployments.relevance.metrics import evaluate
+from relevance.metrics import evaluate
 
 
 def run_queries(pipeline, queries: dict[str, str], limit: int = 100, **request) -> tuple[dict, float]:

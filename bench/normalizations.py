@@ -15,8 +15,8 @@ import statistics
 from pathlib import Path
 
 from bench.common import load_beir
-from deployments.relevance.metrics import ndcg_at
-from deployments.relevance.tuning import doc_ranking
+from relevance.metrics import ndcg_at
+from relevance.tuning import doc_ranking
 
 
 def normalized(leg: list[list], how: str) -> dict[str, float]:

@@ -29,7 +29,7 @@ from ir_measures import RR, R, nDCG
 
 from bench.common import load_beir, machine, served
 from deployments.cli import renamed_flag
-from deployments.evaluate import partial
+from relevance.evaluate import partial
 
 MEASURES = [nDCG @ 10, R @ 100, RR @ 10]
 CONFIGS = {

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from deployments.relevance.judgments import has_control_character
+from deployments.judgments import has_control_character
 
 MAX_QUERY_CHARS = 2000
 MAX_HISTORY_TURNS = 20

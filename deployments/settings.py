@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("apply", help="merge a settings file into the running router's user_config")
-    p.add_argument("file", type=Path, help="YAML mapping of router settings (python -m deployments.tune writes one)")
+    p.add_argument("file", type=Path, help="YAML mapping of router settings (python -m relevance.tune writes one)")
     p = sub.add_parser("show", help="print the running router's settings")
     for p in sub.choices.values():
         p.add_argument("--app", default="raysearch", help="the Serve application's name")

@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.config import RouterSettings, SecurityConfig
 from deployments.errors import RequestError, ServiceError
-from deployments.relevance.judgments import JudgmentStore, doc_of_chunk
+from deployments.judgments import JudgmentStore, doc_of_chunk
 from deployments.schemas import (
     ActivateRequest,
     ActivationResponse,

@@ -230,7 +230,7 @@ def test_a_filter_narrows_every_result_and_a_share_link_restores_the_search(cons
 def test_a_judgment_is_stored_and_read_back_as_qrels(console, served, tmp_path):
     from playwright.sync_api import expect
 
-    from deployments.relevance.judgments import query_id
+    from deployments.judgments import query_id
 
     console.open()
     console.search("comet nebula telescope", limit="5")

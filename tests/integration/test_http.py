@@ -149,7 +149,7 @@ def test_fuzzed_requests_from_the_openapi_spec_never_get_a_5xx(served):
 
 
 def test_feedback_is_stored_and_read_back_as_qrels(served):
-    from deployments.relevance.judgments import JudgmentStore, query_id
+    from deployments.judgments import JudgmentStore, query_id
 
     client, summary = served
     hit = client.post("/search", json={"query": "telescope galaxy", "limit": 1}).json()["results"][0]
@@ -177,7 +177,7 @@ def test_feedback_is_stored_and_read_back_as_qrels(served):
 def test_evaluate_command_over_the_running_service(served, tmp_path, capsys):
     import json
 
-    from deployments.evaluate import main as evaluate_main
+    from relevance.evaluate import main as evaluate_main
 
     client, _ = served
     top = client.post("/search", json={"query": "telescope galaxy", "limit": 100}).json()["results"]
@@ -201,7 +201,7 @@ def test_evaluate_command_over_the_running_service(served, tmp_path, capsys):
 
 
 def test_tune_command_tunes_writes_and_applies_settings_in_place(served, corpus, tmp_path, capsys):
-    """python -m deployments.tune end to end: judgments -> replay -> held-out check -> settings file ->
+    """python -m relevance.tune end to end: judgments -> replay -> held-out check -> settings file ->
     applied through the router's user_config, with the router replicas kept (no restart)."""
     import json
     import time
@@ -210,7 +210,7 @@ def test_tune_command_tunes_writes_and_applies_settings_in_place(served, corpus,
     from ray.serve.context import _connect
 
     from deployments.settings import apply_router_settings, current_router_settings
-    from deployments.tune import main as tune_main
+    from relevance.tune import main as tune_main
     from tests.conftest import TOPICS
 
     client, _ = served

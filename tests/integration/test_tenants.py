@@ -9,7 +9,7 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
-from deployments.relevance.judgments import query_id
+from deployments.judgments import query_id
 from deployments.search.guard import new_key
 from index_build.build import build_index
 from index_build.config import BuildConfig

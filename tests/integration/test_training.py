@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from deployments.relevance.training import beir_judgments, mine_negatives, positive_pairs, read_corpus
 from index_build.build import build_index
 from index_build.config import BuildConfig
+from relevance.training import beir_judgments, mine_negatives, positive_pairs, read_corpus
 from tests.conftest import make_corpus, write_jsonl
 
 
@@ -50,7 +50,7 @@ def test_pairs_hold_out_the_test_queries_and_negatives_are_not_relevant(beir, in
 
 
 def test_several_hard_negatives_are_the_next_best_misses_each_in_its_own_column(beir, index):
-    from deployments.relevance.training import training_rows
+    from relevance.training import training_rows
 
     judged = beir_judgments(beir, "train", "test")
     corpus = read_corpus(beir / "corpus.jsonl")
@@ -72,9 +72,9 @@ def test_several_hard_negatives_are_the_next_best_misses_each_in_its_own_column(
 def test_train_encoder_writes_a_model_index_build_uses_and_resumes(beir, index, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from deployments import train_encoder
     from deployments.search.inprocess import LocalIndex
     from index_format.encoders import resolve_model_path
+    from relevance import train_encoder
 
     out = tmp_path / "encoder"
     argv = ["--data", str(beir), "--train-split", "train", "--index", str(index), "--out", str(out), "--epochs", "2",
@@ -109,8 +109,8 @@ def test_train_encoder_writes_a_model_index_build_uses_and_resumes(beir, index, 
 
 
 def test_train_reranker_writes_a_cross_encoder_the_reranker_serves(beir, index, tmp_path):
-    from deployments import train_reranker
     from deployments.search.reranking import CrossEncoderScorer
+    from relevance import train_reranker
 
     out = tmp_path / "reranker"
     assert train_reranker.main(["--data", str(beir), "--train-split", "train", "--index", str(index), "--out", str(out),

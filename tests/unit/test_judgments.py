@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-from deployments.judgments import main
-from deployments.relevance.judgments import JudgmentStore, doc_of_chunk, query_id
+from deployments.judgments import JudgmentStore, doc_of_chunk, main, query_id
 
 
 def _write_many(folder: str, worker: int, n: int) -> None:

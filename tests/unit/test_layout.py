@@ -1,4 +1,5 @@
-"""The layout's promise: the search, shard and relevance cores run without Ray."""
+"""The layout's promise: the search and shard cores and the offline relevance package run without Ray; the
+service, the job and the format never import the offline relevance work."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 CODE = """
 import importlib, pkgutil, sys
 sys.modules["ray"] = None  # any `import ray` now fails
-import deployments.relevance, deployments.search, deployments.shard
-for pkg in (deployments.search, deployments.shard, deployments.relevance):
+import deployments.judgments, deployments.search, deployments.shard, relevance
+# Every module of relevance: none needs Ray to be imported (only `relevance.tune --apply` reaches Ray, when it
+# runs, through deployments.settings).
+for pkg in (deployments.search, deployments.shard, relevance):
     for m in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"{pkg.__name__}.{m.name}")
 print("ok")
@@ -26,7 +29,7 @@ def _modules() -> dict[str, Path]:
     """The project's modules by dotted name, and their files."""
     root = Path(__file__).parents[2]
     modules = {}
-    for package in ("index_format", "index_build", "deployments"):
+    for package in ("index_format", "index_build", "deployments", "relevance"):
         for path in (root / package).rglob("*.py"):
             parts = path.relative_to(root).with_suffix("").parts
             modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -62,6 +65,13 @@ def test_the_service_never_imports_the_job_and_the_format_imports_neither():
             if a.startswith("deployments") and b.startswith("index_build")} == set()
     assert {(a, b) for a, deps in graph.items() for b in deps
             if a.startswith("index_format") and not b.startswith("index_format")} == set()
+
+
+def test_the_service_the_job_and_the_format_never_import_the_offline_relevance_work():
+    """relevance (evaluation, tuning, training) may import deployments and index_format; nothing imports it."""
+    graph = _imports()
+    assert {(a, b) for a, deps in graph.items() for b in deps
+            if a.split(".")[0] != "relevance" and b.split(".")[0] == "relevance"} == set()
 
 
 def test_no_module_imports_itself_back_at_module_level():

@@ -8,7 +8,7 @@ import ir_measures
 import pytest
 from ir_measures import RR, R, nDCG
 
-from deployments.relevance.metrics import context_precision, context_recall, evaluate
+from relevance.metrics import context_precision, context_recall, evaluate
 
 
 def _case(seed: int):

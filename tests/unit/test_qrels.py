@@ -1,6 +1,6 @@
 import pytest
 
-from deployments.relevance.qrels import QrelsError, read_qrels
+from relevance.qrels import QrelsError, read_qrels
 
 
 def test_beir_and_trec_layouts_read_the_same(tmp_path):
@@ -23,8 +23,7 @@ def test_a_malformed_line_names_the_file_and_line(tmp_path, line, says):
 
 def test_every_reader_is_this_one():
     from bench import common
-    from deployments import evaluate, tune
-    from deployments.relevance import training
+    from relevance import evaluate, training, tune
 
     assert evaluate.read_qrels is tune.read_qrels is training.read_qrels is read_qrels
     assert "read_qrels" in common.load_beir.__code__.co_names

@@ -6,7 +6,9 @@ import random
 
 import pytest
 
-from deployments.relevance.tuning import (
+from deployments.search.fusion import rrf
+from deployments.search.hits import Hit
+from relevance.tuning import (
     FusionSetting,
     Legs,
     doc_ranking,
@@ -17,8 +19,6 @@ from deployments.relevance.tuning import (
     search,
     split_queries,
 )
-from deployments.search.fusion import rrf
-from deployments.search.hits import Hit
 
 
 def planted(true_weight: float, queries: int = 40, docs: int = 30, seed: int = 3):

@@ -12,8 +12,8 @@ import pytest
 
 from deployments.config import AppConfig, SynthesisConfig
 
-COMMANDS = ["index_build", "index_build.versions", "deployments", "deployments.tune", "deployments.evaluate",
-            "deployments.train_encoder", "deployments.train_reranker"]
+COMMANDS = ["index_build", "index_build.versions", "deployments", "relevance.tune", "relevance.evaluate",
+            "relevance.train_encoder", "relevance.train_reranker"]
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +50,13 @@ def test_help_says_each_default_once(helps):
 
 
 def test_the_same_things_have_the_same_flags(helps):
-    for module in ("deployments.tune", "deployments.train_encoder", "deployments.train_reranker"):
+    for module in ("relevance.tune", "relevance.train_encoder", "relevance.train_reranker"):
         assert "--test-split" in helps[module] and "--held-out-share" in helps[module], module
-    for module in ("deployments.tune", "deployments.train_encoder", "deployments.train_reranker"):
+    for module in ("relevance.tune", "relevance.train_encoder", "relevance.train_reranker"):
         assert "--train-split" in helps[module], module
-    assert "--test-split" in helps["deployments.evaluate"]
+    assert "--test-split" in helps["relevance.evaluate"]
     assert "--shard-num-replicas" in helps["deployments"] and "--reranker-num-replicas" in helps["deployments"]
-    for module in ("deployments", "deployments.train_encoder", "deployments.train_reranker"):
+    for module in ("deployments", "relevance.train_encoder", "relevance.train_reranker"):
         assert "--index ROOT" in helps[module], module
     assert "--out ROOT" in helps["index_build"]
     for module, text in helps.items():  # the old names work but are not shown
@@ -65,8 +65,8 @@ def test_the_same_things_have_the_same_flags(helps):
 
 
 def test_renamed_flags_are_still_taken():
-    from deployments.relevance.training import build_parser
-    from deployments.tune import parser as tune_parser
+    from relevance.training import build_parser
+    from relevance.tune import parser as tune_parser
 
     args = build_parser("train", None).parse_args(["--data", "d", "--index", "i", "--out", "o",
                                                    "--split", "dev", "--held-out", "test2"])

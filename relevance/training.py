@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deployments.cli import renamed_flag
-from deployments.relevance.judgments import JudgmentStore
-from deployments.relevance.qrels import read_qrels
+from deployments.judgments import JudgmentStore
+from relevance.qrels import read_qrels
 
 TRAINING_FILE = "training.json"  # written beside a trained model: its data, held-out split, settings, time
 
@@ -75,7 +75,7 @@ def beir_judgments(folder: Path, split: str = "train", held_out: str = "test",
     listed, so an evaluation can use exactly those."""
     qrels = read_qrels(folder / "qrels" / f"{split}.tsv")
     if held_out_share is not None:
-        from deployments.relevance.tuning import split_queries
+        from relevance.tuning import split_queries
 
         train, test = split_queries(qrels, held_out_share)
         qrels = {q: qrels[q] for q in train}

@@ -1,7 +1,7 @@
 """Evaluate a running service against judgments: one command, one table.
 
-    python -m deployments.evaluate --url http://127.0.0.1:8000 --data path/to/beir/scifact
-    python -m deployments.evaluate --url ... --queries q.jsonl --qrels judged.tsv --method keyword
+    python -m relevance.evaluate --url http://127.0.0.1:8000 --data path/to/beir/scifact
+    python -m relevance.evaluate --url ... --queries q.jsonl --qrels judged.tsv --method keyword
 
 Sends every judged query to ``POST /search`` (``limit`` 100, so Recall@100 means something), ranks each
 document at its best chunk, and prints nDCG@10, Recall@100 and MRR@10, plus context precision and
@@ -24,9 +24,9 @@ from tqdm import tqdm
 
 from deployments.cli import renamed_flag
 from deployments.client import SearchClient, SearchServiceError
-from deployments.relevance.metrics import evaluate
-from deployments.relevance.qrels import read_qrels
 from deployments.schemas import SearchRequest, SearchResponse
+from relevance.metrics import evaluate
+from relevance.qrels import read_qrels
 
 
 def read_queries(path: Path) -> dict[str, str]:
@@ -77,7 +77,7 @@ def search_all(client: SearchClient, queries: dict[str, str], body: dict, worker
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m deployments.evaluate", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m relevance.evaluate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="the running service")
     ap.add_argument("--data", type=Path, help="a BEIR folder (queries.jsonl, qrels/SPLIT.tsv)")

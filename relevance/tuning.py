@@ -18,9 +18,9 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from deployments.relevance.metrics import ndcg_at
 from deployments.search.fusion import relevance_scores, rrf, weighted
 from deployments.search.hits import Hit
+from relevance.metrics import ndcg_at
 
 CHUNK_SEP = "#"  # index_build's chunk ids are "<doc id>#<chunk number>"
 

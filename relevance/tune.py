@@ -1,8 +1,8 @@
 """Tune the service's fusion settings on your judgments, check them on held-out queries, write them out.
 
-    python -m deployments.tune --url http://127.0.0.1:8000 --data path/to/beir/scifact --train-split train
-    python -m deployments.tune --url ... --judgments path/to/index_root        # POST /feedback judgments
-    python -m deployments.tune --url ... --queries q.jsonl --qrels judged.tsv --held-out-share 0.3
+    python -m relevance.tune --url http://127.0.0.1:8000 --data path/to/beir/scifact --train-split train
+    python -m relevance.tune --url ... --judgments path/to/index_root        # POST /feedback judgments
+    python -m relevance.tune --url ... --queries q.jsonl --qrels judged.tsv --held-out-share 0.3
 
 1. Every judged query is searched once over HTTP with ``debug: true`` at the deepest candidate depth,
    which records both legs (dense and BM25 candidates with their scores).
@@ -36,9 +36,11 @@ from tqdm import tqdm
 
 from deployments.cli import renamed_flag
 from deployments.client import SearchClient, SearchServiceError
-from deployments.evaluate import partial, read_qrels, read_queries
-from deployments.relevance.metrics import ndcg_at
-from deployments.relevance.tuning import (
+from deployments.schemas import SearchRequest
+from relevance.evaluate import partial, read_queries
+from relevance.metrics import ndcg_at
+from relevance.qrels import read_qrels
+from relevance.tuning import (
     Legs,
     grid,
     mean,
@@ -47,7 +49,6 @@ from deployments.relevance.tuning import (
     split_queries,
     threshold_candidates,
 )
-from deployments.schemas import SearchRequest
 
 
 class Service:
@@ -119,7 +120,7 @@ class Service:
 def load_judgments(args) -> tuple[dict[str, str], dict, list[str], list[str]]:
     """(query texts, qrels, training query ids, held-out query ids)."""
     if args.judgments:
-        from deployments.relevance.judgments import JudgmentStore
+        from deployments.judgments import JudgmentStore
 
         texts, qrels = JudgmentStore(args.judgments / "judgments").qrels()
         train, test = split_queries(qrels, args.held_out_share)
@@ -141,7 +142,7 @@ def load_judgments(args) -> tuple[dict[str, str], dict, list[str], list[str]]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m deployments.tune", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m relevance.tune", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_argument_group("judgments (one of)")
     src.add_argument("--data", type=Path, help="a BEIR folder: queries.jsonl and qrels/SPLIT.tsv")
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     comparison = paired_bootstrap(before_test, after_test)
 
     router = chosen.router_settings() | ({"mmr_lambda": mmr_lambda} if mmr_lambda is not None else {})
-    header = (f"# Router settings tuned by python -m deployments.tune on {len(train)} training queries\n"
+    header = (f"# Router settings tuned by python -m relevance.tune on {len(train)} training queries\n"
               f"# ({args.data or args.judgments or args.qrels}); held-out nDCG@10 {comparison.before:.4f} -> "
               f"{comparison.after:.4f} on {len(test)} queries.\n"
               "# Apply to the running app: python -m deployments.settings apply THIS_FILE\n")

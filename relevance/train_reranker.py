@@ -1,10 +1,10 @@
 """Fine-tune a cross-encoder reranker on relevance judgments; write a folder ``--reranker DIR`` serves as it is.
 
-    python -m deployments.train_reranker --data ../shared/data/scifact --train-split train \\
+    python -m relevance.train_reranker --data ../shared/data/scifact --train-split train \\
         --index bench/out/indexes/scifact-3 --out models/reranker-scifact
     python -m deployments --index bench/out/indexes/scifact-3 --reranker models/reranker-scifact
 
-The same judgments, held-out split and hard negatives as ``deployments.train_encoder`` (see there). The
+The same judgments, held-out split and hard negatives as ``relevance.train_encoder`` (see there). The
 model (``--base``: the shipped MiniLM's weights with a new one-logit head, or any model named) reads each
 (query, document) pair together and is trained listwise: each query's relevant document against its hard
 negative and ``--in-batch-negatives`` other queries' documents, a softmax over their sigmoid scores
@@ -22,7 +22,7 @@ import shutil
 import sys
 import time
 
-from deployments.relevance.training import (
+from relevance.training import (
     TRAINING_FILE,
     build_parser,
     last_checkpoint,
@@ -33,7 +33,7 @@ from deployments.relevance.training import (
 
 def main(argv: list[str] | None = None, callbacks: list | None = None) -> int:
     """``callbacks``: extra ``transformers.TrainerCallback`` objects (tests stop a run with one)."""
-    ap = build_parser("python -m deployments.train_reranker", __doc__)
+    ap = build_parser("python -m relevance.train_reranker", __doc__)
     ap.add_argument("--base", default="all-MiniLM-L6-v2",
                     help="the weights to start from: the shipped MiniLM (default), a cross-encoder, or any model")
     ap.add_argument("--in-batch-negatives", type=int, default=4,

@@ -1,6 +1,6 @@
 """Fine-tune the query and document encoder on relevance judgments; write a folder index_build takes as it is.
 
-    python -m deployments.train_encoder --data ../shared/data/scifact --train-split train \\
+    python -m relevance.train_encoder --data ../shared/data/scifact --train-split train \\
         --index bench/out/indexes/scifact-3 --out models/minilm-scifact
     python -m index_build --corpus ../shared/data/scifact/corpus.jsonl --out indexes/scifact-tuned \\
         --encoder models/minilm-scifact
@@ -26,7 +26,7 @@ import shutil
 import sys
 import time
 
-from deployments.relevance.training import (
+from relevance.training import (
     TRAINING_FILE,
     build_parser,
     last_checkpoint,
@@ -37,7 +37,7 @@ from deployments.relevance.training import (
 
 def main(argv: list[str] | None = None, callbacks: list | None = None) -> int:
     """``callbacks``: extra ``transformers.TrainerCallback`` objects (tests stop a run with one)."""
-    ap = build_parser("python -m deployments.train_encoder", __doc__)
+    ap = build_parser("python -m relevance.train_encoder", __doc__)
     ap.add_argument("--base", default="all-MiniLM-L6-v2",
                     help="the encoder to start from: the shipped MiniLM (default) or a model name or folder")
     # Twice the reranker's 2e-5: with the trainer's warm-up and linear decay the mean rate is about half the

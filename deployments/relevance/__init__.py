@@ -1,1 +1,0 @@
-"""Relevance tooling: judgments storage, retrieval metrics, fusion replay for tuning."""

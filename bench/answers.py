@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from deployments.config import RouterSettings, SynthesisConfig
     from deployments.schemas import SearchRequest
     from deployments.search.inprocess import inprocess_pipeline
-    from deployments.search.synthesis import SynthesisService
+    from deployments.synthesis.service import SynthesisService
 
     queries, qrels = load_beir(args.data / args.dataset)
     qids = list(queries)[: args.queries]

@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from deployments.search.synthesis import Source, Synthesizer, TransformersEngine, build_messages, cut_text
+    from deployments.synthesis.core import Source, Synthesizer, cut_text
+    from deployments.synthesis.prompts import build_messages
+    from deployments.synthesis.transformers_engine import TransformersEngine
 
     model = random_model(args.random_weights_from) if args.random_weights_from else args.model
     t = time.perf_counter()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ray import serve
 
 from deployments.config import SynthesisConfig
-from deployments.search.synthesis import LocalSynthesizer, SynthesisService
+from deployments.synthesis.service import LocalSynthesizer, SynthesisService
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=16)

@@ -388,7 +388,7 @@ def test_extractive_answers_cite_the_returned_results_that_hold_each_sentence(bu
     """synthesize: true with the engine a CPU node gets by default (no model): every sentence is a sentence
     of a returned result, cited with that result's rank, and its support checked."""
     from deployments.config import SynthesisConfig
-    from deployments.search.synthesis import LocalSynthesizer, SynthesisService
+    from deployments.synthesis.service import LocalSynthesizer, SynthesisService
 
     pipe = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(cache_size=0),
                               synthesizer=LocalSynthesizer(SynthesisService(SynthesisConfig(enabled=True))))

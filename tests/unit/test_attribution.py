@@ -9,8 +9,9 @@ import pytest
 
 from deployments.config import SynthesisConfig
 from deployments.search.attribution import attribute, content_words, split_sentences, support
-from deployments.search.extractive import ExtractiveEngine, pick
-from deployments.search.synthesis import Source, SynthesisService, Synthesizer
+from deployments.synthesis.core import Source, Synthesizer
+from deployments.synthesis.extractive import ExtractiveEngine, pick
+from deployments.synthesis.service import SynthesisService
 
 SOURCES = {
     1: "Gzip compresses files with the DEFLATE algorithm. It writes files ending in .gz.",

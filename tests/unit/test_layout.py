@@ -1,5 +1,5 @@
-"""The layout's promise: the search and shard cores and the offline relevance package run without Ray; the
-service, the job and the format never import the offline relevance work."""
+"""The layout's promise: the search, shard and synthesis cores and the offline relevance package run without
+Ray; the service, the job and the format never import the offline relevance work."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 CODE = """
 import importlib, pkgutil, sys
 sys.modules["ray"] = None  # any `import ray` now fails
-import deployments.judgments, deployments.search, deployments.shard, relevance
+import deployments.judgments, deployments.search, deployments.shard, deployments.synthesis, relevance
 # Every module of relevance: none needs Ray to be imported (only `relevance.tune --apply` reaches Ray, when it
 # runs, through deployments.settings).
-for pkg in (deployments.search, deployments.shard, relevance):
+for pkg in (deployments.search, deployments.shard, deployments.synthesis, relevance):
     for m in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"{pkg.__name__}.{m.name}")
 print("ok")

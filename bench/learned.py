@@ -28,7 +28,7 @@ from relevance.metrics import evaluate
 def run_queries(pipeline, queries: dict[str, str], limit: int = 100, **request) -> tuple[dict, float]:
     """(query id -> document -> score by rank, mean ms of the rerank stage). The service reranks at least
     the page it returns (``max(rerank_depth, limit)``), so a rerank at depth d asks for ``limit=d``."""
-    from deployments.schemas import SearchRequest
+    from deployments.edge.schemas import SearchRequest
 
     run, rerank_ms = {}, []
 

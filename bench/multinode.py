@@ -2,7 +2,7 @@
 
 Starts Ray's own multi-node test cluster (``ray.cluster_utils.Cluster``: a head and ``--workers``
 worker nodes, each its own raylet), gives the worker nodes a ``search_node`` resource and serves the
-index with ``shard_resources: {search_node: 1}`` and 2 replicas per shard, so shards land only on the
+index with ``shards: {resources: {search_node: 1}}`` and 2 replicas per shard, so shards land only on the
 worker nodes and Serve spreads each shard's replicas over them. Then clients search while one worker
 node is removed; the answers are counted by status and coverage.
 
@@ -57,10 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     errors: list[str] = []
     try:
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": args.port})
-        serve.run(build_app({"index": str(args.index), "shard_num_replicas": 2, "shard_num_cpus": 0.1,
-                             "encoder_placement": "deployment", "encoder_num_replicas": 2, "encoder_num_cpus": 0.25,
-                             "shard_resources": {"search_node": 1}, "router_resources": {"ingress_node": 1},
-                             "router": {"shard_timeout_s": 10, "cache_size": 0}}), name="multinode", route_prefix="/")
+        serve.run(build_app({"index": str(args.index),
+                             "shards": {"num_replicas": 2, "num_cpus": 0.1, "resources": {"search_node": 1}},
+                             "encoder": {"placement": "deployment", "num_replicas": 2, "num_cpus": 0.25},
+                             "router": {"resources": {"ingress_node": 1}, "shard_timeout_s": 10, "cache_size": 0}}),
+                  name="multinode", route_prefix="/")
         ready_s = time.perf_counter() - t0
         placement: dict[str, list[str]] = {}
         for actor in ray.util.state.list_actors(filters=[("state", "=", "ALIVE")]):

@@ -90,7 +90,7 @@ def quality(base: str, queries: dict[str, str], qrels, body: dict) -> dict:
 
 def in_process(index: Path, texts: list[str], body: dict, n: int) -> dict:
     from deployments.config import RouterSettings
-    from deployments.schemas import SearchRequest
+    from deployments.edge.schemas import SearchRequest
     from deployments.search.inprocess import inprocess_pipeline
     from deployments.serve.heap import settle_heap
 

@@ -74,7 +74,7 @@ def load_level(base: str, texts: list[str], body: dict, concurrency: int, second
 
 def in_process(index: Path, texts: list[str], body: dict, n: int) -> dict:
     from deployments.config import RouterSettings
-    from deployments.schemas import SearchRequest
+    from deployments.edge.schemas import SearchRequest
     from deployments.search.inprocess import inprocess_pipeline
 
     pipe = inprocess_pipeline({"default": index}, RouterSettings(cache_size=0))

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE", "1")
     # Load shedding as the outermost layer of every HTTP server of the app (the router's own among them), so a
     # refused request costs no Serve request handling: Serve asks this function for its HTTP middlewares.
-    os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "deployments.serve.shedding.middlewares")
+    os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "deployments.edge.shedding.middlewares")
     proxy_port = args.port
     if not args.via_proxy:
         # The router replica answers HTTP on --port itself (Serve's "direct ingress"): the proxy's hop cost
@@ -166,9 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         AppConfig,
         Autoscaling,
         CollectionConfig,
+        EncoderConfig,
         RerankerConfig,
-        RouterSettings,
+        RouterConfig,
         SecurityConfig,
+        ShardsConfig,
         SynthesisConfig,
     )
     from deployments.serve.app import build_app, logical_cpus_needed
@@ -176,15 +178,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
-                        shard_num_replicas=args.shard_num_replicas, shard_num_cpus=args.shard_num_cpus,
-                        shard_group_size=args.shard_group_size, shard_placement=args.shard_placement,
-                        encoder_placement=args.encoder_placement,
-                        encoder_backend=args.encoder_backend,
-                        encoder_router_threads=args.encoder_router_threads,
-                        verify_checksums=not args.no_verify, otlp_endpoint=args.otlp_endpoint,
+                        shards=ShardsConfig(num_replicas=args.shard_num_replicas, num_cpus=args.shard_num_cpus,
+                                            group_size=args.shard_group_size, placement=args.shard_placement,
+                                            verify_checksums=not args.no_verify),
+                        encoder=EncoderConfig(placement=args.encoder_placement, backend=args.encoder_backend,
+                                              router_threads=args.encoder_router_threads),
+                        otlp_endpoint=args.otlp_endpoint,
                         security=SecurityConfig(max_inflight=args.max_inflight),
-                        router=RouterSettings(cache_size=0 if args.no_cache else 1024,
-                                              rerank_timeout_s=args.rerank_timeout_s),
+                        router=RouterConfig(cache_size=0 if args.no_cache else 1024,
+                                            rerank_timeout_s=args.rerank_timeout_s),
                         # Logical CPUs: small reservations so everything fits on a 2-core machine; torch threads
                         # are set separately.
                         reranker=RerankerConfig(

@@ -1,6 +1,6 @@
 """A small typed client of the search service, sync (``SearchClient``) and async (``AsyncSearchClient``).
 
-Requests and answers are the server's own pydantic models (``deployments.schemas``): a typo in a field is a
+Requests and answers are the server's own pydantic models (``deployments.edge.schemas``): a typo in a field is a
 ``ValidationError`` here, before anything is sent, and an answer is a ``SearchResponse``, not a dict.
 
     from deployments.client import SearchClient
@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from deployments.schemas import (
+from deployments.edge.schemas import (
     FeedbackRequest,
     FeedbackResponse,
     HealthResponse,

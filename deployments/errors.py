@@ -1,7 +1,7 @@
-"""The service's one error type: what cannot be served as asked, and the HTTP status it is answered with.
+"""What cannot be served as asked, by kind: the cores raise these, and only the edge knows HTTP.
 
-Cores raise a ``ServiceError`` (or one of its named kinds); the router maps every one of them to HTTP in
-one handler, as ``{"error": message}`` with the error's status (and ``Retry-After`` on a 503). A message
+Each kind names what went wrong, not a status code; ``deployments.edge.errors.HTTP_STATUS`` is the one table
+that answers each kind with a status (``{"error": message}``, ``Retry-After`` on ``Unavailable``). A message
 states the value, the rule and the fix.
 """
 
@@ -9,20 +9,41 @@ from __future__ import annotations
 
 
 class ServiceError(Exception):
-    status = 400
-
-    def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
-        if status is not None:
-            self.status = status
+    """Anything the service refuses or cannot do for a request (the base of every kind below)."""
 
 
-class RequestError(ServiceError):
-    """A request that is well-formed JSON but cannot be served as asked (a 4xx, or 503 when a stage it
-    needs is away)."""
+class InvalidRequest(ServiceError):
+    """Well-formed, but not servable as asked: a stage it names is not deployed, a cursor from elsewhere, a page
+    past the ranked window."""
 
 
-class ActivationError(ServiceError):
-    """An index version this app cannot switch to (404 unknown, 409 needs a redeploy, 503 shards failed)."""
+class InvalidField(InvalidRequest):
+    """A field's value breaks a rule the schema cannot state: an unknown filter field, a control character in an id."""
 
-    status = 409
+
+class Forbidden(ServiceError):
+    """The caller's key may not do this (another tenant's judgment)."""
+
+
+class NotFound(ServiceError):
+    """A collection, version or document that does not exist (or that the caller may not see)."""
+
+
+class Conflict(ServiceError):
+    """Valid once, not any more: a cursor after the index or the ranking changed, a version that needs a redeploy."""
+
+
+class Unavailable(ServiceError):
+    """A stage or shard the request needs is away; the same request can succeed shortly."""
+
+
+class DeadlineExceeded(ServiceError):
+    """The request took longer than its deadline and its work was stopped."""
+
+
+class StorageFull(Unavailable):
+    """A write found no room on disk: retrying will not help until an operator frees space."""
+
+
+class ActivationError(Conflict):
+    """An index version this app cannot switch to as deployed (a redeploy is needed)."""

@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from deployments.errors import ServiceError
+from deployments.errors import InvalidField, StorageFull, Unavailable
 
 JUDGMENTS_FILE = "judgments.jsonl"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -45,7 +45,7 @@ def has_control_character(value: str) -> bool:
 def check_identifier(name: str, value: str | None) -> None:
     """A document or chunk id goes into TSV rows: a tab or a line break in it would forge rows."""
     if value is not None and has_control_character(value):
-        raise ServiceError(f"{name} {value!r} holds a control character (tab, line break, ...); ids may not", 422)
+        raise InvalidField(f"{name} {value!r} holds a control character (tab, line break, ...); ids may not")
 
 
 def _well_formed(record: object) -> bool:
@@ -102,8 +102,8 @@ class JudgmentStore:
             finally:
                 os.close(fd)  # closing releases the lock
         except OSError as e:
-            status = 507 if e.errno in (errno.ENOSPC, errno.EDQUOT) else 503
-            raise ServiceError(f"the judgment was not stored: {e.strerror or e}", status) from None
+            kind = StorageFull if e.errno in (errno.ENOSPC, errno.EDQUOT) else Unavailable
+            raise kind(f"the judgment was not stored: {e.strerror or e}") from None
         return record
 
     def records(self) -> list[dict]:

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from deployments.cli import renamed_flag
 from deployments.client import SearchClient, SearchServiceError
-from deployments.schemas import SearchRequest, SearchResponse
+from deployments.edge.schemas import SearchRequest, SearchResponse
 from relevance.metrics import evaluate
 from relevance.qrels import read_qrels
 

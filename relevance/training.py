@@ -123,7 +123,7 @@ def mine_negatives(pairs: list[Pair], index: Path, corpus: dict[str, str], judge
     """Each pair with the best-ranked hybrid candidates of its query that are not judged relevant to it:
     up to ``count`` documents, best first (none when the first ``depth`` results hold nothing else)."""
     from deployments.config import RouterSettings
-    from deployments.schemas import SearchRequest
+    from deployments.edge.schemas import SearchRequest
     from deployments.search.inprocess import inprocess_pipeline
 
     pipeline = inprocess_pipeline({"default": Path(index)}, RouterSettings(cache_size=0))

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from deployments.cli import renamed_flag
 from deployments.client import SearchClient, SearchServiceError
-from deployments.schemas import SearchRequest
+from deployments.edge.schemas import SearchRequest
 from relevance.evaluate import partial, read_queries
 from relevance.metrics import ndcg_at
 from relevance.qrels import read_qrels

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployments.errors import ActivationError
-from deployments.schemas import AnnParams
+from deployments.edge.schemas import AnnParams
+from deployments.errors import ActivationError, NotFound, Unavailable
 from deployments.search.pipeline import Collection, EncoderClient, ShardClient, failure
 from index_format.manifest import IndexMismatch, VersionManifest
 from index_format.versions import (
@@ -105,7 +105,7 @@ class VersionSwitch:
     def _deployed(self, name: str) -> DeployedCollection:
         deployed = self.deployed.get(name)
         if deployed is None:
-            raise ActivationError(f"unknown collection {name!r}; known: {', '.join(sorted(self.deployed))}", 404)
+            raise NotFound(f"unknown collection {name!r}; known: {', '.join(sorted(self.deployed))}")
         if not deployed.follows_active:
             raise ActivationError(f"collection {name!r} is pinned to version {self.collections[name].version!r} in "
                                   "the configuration (a version folder, or 'version' set): edit it and redeploy")
@@ -114,8 +114,8 @@ class VersionSwitch:
     def _manifest(self, deployed: DeployedCollection, version: str) -> tuple[VersionManifest, list]:
         # The name may come from an HTTP request: it is matched against the published versions first.
         if version not in list_versions(deployed.root):
-            raise ActivationError(f"no index version {version!r} under {deployed.name!r}; published: "
-                                  f"{', '.join(list_versions(deployed.root)) or 'none'}", 404)
+            raise NotFound(f"no index version {version!r} under {deployed.name!r}; published: "
+                                  f"{', '.join(list_versions(deployed.root)) or 'none'}")
         try:
             manifest = read_version_manifest(versions_dir(deployed.root) / version)
         except IndexMismatch as e:
@@ -138,7 +138,7 @@ class VersionSwitch:
             except Exception as exc:
                 reason = f"loading {version!r} on the shards {failure(exc)}: {exc}"[:500]
                 self.state.errors[name] = reason
-                raise ActivationError(reason, 503) from exc
+                raise Unavailable(reason) from exc
             fields: dict[str, str] = {}
             for info in infos:
                 fields.update(info["fields"])

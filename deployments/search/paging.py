@@ -21,8 +21,8 @@ import json
 from collections.abc import Mapping
 
 from deployments.config import RouterSettings
-from deployments.errors import RequestError
-from deployments.schemas import SearchRequest
+from deployments.edge.schemas import SearchRequest
+from deployments.errors import Conflict, InvalidRequest
 
 # What may change from one page to the next without making it another search.
 # ``limit`` stays: it sets how deep the legs search, so another limit would rank other candidates.
@@ -64,19 +64,18 @@ def page_offset(req: SearchRequest, versions: Mapping[str, str], settings: Route
         body = json.loads(base64.urlsafe_b64decode(padded.encode()))
         offset, made_on, digest, ranking = int(body["o"]), dict(body["v"]), str(body["r"]), str(body["s"])
     except (ValueError, KeyError, TypeError, binascii.Error):
-        raise RequestError("cursor is not one this service made: pass next_cursor from a response as it came",
-                           400) from None
+        raise InvalidRequest("cursor is not one this service made: pass next_cursor from a response as it came") from None
     if digest != request_digest(req):
-        raise RequestError("cursor belongs to another search: send the same query and options (limit included) "
-                           "with it", 400)
+        raise InvalidRequest("cursor belongs to another search: send the same query and options (limit included) "
+                           "with it")
     if made_on != dict(versions):
         changed = ", ".join(f"{name}: {made_on.get(name)} -> {v}" for name, v in sorted(versions.items())
                             if made_on.get(name) != v)
-        raise RequestError(f"the index changed since the first page ({changed}); its pages would mix versions: "
-                           "search again from the first page", 409)
+        raise Conflict(f"the index changed since the first page ({changed}); its pages would mix versions: "
+                           "search again from the first page")
     if ranking != settings_digest(settings):
-        raise RequestError("the service's ranking settings (router: fusion, weights, depths) changed since the "
-                           "first page; its pages would mix rankings: search again from the first page", 409)
+        raise Conflict("the service's ranking settings (router: fusion, weights, depths) changed since the "
+                           "first page; its pages would mix rankings: search again from the first page")
     return offset
 
 
@@ -84,5 +83,5 @@ def check_window(offset: int, limit: int, end: int) -> None:
     """``end``: the candidates the search ranks (a hybrid search's candidate depth, 200 by default; one leg's
     router.candidate_cap)."""
     if offset + limit > end:
-        raise RequestError(f"offset {offset} + limit {limit} is past the {end} results this search ranks: page "
-                           "within them, or narrow the query with filters", 400)
+        raise InvalidRequest(f"offset {offset} + limit {limit} is past the {end} results this search ranks: page "
+                           "within them, or narrow the query with filters")

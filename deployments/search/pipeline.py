@@ -29,8 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from deployments.errors import RequestError, ServiceError
-from deployments.schemas import (
+from deployments.edge.schemas import (
     AnnParams,
     Answer,
     Coverage,
@@ -42,6 +41,14 @@ from deployments.schemas import (
     SearchResponse,
     StageScores,
     response_dict,
+)
+from deployments.errors import (
+    DeadlineExceeded,
+    InvalidField,
+    InvalidRequest,
+    NotFound,
+    ServiceError,
+    Unavailable,
 )
 from deployments.search.context import assemble, citations
 from deployments.search.fusion import is_flat, min_max, relevance_scores, rrf, weighted
@@ -231,31 +238,30 @@ class SearchPipeline:
         names = req.collections or [self.default_collection]
         unknown = [n for n in names if n not in self.collections]
         if unknown:
-            raise RequestError(f"unknown collection {unknown[0]!r}; known collections: "
-                               f"{', '.join(sorted(self.collections))}", 404)
+            raise NotFound(f"unknown collection {unknown[0]!r}; known collections: "
+                               f"{', '.join(sorted(self.collections))}")
         targets = [self.collections[n] for n in names]
         if req.filters:
             for name, condition in req.filters.items():
                 if not any(name in c.fields for c in targets):
                     known = sorted({f for c in targets for f in c.fields})
-                    raise RequestError(
+                    raise InvalidField(
                         f"unknown filter field {name!r}; known fields: {', '.join(known) or '(none: this index has no metadata)'}",
-                        status=422,
                     )
                 if condition is None:
-                    raise RequestError(f"filter on {name!r} has no condition (null)", status=422)
+                    raise InvalidField(f"filter on {name!r} has no condition (null)")
         return targets
 
     def _check_stages(self, req: SearchRequest, targets: list[Collection]) -> bool:
         """Refuse up front (400) a stage this service cannot run rather than ignoring it; returns whether to rerank."""
         llm = req.rerank_with is RerankWith.llm
         if llm and req.rerank is not False and not (self.synthesizer and self.synthesizer.llm_rerank):
-            raise RequestError("rerank_with: llm is not enabled on this service "
+            raise InvalidRequest("rerank_with: llm is not enabled on this service "
                                "(its config needs synthesis.enabled and synthesis.llm_rerank)")
         if req.rerank and not llm and self.reranker is None:
-            raise RequestError("rerank: true, but this service deploys no reranker (set reranker.model in its config)")
+            raise InvalidRequest("rerank: true, but this service deploys no reranker (set reranker.model in its config)")
         if req.synthesize and self.synthesizer is None:
-            raise RequestError("synthesize: true, but synthesis is not enabled on this service "
+            raise InvalidRequest("synthesize: true, but synthesis is not enabled on this service "
                                "(set synthesis.enabled: true in its config)")
         if req.rerank is not None:
             return req.rerank
@@ -327,7 +333,7 @@ class SearchPipeline:
                 answered -= getattr(shard, "size", 1)
                 continue
             if answer.filter_error:
-                raise RequestError(answer.filter_error, status=422)
+                raise InvalidField(answer.filter_error)
             per_collection[c.name].append((c.shards.index(shard), answer))
             timings["_stages"].append((f"shards {c.name}/{shard.name}", t, t + answer.took_ms / 1000, "retrieve"))
             for name, ms in (answer.shard_ms or {answer.shard: answer.took_ms}).items():
@@ -377,8 +383,7 @@ class SearchPipeline:
             found = await asyncio.wait_for(asyncio.gather(*(slot.fetch([wanted]) for slot in target.shards)),
                                            self.settings.shard_timeout_s)
         except Exception as exc:
-            raise RequestError(f"the shards could not be asked about the document ({failure(exc)}); retry shortly",
-                               503) from exc
+            raise Unavailable(f"the shards could not be asked about the document ({failure(exc)}); retry shortly") from exc
         rows = [row for rows_of_slot in found for row in rows_of_slot]
         if not rows or rows[0]["doc_id"] != doc_id:
             return False
@@ -447,8 +452,8 @@ class SearchPipeline:
         try:
             return await within(self._search(req, principals, rendered, embedded), self.settings.request_timeout_s)
         except TimeoutError:
-            raise RequestError(f"the search took longer than router.request_timeout_s "
-                               f"({self.settings.request_timeout_s:g} s) and was stopped", 504) from None
+            raise DeadlineExceeded(f"the search took longer than router.request_timeout_s "
+                               f"({self.settings.request_timeout_s:g} s) and was stopped") from None
 
     async def _search(self, req: SearchRequest, principals: list[str] | None, rendered: bool,
                       embedded: dict | None = None) -> SearchResponse:
@@ -471,8 +476,8 @@ class SearchPipeline:
         # A page: ranks offset+1.. of the same ranking (``paging``); the plan fixes every depth before any work.
         offset = page_offset(req, {c.name: c.version for c in targets}, self.settings)
         if offset and req.mmr_lambda is not None:
-            raise RequestError("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
-                               "to 100 results in one page", 400)
+            raise InvalidRequest("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
+                               "to 100 results in one page")
         plan = plan_search(req, self.settings, len(targets), rerank, offset)
         if plan.capped:
             work.warnings.append(f"candidates {req.candidates} capped at {self.settings.candidate_cap} "
@@ -535,7 +540,7 @@ class SearchPipeline:
             vectors = dict(zip((c.name for c in targets), got, strict=True))
         except Exception as exc:  # a hybrid search can still answer from its keyword leg
             if req.method is not Method.hybrid or req.mmr_lambda is not None:
-                raise RequestError(f"the query encoder {failure(exc)}; retry shortly", 503) from exc
+                raise Unavailable(f"the query encoder {failure(exc)}; retry shortly") from exc
             work.warnings.append(f"query encoder {failure(exc)}: keyword results only")
         _mark(work.timings, "embed", t)
         return vectors
@@ -620,8 +625,7 @@ class SearchPipeline:
         try:
             rows = await within(self._fetch(top, targets, got.known), s.shard_timeout_s)
         except Exception as exc:
-            raise RequestError(f"the shards did not send the results' texts: {failure(exc)}; retry shortly",
-                               503) from exc
+            raise Unavailable(f"the shards did not send the results' texts: {failure(exc)}; retry shortly") from exc
         _mark(work.timings, "fetch", t)
         fused_scores = {h.chunk_id: h.score for h in got.fused} if hybrid else {}
         dense_of, keyword_of = leg_scores(got.legs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from deployments.config import RouterSettings
-from deployments.schemas import Method, SearchRequest
+from deployments.edge.schemas import Method, SearchRequest
 from deployments.search.fusion import candidate_depth
 from deployments.search.paging import check_window
 

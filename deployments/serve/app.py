@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from deployments.serve.query_encoder import QueryEncoder
 from deployments.serve.reranker import Reranker
 from deployments.serve.router import SearchRouter
 from deployments.serve.shard_group import ShardRetriever
+from deployments.serve.specs import CollectionSpec, HeldSlot, HostSpec, SlotSpec
 from deployments.serve.synthesis import Synthesis
 from index_format.manifest import MANIFEST
 from index_format.versions import read_version_manifest, resolve_version_dir
@@ -87,11 +89,11 @@ def logical_cpus_needed(cfg: AppConfig) -> float:
     for it is told so instead of leaving replicas unscheduled forever."""
     manifests = [read_version_manifest(resolve_version_dir(Path(c.index).resolve(), c.version))
                  for c in cfg.resolved_collections().values()]
-    groups = sum(len(shard_groups(list(m.shards), cfg.shard_group_size)) for m in manifests)
-    need = 0 if cfg.shards_in_router else groups * cfg.shard_num_replicas * cfg.shard_num_cpus
-    if not cfg.encoder_in_router:
-        need += len({m.encoder for m in manifests}) * cfg.encoder_num_replicas * cfg.encoder_num_cpus
-    need += cfg.router_num_replicas * cfg.router_num_cpus
+    groups = sum(len(shard_groups(list(m.shards), cfg.shards.group_size)) for m in manifests)
+    need = 0 if cfg.shards.in_router else groups * cfg.shards.num_replicas * cfg.shards.num_cpus
+    if not cfg.encoder.in_router:
+        need += len({m.encoder for m in manifests}) * cfg.encoder.num_replicas * cfg.encoder.num_cpus
+    need += cfg.router.num_replicas * cfg.router.num_cpus
     if cfg.reranker.model:
         need += max(1, cfg.reranker.autoscaling.min_replicas) * cfg.reranker.num_cpus
     if cfg.synthesis.enabled:
@@ -106,10 +108,42 @@ def logging_config(cfg: AppConfig) -> dict[str, Any]:
     return {"encoding": cfg.log_encoding, "enable_access_log": False}
 
 
+def encoder_deployment(cfg: AppConfig, model: str, index: int):
+    """A batching query-encoder deployment for one model (``encoder.placement: deployment``)."""
+    e = cfg.encoder
+    return QueryEncoder.options(
+        name=f"encoder-{index}",
+        num_replicas=e.num_replicas,
+        ray_actor_options={"num_cpus": e.num_cpus, "num_gpus": e.num_gpus},
+        logging_config=logging_config(cfg),
+    ).bind(model, e.max_batch_size, e.batch_wait_s, max(1, int(e.num_cpus)), "cuda" if e.num_gpus else "cpu",
+           e.backend)
+
+
+def shard_slots(cfg: AppConfig, collection: str, host: HostSpec) -> list[SlotSpec]:
+    """One slot per group of shards: slot i serves group i of whichever version a request is pinned to, from a
+    shard deployment or from inside the router (``shards.placement``)."""
+    s = cfg.shards
+    slots = []
+    for i, group in enumerate(shard_groups(host.shards, s.group_size)):
+        name, group_host = slot_name(collection, group, i), replace(host, shards=group)
+        if s.in_router:
+            slots.append(SlotSpec(name, HeldSlot(group_host, s.max_versions), group))
+            continue
+        slots.append(SlotSpec(name, ShardRetriever.options(
+            name=name,
+            num_replicas=s.num_replicas,
+            max_ongoing_requests=s.max_ongoing_requests,
+            ray_actor_options={"num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "resources": dict(s.resources)},
+            logging_config=logging_config(cfg),
+        ).bind(max_versions=s.max_versions, **asdict(group_host)), group))
+    return slots
+
+
 def build_app(args: dict[str, Any] | AppConfig) -> Application:
     cfg = args if isinstance(args, AppConfig) else AppConfig.model_validate(args)
     encoders: dict[str, Any] = {}
-    collections: dict[str, dict[str, Any]] = {}
+    collections: dict[str, CollectionSpec] = {}
     for name, coll in cfg.resolved_collections().items():
         if not _NAME.match(name):
             raise ValueError(f"collection name {name!r}: use 1-48 letters, digits, '-' or '_'")
@@ -119,50 +153,31 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
         # An index root without a pinned version follows its ACTIVE pointer; a version folder never moves.
         follows = coll.version is None and not (index / MANIFEST).is_file()
         if manifest.encoder not in encoders:
-            encoders[manifest.encoder] = None if cfg.encoder_in_router else QueryEncoder.options(
-                name=f"encoder-{len(encoders)}",
-                num_replicas=cfg.encoder_num_replicas,
-                ray_actor_options={"num_cpus": cfg.encoder_num_cpus, "num_gpus": cfg.encoder_num_gpus},
-                logging_config=logging_config(cfg),
-            ).bind(manifest.encoder, cfg.encoder_max_batch_size, cfg.encoder_batch_wait_s,
-                   max(1, int(cfg.encoder_num_cpus)), "cuda" if cfg.encoder_num_gpus else "cpu", cfg.encoder_backend)
-        expect = {"encoder": manifest.encoder, "dimension": manifest.dimension}
-        # One slot per group of shards: slot i serves group i of whichever version a request is pinned to,
-        # from a shard deployment or from inside the router (shard_placement).
-        slots = []
-        for i, group in enumerate(shard_groups(list(manifest.shards), cfg.shard_group_size)):
-            host = {"index_root": str(index) if follows else None, "version_dir": str(version_dir), "shards": group,
-                    "expect": expect, "verify_checksums": cfg.verify_checksums, "lucene_heap": cfg.lucene_heap,
-                    "search_device": cfg.shard_search_device, "warmup_searches": cfg.shard_warmup_searches}
-            if cfg.shards_in_router:
-                slots.append((slot_name(name, group, i), {"host": host, "max_versions": cfg.shard_max_versions},
-                              group))
-                continue
-            slots.append((slot_name(name, group, i), ShardRetriever.options(
-                name=slot_name(name, group, i),
-                num_replicas=cfg.shard_num_replicas,
-                max_ongoing_requests=cfg.shard_max_ongoing_requests,
-                ray_actor_options={"num_cpus": cfg.shard_num_cpus, "num_gpus": cfg.shard_num_gpus,
-                                   "resources": dict(cfg.shard_resources)},
-                logging_config=logging_config(cfg),
-            ).bind(max_versions=cfg.shard_max_versions, **host), group))
-        collections[name] = {"version": manifest.version, "counts": dict(manifest.counts), "shards": slots, "encoder": encoders[manifest.encoder],
-                             "encoder_model": manifest.encoder, "encoder_backend": cfg.encoder_backend,
-                             "encoder_threads": cfg.encoder_router_threads,
-                             "dimension": manifest.dimension,
-                             "root": str(index) if follows else None, "rerank": coll.rerank,
-                             "ann": coll.ann.model_dump() if coll.ann else None,
-                             # Beside the versions, so judgments outlive restarts and reindexing.
-                             "judgments": str(judgments_root(index, version_dir) / "judgments")}
+            encoders[manifest.encoder] = (None if cfg.encoder.in_router
+                                          else encoder_deployment(cfg, manifest.encoder, len(encoders)))
+        host = HostSpec(index_root=str(index) if follows else None, version_dir=str(version_dir),
+                        shards=list(manifest.shards),
+                        expect={"encoder": manifest.encoder, "dimension": manifest.dimension},
+                        verify_checksums=cfg.shards.verify_checksums, lucene_heap=cfg.shards.lucene_heap,
+                        search_device=cfg.shards.search_device, warmup_searches=cfg.shards.warmup_searches)
+        collections[name] = CollectionSpec(
+            name=name, version=manifest.version, slots=shard_slots(cfg, name, host),
+            encoder_model=manifest.encoder, dimension=manifest.dimension,
+            # Beside the versions, so judgments outlive restarts and reindexing.
+            judgments=str(judgments_root(index, version_dir) / "judgments"),
+            encoder=encoders[manifest.encoder], encoder_backend=cfg.encoder.backend,
+            encoder_threads=cfg.encoder.router_threads, root=str(index) if follows else None,
+            rerank=coll.rerank, ann=coll.ann, counts=dict(manifest.counts))
     default = cfg.default_collection if cfg.collections else next(iter(collections))
     reranker = reranker_deployment(cfg.reranker, logging_config(cfg)) if cfg.reranker.model else None
     synthesis = synthesis_deployment(cfg.synthesis, logging_config(cfg)) if cfg.synthesis.enabled else None
+    r = cfg.router
     return SearchRouter.options(
         name="router",
-        num_replicas=cfg.router_num_replicas,
-        ray_actor_options={"num_cpus": cfg.router_num_cpus, "resources": dict(cfg.router_resources)},
-        max_queued_requests=cfg.router_max_queued_requests,
-        user_config=cfg.router.model_dump(mode="json"),
+        num_replicas=r.num_replicas,
+        ray_actor_options={"num_cpus": r.num_cpus, "resources": dict(r.resources)},
+        max_queued_requests=r.max_queued_requests,
+        user_config=r.settings().model_dump(mode="json"),
         logging_config=logging_config(cfg),
-    ).bind(collections, default, reranker, synthesis, cfg.synthesis.llm_rerank, cfg.security.model_dump(mode="json"),
+    ).bind(collections, default, reranker, synthesis, cfg.synthesis.llm_rerank, cfg.security,
            otlp_endpoint=cfg.otlp_endpoint)

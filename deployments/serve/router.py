@@ -13,10 +13,8 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Request
 from fastapi.responses import (
     FileResponse,
     JSONResponse,
@@ -28,19 +26,18 @@ from fastapi.responses import (
 from pydantic import ValidationError
 from ray import serve
 from ray.exceptions import RayActorError
-from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.config import RouterSettings, SecurityConfig
-from deployments.errors import RequestError, ServiceError
-from deployments.judgments import JudgmentStore, doc_of_chunk
-from deployments.schemas import (
+from deployments.edge.console import console_file
+from deployments.edge.errors import status_of
+from deployments.edge.guard import Caller, Guard
+from deployments.edge.http import app, error_response, error_responses, request_id, validation_problems
+from deployments.edge.metrics import SearchMetrics
+from deployments.edge.schemas import (
     ActivateRequest,
     ActivationResponse,
-    AnnParams,
     BatchSearchRequest,
     BatchSearchResponse,
-    ErrorResponse,
     FeedbackRequest,
     FeedbackResponse,
     HealthResponse,
@@ -50,277 +47,32 @@ from deployments.schemas import (
     VersionsResponse,
     response_json,
 )
+from deployments.errors import Forbidden, NotFound, ServiceError
+from deployments.judgments import JudgmentStore, doc_of_chunk
 from deployments.search.activation import DeployedCollection, VersionSwitch
-from deployments.search.guard import CONSOLE_ASSETS, REPLICA_GUARD, Caller, Guard, key_digest, route_path
 from deployments.search.pipeline import Collection, SearchPipeline, failure, redact
+from deployments.serve.handles import (
+    HandleEncoder,
+    HandleReranker,
+    HandleSynthesizer,
+    LocalEncoder,
+    held_slot,
+    shard_client,
+)
 from deployments.serve.heap import settle_heap
-from deployments.serve.http_metrics import HTTP_REQUESTS, route_label
 from deployments.serve.listen import reuse_address_on_bind
-from deployments.serve.shedding import COUNTED_KEY, counted, refuse
-from deployments.shard.host import LocalShard, ShardHost, SlotClient, VersionCache
+from deployments.serve.specs import CollectionSpec
+from deployments.shard.host import VersionCache
 
 logger = logging.getLogger("ray.serve")
 
-app = FastAPI(
-    title="raysearch",
-    version="0.1.0",
-    description="Hybrid (dense + BM25) retrieval over sharded indexes, fused, diversified and assembled.",
-)
-
-
-def error_responses(extra: dict[int, str] | None = None) -> dict[int, dict]:
-    """OpenAPI entries for a route's error statuses, every one with the one error body (``ErrorResponse``:
-    ``{"error": message, "detail": ...}``), the same for the front door's refusals and the handlers'."""
-    common = {401: "No API key, or one that is not valid (when keys are on)",
-              413: "Body over security.max_body_bytes",
-              422: "Invalid request: the field, the rule and the fix in the message",
-              503: "Overloaded (Retry-After says when to retry), or a stage it needs is restarting"}
-    return {code: {"model": ErrorResponse, "description": text} for code, text in (common | (extra or {})).items()}
-
-
-# One router replica per process: the middleware reads the guard its replica configured.
-_guard = REPLICA_GUARD
-
-
-class FrontDoor:
-    """Keys, body size and load shedding before anything else of the app runs, as plain ASGI: Starlette's
-    ``BaseHTTPMiddleware`` costs a task and a stream per request. A request counts against ``max_inflight``
-    until its response has been sent, streamed answers included. Shedding comes first: under overload it is
-    what most requests meet. A request that came through the shedding layer ahead of Serve (``python -m
-    deployments`` installs it) was counted there, before Serve's own handling of it."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path = route_path(scope["path"], scope.get("root_path", ""))  # the same rules under a route prefix
-        counted_here = counted(scope) and not scope.get(COUNTED_KEY)  # not already counted ahead of Serve
-        if counted_here:
-            refusal = _guard.admit()
-            if refusal is not None:
-                HTTP_REQUESTS.count(route_label(scope, path), scope["method"], refusal.status, shed=True)
-                return await refuse(refusal, send, Headers(scope=scope).get("x-request-id"))
-        status = [500]  # what an exception that escapes the app becomes (Starlette's outer layer answers 500)
-
-        async def send_and_note(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            headers = Headers(scope=scope)
-            refusal = _guard.check(scope["method"], path, headers)
-            if refusal is not None:
-                status[0] = refusal.status
-                return await refuse(refusal, send, headers.get("x-request-id"))
-            caller = _guard.caller(headers)
-            state = scope.setdefault("state", {})
-            state["caller"], state["principals"] = caller, list(caller.principals)
-            await self.app(scope, receive, send_and_note)
-        finally:
-            HTTP_REQUESTS.count(route_label(scope, path), scope["method"], status[0])
-            if counted_here:
-                _guard.release()
-
-
-app.add_middleware(FrontDoor)
-
-
-def configure_guard(security: SecurityConfig) -> Guard:
-    import os
-
-    digests = set(security.api_key_digests)
-    if security.api_keys_env:
-        keys = [k.strip() for k in os.environ.get(security.api_keys_env, "").split(",") if k.strip()]
-        if not keys and not digests:
-            raise ValueError(f"security.api_keys_env names {security.api_keys_env!r}, which holds no keys here")
-        digests |= {key_digest(k) for k in keys}
-    _guard.key_principals = {d: tuple(p) for d, p in security.key_principals.items()}
-    _guard.admin_digests = frozenset(security.admin_key_digests)
-    _guard.key_digests = frozenset(digests | set(security.key_principals) | _guard.admin_digests)
-    _guard.max_body_bytes = security.max_body_bytes
-    _guard.max_inflight = security.max_inflight
-    _guard.retry_after_s = security.retry_after_s
-    _guard.configured = True
-    return _guard
-
-
-def request_id(request: Request) -> str | None:
-    """The request's id: the caller's ``X-Request-Id``, or the one Serve made for it (Serve puts it in the request's
-    headers, returns it in the response's, and writes it in every log line of the request, in every replica)."""
-    return request.headers.get("x-request-id")
-
-
-def error_body(request: Request, message: str, detail: Any = None) -> dict[str, Any]:
-    """``ErrorResponse``: every error the app answers, with the id to find the request in the logs."""
-    return {"error": message, "detail": detail, "request_id": request_id(request)}
-
-
-@app.exception_handler(RequestValidationError)
-async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return JSONResponse(status_code=422, content=error_body(request, "invalid request", validation_problems(exc)))
-
-
-def validation_problems(exc) -> list[dict[str, str]]:
-    """Each problem of a request body: the field's path and the rule it broke."""
-    return [{"field": ".".join(str(p) for p in e["loc"] if p != "body"), "error": e["msg"]} for e in exc.errors()]
-
-
-@app.exception_handler(StarletteHTTPException)
-async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    # Starlette's own (no such route, method not allowed), in the app's one error body.
-    return JSONResponse(status_code=exc.status_code, content=error_body(request, str(exc.detail)),
-                        headers=getattr(exc, "headers", None))
 
 
 @app.exception_handler(RayActorError)
 async def _replica_gone(request: Request, exc: RayActorError) -> JSONResponse:
     # A needed replica died and its retries found no live one yet: Serve is starting a replacement.
-    return JSONResponse(status_code=503, headers={"Retry-After": "2"},
-                        content=error_body(request, "a replica this request needs is restarting; retry shortly"))
-
-
-@app.exception_handler(ServiceError)
-async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-    """Every error a core raises on purpose (``deployments.errors``), mapped to HTTP here and only here."""
-    headers = {"Retry-After": "2"} if exc.status == 503 else None
-    return JSONResponse(status_code=exc.status, content=error_body(request, str(exc)), headers=headers)
-
-
-async def call_with_retry(method, *args, attempts: int = 5, pause_s: float = 0.05):
-    """A call through a Serve handle, sent again when the replica it went to died or is unreachable:
-    Serve's router drops that replica and picks a live one. Shard calls only read, so a second try
-    is safe. The caller's deadline (``asyncio.wait_for``) still bounds the whole."""
-    for attempt in range(attempts):
-        try:
-            return await method.remote(*args)
-        except RayActorError:
-            if attempt == attempts - 1:
-                raise
-            await asyncio.sleep(pause_s * 2**attempt)  # until Serve has taken the dead replica out
-
-
-class HandleShard(SlotClient):
-    """One shard slot (a group of shards) in a shard deployment, pinned to one index version: every call
-    carries the version as the multiplexed model id."""
-
-    remote = True
-
-    def __init__(self, name: str, handle, version: str, shards: list[str] | None = None):
-        super().__init__(name, version, shards)
-        self.handle = handle.options(multiplexed_model_id=version)
-
-    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None, ann=None):
-        return await call_with_retry(self.handle.search, vector, text, k_dense, k_keyword, filters, rows_for_top,
-                                     acl, ann)
-
-    async def fetch(self, chunk_ids):
-        return await call_with_retry(self.handle.fetch, chunk_ids)
-
-    async def vectors(self, chunk_ids):
-        return await call_with_retry(self.handle.vectors, chunk_ids)
-
-    async def vocabulary(self, acl=None):
-        return await call_with_retry(self.handle.vocabulary, acl)
-
-    async def info(self):
-        return await call_with_retry(self.handle.info)
-
-
-def shard_client(slot: str, handle, version: str, shards: list[str]):
-    """The pipeline's client for one shard slot at one version: a call through the slot's deployment, or
-    straight into the router's own copy (``shard_placement: router``)."""
-    if isinstance(handle, VersionCache):
-        return LocalShard(slot, handle, version, shards)
-    return HandleShard(slot, handle, version, shards)
-
-
-def held_slot(handle):
-    """A slot as the app builder passed it: a deployment's handle, or what to open here."""
-    if isinstance(handle, dict) and "host" in handle:
-        return VersionCache(ShardHost(**handle["host"]), handle["max_versions"])
-    return handle
-
-
-class HandleEncoder:
-    def __init__(self, handle):
-        self.handle = handle
-
-    async def embed(self, text: str):
-        return await call_with_retry(self.handle.embed, text)
-
-    async def embed_many(self, texts: list[str]):
-        # The encoder deployment batches calls that arrive together (serve.batch): one call a query is one batch.
-        return await asyncio.gather(*(self.embed(t) for t in texts))
-
-
-class LocalEncoder:
-    """The query encoder inside the router replica (``encoder_placement: router``): no hop, no serialization.
-    Worker threads run the model (ONNX Runtime releases the GIL), so the event loop keeps serving; each
-    forward pass uses one core (``threads`` queries at once: ``encoder_router_threads``)."""
-
-    def __init__(self, model: str, backend: str, threads: int = 1):
-        from concurrent.futures import ThreadPoolExecutor
-
-        from index_format.encoders import load_encoder
-
-        self.encoder = load_encoder(model, "cpu", backend, threads=1)
-        # ONNX Runtime's session and the tokenizer's encode_batch may be called from threads at once;
-        # transformers' tokenizer (the torch backend) changes its settings on each call, so it gets one.
-        self.worker = ThreadPoolExecutor(max_workers=threads if backend.startswith("onnx") else 1,
-                                         thread_name_prefix="query-encoder")
-
-    async def embed(self, text: str):
-        loop = asyncio.get_running_loop()
-        return (await loop.run_in_executor(self.worker, self.encoder.encode, [text]))[0]
-
-    async def embed_many(self, texts: list[str]):
-        from index_format.encoders import encode_queries
-
-        loop = asyncio.get_running_loop()
-        return list(await loop.run_in_executor(self.worker, encode_queries, self.encoder, texts))
-
-
-class HandleReranker:
-    def __init__(self, handle):
-        self.handle = handle
-
-    async def score(self, query: str, passages: list[str]) -> list[float]:
-        return await self.handle.score.remote(query, passages)
-
-
-class HandleSynthesizer:
-    def __init__(self, handle, llm_rerank: bool):
-        self.handle, self.llm_rerank = handle, llm_rerank
-
-    async def answer(self, query, results, max_new_tokens):
-        return await self.handle.answer.remote(query, results, max_new_tokens)
-
-    def stream(self, query, results, max_new_tokens):
-        return self.handle.options(stream=True).stream.remote(query, results, max_new_tokens)
-
-    async def relevance(self, query, passages):
-        return await self.handle.relevance.remote(query, passages)
-
-
-# The search console: static files in deployments/console/, served by name from a fixed list (a requested
-# name is looked up, never joined onto a path). The policy lets the page load only its own files and call
-# only this origin, so a result's text can never run as script even if it slipped past the page's escaping.
-_CONSOLE_DIR = Path(__file__).parents[1] / "console"
-_CONSOLE_TYPES = {"index.html": "text/html; charset=utf-8", "console.css": "text/css; charset=utf-8",
-                  "console.js": "text/javascript; charset=utf-8"}
-_CONSOLE_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
-    "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Cache-Control": "no-cache",  # revalidate, so a redeployed console is picked up at once
-}
-
-
-def _console_file(name: str) -> FileResponse:
-    return FileResponse(_CONSOLE_DIR / name, media_type=_CONSOLE_TYPES[name], headers=_CONSOLE_HEADERS)
+    return error_response(request, 503, "a replica this request needs is restarting; retry shortly",
+                          headers={"Retry-After": "2"})
 
 
 async def _ndjson(events):
@@ -328,73 +80,11 @@ async def _ndjson(events):
         yield json.dumps(event) + "\n"
 
 
-# A response's warnings that say an optional stage was skipped (the pipeline writes them), and the stage each names.
-_SKIPPED_STAGES = (("spell correction stopped", None), ("spell correction", "spelling"), ("query encoder", "embed"),
-                   ("reranking", "rerank"), ("MMR skipped", "mmr"), ("synthesis", "synthesis"))
-
-
-def skipped_stage(warning: str) -> str | None:
-    return next((stage for start, stage in _SKIPPED_STAGES if warning.startswith(start)), None)
-
-
-class _Metrics:
-    """The router's search metrics (README, "Metrics", lists them as Prometheus sees them); HTTP requests are
-    counted apart, every one (``deployments.serve.http_metrics``)."""
-
-    def __init__(self):
-        from ray.util import metrics
-
-        self.stage_ms = metrics.Histogram(
-            "search_stage_latency_ms", description="Latency of each search stage (ms).",
-            boundaries=[0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000], tag_keys=("stage", "method"))
-        self.retrieved = metrics.Histogram(
-            "search_retrieved_documents", description="Results returned per request.",
-            boundaries=[0.5, 1, 5, 10, 20, 50, 100], tag_keys=("method",))
-        self.requests = metrics.Counter(
-            "search_requests", description="Searches answered, by search method and outcome (ok, degraded, cached).",
-            tag_keys=("method", "outcome"))
-        self.skipped = metrics.Counter(
-            "search_stages_skipped", description="Optional stages that failed or timed out and were skipped.",
-            tag_keys=("stage", "method"))
-        self.documents = metrics.Gauge(
-            "search_index_documents", description="Documents of the index version a collection serves (0: no longer "
-            "served).", tag_keys=("collection", "version"))
-        self.chunks = metrics.Gauge(
-            "search_index_chunks", description="Chunks of the index version a collection serves (0: no longer served).",
-            tag_keys=("collection", "version"))
-        self._served: dict[str, str] = {}
-
-    def record(self, response: SearchResponse) -> None:
-        method = response.method.value
-        for stage, ms in response.timings_ms.items():
-            self.stage_ms.observe(ms, tags={"stage": stage, "method": method})
-        self.retrieved.observe(response.total_results, tags={"method": method})
-        outcome = "cached" if response.cached else ("degraded" if response.coverage.degraded else "ok")
-        self.requests.inc(1, tags={"method": method, "outcome": outcome})
-        for warning in response.warnings:
-            stage = skipped_stage(warning)
-            if stage is not None:
-                self.skipped.inc(1, tags={"stage": stage, "method": method})
-
-    def index(self, collections) -> None:
-        """The version each collection serves and its size; a version no longer served drops to 0."""
-        for c in collections:
-            before = self._served.get(c.name)
-            if before == c.version:
-                continue
-            if before is not None:
-                for gauge in (self.documents, self.chunks):
-                    gauge.set(0, tags={"collection": c.name, "version": before})
-            self.documents.set(c.documents, tags={"collection": c.name, "version": c.version})
-            self.chunks.set(c.chunks, tags={"collection": c.name, "version": c.version})
-            self._served[c.name] = c.version
-
-
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256, health_check_period_s=10)
 @serve.ingress(app)
 class SearchRouter:
-    def __init__(self, collections: dict[str, dict[str, Any]], default_collection: str, reranker=None,
-                 synthesis=None, llm_rerank: bool = False, security: dict | None = None, settings: dict | None = None,
+    def __init__(self, collections: dict[str, CollectionSpec], default_collection: str, reranker=None,
+                 synthesis=None, llm_rerank: bool = False, security: SecurityConfig | None = None,
                  otlp_endpoint: str | None = None):
         reuse_address_on_bind()  # before Serve binds this replica's port (deployments.serve.listen says why)
         self.tracer = None
@@ -402,39 +92,38 @@ class SearchRouter:
             from deployments.search.tracing import SearchTracer
 
             self.tracer = SearchTracer(otlp_endpoint)
-        self.settings = RouterSettings(**(settings or {}))
-        security_cfg = SecurityConfig.model_validate(security or {})
-        self.guard = configure_guard(security_cfg)
+        self.settings = RouterSettings()  # Serve calls reconfigure with the config's settings before any request
+        security = security or SecurityConfig()
+        # This replica's guard, handed to the app's front door and to the shedding layer ahead of Serve.
+        self.guard = app.state.guard = Guard.from_config(security)
         self.stage_handles = {"reranker": reranker, "synthesis": synthesis}
         local_encoders: dict[str, LocalEncoder] = {}
         for spec in collections.values():
-            if spec["encoder"] is None and spec["encoder_model"] not in local_encoders:
-                local_encoders[spec["encoder_model"]] = LocalEncoder(spec["encoder_model"],
-                                                                     spec.get("encoder_backend", "onnx"),
-                                                                     spec.get("encoder_threads", 1))
+            if spec.encoder is None and spec.encoder_model not in local_encoders:
+                local_encoders[spec.encoder_model] = LocalEncoder(spec.encoder_model, spec.encoder_backend,
+                                                                  spec.encoder_threads)
         deployed = {
             name: DeployedCollection(
-                name=name, root=Path(spec["root"]) if spec.get("root") else None,
-                encoder_model=spec["encoder_model"], dimension=spec["dimension"],
-                slots=[(slot, held_slot(handle), shards) for slot, handle, shards in spec["shards"]],
-                encoder=HandleEncoder(spec["encoder"]) if spec["encoder"] is not None
-                else local_encoders[spec["encoder_model"]],
-                rerank=spec.get("rerank", True),
-                ann=AnnParams(**spec["ann"]) if spec.get("ann") else None)
+                name=name, root=Path(spec.root) if spec.root else None,
+                encoder_model=spec.encoder_model, dimension=spec.dimension,
+                slots=[(slot.name, held_slot(slot.target), slot.shards) for slot in spec.slots],
+                encoder=HandleEncoder(spec.encoder) if spec.encoder is not None
+                else local_encoders[spec.encoder_model],
+                rerank=spec.rerank, ann=spec.ann)
             for name, spec in collections.items()
         }
         self.pipeline = SearchPipeline(
             {
                 name: Collection(
                     name=name,
-                    version=collections[name]["version"],
-                    shards=[shard_client(slot, handle, collections[name]["version"], shards)
+                    version=collections[name].version,
+                    shards=[shard_client(slot, handle, collections[name].version, shards)
                             for slot, handle, shards in d.slots],
                     encoder=d.encoder,
                     rerank=d.rerank,
                     ann=d.ann,
-                    documents=collections[name].get("counts", {}).get("docs", 0),
-                    chunks=collections[name].get("counts", {}).get("chunks", 0),
+                    documents=collections[name].counts.get("docs", 0),
+                    chunks=collections[name].counts.get("chunks", 0),
                 )
                 for name, d in deployed.items()
             },
@@ -442,18 +131,17 @@ class SearchRouter:
             self.settings,
             reranker=HandleReranker(reranker) if reranker is not None else None,
             synthesizer=HandleSynthesizer(synthesis, llm_rerank) if synthesis is not None else None,
-            acl_field=security_cfg.acl_field, public_principal=security_cfg.public_principal,
+            acl_field=security.acl_field, public_principal=security.public_principal,
         )
         self.held_hosts = [handle.host for d in deployed.values() for _, handle, _ in d.slots
                            if isinstance(handle, VersionCache)]
-        self.judgments = {name: JudgmentStore(Path(spec["judgments"])) for name, spec in collections.items()
-                          if spec.get("judgments")}
+        self.judgments = {name: JudgmentStore(Path(spec.judgments)) for name, spec in collections.items()}
         self.versions = VersionSwitch(self.pipeline.collections, deployed, shard_client,
                                       self.settings.activation_timeout_s)
         self._watcher: asyncio.Task | None = None
         self._info_lock = asyncio.Lock()
         self._info_loaded = False
-        self.metrics = _Metrics()
+        self.metrics = SearchMetrics()
         self.metrics.index(self.pipeline.collections.values())
         settle_heap()
 
@@ -518,7 +206,8 @@ class SearchRouter:
             return Response(response_json(response), media_type="application/json")
         except Exception as exc:
             if self.tracer is not None:
-                self.tracer.record_failure(request.headers, t0, getattr(exc, "status", 500), request_id(request))
+                self.tracer.record_failure(request.headers, t0, status_of(exc) if isinstance(exc, ServiceError) else 500,
+                                           request_id(request))
             raise
         finally:
             # One line a search, in Serve's log format (JSON by default: these fields beside Serve's request_id,
@@ -559,7 +248,7 @@ class SearchRouter:
                 continue
             result = next(answered)
             if isinstance(result, ServiceError):
-                parts.append(json.dumps({"status": result.status, "error": str(result)}))
+                parts.append(json.dumps({"status": status_of(result), "error": str(result)}))
             else:
                 self.metrics.record(result)
                 parts.append(f'{{"status":200,"response":{response_json(result)}}}')
@@ -569,8 +258,8 @@ class SearchRouter:
     def _judgments(self, collection: str | None) -> tuple[str, JudgmentStore]:
         name = collection or self.pipeline.default_collection
         if name not in self.judgments:
-            raise RequestError(f"unknown collection {name!r}; known collections: "
-                               f"{', '.join(sorted(self.judgments))}", 404)
+            raise NotFound(f"unknown collection {name!r}; known collections: "
+                               f"{', '.join(sorted(self.judgments))}")
         return name, self.judgments[name]
 
     @app.post("/feedback", response_model=FeedbackResponse, status_code=201,
@@ -584,13 +273,13 @@ class SearchRouter:
         caller: Caller = getattr(request.state, "caller", None) or Caller()
         name, store = self._judgments(body.collection)
         if self.guard.keys_on and body.tenant is not None and body.tenant not in caller.principals:
-            raise RequestError(f"tenant {body.tenant!r} is not one of this API key's principals; leave tenant out "
-                               "(a judgment belongs to the key's tenant)", 403)
+            raise Forbidden(f"tenant {body.tenant!r} is not one of this API key's principals; leave tenant out "
+                               "(a judgment belongs to the key's tenant)")
         doc_id = body.doc_id or doc_of_chunk(body.chunk_id)
         if not await self.pipeline.can_see(name, doc_id, body.chunk_id, list(caller.principals)):
             # The same answer for a document that does not exist and one the caller may not see.
-            raise RequestError(f"no document {doc_id!r}" + (f" with chunk {body.chunk_id!r}" if body.chunk_id else "")
-                               + f" in collection {name!r}", 404)
+            raise NotFound(f"no document {doc_id!r}" + (f" with chunk {body.chunk_id!r}" if body.chunk_id else "")
+                               + f" in collection {name!r}")
         record = await asyncio.to_thread(store.add, body.query, doc_id, body.label, body.chunk_id, body.user,
                                          None if self.guard.keys_on else body.tenant, caller.key_id,
                                          caller.principals)
@@ -643,7 +332,7 @@ class SearchRouter:
         return ActivationResponse(**result)
 
     async def check_health(self) -> None:
-        """Serve's health check: a replica holding shards (``shard_placement: router``) whose JVM ran out of
+        """Serve's health check: a replica holding shards (``shards.placement: router``) whose JVM ran out of
         heap, or whose index files vanished, leaves rotation and is replaced."""
         for host in self.held_hosts:
             await host.check_health()
@@ -687,10 +376,8 @@ class SearchRouter:
     @app.get("/console", include_in_schema=False)
     async def console(self) -> FileResponse:
         """The search console: a page that searches, explains the ranking and records judgments."""
-        return _console_file("index.html")
+        return console_file("index.html")
 
     @app.get("/console/{asset}", include_in_schema=False)
-    async def console_asset(self, asset: str) -> Response:
-        if asset not in CONSOLE_ASSETS:
-            return JSONResponse(status_code=404, content={"error": f"no console file {asset!r}"})
-        return _console_file(asset)
+    async def console_asset(self, asset: str, request: Request) -> Response:
+        return console_file(asset) or error_response(request, 404, f"no console file {asset!r}")

@@ -9,7 +9,7 @@ failing that, on its first call. Loading happens off the event loop, so the repl
 the version it already holds meanwhile.
 
 The versions themselves are opened by ``deployments.shard.host.ShardHost`` (also what the router uses
-when it holds the shards itself, ``shard_placement: router``).
+when it holds the shards itself, ``shards.placement: router``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A shard slot serves a fixed group of shard names (``shard-000``, ...) of whichever published version a
 request is pinned to. The shard deployment wraps a host (Serve's model multiplexing keeps its versions
 and routes each call to a replica holding the version); so does the router when it holds the shards
-itself (``shard_placement: router``), keeping its versions in ``VersionCache``.
+itself (``shards.placement: router``), keeping its versions in ``VersionCache``.
 
 A host's searches run on one thread: pyjnius keeps per-method state that is not thread-safe. A new version
 is opened on a second thread (its files verified and read, its FAISS index and Lucene reader opened: about a
@@ -160,7 +160,7 @@ class SlotClient:
 
 
 class LocalShard(SlotClient):
-    """A pipeline's shard client for a slot this process holds (``shard_placement: router``), pinned to one
+    """A pipeline's shard client for a slot this process holds (``shards.placement: router``), pinned to one
     version: the same calls as a shard deployment's handle, without the hop."""
 
     remote = False

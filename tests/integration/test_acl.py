@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deployments.schemas import SearchRequest
+from deployments.edge.schemas import SearchRequest
 from deployments.search.inprocess import LocalIndex, inprocess_pipeline
 from index_build.build import build_index
 from index_build.config import BuildConfig

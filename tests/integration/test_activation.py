@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from deployments.search.guard import new_key
+from deployments.edge.guard import new_key
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_format.versions import active_version, rollback
@@ -45,8 +45,8 @@ def root(ray_local, tmp_path_factory):
 
 
 # Shards in deployments (2 replicas each, which Serve's multiplexing keeps versions on), and in the router.
-@pytest.fixture(scope="module", params=[{"shard_num_replicas": 2, "shard_num_cpus": 0.1},
-                                        {"shard_placement": "router"}], ids=["deployment", "router"])
+@pytest.fixture(scope="module", params=[{"shards": {"num_replicas": 2, "num_cpus": 0.1}},
+                                        {"shards": {"placement": "router"}}], ids=["deployment", "router"])
 def served(root, request):
     from ray import serve
 

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from deployments.search.guard import new_key
+from deployments.edge.guard import new_key
 
 PORT = 18234
 BASE = f"http://127.0.0.1:{PORT}"

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from deployments.search.guard import new_key
+from deployments.edge.guard import new_key
 
 PORT = 18232
 KEY, DIGEST = new_key()
@@ -31,7 +31,7 @@ def served(built, ray_local, tiny_cross_encoder):
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     app = build_app({
         "index": str(summary.version_dir),
-        "shard_num_replicas": 2, "shard_num_cpus": 0.1,
+        "shards": {"num_replicas": 2, "num_cpus": 0.1},
         "router": {"shard_timeout_s": 10, "cache_size": 0, "rerank_timeout_s": 5, "rerank_depth": 20},
         # Logical CPUs small enough for a 2-CPU test Ray; 50 ms of batch wait so concurrent requests meet.
         "reranker": {"model": str(tiny_cross_encoder), "num_cpus": 0.1,

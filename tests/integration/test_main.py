@@ -124,7 +124,7 @@ def test_the_router_answers_on_the_port_itself(service):
     body = r.json()
     assert len(body["results"]) == 5 and body["coverage"]["shards_asked"] == 3 and not body["coverage"]["degraded"]
     # One process serves the request: the router replica embeds the query and searches the 3 shards itself
-    # (shard_placement auto with one shard replica), and Serve's proxy is not on the request path.
+    # (shards.placement auto with one shard replica), and Serve's proxy is not on the request path.
     import psutil
 
     names = {" ".join(p.info["cmdline"] or [])[:80] for p in psutil.process_iter(["cmdline"])}
@@ -134,7 +134,7 @@ def test_the_router_answers_on_the_port_itself(service):
 
 def test_the_excess_is_refused_before_serve_handles_it(service):
     """Past --max-inflight a search is refused (503 + Retry-After) by the layer ahead of Serve's request handling
-    (deployments.serve.shedding): Serve's own layer, which tags every response it handles with an
+    (deployments.edge.shedding): Serve's own layer, which tags every response it handles with an
     x-request-id, never saw the refused requests."""
     import asyncio
 

@@ -27,7 +27,7 @@ def test_shards_spread_over_nodes_and_a_node_removed_under_load(built, tmp_path)
     nodes = record["replicas_per_node"]
     shards = {node: [r for r in replicas if "-group-" in r] for node, replicas in nodes.items()}
     assert not shards.get("head"), nodes  # shards only where the search_node resource is
-    assert "router" in nodes["head"], nodes  # the ingress where router_resources put it
+    assert "router" in nodes["head"], nodes  # the ingress where router.resources put it
     # The default: one group of all 3 shards per replica, its 2 replicas on 2 different nodes.
     assert sum("default-group-000" in v for v in shards.values()) == 2, nodes
     assert record["requests"] > record["requests_before_removal"] > 0

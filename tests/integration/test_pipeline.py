@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from deployments.config import RouterSettings
-from deployments.errors import RequestError
-from deployments.schemas import SearchRequest, response_json
+from deployments.edge.errors import status_of
+from deployments.edge.schemas import SearchRequest, response_json
+from deployments.errors import ServiceError
 from deployments.search.inprocess import LocalIndex, inprocess_pipeline
 from tests.integration.conftest import shard_dirs
 
@@ -103,12 +104,12 @@ def test_filters_are_complete_and_validated(pipeline, built):
     resp = search(pipeline, query="telescope galaxy sail wind boat the", method="vector", limit=100,
                   filters={"topic": ["sailing"], "year": {"gte": 2010}})
     assert {r.chunk_id for r in resp.results} == sailing  # every allowed chunk, not a post-filtered slice
-    with pytest.raises(RequestError, match="unknown filter field 'colour'; known fields: topic, year") as e:
+    with pytest.raises(ServiceError, match="unknown filter field 'colour'; known fields: topic, year") as e:
         search(pipeline, query="x", filters={"colour": "red"})
-    assert e.value.status == 422
-    with pytest.raises(RequestError) as e:
+    assert status_of(e.value) == 422
+    with pytest.raises(ServiceError) as e:
         search(pipeline, query="x", filters={"year": {"gte": "not a number"}})
-    assert e.value.status == 422
+    assert status_of(e.value) == 422
 
 
 def test_threshold_mmr_context_and_citations(pipeline):
@@ -178,7 +179,7 @@ def test_collections_fuse_and_unknown_ones_are_refused(pipeline):
     both = search(pipeline, query="violin concert", collections=["main", "single"], limit=6)
     assert {r.collection for r in both.results} == {"main", "single"}
     assert set(both.index_version) == {"main", "single"} and both.coverage.shards_asked == 4
-    with pytest.raises(RequestError, match="unknown collection 'nope'"):
+    with pytest.raises(ServiceError, match="unknown collection 'nope'"):
         search(pipeline, query="x", collections=["nope"])
 
 
@@ -340,9 +341,9 @@ def test_every_stage_and_the_request_have_a_deadline(built):
 
     real_fetch, real_vectors, real_search = group.fetch, group.vectors, group.search
     group.fetch = stuck
-    with pytest.raises(RequestError, match="texts") as e:
+    with pytest.raises(ServiceError, match="texts") as e:
         search(pipe, query="telescope galaxy", limit=5)
-    assert e.value.status == 503
+    assert status_of(e.value) == 503
     group.fetch, group.vectors = real_fetch, stuck
     resp = search(pipe, query="telescope galaxy", limit=5, mmr_lambda=0.5)
     assert len(resp.results) == 5 and any("MMR skipped" in w for w in resp.warnings)
@@ -359,9 +360,9 @@ def test_every_stage_and_the_request_have_a_deadline(built):
     pipe.synthesizer = NeverAnswers()
     pipe.settings = pipe.settings.model_copy(update={"synthesis_timeout_s": 60.0})
     cancelled.clear()
-    with pytest.raises(RequestError, match="request_timeout_s") as e:
+    with pytest.raises(ServiceError, match="request_timeout_s") as e:
         search(pipe, query="telescope galaxy", limit=5, synthesize=True)
-    assert e.value.status == 504 and cancelled == [True]  # the answer still at work was stopped
+    assert status_of(e.value) == 504 and cancelled == [True]  # the answer still at work was stopped
     pipe.settings = pipe.settings.model_copy(update={"synthesis_timeout_s": 0.3})
     req = SearchRequest(query="telescope galaxy", limit=5, synthesize=True, stream=True)
 
@@ -442,7 +443,7 @@ def test_a_cached_rendered_response_is_not_served_to_callers_wanting_models(buil
 def test_ann_options_reach_every_shard_the_request_over_the_collections(built):
     """A collection's ``ann`` and a request's, merged (the request's win), reach each shard with the dense leg;
     a keyword search sends none. The shard clients are the real in-process ones, each call recorded."""
-    from deployments.schemas import AnnParams
+    from deployments.edge.schemas import AnnParams
 
     _, three = built[3]
     pipe = inprocess_pipeline({"main": three.version_dir}, default="main")
@@ -502,33 +503,33 @@ def test_a_cursor_is_refused_for_another_search_after_a_switch_and_with_mmr(pipe
     cursor = first.next_cursor
     assert page_offset(SearchRequest(query="telescope galaxy", limit=3, cursor=cursor), first.index_version,
                        pipeline.settings) == 3
-    with pytest.raises(RequestError) as e:
+    with pytest.raises(ServiceError) as e:
         search(pipeline, query="bread oven", limit=3, cursor=cursor)
-    assert e.value.status == 400 and "another search" in str(e.value)
-    with pytest.raises(RequestError) as e:  # the version the cursor was made on is no longer the one served
+    assert status_of(e.value) == 400 and "another search" in str(e.value)
+    with pytest.raises(ServiceError) as e:  # the version the cursor was made on is no longer the one served
         stale = make_cursor(SearchRequest(query="telescope galaxy", limit=3), {"main": "v0-gone"}, 3)
         search(pipeline, query="telescope galaxy", limit=3, cursor=stale)
-    assert e.value.status == 409 and "v0-gone ->" in str(e.value)
+    assert status_of(e.value) == 409 and "v0-gone ->" in str(e.value)
     original = pipeline.settings
     try:  # an operator's change of the ranking between two pages: refused; a timeout's change: not
         pipeline.reconfigure(original.model_copy(update={"shard_timeout_s": original.shard_timeout_s + 1}))
         assert search(pipeline, query="telescope galaxy", limit=3, cursor=cursor).offset == 3
         pipeline.reconfigure(original.model_copy(update={"dense_weight": 0.3, "keyword_weight": 0.7}))
-        with pytest.raises(RequestError) as e:
+        with pytest.raises(ServiceError) as e:
             search(pipeline, query="telescope galaxy", limit=3, cursor=cursor)
-        assert e.value.status == 409 and "ranking settings" in str(e.value)
+        assert status_of(e.value) == 409 and "ranking settings" in str(e.value)
     finally:
         pipeline.reconfigure(original)
-    with pytest.raises(RequestError) as e:
+    with pytest.raises(ServiceError) as e:
         search(pipeline, query="telescope galaxy", limit=3, cursor="not-a-cursor")
-    assert e.value.status == 400
-    with pytest.raises(RequestError) as e:
+    assert status_of(e.value) == 400
+    with pytest.raises(ServiceError) as e:
         search(pipeline, query="telescope galaxy", limit=3, offset=3, mmr_lambda=0.5)
-    assert e.value.status == 400 and "MMR" in str(e.value)
+    assert status_of(e.value) == 400 and "MMR" in str(e.value)
     assert search(pipeline, query="telescope galaxy", limit=3, mmr_lambda=0.5).next_cursor is None
-    with pytest.raises(RequestError) as e:
+    with pytest.raises(ServiceError) as e:
         search(pipeline, query="telescope galaxy", limit=10, offset=195)
-    assert e.value.status == 400 and "past the 200 results" in str(e.value)
+    assert status_of(e.value) == 400 and "past the 200 results" in str(e.value)
     with pytest.raises(ValueError):
         SearchRequest(query="x", offset=3, cursor=cursor)
 
@@ -561,7 +562,7 @@ def test_a_batch_answers_each_search_as_alone_embedding_the_queries_once(built, 
         assert not alone.cached and not got.cached
         assert [(r.chunk_id, r.rank) for r in got.results] == [(r.chunk_id, r.rank) for r in alone.results]
         assert [r.score for r in got.results] == pytest.approx([r.score for r in alone.results], abs=1e-6)
-    assert isinstance(answers[-1], RequestError) and answers[-1].status == 404
+    assert isinstance(answers[-1], ServiceError) and status_of(answers[-1]) == 404
 
 
 def test_a_trace_per_search_with_its_stages_as_children(built):

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from deployments.config import RouterSettings
-from deployments.schemas import SearchRequest
+from deployments.edge.schemas import SearchRequest
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_build.demo_corpus import iter_demo_documents

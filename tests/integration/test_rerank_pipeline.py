@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from deployments.config import RouterSettings
-from deployments.errors import RequestError
-from deployments.schemas import SearchRequest, response_json
+from deployments.edge.errors import status_of
+from deployments.edge.schemas import SearchRequest, response_json
+from deployments.errors import ServiceError
 from deployments.search.inprocess import InProcessReranker, inprocess_pipeline
 from deployments.search.reranking import CrossEncoderScorer, passage_text
 
@@ -113,9 +114,9 @@ def test_without_the_query_encoder_hybrid_answers_from_bm25_and_vector_gets_503(
     assert resp.warnings == [f"query encoder {reason}: keyword results only"]
     assert [r.chunk_id for r in resp.results] == [r.chunk_id for r in keyword.results]
     assert all(r.scores.dense is None for r in resp.results)
-    with pytest.raises(RequestError, match="query encoder") as e:
+    with pytest.raises(ServiceError, match="query encoder") as e:
         search(p, query=QUERY, limit=5, method="vector")
-    assert e.value.status == 503
+    assert status_of(e.value) == 503
 
 
 def test_stages_that_are_not_deployed_are_refused_with_400(built):
@@ -123,9 +124,9 @@ def test_stages_that_are_not_deployed_are_refused_with_400(built):
     assert not search(p, query=QUERY, limit=3).reranked  # default: no reranker, no reranking, no error
     for kw, needle in [({"rerank": True}, "deploys no reranker"), ({"synthesize": True}, "synthesis is not enabled"),
                        ({"rerank_with": "llm"}, "rerank_with: llm is not enabled")]:
-        with pytest.raises(RequestError, match=needle) as e:
+        with pytest.raises(ServiceError, match=needle) as e:
             search(p, query=QUERY, **kw)
-        assert e.value.status == 400
+        assert status_of(e.value) == 400
 
 
 def test_reranked_results_written_as_json_are_what_the_models_write(pipeline):

@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import pytest
 
-from deployments.search.guard import new_key
+from deployments.edge.guard import new_key
 
 PORT = 18234
 USER_KEY, USER_DIGEST = new_key()

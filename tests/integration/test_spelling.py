@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from deployments.schemas import SearchRequest
+from deployments.edge.schemas import SearchRequest
 from deployments.search.inprocess import inprocess_pipeline
 from index_build.build import build_index
 from index_build.config import BuildConfig

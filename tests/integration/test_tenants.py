@@ -9,8 +9,8 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
+from deployments.edge.guard import new_key
 from deployments.judgments import query_id
-from deployments.search.guard import new_key
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import make_corpus, write_jsonl

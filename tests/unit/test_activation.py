@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from deployments.errors import ActivationError
+from deployments.edge.errors import status_of
+from deployments.errors import ServiceError
 from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.pipeline import Collection
 from index_format.versions import activate, active_version, versions_dir
@@ -84,14 +85,14 @@ def test_every_shard_loads_the_version_before_the_one_swap(setup, tmp_path):
 
 def test_what_needs_a_redeploy_is_refused_with_the_reason(setup, tmp_path):
     switch, collections, _, _ = setup
-    with pytest.raises(ActivationError, match="3 shards; this app was deployed with 2 shards in 2 shard slots") as e:
+    with pytest.raises(ServiceError, match="3 shards; this app was deployed with 2 shards in 2 shard slots") as e:
         asyncio.run(switch.activate("docs", "v3"))
-    assert e.value.status == 409
-    with pytest.raises(ActivationError, match="some/other-model"):
+    assert status_of(e.value) == 409
+    with pytest.raises(ServiceError, match="some/other-model"):
         asyncio.run(switch.activate("docs", "other-encoder"))
-    with pytest.raises(ActivationError, match="no index version 'v9'") as e:
+    with pytest.raises(ServiceError, match="no index version 'v9'") as e:
         asyncio.run(switch.activate("docs", "v9"))
-    assert e.value.status == 404
+    assert status_of(e.value) == 404
     assert collections["docs"].version == "v1" and active_version(tmp_path) == "v1"
     assert asyncio.run(switch.activate("docs", "v4"))["version"] == "v4"
     assert [s.name for s in collections["docs"].shards] == ["shard-000"]  # fewer shards: the first slots
@@ -100,9 +101,9 @@ def test_what_needs_a_redeploy_is_refused_with_the_reason(setup, tmp_path):
 def test_a_version_the_shards_cannot_load_leaves_the_old_one_serving(setup, tmp_path):
     switch, collections, _, broken = setup
     broken.add("v2")
-    with pytest.raises(ActivationError, match="checksum mismatch") as e:
+    with pytest.raises(ServiceError, match="checksum mismatch") as e:
         asyncio.run(switch.activate("docs", "v2"))
-    assert e.value.status == 503
+    assert status_of(e.value) == 503
     assert collections["docs"].version == "v1" and active_version(tmp_path) == "v1"  # ACTIVE not moved
 
 
@@ -126,7 +127,7 @@ def test_a_pinned_collection_never_moves(tmp_path):
     deployed = {"docs": DeployedCollection("docs", None, "hashing:64", 64, [("shard-000", None)], encoder=None)}
     collections = {"docs": Collection("docs", "v1", [], None)}
     switch = VersionSwitch(collections, deployed, lambda *a: None)
-    with pytest.raises(ActivationError, match="pinned"):
+    with pytest.raises(ServiceError, match="pinned"):
         asyncio.run(switch.activate("docs", "v1"))
     asyncio.run(switch.follow())
     assert switch.describe() == {"docs": {"serving": "v1", "follows_active": False}}
@@ -143,7 +144,7 @@ def test_a_shard_group_serves_the_shards_a_version_has(tmp_path):
     manifest = read_version_manifest(versions_dir(tmp_path) / "v4")
     assert check_switchable(deployed, manifest) == [("docs-group-000", "handle", ["shard-000"])]
     assert check_switchable(deployed, read_version_manifest(versions_dir(tmp_path) / "v2")) == group
-    with pytest.raises(ActivationError, match="3 shards; this app was deployed with 2 shards in 1 shard slots"):
+    with pytest.raises(ServiceError, match="3 shards; this app was deployed with 2 shards in 1 shard slots"):
         check_switchable(deployed, read_version_manifest(versions_dir(tmp_path) / "v3"))
     pairs = [("a", 1, ["shard-000"]), ("b", 2, ["shard-001", "shard-002"])]
     deployed = DeployedCollection("docs", tmp_path, "hashing:64", 64, pairs, encoder=None)

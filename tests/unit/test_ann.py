@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from deployments.schemas import AnnParams, SearchRequest
+from deployments.edge.schemas import AnnParams, SearchRequest
 from deployments.shard.dense import DenseShard
 from index_build.faiss_index import (
     KINDS,

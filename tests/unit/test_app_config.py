@@ -2,7 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.config import AppConfig, CollectionConfig, RerankerConfig, RouterSettings
-from deployments.schemas import SearchRequest
+from deployments.edge.schemas import SearchRequest
 
 
 def test_index_shorthand_is_the_default_collection():
@@ -16,12 +16,14 @@ def test_index_shorthand_is_the_default_collection():
         ({}, "no index to serve"),
         ({"index": "a", "collections": {"x": {"index": "b"}}}, "not both"),
         ({"collections": {"x": {"index": "b"}}, "default_collection": "y"}, "'y' is not one of ['x']"),
-        ({"index": "a", "shard_num_replicas": 0}, "greater than or equal to 1"),
-        ({"index": "a", "router": {"fusion": "borda"}}, "String should match pattern"),
+        ({"index": "a", "shards": {"num_replicas": 0}}, "greater than or equal to 1"),
+        ({"index": "a", "shards": {"placement": "anywhere"}}, "Input should be 'auto', 'router' or 'deployment'"),
+        ({"index": "a", "encoder": {"backend": "tflite"}}, "Input should be 'onnx', 'onnx-int8' or 'torch'"),
+        ({"index": "a", "router": {"fusion": "borda"}}, "Input should be 'rrf' or 'weighted'"),
         ({"index": "a", "typo": 1}, "Extra inputs are not permitted"),
         ({"index": "a", "reranker": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}, "min_replicas 3 >"),
-        ({"index": "a", "reranker": {"dtype": "int4"}}, "String should match pattern"),
-        ({"index": "a", "synthesis": {"engine": "llama"}}, "String should match pattern"),
+        ({"index": "a", "reranker": {"dtype": "int4"}}, "Input should be 'auto', 'float32', 'float16' or 'bfloat16'"),
+        ({"index": "a", "synthesis": {"engine": "llama"}}, "Input should be 'auto', 'extractive', 'transformers' or"),
         ({"index": "a", "router": {"rerank_timeout_s": 0}}, "greater than 0"),
     ],
 )
@@ -101,25 +103,51 @@ def test_cpus_needed_to_start_counts_every_replica(tmp_path):
 
     _publish(tmp_path, "v1", shards=4)
     activate(tmp_path, "v1")
-    cfg = AppConfig(index=tmp_path, shard_num_replicas=2, shard_num_cpus=0.25, encoder_num_cpus=0.5, router_num_cpus=0.25,
-                    shard_group_size=1, encoder_placement="deployment")
+    cfg = AppConfig(index=tmp_path, shards={"num_replicas": 2, "num_cpus": 0.25, "group_size": 1},
+                    encoder={"num_cpus": 0.5, "placement": "deployment"}, router={"num_cpus": 0.25})
     assert logical_cpus_needed(cfg) == pytest.approx(4 * 2 * 0.25 + 0.5 + 0.25)
     # The defaults: one group of all 4 shards (2 replicas of it), queries embedded in the router.
-    grouped = AppConfig(index=tmp_path, shard_num_replicas=2, shard_num_cpus=0.25, router_num_cpus=0.25)
+    grouped = AppConfig(index=tmp_path, shards={"num_replicas": 2, "num_cpus": 0.25}, router={"num_cpus": 0.25})
     assert logical_cpus_needed(grouped) == pytest.approx(2 * 0.25 + 0.25)
-    pairs = grouped.model_copy(update={"shard_group_size": 3})  # groups of 3 and 1
+    pairs = grouped.model_copy(update={"shards": grouped.shards.model_copy(update={"group_size": 3})})  # 3 and 1
     assert logical_cpus_needed(pairs) == pytest.approx(2 * 2 * 0.25 + 0.25)
     rerank = cfg.model_copy(update={"reranker": RerankerConfig(model="m", num_cpus=0.5,
                                                                autoscaling={"min_replicas": 2, "max_replicas": 4})})
     assert logical_cpus_needed(rerank) == pytest.approx(2.75 + 2 * 0.5)
     # One shard replica: the shards are searched inside the router and reserve nothing of their own.
-    alone = AppConfig(index=tmp_path, router_num_cpus=0.25)
-    assert alone.shards_in_router and logical_cpus_needed(alone) == pytest.approx(0.25)
+    alone = AppConfig(index=tmp_path, router={"num_cpus": 0.25})
+    assert alone.shards.in_router and logical_cpus_needed(alone) == pytest.approx(0.25)
 
 
 def test_shard_placement_auto_keeps_shards_apart_only_when_asked_to_scale_or_place_them(tmp_path):
-    assert AppConfig(index=tmp_path).shards_in_router
-    for apart in ({"shard_num_replicas": 2}, {"shard_group_size": 2}, {"shard_num_gpus": 0.5},
-                  {"shard_resources": {"search_node": 1}}, {"shard_placement": "deployment"}):
-        assert not AppConfig(index=tmp_path, **apart).shards_in_router, apart
-    assert AppConfig(index=tmp_path, shard_num_replicas=2, shard_placement="router").shards_in_router
+    assert AppConfig(index=tmp_path).shards.in_router
+    for apart in ({"num_replicas": 2}, {"group_size": 2}, {"num_gpus": 0.5}, {"resources": {"search_node": 1}},
+                  {"placement": "deployment"}):
+        assert not AppConfig(index=tmp_path, shards=apart).shards.in_router, apart
+    assert AppConfig(index=tmp_path, shards={"num_replicas": 2, "placement": "router"}).shards.in_router
+
+
+def test_encoder_placement_auto_embeds_in_the_router_unless_on_a_gpu(tmp_path):
+    assert AppConfig(index=tmp_path).encoder.in_router
+    assert not AppConfig(index=tmp_path, encoder={"num_gpus": 1}).encoder.in_router
+    assert not AppConfig(index=tmp_path, encoder={"placement": "deployment"}).encoder.in_router
+
+
+def test_the_flat_keys_of_before_still_load_with_a_note_naming_their_new_place(tmp_path):
+    flat = {"index": str(tmp_path), "shard_num_replicas": 2, "shard_placement": "deployment", "lucene_heap": "1g",
+            "verify_checksums": False, "encoder_backend": "torch", "router_num_replicas": 3,
+            "router_max_queued_requests": 10, "router": {"fusion": "rrf"}}
+    with pytest.warns(FutureWarning, match=r"'shard_num_replicas' is now shards: \{num_replicas: \.\.\.\}"):
+        cfg = AppConfig.model_validate(flat)
+    assert cfg == AppConfig(index=tmp_path, shards={"num_replicas": 2, "placement": "deployment", "lucene_heap": "1g",
+                                                    "verify_checksums": False},
+                            encoder={"backend": "torch"},
+                            router={"num_replicas": 3, "max_queued_requests": 10, "fusion": "rrf"})
+    with pytest.raises(ValidationError, match="give 'shards.num_replicas' only"):
+        AppConfig.model_validate({"index": "a", "shard_num_replicas": 2, "shards": {"num_replicas": 2}})
+
+
+def test_only_the_routers_request_settings_reach_its_user_config():
+    router = AppConfig(index="a", router={"num_replicas": 2, "fusion": "rrf"}).router
+    assert router.settings() == RouterSettings(fusion="rrf")
+    assert set(router.settings().model_dump()) == set(RouterSettings.model_fields)

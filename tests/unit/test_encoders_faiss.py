@@ -79,10 +79,10 @@ def test_shard_search_device_is_a_config_choice():
 
     from deployments.config import AppConfig
 
-    assert AppConfig(index="x").shard_search_device == "cpu"
-    assert AppConfig(index="x", shard_search_device="cuda", shard_num_gpus=0.5).shard_num_gpus == 0.5
+    assert AppConfig(index="x").shards.search_device == "cpu"
+    assert AppConfig(index="x", shards={"search_device": "cuda", "num_gpus": 0.5}).shards.num_gpus == 0.5
     with pytest.raises(ValidationError):
-        AppConfig(index="x", shard_search_device="tpu")
+        AppConfig(index="x", shards={"search_device": "tpu"})
 
 
 def test_queries_embedded_in_small_groups_come_back_in_the_order_given():

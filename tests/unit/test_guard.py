@@ -6,8 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.config import SecurityConfig
-from deployments.keys import main as keys_main
-from deployments.search.guard import Guard, key_digest, new_key
+from deployments.edge.guard import Guard, key_digest, new_key
+from deployments.edge.keys import main as keys_main
 
 
 def headers(**kw) -> dict[str, str]:
@@ -77,20 +77,22 @@ def test_configuration_holds_digests_not_keys(capsys):
     assert out[0] == "key:" and key_digest(out[1]) == out[3]
 
 
-def test_router_guard_reads_keys_from_the_environment(monkeypatch):
-    from deployments.serve.router import configure_guard
-
-    monkeypatch.setenv("RS_KEYS", "alpha, beta")
-    guard = configure_guard(SecurityConfig(api_keys_env="RS_KEYS", max_inflight=5))
+def test_a_routers_guard_is_made_from_its_config_with_keys_from_the_environment(monkeypatch):
+    guard = Guard.from_config(SecurityConfig(api_keys_env="RS_KEYS", max_inflight=5), {"RS_KEYS": "alpha, beta"})
     assert guard.key_digests == {key_digest("alpha"), key_digest("beta")} and guard.max_inflight == 5
-    monkeypatch.setenv("RS_KEYS", "")
     with pytest.raises(ValueError, match="holds no keys"):
-        configure_guard(SecurityConfig(api_keys_env="RS_KEYS"))
-    configure_guard(SecurityConfig())  # back to keys off for whatever runs next in this process
+        Guard.from_config(SecurityConfig(api_keys_env="RS_KEYS"), {"RS_KEYS": ""})
+    monkeypatch.setenv("RS_KEYS", "gamma")  # the process's environment by default
+    assert Guard.from_config(SecurityConfig(api_keys_env="RS_KEYS")).key_digests == {key_digest("gamma")}
+    admin = key_digest("root")
+    both = Guard.from_config(SecurityConfig(api_key_digests=[key_digest("u")], admin_key_digests=[admin],
+                                            key_principals={key_digest("t"): ["tenant-a"]}))
+    assert both.key_digests == {key_digest("u"), admin, key_digest("t")} and both.admin_digests == {admin}
+    assert both.key_principals == {key_digest("t"): ("tenant-a",)}
 
 
 def test_the_front_door_judges_the_path_after_the_route_prefix():
-    from deployments.search.guard import route_path
+    from deployments.edge.guard import route_path
 
     assert route_path("/api/health", "/api") == "/health"
     assert route_path("/api/admin/versions", "/api/") == "/admin/versions"
@@ -113,17 +115,17 @@ def test_the_caller_is_known_from_its_key_alone():
 
 
 def test_the_layer_ahead_of_serve_counts_each_request_once_and_the_app_door_counts_the_rest(monkeypatch):
-    """``ShedFirst`` (outermost, before Serve's request handling) and the app's ``FrontDoor`` read one guard:
-    a request the first counted is not counted again; one that came another way (through Serve's proxy)
-    is counted by the door; a process whose router never configured the guard counts nothing."""
+    """``ShedFirst`` (outermost, before Serve's request handling) and the app's ``FrontDoor`` read the one guard
+    the router handed to the app: a request the first counted is not counted again; one that came another way
+    (through Serve's proxy) is counted by the door; a process whose router handed over no guard counts nothing."""
     import asyncio
 
-    from deployments.serve import router
-    from deployments.serve.shedding import COUNTED_KEY, ShedFirst
+    from deployments.edge.front_door import FrontDoor
+    from deployments.edge.http import app as api
+    from deployments.edge.shedding import COUNTED_KEY, ShedFirst
 
-    guard = Guard(max_inflight=2, retry_after_s=4, configured=True)
-    monkeypatch.setattr("deployments.serve.shedding.REPLICA_GUARD", guard)
-    monkeypatch.setattr(router, "_guard", guard)
+    guard = Guard(max_inflight=2, retry_after_s=4)
+    monkeypatch.setattr(api.state, "guard", guard, raising=False)
     seen, release = [], {}  # release["now"]: an event of the running burst's loop
 
     async def app(scope, receive, send):  # holds every request until released
@@ -137,7 +139,7 @@ def test_the_layer_ahead_of_serve_counts_each_request_once_and_the_app_door_coun
         async def send(message):
             sent.append(message)
 
-        scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-length", b"2")]}
+        scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-length", b"2")], "app": api}
         return scope, sent, layer(scope, None, send)
 
     async def burst(layer, paths):
@@ -152,7 +154,7 @@ def test_the_layer_ahead_of_serve_counts_each_request_once_and_the_app_door_coun
         await asyncio.gather(*tasks)
         return [(scope, sent[0]["status"], dict(sent[0]["headers"])) for scope, sent, _ in calls]
 
-    both = ShedFirst(router.FrontDoor(app))
+    both = ShedFirst(FrontDoor(app))
     answers = asyncio.run(burst(both, ["/search", "/api/search", "/search/", "/health", "/feedback"]))
     statuses = [status for _, status, _ in answers]
     assert statuses == [200, 200, 503, 200, 503]  # two counted once each; the health probe is never shed
@@ -161,9 +163,9 @@ def test_the_layer_ahead_of_serve_counts_each_request_once_and_the_app_door_coun
     assert answers[0][0][COUNTED_KEY] and COUNTED_KEY not in answers[3][0]
 
     seen.clear()
-    door_only = router.FrontDoor(app)  # through the proxy: the app's door counts
+    door_only = FrontDoor(app)  # through the proxy: the app's door counts
     assert [s for _, s, _ in asyncio.run(burst(door_only, ["/search", "/search", "/search"]))] == [200, 200, 503]
 
-    guard.configured = False  # the proxy's copy of the layer: no router configured this process's guard
+    monkeypatch.delattr(api.state, "guard")  # the proxy's copy of the layer: no router handed over a guard
     assert [s for _, s, _ in asyncio.run(burst(ShedFirst(app), ["/search"] * 3))] == [200, 200, 200]
     assert guard.inflight == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
+from deployments.edge.errors import status_of
 from deployments.judgments import JudgmentStore, doc_of_chunk, main, query_id
 
 
@@ -57,7 +58,7 @@ def test_ids_that_would_forge_qrels_rows_are_refused(tmp_path):
     for doc_id, chunk_id in (("d1\tq-forged\td9\t3", None), ("d1\nq2\td2\t3", None), ("d1", "d1#0\r")):
         with pytest.raises(ServiceError, match="control character") as err:
             store.add("q", doc_id, 1, chunk_id=chunk_id)
-        assert err.value.status == 422
+        assert status_of(err.value) == 422
     assert store.records() == []
 
 
@@ -87,7 +88,7 @@ def test_a_write_the_disk_refuses_is_an_error_not_a_201(tmp_path):
     store.path.symlink_to("/dev/full")  # every write: ENOSPC
     with pytest.raises(ServiceError, match="not stored") as err:
         store.add("q", "d1", 1)
-    assert err.value.status == 507
+    assert status_of(err.value) == 507
 
 
 def test_each_tenant_reads_back_only_the_judgments_of_its_keys(tmp_path):

@@ -10,10 +10,10 @@ from pathlib import Path
 CODE = """
 import importlib, pkgutil, sys
 sys.modules["ray"] = None  # any `import ray` now fails
-import deployments.judgments, deployments.search, deployments.shard, deployments.synthesis, relevance
+import deployments.edge, deployments.judgments, deployments.search, deployments.shard, deployments.synthesis, relevance
 # Every module of relevance: none needs Ray to be imported (only `relevance.tune --apply` reaches Ray, when it
 # runs, through deployments.settings).
-for pkg in (deployments.search, deployments.shard, deployments.synthesis, relevance):
+for pkg in (deployments.edge, deployments.search, deployments.shard, deployments.synthesis, relevance):
     for m in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"{pkg.__name__}.{m.name}")
 print("ok")
@@ -94,3 +94,15 @@ def test_no_module_imports_itself_back_at_module_level():
     for n in sorted(graph):
         visit(n)
     assert cycles == []
+
+
+def test_the_edge_is_ray_free_and_the_cores_know_only_its_schemas():
+    """The HTTP edge (schemas, keys, front door, shedding, the error table, console files, metrics) never imports
+    the Serve deployments; the search and shard cores import from it only the API's schemas (the request they
+    serve), never the HTTP layer, and raise error kinds that only the edge maps to status codes."""
+    graph = _imports()
+    assert {(a, b) for a, deps in graph.items() for b in deps
+            if a.startswith("deployments.edge") and b.startswith("deployments.serve")} == set()
+    assert {(a, b) for a, deps in graph.items() for b in deps
+            if a.startswith(("deployments.search", "deployments.shard")) and b.startswith("deployments.edge")
+            and b not in ("deployments.edge", "deployments.edge.schemas")} == set()

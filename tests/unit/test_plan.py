@@ -3,8 +3,8 @@
 import pytest
 
 from deployments.config import RouterSettings
-from deployments.errors import RequestError
-from deployments.schemas import SearchRequest
+from deployments.edge.schemas import SearchRequest
+from deployments.errors import ServiceError
 from deployments.search.plan import plan_search
 
 S = RouterSettings()  # candidate_base 200, factor 1, cap 1000, rerank_depth 40
@@ -18,7 +18,7 @@ def test_hybrid_asks_each_leg_for_the_candidate_rule_and_pages_stay_inside_it():
     p = plan(limit=10)
     assert (p.depth, p.k_dense, p.k_keyword, p.pages_end, p.window, p.reorders) == (200, 200, 200, 200, 10, True)
     assert plan(limit=10, offset=150).depth == 200  # a later page ranks the same candidates
-    with pytest.raises(RequestError, match="past the 200 results"):
+    with pytest.raises(ServiceError, match="past the 200 results"):
         plan(limit=10, offset=195)
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from deployments.schemas import MAX_NESTING, ActivateRequest, FeedbackRequest, SearchRequest
+from deployments.edge.schemas import MAX_NESTING, ActivateRequest, FeedbackRequest, SearchRequest
 
 
 def _nested(levels: int):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deployments.schemas import Result, StageScores
+from deployments.edge.schemas import Result, StageScores
 from deployments.search.hits import Hit
 from deployments.search.result_json import FragmentCache, render_results, source_of
 

@@ -1,4 +1,4 @@
-"""The router's cache of opened index versions (``shard_placement: router``): one load per version at a
+"""The router's cache of opened index versions (``shards.placement: router``): one load per version at a
 time, the least recently used dropped past ``max_versions``, and a load that outlives a request that
 gave up on it."""
 

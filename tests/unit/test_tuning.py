@@ -107,7 +107,7 @@ def test_split_is_stable_and_disjoint():
 
 def test_a_setting_is_the_same_as_a_request_and_as_router_settings():
     from deployments.config import RouterSettings
-    from deployments.schemas import SearchRequest
+    from deployments.edge.schemas import SearchRequest
 
     s = FusionSetting("weighted", dense_weight=0.4, candidates=200, min_relevance_score=0.3)
     req = SearchRequest(query="x", **s.request())

@@ -79,12 +79,12 @@ def test_renamed_flags_are_still_taken():
 
 
 def test_renamed_config_keys_are_still_taken(tmp_path):
-    with pytest.warns(FutureWarning, match="'shard_replicas' is now called 'shard_num_replicas'"):
+    with pytest.warns(FutureWarning, match=r"'shard_replicas' is now shards: \{num_replicas: \.\.\.\}"):
         cfg = AppConfig(index=tmp_path, shard_replicas=2, router_replicas=3, encoder_replicas=4)
-    assert (cfg.shard_num_replicas, cfg.router_num_replicas, cfg.encoder_num_replicas) == (2, 3, 4)
+    assert (cfg.shards.num_replicas, cfg.router.num_replicas, cfg.encoder.num_replicas) == (2, 3, 4)
     with pytest.warns(FutureWarning):
         assert SynthesisConfig(replicas=2).num_replicas == 2
-    with pytest.raises(ValueError, match="give 'shard_num_replicas' only"):
+    with pytest.raises(ValueError, match="give 'shards.num_replicas' only"):
         AppConfig(index=tmp_path, shard_replicas=2, shard_num_replicas=2)
 
 

@@ -1,7 +1,7 @@
 """Load shedding ahead of Serve's own request handling: the outermost ASGI layer of the router's HTTP server.
 
 At four times its capacity a router replica refuses hundreds of requests a second. Refused inside the app
-(``router.FrontDoor``), each refusal first paid for Serve's handling of a request (its request object,
+(``deployments.edge.front_door``), each refusal first paid for Serve's handling of a request (its request object,
 context, metrics and scheduling on the replica), a few hundred microseconds of the event loop that also
 serves the admitted requests. Installed as Serve's HTTP middleware, this layer counts the requests that do
 work against ``security.max_inflight`` and refuses the excess before Serve sees them. ``python -m deployments``
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 
-from deployments.search.guard import REPLICA_GUARD, Refusal
-from deployments.serve.http_metrics import HTTP_REQUESTS
+from deployments.edge.guard import Refusal
+from deployments.edge.metrics import HTTP_REQUESTS
 
 # The routes that do a request's work (search, streamed answers until they end, judgments' disk writes); health,
 # the console and /admin/ (an operator's rollback must get through) are never refused for load. Matched at the
@@ -51,13 +51,22 @@ def middlewares() -> list:
 
 
 class ShedFirst:
+    """Reads the guard the router replica of this process handed to its app (``app.state.guard``); in a process
+    without one (Serve's proxy) every request passes."""
+
     def __init__(self, app):
         self.app = app
+        self.guard = None
 
     async def __call__(self, scope, receive, send):
-        if not REPLICA_GUARD.configured or not counted(scope):
+        if self.guard is None:
+            from deployments.edge.http import app as api  # here, not at import: the app imports this module
+
+            self.guard = getattr(api.state, "guard", None)
+        guard = self.guard
+        if guard is None or not counted(scope):
             return await self.app(scope, receive, send)
-        refusal = REPLICA_GUARD.admit()
+        refusal = guard.admit()
         if refusal is not None:
             route = next(e for e in COUNTED_ENDINGS if scope["path"].rstrip("/").endswith(e))  # before any prefix is taken off
             HTTP_REQUESTS.count(route, scope["method"], refusal.status, shed=True)
@@ -66,4 +75,4 @@ class ShedFirst:
         try:
             await self.app(scope, receive, send)
         finally:
-            REPLICA_GUARD.release()
+            guard.release()

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-# The search console's page and assets (router.py serves them): a browser must load them before it can
+if TYPE_CHECKING:
+    from deployments.config import SecurityConfig
+
+# The search console's page and assets (deployments.edge.console serves them): a browser must load them before it can
 # know a key. The page asks for one when the API answers 401, and every API call it makes carries it.
 CONSOLE_ASSETS = frozenset({"console.css", "console.js"})
 CONSOLE_PATHS = frozenset({"/", "/console", "/console/"} | {f"/console/{name}" for name in CONSOLE_ASSETS})
@@ -66,7 +72,23 @@ class Guard:
     inflight: int = 0
     key_principals: dict[str, tuple[str, ...]] = field(default_factory=dict)  # digest -> who its holder is
     admin_digests: frozenset[str] = frozenset()  # keys allowed on /admin/ (also in key_digests)
-    configured: bool = False  # a router replica of this process configured it (deployments.serve.router)
+
+    @classmethod
+    def from_config(cls, security: SecurityConfig, environ: Mapping[str, str] | None = None) -> Guard:
+        """The guard a router replica owns, from its ``security`` config (keys named by ``api_keys_env`` are read
+        from ``environ``, the process's environment by default)."""
+        environ = os.environ if environ is None else environ
+        digests = set(security.api_key_digests)
+        if security.api_keys_env:
+            keys = [k.strip() for k in environ.get(security.api_keys_env, "").split(",") if k.strip()]
+            if not keys and not digests:
+                raise ValueError(f"security.api_keys_env names {security.api_keys_env!r}, which holds no keys here")
+            digests |= {key_digest(k) for k in keys}
+        admin = frozenset(security.admin_key_digests)
+        return cls(key_digests=frozenset(digests | set(security.key_principals) | admin),
+                   max_body_bytes=security.max_body_bytes, max_inflight=security.max_inflight,
+                   retry_after_s=security.retry_after_s,
+                   key_principals={d: tuple(p) for d, p in security.key_principals.items()}, admin_digests=admin)
 
     @property
     def keys_on(self) -> bool:
@@ -125,8 +147,3 @@ class Guard:
 
     def release(self) -> None:
         self.inflight = max(0, self.inflight - 1)
-
-
-# The one guard of a process's router replica: the router configures it, and both the app's front door and the
-# shedding layer ahead of Serve (``deployments.serve.shedding``) read it.
-REPLICA_GUARD = Guard()

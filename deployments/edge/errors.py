@@ -1,0 +1,50 @@
+"""The one table from the service's error kinds to HTTP, and the one error body every refusal is answered with.
+
+The cores raise kinds (``deployments.errors``); nothing below the edge names a status code. A kind missing
+here is answered as its nearest listed base class (``status_of`` walks the class's MRO), so a new kind never
+becomes a 500 by accident.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deployments.errors import (
+    Conflict,
+    DeadlineExceeded,
+    Forbidden,
+    InvalidField,
+    InvalidRequest,
+    NotFound,
+    ServiceError,
+    StorageFull,
+    Unavailable,
+)
+
+HTTP_STATUS: dict[type[ServiceError], int] = {
+    ServiceError: 400,
+    InvalidRequest: 400,
+    InvalidField: 422,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+    Unavailable: 503,
+    StorageFull: 507,
+    DeadlineExceeded: 504,
+}
+
+RETRY_AFTER_S = 2  # what a 503 of a stage that is away asks the client to wait
+
+
+def status_of(error: ServiceError) -> int:
+    """The HTTP status an error kind is answered with."""
+    return next(HTTP_STATUS[k] for k in type(error).__mro__ if k in HTTP_STATUS)
+
+
+def retry_headers(status: int) -> dict[str, str] | None:
+    return {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+
+
+def error_body(message: str, request_id: str | None, detail: Any = None) -> dict[str, Any]:
+    """``ErrorResponse``: every error the app answers, with the id to find the request in the logs."""
+    return {"error": message, "detail": detail, "request_id": request_id}

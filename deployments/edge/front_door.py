@@ -1,0 +1,61 @@
+"""The app's front door, as plain ASGI: keys, body size and load shedding before anything else of the app runs.
+
+Starlette's ``BaseHTTPMiddleware`` costs a task and a stream per request. A request counts against
+``security.max_inflight`` until its response has been sent, streamed answers included. Shedding comes first:
+under overload it is what most requests meet. A request that came through the shedding layer ahead of Serve
+(``deployments.edge.shedding``) was counted there, before Serve's own handling of it.
+
+The guard is the router replica's own (``SearchRouter`` makes it from its config and hands it over as
+``app.state.guard``); until a router has handed one over, nothing is checked.
+"""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+
+from deployments.edge.guard import Guard, route_path
+from deployments.edge.metrics import HTTP_REQUESTS, route_label
+from deployments.edge.shedding import COUNTED_KEY, counted, refuse
+
+
+def guard_of(app) -> Guard | None:
+    """The guard a router handed to this app (``app.state.guard``), or None before it did."""
+    return getattr(getattr(app, "state", None), "guard", None)
+
+
+class FrontDoor:
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        guard = guard_of(scope.get("app"))
+        if scope["type"] != "http" or guard is None:
+            return await self.app(scope, receive, send)
+        path = route_path(scope["path"], scope.get("root_path", ""))  # the same rules under a route prefix
+        counted_here = counted(scope) and not scope.get(COUNTED_KEY)  # not already counted ahead of Serve
+        if counted_here:
+            refusal = guard.admit()
+            if refusal is not None:
+                HTTP_REQUESTS.count(route_label(scope, path), scope["method"], refusal.status, shed=True)
+                return await refuse(refusal, send, Headers(scope=scope).get("x-request-id"))
+        status = [500]  # what an exception that escapes the app becomes (Starlette's outer layer answers 500)
+
+        async def send_and_note(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            headers = Headers(scope=scope)
+            refusal = guard.check(scope["method"], path, headers)
+            if refusal is not None:
+                status[0] = refusal.status
+                return await refuse(refusal, send, headers.get("x-request-id"))
+            caller = guard.caller(headers)
+            state = scope.setdefault("state", {})
+            state["caller"], state["principals"] = caller, list(caller.principals)
+            await self.app(scope, receive, send_and_note)
+        finally:
+            HTTP_REQUESTS.count(route_label(scope, path), scope["method"], status[0])
+            if counted_here:
+                guard.release()

@@ -1,0 +1,73 @@
+"""The HTTP app the router's routes are declared on: its front door and its error handlers, Ray-free.
+
+Every error leaves through one of three handlers here, in the one error body (``ErrorResponse``): a request
+that fails validation (422 with each field and rule), Starlette's own (404 no such route, 405), and the
+service's error kinds, whose status comes from the one table (``deployments.edge.errors.HTTP_STATUS``).
+The router (``deployments.serve.router``) adds the routes and hands the app its guard (``app.state.guard``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deployments.edge.errors import error_body, retry_headers, status_of
+from deployments.edge.front_door import FrontDoor
+from deployments.edge.schemas import ErrorResponse
+from deployments.errors import ServiceError
+
+app = FastAPI(
+    title="raysearch",
+    version="0.1.0",
+    description="Hybrid (dense + BM25) retrieval over sharded indexes, fused, diversified and assembled.",
+)
+app.add_middleware(FrontDoor)
+
+
+def error_responses(extra: dict[int, str] | None = None) -> dict[int, dict]:
+    """OpenAPI entries for a route's error statuses, every one with the one error body (``ErrorResponse``:
+    ``{"error": message, "detail": ...}``), the same for the front door's refusals and the handlers'."""
+    common = {401: "No API key, or one that is not valid (when keys are on)",
+              413: "Body over security.max_body_bytes",
+              422: "Invalid request: the field, the rule and the fix in the message",
+              503: "Overloaded (Retry-After says when to retry), or a stage it needs is restarting"}
+    return {code: {"model": ErrorResponse, "description": text} for code, text in (common | (extra or {})).items()}
+
+
+def request_id(request: Request) -> str | None:
+    """The request's id: the caller's ``X-Request-Id``, or the one Serve made for it (Serve puts it in the request's
+    headers, returns it in the response's, and writes it in every log line of the request, in every replica)."""
+    return request.headers.get("x-request-id")
+
+
+def error_response(request: Request, status: int, message: str, detail: Any = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content=error_body(message, request_id(request), detail),
+                        headers=headers)
+
+
+def validation_problems(exc) -> list[dict[str, str]]:
+    """Each problem of a request body: the field's path and the rule it broke."""
+    return [{"field": ".".join(str(p) for p in e["loc"] if p != "body"), "error": e["msg"]} for e in exc.errors()]
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return error_response(request, 422, "invalid request", validation_problems(exc))
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    # Starlette's own (no such route, method not allowed), in the app's one error body.
+    return error_response(request, exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+
+@app.exception_handler(ServiceError)
+async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+    """Every error a core raises on purpose (``deployments.errors``), answered by the one table."""
+    status = status_of(exc)
+    return error_response(request, status, str(exc), headers=retry_headers(status))

@@ -1,0 +1,129 @@
+"""The router's clients of the other deployments, through Serve handles (or in-process where the config puts the
+work in the router): one module, so the pipeline's protocols (``SlotClient``, an encoder's ``embed``, a
+reranker's ``score``, a synthesizer's ``answer``) are met the same way whatever the placement."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict
+
+from ray.exceptions import RayActorError
+
+from deployments.serve.specs import HeldSlot
+from deployments.shard.host import LocalShard, ShardHost, SlotClient, VersionCache
+
+
+async def call_with_retry(method, *args, attempts: int = 5, pause_s: float = 0.05):
+    """A call through a Serve handle, sent again when the replica it went to died or is unreachable:
+    Serve's router drops that replica and picks a live one. Shard calls only read, so a second try
+    is safe. The caller's deadline (``asyncio.wait_for``) still bounds the whole."""
+    for attempt in range(attempts):
+        try:
+            return await method.remote(*args)
+        except RayActorError:
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(pause_s * 2**attempt)  # until Serve has taken the dead replica out
+
+
+class HandleShard(SlotClient):
+    """One shard slot (a group of shards) in a shard deployment, pinned to one index version: every call
+    carries the version as the multiplexed model id."""
+
+    remote = True
+
+    def __init__(self, name: str, handle, version: str, shards: list[str] | None = None):
+        super().__init__(name, version, shards)
+        self.handle = handle.options(multiplexed_model_id=version)
+
+    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None, ann=None):
+        return await call_with_retry(self.handle.search, vector, text, k_dense, k_keyword, filters, rows_for_top,
+                                     acl, ann)
+
+    async def fetch(self, chunk_ids):
+        return await call_with_retry(self.handle.fetch, chunk_ids)
+
+    async def vectors(self, chunk_ids):
+        return await call_with_retry(self.handle.vectors, chunk_ids)
+
+    async def vocabulary(self, acl=None):
+        return await call_with_retry(self.handle.vocabulary, acl)
+
+    async def info(self):
+        return await call_with_retry(self.handle.info)
+
+
+def shard_client(slot: str, handle, version: str, shards: list[str]):
+    """The pipeline's client for one shard slot at one version: a call through the slot's deployment, or
+    straight into the router's own copy (``shards.placement: router``)."""
+    if isinstance(handle, VersionCache):
+        return LocalShard(slot, handle, version, shards)
+    return HandleShard(slot, handle, version, shards)
+
+
+def held_slot(target):
+    """A slot as the app builder passed it: a deployment's handle, or what to open here."""
+    if isinstance(target, HeldSlot):
+        return VersionCache(ShardHost(**asdict(target.host)), target.max_versions)
+    return target
+
+
+class HandleEncoder:
+    def __init__(self, handle):
+        self.handle = handle
+
+    async def embed(self, text: str):
+        return await call_with_retry(self.handle.embed, text)
+
+    async def embed_many(self, texts: list[str]):
+        # The encoder deployment batches calls that arrive together (serve.batch): one call a query is one batch.
+        return await asyncio.gather(*(self.embed(t) for t in texts))
+
+
+class LocalEncoder:
+    """The query encoder inside the router replica (``encoder.placement: router``): no hop, no serialization.
+    Worker threads run the model (ONNX Runtime releases the GIL), so the event loop keeps serving; each
+    forward pass uses one core (``threads`` queries at once: ``encoder.router_threads``)."""
+
+    def __init__(self, model: str, backend: str, threads: int = 1):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from index_format.encoders import load_encoder
+
+        self.encoder = load_encoder(model, "cpu", backend, threads=1)
+        # ONNX Runtime's session and the tokenizer's encode_batch may be called from threads at once;
+        # transformers' tokenizer (the torch backend) changes its settings on each call, so it gets one.
+        self.worker = ThreadPoolExecutor(max_workers=threads if backend.startswith("onnx") else 1,
+                                         thread_name_prefix="query-encoder")
+
+    async def embed(self, text: str):
+        loop = asyncio.get_running_loop()
+        return (await loop.run_in_executor(self.worker, self.encoder.encode, [text]))[0]
+
+    async def embed_many(self, texts: list[str]):
+        from index_format.encoders import encode_queries
+
+        loop = asyncio.get_running_loop()
+        return list(await loop.run_in_executor(self.worker, encode_queries, self.encoder, texts))
+
+
+class HandleReranker:
+    def __init__(self, handle):
+        self.handle = handle
+
+    async def score(self, query: str, passages: list[str]) -> list[float]:
+        return await self.handle.score.remote(query, passages)
+
+
+class HandleSynthesizer:
+    def __init__(self, handle, llm_rerank: bool):
+        self.handle, self.llm_rerank = handle, llm_rerank
+
+    async def answer(self, query, results, max_new_tokens):
+        return await self.handle.answer.remote(query, results, max_new_tokens)
+
+    def stream(self, query, results, max_new_tokens):
+        return self.handle.options(stream=True).stream.remote(query, results, max_new_tokens)
+
+    async def relevance(self, query, passages):
+        return await self.handle.relevance.remote(query, passages)

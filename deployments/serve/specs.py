@@ -1,0 +1,61 @@
+"""What the app builder hands the router: typed specs, checked when they are made, read by attribute.
+
+``build_app`` resolves the config and each collection's manifest into these; the router turns them into its
+clients. Ray-free dataclasses: a spec's deployment handles (``target``, ``encoder``) are whatever Serve put there
+for a bound deployment, and Serve finds them wherever they sit in the arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployments.edge.schemas import AnnParams
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """What a process that holds shards opens: a group of one version's shards (``ShardHost``'s arguments)."""
+
+    index_root: str | None  # None: a pinned version, never followed
+    version_dir: str
+    shards: list[str]
+    expect: dict[str, Any]  # the encoder and dimension every shard's manifest must name
+    verify_checksums: bool = True
+    lucene_heap: str = "512m"
+    search_device: str = "cpu"
+    warmup_searches: int = 2000
+
+
+@dataclass(frozen=True)
+class HeldSlot:
+    """A shard slot searched inside the router replica (``shards.placement: router``)."""
+
+    host: HostSpec
+    max_versions: int = 2
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """One group of a collection's shards: a shard deployment's handle, or a ``HeldSlot`` the router opens."""
+
+    name: str
+    target: Any
+    shards: list[str]
+
+
+@dataclass(frozen=True)
+class CollectionSpec:
+    name: str
+    version: str
+    slots: list[SlotSpec]
+    encoder_model: str
+    dimension: int
+    judgments: str  # the folder POST /feedback writes to, beside the versions
+    encoder: Any = None  # a query-encoder deployment's handle; None: embedded in the router
+    encoder_backend: str = "onnx"
+    encoder_threads: int = 1
+    root: str | None = None  # the index root whose ACTIVE pointer the collection follows; None: pinned
+    rerank: bool = True
+    ann: AnnParams | None = None
+    counts: dict[str, int] = field(default_factory=dict)  # the manifest's counts (docs, chunks)

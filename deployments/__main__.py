@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 DRAIN_BOUND_S = 45  # a stop waits this long at most for replicas to finish (Serve gives each 20 s)
-APP = "raysearch"  # the Serve application's name, as deployments.settings and deployments.tune --apply name it
+APP = "raysearch"  # the Serve application's name, as deployments.settings and relevance.tune --apply name it
 
 
 def show_example(base: str, query: str, synthesize: bool = False) -> None:
@@ -270,7 +270,7 @@ def _serve(args, cfg, proxy_port: int, ray, serve) -> int:
 
     serve.start(http_options={"host": args.host, "port": proxy_port})
     # Deployed from a config, as `serve run serve_config.yaml` is, so that python -m deployments.settings
-    # (and deployments.tune --apply) can change the router's settings in place.
+    # (and relevance.tune --apply) can change the router's settings in place.
     offline = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OPENAI_API_KEY",
                                           "TOKENIZERS_PARALLELISM", "RAY_SERVE_THROUGHPUT_OPTIMIZED",
                                           "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE")

@@ -25,7 +25,8 @@ from typing import Any
 
 from deployments.edge.schemas import AnnParams
 from deployments.errors import ActivationError, NotFound, Unavailable
-from deployments.search.pipeline import Collection, EncoderClient, ShardClient, failure
+from deployments.search.clients import Collection, EncoderClient, ShardClient
+from deployments.search.stages import failure
 from index_format.manifest import IndexMismatch, VersionManifest
 from index_format.versions import (
     activate,

@@ -1,7 +1,8 @@
 """Fusing ranked runs (BM25, dense, per shard) into one ranking, and the small knobs around it.
 
 Every function is pure and returns a new list. Ties are always broken the same way: score descending,
-then chunk id ascending (``hits.rank_key``), so a fused ranking does not depend on dict or set order.
+then chunk id ascending (``hits.rank_key``; then collection), so a fused ranking does not depend on dict or set
+order. A chunk is one candidate per collection (``Hit.key``): the same chunk id in two collections is two.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from deployments.search.hits import Hit, rank_key
 
 def _first_occurrences(run: Sequence[Hit]) -> list[Hit]:
     """The run with later duplicates of a chunk removed (a run is sorted best first, so the first is the best)."""
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     out = []
     for hit in run:
-        if hit.chunk_id not in seen:
-            seen.add(hit.chunk_id)
+        if hit.key not in seen:
+            seen.add(hit.key)
             out.append(hit)
     return out
 
@@ -30,9 +31,9 @@ def _check_weights(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> N
         )
 
 
-def _ranked(scores: dict[str, float], shard_of: dict[str, int]) -> list[Hit]:
+def _ranked(scores: dict[tuple[str, str], float], shard_of: dict[tuple[str, str], int]) -> list[Hit]:
     ordered = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))  # rank_key, before any Hit is made
-    return [Hit(cid, s, shard_of[cid]) for cid, s in ordered]
+    return [Hit(key[0], s, shard_of[key], key[1]) for key, s in ordered]
 
 
 def rrf(runs: Sequence[Sequence[Hit]], rrf_k: int = 60, weights: Sequence[float] | None = None) -> list[Hit]:
@@ -53,12 +54,13 @@ def rrf(runs: Sequence[Sequence[Hit]], rrf_k: int = 60, weights: Sequence[float]
     if weights is None:
         weights = [1.0] * len(runs)
     _check_weights(runs, weights)
-    scores: dict[str, float] = {}
-    shard_of: dict[str, int] = {}
+    scores: dict[tuple[str, str], float] = {}
+    shard_of: dict[tuple[str, str], int] = {}
     for run, w in zip(runs, weights, strict=True):
         for rank, hit in enumerate(_first_occurrences(run), start=1):
-            scores[hit.chunk_id] = scores.get(hit.chunk_id, 0.0) + w / (rrf_k + rank)
-            shard_of.setdefault(hit.chunk_id, hit.shard)
+            key = hit.key
+            scores[key] = scores.get(key, 0.0) + w / (rrf_k + rank)
+            shard_of.setdefault(key, hit.shard)
     return _ranked(scores, shard_of)
 
 
@@ -73,8 +75,8 @@ def min_max(hits: Sequence[Hit]) -> list[Hit]:
     lo = min(h.score for h in hits)
     hi = max(h.score for h in hits)
     if hi == lo:
-        return [Hit(h.chunk_id, 1.0, h.shard) for h in hits]
-    return [Hit(h.chunk_id, (h.score - lo) / (hi - lo), h.shard) for h in hits]
+        return [Hit(h.chunk_id, 1.0, h.shard, h.collection) for h in hits]
+    return [Hit(h.chunk_id, (h.score - lo) / (hi - lo), h.shard, h.collection) for h in hits]
 
 
 def weighted(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> list[Hit]:
@@ -89,8 +91,8 @@ def weighted(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> list[Hi
     ascending.
     """
     _check_weights(runs, weights)
-    scores: dict[str, float] = {}
-    shard_of: dict[str, int] = {}
+    scores: dict[tuple[str, str], float] = {}
+    shard_of: dict[tuple[str, str], int] = {}
     for run, w in zip(runs, weights, strict=True):
         run = _first_occurrences(run)
         if not run:
@@ -99,10 +101,10 @@ def weighted(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> list[Hi
         lo = min(h.score for h in run)
         span = max(h.score for h in run) - lo
         for hit in run:
-            cid = hit.chunk_id
-            scores[cid] = scores.get(cid, 0.0) + w * ((hit.score - lo) / span if span else 1.0)
-            if cid not in shard_of:
-                shard_of[cid] = hit.shard
+            key = hit.key
+            scores[key] = scores.get(key, 0.0) + w * ((hit.score - lo) / span if span else 1.0)
+            if key not in shard_of:
+                shard_of[key] = hit.shard
     return _ranked(scores, shard_of)
 
 

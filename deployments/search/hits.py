@@ -12,17 +12,28 @@ from typing import NamedTuple
 
 
 class Hit(NamedTuple):
-    """Immutable; a named tuple rather than a frozen dataclass because a request makes about a thousand
+    """A candidate: its chunk, its score at the stage that made it, the shard (client index) it came from and
+    the collection it belongs to. The same form from the shard's answer to the response: two collections may
+    hold the same chunk id, so a candidate is told apart by ``key`` (chunk id and collection), never by an id
+    packed with its collection.
+
+    Immutable; a named tuple rather than a frozen dataclass because a request makes about a thousand
     of them and a frozen dataclass's ``__init__`` costs several times a tuple's."""
 
     chunk_id: str
     score: float
     shard: int = -1
+    collection: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What identifies a candidate across collections: (chunk id, collection)."""
+        return (self.chunk_id, self.collection)
 
 
-def rank_key(hit: Hit) -> tuple[float, str]:
-    """Deterministic order: score descending, then chunk id ascending."""
-    return (-hit.score, hit.chunk_id)
+def rank_key(hit: Hit) -> tuple[float, str, str]:
+    """Deterministic order: score descending, then chunk id ascending (then collection)."""
+    return (-hit.score, hit.chunk_id, hit.collection)
 
 
 def merge_top_k(per_shard: Iterable[list[Hit]], k: int) -> list[Hit]:

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from deployments.config import RouterSettings
+from deployments.search.clients import Collection
 from deployments.search.hits import Hit, merge_top_k
-from deployments.search.pipeline import Collection, SearchPipeline
+from deployments.search.pipeline import SearchPipeline
 from deployments.shard.group import ShardGroup
 from deployments.shard.service import ShardAnswer, ShardService, open_version
 from index_format.encoders import encode_queries, load_encoder

@@ -52,7 +52,7 @@ def mmr(
             f"the query's dimension), got {vecs.shape}"
         )
     # Work in chunk-id order so that np.argmax, which returns the first maximum, breaks ties by chunk id.
-    order = sorted(range(len(candidates)), key=lambda i: candidates[i].chunk_id)
+    order = sorted(range(len(candidates)), key=lambda i: candidates[i].key)
     vecs = vecs[order]
     if relevance is None:
         rel = vecs @ q

@@ -70,18 +70,18 @@ class FragmentCache:
 
 
 def render_results(fragments: FragmentCache, versions: dict[str, str], top: Sequence[Hit], rows: Sequence[dict],
-                   dense_of: dict[str, float], keyword_of: dict[str, float], fused_of: dict[str, float],
-                   reranked: bool, relevance_of: dict[str, float], first_rank: int = 1) -> str:
+                   dense_of: dict[tuple[str, str], float], keyword_of: dict[tuple[str, str], float], fused_of: dict[tuple[str, str], float],
+                   reranked: bool, relevance_of: dict[tuple[str, str], float], first_rank: int = 1) -> str:
     """The ``results`` array of a response: ``top`` (best first) with their ``rows`` (each naming its
-    ``collection``), the legs' and fusion's scores by the hits' chunk ids, and ``relevance_score``."""
+    ``collection``), the legs' and fusion's scores by the hits' keys (``Hit.key``), and ``relevance_score``."""
     if len(rows) != len(top):
         raise ValueError(f"{len(top)} hits but {len(rows)} rows")
     # Every number of the page in one call of the serializer (a numpy float32 widened, as a float field does):
     # per hit its relevance, score, and the dense, keyword and fused scores (None where it has none).
     scores = []
     for hit in top:
-        cid = hit.chunk_id
-        scores += (relevance_of[cid], hit.score, dense_of.get(cid), keyword_of.get(cid), fused_of.get(cid))
+        key = hit.key
+        scores += (relevance_of[key], hit.score, dense_of.get(key), keyword_of.get(key), fused_of.get(key))
     numbers = to_json(scores, fallback=float).decode()[1:-1].split(",")
     out = []
     for i, row in enumerate(rows):

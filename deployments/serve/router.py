@@ -50,7 +50,9 @@ from deployments.edge.schemas import (
 from deployments.errors import Forbidden, NotFound, ServiceError
 from deployments.judgments import JudgmentStore, doc_of_chunk
 from deployments.search.activation import DeployedCollection, VersionSwitch
-from deployments.search.pipeline import Collection, SearchPipeline, failure, redact
+from deployments.search.clients import Collection
+from deployments.search.pipeline import SearchPipeline
+from deployments.search.stages import failure, redact
 from deployments.serve.handles import (
     HandleEncoder,
     HandleReranker,

@@ -9,7 +9,7 @@ import pytest
 from deployments.edge.errors import status_of
 from deployments.errors import ServiceError
 from deployments.search.activation import DeployedCollection, VersionSwitch
-from deployments.search.pipeline import Collection
+from deployments.search.clients import Collection
 from index_format.versions import activate, active_version, versions_dir
 from tests.conftest import fake_version
 

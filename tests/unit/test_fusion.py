@@ -181,3 +181,12 @@ def test_relevance_scores_on_every_scale():
     assert relevance_scores([3.0, 3.0], "minmax") == [1.0, 1.0] and relevance_scores([], "minmax") == []
     with pytest.raises(ValueError, match="relevance scale"):
         relevance_scores([1.0], "sigmoid")
+
+
+def test_the_same_chunk_id_in_two_collections_is_two_candidates():
+    """A hit is told apart by its key (chunk id, collection): fusing two collections' runs never merges them."""
+    a, b = Hit("d1#0", 0.9, 0, "papers"), Hit("d1#0", 0.8, 0, "notes")
+    fused = rrf([[a], [b]], rrf_k=60)
+    assert [(h.chunk_id, h.collection, h.score) for h in fused] == [("d1#0", "notes", 1 / 61), ("d1#0", "papers", 1 / 61)]
+    assert {h.collection for h in weighted([[a, b]], [1.0])} == {"papers", "notes"}
+    assert [h.collection for h in min_max([a, b])] == ["papers", "notes"]

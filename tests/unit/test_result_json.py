@@ -16,14 +16,14 @@ ROWS = [
     {"chunk_id": "d3#1", "doc_id": "d3", "collection": "main", "text": "tiny scores", "title": "t", "section": "s",
      "char_start": 5, "char_end": 16, "metadata": {}},
 ]
-HITS = [Hit("main\x1fd1#0", 0.9000000000000001, 0), Hit("other\x1fd2#3", 1e-7, 1), Hit("main\x1fd3#1", 0.0, 2)]
+HITS = [Hit("d1#0", 0.9000000000000001, 0, "main"), Hit("d2#3", 1e-7, 1, "other"), Hit("d3#1", 0.0, 2, "main")]
 
 
 def models(reranked: bool, dense_of, keyword_of, fused_of, relevance_of) -> str:
     """The oracle: the models the pipeline builds otherwise, serialized as a response serializes them."""
     out = []
     for rank, (hit, row) in enumerate(zip(HITS, ROWS, strict=True), start=1):
-        cid = hit.chunk_id
+        cid = hit.key
         out.append(Result(
             rank=rank, chunk_id=row["chunk_id"], doc_id=row["doc_id"], collection=row["collection"],
             content=row["text"], source=source_of(row["doc_id"], row["metadata"]), title=row["title"],
@@ -35,10 +35,10 @@ def models(reranked: bool, dense_of, keyword_of, fused_of, relevance_of) -> str:
 
 
 def test_rendered_results_are_the_models_bytes():
-    dense_of = {"main\x1fd1#0": 0.8123456789, "other\x1fd2#3": -0.25}
-    keyword_of = {"main\x1fd1#0": 12.5, "main\x1fd3#1": 1e22}
-    fused_of = {h.chunk_id: h.score for h in HITS}
-    relevance_of = {"main\x1fd1#0": 1.0, "other\x1fd2#3": 0.00001, "main\x1fd3#1": 0.0}
+    dense_of = {("d1#0", "main"): 0.8123456789, ("d2#3", "other"): -0.25}
+    keyword_of = {("d1#0", "main"): 12.5, ("d3#1", "main"): 1e22}
+    fused_of = {h.key: h.score for h in HITS}
+    relevance_of = {("d1#0", "main"): 1.0, ("d2#3", "other"): 0.00001, ("d3#1", "main"): 0.0}
     versions = {"main": "v1", "other": "v7"}
     for reranked in (False, True):
         for fused in (fused_of, {}):

@@ -1,0 +1,58 @@
+"""What the request path talks to, as protocols (shards, encoders, reranker, synthesizer), and a collection as
+the pipeline holds it. The router meets them with Serve handles or in-process objects (``serve/handles.py``);
+tests with in-process shard services (``search/inprocess.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from deployments.edge.schemas import AnnParams
+from deployments.shard.service import ShardAnswer
+
+
+class ShardClient(Protocol):
+    name: str
+    # Whether a call crosses processes. Only then do rows sent along with an answer spare a round trip; a
+    # shard searched in this process is asked for the final page's rows once, after fusion.
+    remote: bool
+
+    async def search(self, vector, text, k_dense: int, k_keyword: int, filters, rows_for_top: int = 0,
+                     acl: tuple[str, list[str]] | None = None, ann: dict | None = None) -> ShardAnswer: ...
+    async def fetch(self, chunk_ids: list[str]) -> list[dict]: ...
+    async def vectors(self, chunk_ids: list[str]) -> np.ndarray: ...
+    async def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]: ...
+
+
+class EncoderClient(Protocol):
+    async def embed(self, text: str) -> np.ndarray: ...
+
+    async def embed_many(self, texts: list[str]) -> list[np.ndarray]: ...  # one batch (POST /search/batch)
+
+
+class RerankerClient(Protocol):
+    async def score(self, query: str, passages: list[str]) -> list[float]: ...
+
+
+class SynthesizerClient(Protocol):
+    llm_rerank: bool
+
+    async def answer(self, query: str, results: list[dict], max_new_tokens: int | None) -> dict: ...
+    def stream(self, query: str, results: list[dict], max_new_tokens: int | None) -> AsyncIterator[dict]: ...
+    async def relevance(self, query: str, passages: list[str]) -> list[float]: ...
+
+
+@dataclass
+class Collection:
+    name: str
+    version: str
+    shards: list[ShardClient]
+    encoder: EncoderClient
+    fields: dict[str, str] = field(default_factory=dict)
+    rerank: bool = True  # rerank by default (when a reranker is deployed)
+    ann: AnnParams | None = None  # the collection's approximate search options (a request's own win)
+    documents: int = 0  # of the version served (its manifest's counts), for metrics
+    chunks: int = 0

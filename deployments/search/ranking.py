@@ -1,0 +1,134 @@
+"""Ranking: the legs fused (RRF or weighted, as the request or the settings say), reranked by the cross-encoder
+or the LLM, cut at ``min_relevance_score`` (on the one [0, 1] scale, ``relevance_scale``), diversified by MMR;
+each optional stage, when it fails, leaves the order before it with a warning. Over one hit type (``Hit``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from deployments.edge.schemas import Fusion, Method, RerankWith, SearchRequest
+from deployments.search.clients import Collection, RerankerClient, SynthesizerClient
+from deployments.search.fusion import min_max, relevance_scores, rrf, weighted
+from deployments.search.hits import Hit
+from deployments.search.mmr import mmr
+from deployments.search.plan import SearchPlan
+from deployments.search.reranking import passage_text
+from deployments.search.retrieval import Retrieval, Retrieved
+from deployments.search.stages import Work, failure, mark
+
+
+@dataclass
+class Ranked:
+    ranked: list[Hit]  # fused, or reranked
+    reranked: bool
+    relevance_of: dict[tuple[str, str], float]  # by hit key
+    kept: list[Hit]  # at or above min_relevance_score
+    dropped: list[Hit]
+    final: list[Hit]  # after MMR
+
+
+def fusion_of(req: SearchRequest, s) -> dict[str, Any]:
+    """The fusion a hybrid request gets: its own fields where given, the service's settings otherwise."""
+    if (req.fusion or Fusion(s.fusion)) is Fusion.rrf:
+        return {"method": "rrf", "rrf_k": req.rrf_k or s.rrf_k}
+    w = req.weights
+    return {"method": "weighted", "weights": {"dense": w.dense if w else s.dense_weight,
+                                              "keyword": w.keyword if w else s.keyword_weight}}
+
+
+def fuse(req: SearchRequest, settings, dense: list[Hit], keyword: list[Hit]) -> list[Hit]:
+    """A collection's two legs as the request's method ranks them: one leg alone, or fused."""
+    if req.method is Method.vector:
+        return dense
+    if req.method is Method.keyword:
+        return keyword
+    fusion = fusion_of(req, settings)
+    if fusion["method"] == "rrf":
+        return rrf([dense, keyword], rrf_k=fusion["rrf_k"])
+    return weighted([dense, keyword], [fusion["weights"]["dense"], fusion["weights"]["keyword"]])
+
+
+def relevance_scale(req: SearchRequest, settings, reranked: bool, collections: int) -> tuple[str, float]:
+    """How the final ranking's scores become ``relevance_score`` (``fusion.relevance_scores``): the
+    reranker's probability as it is; a weighted fusion of one collection over its weights' sum (its
+    most); everything else (RRF, one leg, collections fused by RRF) min-max over the ranking."""
+    if reranked:
+        return "probability", 1.0
+    if req.method is Method.hybrid and collections == 1:
+        fusion = fusion_of(req, settings)
+        if fusion["method"] == "weighted":
+            return "weighted", fusion["weights"]["dense"] + fusion["weights"]["keyword"]
+    return "minmax", 1.0
+
+
+class Ranking:
+    """The ranking stages after fusion, with the clients they call (``reranker``, the ``synthesizer``'s LLM)."""
+
+    def __init__(self, settings, retrieval: Retrieval, reranker: RerankerClient | None,
+                 synthesizer: SynthesizerClient | None):
+        self.settings, self.retrieval, self.reranker, self.synthesizer = settings, retrieval, reranker, synthesizer
+
+    async def rerank(self, req: SearchRequest, text: str, pool: list[Hit], rows: list[dict]) -> list[Hit]:
+        passages = [passage_text(r["title"], r["text"]) for r in rows]
+        if req.rerank_with is RerankWith.llm:
+            scores = await self.synthesizer.relevance(text, passages)
+        else:
+            scores = await self.reranker.score(text, passages)
+        if len(scores) != len(pool):
+            raise ValueError(f"the reranker returned {len(scores)} scores for {len(pool)} passages")
+        # Ties keep the fused order (sorted is stable).
+        return sorted((Hit(h.chunk_id, float(sc), h.shard, h.collection) for h, sc in zip(pool, scores, strict=True)),
+                      key=lambda h: -h.score)
+
+    async def rank(self, req: SearchRequest, plan: SearchPlan, targets: list[Collection], text: str, vectors,
+                   got: Retrieved, rerank: bool, work: Work) -> Ranked:
+        """Reranked (the pool's texts fetched and scored under one deadline), cut at min_relevance_score,
+        diversified by MMR: each optional, each failure leaving the order before it, with a warning."""
+        s, fused = self.settings, got.fused
+        ranked, reranked = fused, False
+        if rerank and fused:
+            t = time.perf_counter()
+            pool = fused[:plan.rerank_depth]
+
+            async def fetch_and_rerank() -> list[Hit]:  # one deadline for the pool's texts and their scores
+                pool_rows = await self.retrieval.fetch(pool, targets, got.known)
+                got.known.update((h.key, row) for h, row in zip(pool, pool_rows, strict=True))
+                return await self.rerank(req, text, pool, pool_rows)
+
+            try:
+                ranked = await asyncio.wait_for(fetch_and_rerank(), s.rerank_timeout_s)
+                reranked = True
+            except Exception as exc:  # the fused order stands; the request still succeeds
+                work.warnings.append(f"reranking {failure(exc)}: results are in fused order")
+            mark(work.timings, "rerank", t)
+            work.trace["rerank"] = {"depth": len(pool), "with": req.rerank_with.value, "applied": reranked}
+        scale = relevance_scale(req, s, reranked, len(targets))
+        relevance_of = dict(zip((h.key for h in ranked), relevance_scores([h.score for h in ranked], *scale),
+                                strict=True))
+        cut = req.min_relevance_score
+        kept = ranked if cut is None else [h for h in ranked if relevance_of[h.key] >= cut]
+        dropped = [] if cut is None else [h for h in ranked if relevance_of[h.key] < cut]
+        final = kept
+        if req.mmr_lambda is not None and kept:
+            t = time.perf_counter()
+            pool = kept[: req.limit * s.mmr_pool_factor]
+            try:
+                pool_vectors = await asyncio.wait_for(self.retrieval.vectors(pool, targets), s.shard_timeout_s)
+            except Exception as exc:  # the relevance order stands
+                work.warnings.append(f"MMR skipped: the candidates' vectors {failure(exc)}")
+            else:
+                query_vector = next(iter(vectors.values()))
+                relevance = [h.score for h in min_max(pool)]
+                final = mmr(pool, query_vector, pool_vectors, req.limit, req.mmr_lambda, relevance)
+            mark(work.timings, "mmr", t)
+        return Ranked(ranked, reranked, relevance_of, kept, dropped, final)
+
+
+def fuse_collections(req: SearchRequest, settings, legs: dict[str, tuple[list[Hit], list[Hit]]],
+                     targets: list[Collection]) -> list[Hit]:
+    """Each collection's legs fused, then the collections by RRF (scores of two collections are not comparable)."""
+    fused_per = [fuse(req, settings, *legs[c.name]) for c in targets]
+    return fused_per[0] if len(fused_per) == 1 else rrf(fused_per, rrf_k=req.rrf_k or settings.rrf_k)

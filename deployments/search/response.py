@@ -1,0 +1,179 @@
+"""The response: the page's rows fetched (those the shards did not send along), rendered (as models, or as JSON
+from cached fragments when the router only sends it on), the context assembled with its citations, the answer
+written, coverage, timings, the cursor of the next page and the debug trace."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from deployments.edge.schemas import (
+    Answer,
+    Coverage,
+    Method,
+    Result,
+    SearchRequest,
+    SearchResponse,
+    StageScores,
+    response_dict,
+)
+from deployments.errors import Unavailable
+from deployments.search.clients import Collection, SynthesizerClient
+from deployments.search.context import assemble, citations
+from deployments.search.hits import Hit
+from deployments.search.paging import make_cursor
+from deployments.search.plan import SearchPlan
+from deployments.search.ranking import Ranked
+from deployments.search.result_json import FragmentCache, render_results, source_of
+from deployments.search.retrieval import Retrieval, Retrieved, leg_scores
+from deployments.search.stages import Work, failure, mark, within
+
+
+class Responder:
+    """Writes a search's response from what its stages found."""
+
+    def __init__(self, settings, retrieval: Retrieval, synthesizer: SynthesizerClient | None):
+        self.settings, self.retrieval, self.synthesizer = settings, retrieval, synthesizer
+        self.fragments = FragmentCache()  # results' JSON, for responses the router sends as they are
+
+    async def respond(self, req: SearchRequest, plan: SearchPlan, targets: list[Collection], got: Retrieved,
+                      ranked: Ranked, vectors, asked_query: str, corrected: str | None, rendered: bool, work: Work,
+                      t_start: float) -> SearchResponse:
+        """The page's rows fetched and rendered, the context assembled, the answer written: the response."""
+        s, hybrid = self.settings, req.method is Method.hybrid
+        top = ranked.final[plan.offset:plan.window]
+        t = time.perf_counter()
+        try:
+            rows = await within(self.retrieval.fetch(top, targets, got.known), s.shard_timeout_s)
+        except Exception as exc:
+            raise Unavailable(f"the shards did not send the results' texts: {failure(exc)}; retry shortly") from exc
+        mark(work.timings, "fetch", t)
+        fused_scores = {h.key: h.score for h in got.fused} if hybrid else {}
+        dense_of, keyword_of = leg_scores(got.legs)
+        results_json = None
+        if rendered and not req.synthesize:
+            results = []
+            results_json = render_results(self.fragments, {c.name: c.version for c in targets}, top, rows, dense_of,
+                                          keyword_of, fused_scores, ranked.reranked, ranked.relevance_of,
+                                          plan.offset + 1)
+        else:
+            results = result_models(top, rows, dense_of, keyword_of, fused_scores, ranked.reranked,
+                                    ranked.relevance_of, plan.offset + 1)
+        context_payload = citation_payload = None
+        if req.include_context or req.include_citations:
+            t = time.perf_counter()
+            passages, info = assemble(  # a result's score is its hit's
+                [r | {"score": h.score} for r, h in zip(rows, top, strict=True)],
+                token_budget=req.token_budget or s.token_budget,
+            )
+            if req.include_context:
+                context_payload = [p.__dict__ | {"chunk_ids": list(p.chunk_ids)} for p in passages]
+                work.trace["context"] = info
+            if req.include_citations:
+                citation_payload = citations(passages)
+            mark(work.timings, "assemble", t)
+        answer = None
+        if req.synthesize and not req.stream:
+            t = time.perf_counter()
+            answer = await self._answer(req, results, work.warnings)
+            mark(work.timings, "synthesize", t)
+        timings = work.timings
+        work.trace["shard_search_ms"] = timings.pop("_shards", {})
+        stages = timings.pop("_stages", [])
+        timings["total"] = (time.perf_counter() - t_start) * 1000
+        final, window = ranked.final, plan.window
+        # A one-leg search ranks exactly the page: a full page may have a next one (maybe empty).
+        more = len(final) > window or (len(final) == window and not plan.reorders)
+        response = SearchResponse(
+            query=asked_query,
+            corrected_query=corrected,
+            method=req.method,
+            method_used=Method.keyword if hybrid and not vectors else req.method,
+            results=results,
+            total=len(ranked.kept),
+            total_results=len(top),
+            offset=plan.offset,
+            next_cursor=make_cursor(req, {c.name: c.version for c in targets}, window, s)
+            if more and req.mmr_lambda is None and window < plan.pages_end else None,
+            citations=[source_of(r["doc_id"], r["metadata"]) for r in rows] if req.include_citations else None,
+            passage_citations=citation_payload,
+            synthesis=answer.text if answer else None,
+            context=context_payload,
+            index_version={c.name: c.version for c in targets},
+            timings_ms={k: round(v, 3) for k, v in timings.items()},
+            coverage=Coverage(shards_asked=got.asked, shards_answered=got.answered,
+                              ratio=got.answered / got.asked if got.asked else 0.0,
+                              degraded=bool(got.failed), failed=got.failed),
+            reranked=ranked.reranked,
+            answer=answer,
+            warnings=work.warnings,
+            debug=debug_trace(work.trace, got.legs, got.fused, ranked.ranked if ranked.reranked else None,
+                              ranked.dropped, final, got.depth, got.deepened, req) if req.debug else None,
+        )
+        response._results_json = results_json
+        response._stages = (t_start, time.perf_counter(), stages)
+        return response
+
+    async def _answer(self, req: SearchRequest, results: list[Result], warnings: list[str]) -> Answer | None:
+        try:
+            answer = await asyncio.wait_for(
+                self.synthesizer.answer(req.query, [r.model_dump() for r in results], req.max_answer_tokens),
+                self.settings.synthesis_timeout_s)
+            return Answer.model_validate(answer)
+        except Exception as exc:
+            warnings.append(f"synthesis {failure(exc)}: no answer, results only")
+            return None
+
+    async def stream_answer(self, req: SearchRequest, response: SearchResponse) -> AsyncIterator[dict]:
+        """Events for ``stream: true``, after ``search`` answered (so a bad request is still a plain 4xx):
+        the search response, the answer's tokens, then the answer. A synthesis failure is an ``error``
+        event, since the status line has been sent by then."""
+        yield {"type": "results", **response_dict(response)}
+        deadline = time.monotonic() + self.settings.synthesis_timeout_s
+        try:
+            events = aiter(self.synthesizer.stream(req.query, [r.model_dump() for r in response.results],
+                                                   req.max_answer_tokens))
+            while True:  # each event (the first token too) waits only until the deadline
+                try:
+                    event = await asyncio.wait_for(anext(events), max(0.0, deadline - time.monotonic()))
+                except StopAsyncIteration:
+                    break
+                yield event
+        except Exception as exc:
+            yield {"type": "error", "error": f"synthesis {failure(exc)}: no answer, results only"}
+
+
+def result_models(top: list[Hit], rows: list[dict], dense_of: dict[tuple[str, str], float],
+                  keyword_of: dict[tuple[str, str], float], fused_scores: dict[tuple[str, str], float], reranked: bool,
+                  relevance_of: dict[tuple[str, str], float],
+             first_rank: int = 1) -> list[Result]:
+    results = []
+    for rank, (hit, row) in enumerate(zip(top, rows, strict=True), start=first_rank):
+        cid, metadata = hit.key, row["metadata"]
+        results.append(Result(
+            rank=rank, chunk_id=row["chunk_id"], doc_id=row["doc_id"], collection=row["collection"],
+            content=row["text"], source=source_of(row["doc_id"], metadata), title=row["title"],
+            section=row["section"], metadata=metadata, relevance_score=relevance_of[cid], score=hit.score,
+            scores=StageScores(dense=dense_of.get(cid), keyword=keyword_of.get(cid), fused=fused_scores.get(cid),
+                               reranked=hit.score if reranked else None),
+            char_start=row["char_start"], char_end=row["char_end"],
+        ))
+    return results
+
+
+def debug_trace(trace, legs, fused, reranked, dropped, final, depth, deepened, req) -> dict:
+    def show(hits, n=50):
+        return [{"chunk_id": h.chunk_id, "score": h.score} for h in hits[:n]]
+
+    return trace | {
+        "candidate_depth": depth,
+        "deepened_because_flat": deepened,
+        # Each leg in full, so fusion settings can be replayed offline (relevance.tune).
+        "legs": {name: {"dense": show(d, None), "keyword": show(k, None)} for name, (d, k) in legs.items()},
+        "fused": show(fused),
+        "reranked": show(reranked) if reranked is not None else None,
+        "dropped_below_min_relevance_score": show(dropped),
+        "after_mmr": show(final) if req.mmr_lambda is not None else None,
+        "query_tokens": len(trace.get("effective_query", "").split()),
+    }

@@ -71,6 +71,7 @@ class Load:
 
     def __init__(self, clients: int = 3):
         self.seen: list[tuple[float, float, int, str | None, set[str]]] = []
+        self.answered = threading.Condition()  # notified at each answer: the test waits for answers, not time
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(clients)]
 
@@ -83,9 +84,17 @@ class Load:
                 r = client.post("/search", json={"query": QUERIES[n % len(QUERIES)], "limit": 10})
                 n += 1
                 body = r.json() if r.status_code == 200 else {}
-                self.seen.append((started, time.monotonic(), r.status_code,
-                                  body.get("index_version", {}).get("default"),
-                                  {_version_of(x["doc_id"]) for x in body.get("results", [])}))
+                with self.answered:
+                    self.seen.append((started, time.monotonic(), r.status_code,
+                                      body.get("index_version", {}).get("default"),
+                                      {_version_of(x["doc_id"]) for x in body.get("results", [])}))
+                    self.answered.notify_all()
+
+    def wait_answers(self, more: int, timeout_s: float = 60) -> None:
+        """Until ``more`` requests have been answered after this call."""
+        with self.answered:
+            target = len(self.seen) + more
+            assert self.answered.wait_for(lambda: len(self.seen) >= target, timeout_s), "the load stopped answering"
 
     def __enter__(self):
         for t in self.threads:
@@ -136,19 +145,19 @@ def test_activate_and_roll_back_under_load_without_errors_or_mixed_responses(ser
     client = served
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     with Load() as load:
-        time.sleep(1.5)
+        load.wait_answers(10)  # the load is under way before the switch
         r = client.post("/admin/collections/default/activate", json={"version": "v2"}, headers=admin)
         switched = time.monotonic()
         assert r.status_code == 200, r.text
         assert r.json()["previous"] == "v1" and r.json()["version"] == "v2"
         assert active_version(root) == "v2"
-        time.sleep(1.5)
+        load.wait_answers(10)  # answers on v2 before the rollback
         cli_at = time.monotonic()
         was, now = rollback(root)  # the CLI's way: only the ACTIVE file changes; the router follows it
         assert (was, now) == ("v2", "v1")
         _wait_serving(client, "v1")
         rolled_back = time.monotonic()
-        time.sleep(1.0)
+        load.wait_answers(10)  # answers after the rollback
     seen = load.seen
     assert len(seen) > 30
     assert [s for s in seen if s[2] != 200] == []

@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from index_build.chunking import chunk_document
     from index_build.config import DEFAULT_ENCODER
     from index_build.corpus import Document, iter_documents
+    from index_format.chunking import chunk_document
     from index_format.encoders import load_encoder
 
     torch.set_num_threads(torch.get_num_threads())

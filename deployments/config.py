@@ -195,6 +195,8 @@ class SecurityConfig(BaseModel):
     api_keys_env: str | None = Field(
         None, description="Name of an environment variable holding comma-separated keys, read when a replica starts.")
     max_body_bytes: int = Field(65_536, ge=1024, description="Larger request bodies get a 413.")
+    max_write_bytes: int = Field(16 * 2**20, ge=1024, description="Larger bodies of document writes (PUT "
+                                 "/collections/{c}/documents, a batch of up to 1,000 records) get a 413.")
     max_inflight: int = Field(64, ge=1, description="Requests one router replica works on at once; more get a 503 "
                               "with Retry-After rather than a queue that makes everyone slow.")
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 503.")
@@ -211,7 +213,13 @@ class SecurityConfig(BaseModel):
         "versions); accepted on /search too. With keys on and none here, /admin is closed. With keys off, /admin "
         "is open like everything else: turn keys on wherever the port is reachable by others.")
 
-    @field_validator("api_key_digests", "key_principals", "admin_key_digests")
+    write_key_digests: list[str] = Field(
+        default_factory=list, description="Digests of the keys allowed to write documents (PUT, DELETE "
+        "/collections/{c}/documents); accepted on /search too. A write key with principals (key_principals) writes "
+        "and deletes only documents whose acl_field lists nothing but its principals; admin keys write anything. "
+        "Search keys never write. With keys off, anyone can write.")
+
+    @field_validator("api_key_digests", "key_principals", "admin_key_digests", "write_key_digests")
     @classmethod
     def _hex_digests(cls, v):
         for d in v:

@@ -64,7 +64,7 @@ def query_id(query: str) -> str:
 
 
 def doc_of_chunk(chunk_id: str) -> str:
-    """Chunk ids are ``<doc id>#<chunk index>`` (see index_build.chunking)."""
+    """Chunk ids are ``<doc id>#<chunk index>`` (see index_format.chunking)."""
     return chunk_id.rsplit("#", 1)[0]
 
 

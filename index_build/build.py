@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from index_format.chunking import Chunk, chunk_document
 from index_format.manifest import (
     MANIFEST,
     IndexMismatch,
@@ -42,7 +43,6 @@ from index_format.versions import (
     verify_version,
 )
 
-from .chunking import Chunk, chunk_document
 from .config import BuildConfig
 from .corpus import BadRecord, CorpusError, corpus_files, fingerprint, resolve_corpus_file
 from .faiss_index import FaissSpec

@@ -22,9 +22,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from index_format.chunking import chunk_document
 from index_format.sharding import shard_name, shard_of
 
-from .chunking import chunk_document
 from .corpus import BadRecord, CorpusError, Document, record_to_document
 
 DEFAULT_SPLIT_BYTES = 32 * 2**20

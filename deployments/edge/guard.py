@@ -27,6 +27,13 @@ OPEN_PATHS = frozenset({"/health", "/docs", "/openapi.json", "/redoc", "/docs/oa
 ADMIN_PREFIX = "/admin/"
 
 
+def is_document_write(path: str) -> bool:
+    """``PUT /collections/{c}/documents`` and ``POST /collections/{c}/documents/delete``: bodies of up to 1,000
+    records, allowed ``security.max_write_bytes``."""
+    parts = path.strip("/").split("/")
+    return len(parts) in (3, 4) and parts[0] == "collections" and parts[2] == "documents" and parts[3:] in ([], ["delete"])
+
+
 def route_path(path: str, root_path: str = "") -> str:
     """The path as the app's routes see it: under a route prefix (``root_path``, e.g. ``/api``) the request's
     path still starts with the prefix, and every rule of the front door is about the part after it."""
@@ -54,6 +61,7 @@ class Caller:
     key_id: str | None = None
     principals: tuple[str, ...] = ()
     admin: bool = True
+    writer: bool = True  # may write documents (a write key or an admin key; keys off: everyone)
 
 
 @dataclass
@@ -72,6 +80,8 @@ class Guard:
     inflight: int = 0
     key_principals: dict[str, tuple[str, ...]] = field(default_factory=dict)  # digest -> who its holder is
     admin_digests: frozenset[str] = frozenset()  # keys allowed on /admin/ (also in key_digests)
+    write_digests: frozenset[str] = frozenset()  # keys allowed to write documents (also in key_digests)
+    max_write_bytes: int = 16 * 2**20  # bodies of document writes (a batch of up to 1,000 records)
 
     @classmethod
     def from_config(cls, security: SecurityConfig, environ: Mapping[str, str] | None = None) -> Guard:
@@ -84,8 +94,9 @@ class Guard:
             if not keys and not digests:
                 raise ValueError(f"security.api_keys_env names {security.api_keys_env!r}, which holds no keys here")
             digests |= {key_digest(k) for k in keys}
-        admin = frozenset(security.admin_key_digests)
-        return cls(key_digests=frozenset(digests | set(security.key_principals) | admin),
+        admin, write = frozenset(security.admin_key_digests), frozenset(security.write_key_digests)
+        return cls(key_digests=frozenset(digests | set(security.key_principals) | admin | write),
+                   write_digests=write, max_write_bytes=security.max_write_bytes,
                    max_body_bytes=security.max_body_bytes, max_inflight=security.max_inflight,
                    retry_after_s=security.retry_after_s,
                    key_principals={d: tuple(p) for d, p in security.key_principals.items()}, admin_digests=admin)
@@ -112,8 +123,9 @@ class Guard:
         if not key:
             return Caller(None, (), admin=False)
         digest = key_digest(key)
-        return Caller(digest[:16], tuple(self.key_principals.get(digest, ())),
-                      admin=any(hmac.compare_digest(digest, d) for d in self.admin_digests))
+        admin = any(hmac.compare_digest(digest, d) for d in self.admin_digests)
+        return Caller(digest[:16], tuple(self.key_principals.get(digest, ())), admin=admin,
+                      writer=admin or any(hmac.compare_digest(digest, d) for d in self.write_digests))
 
     def check(self, method: str, path: str, headers) -> Refusal | None:
         """Why this request is refused before its body is read, or None."""
@@ -133,8 +145,9 @@ class Guard:
                 return Refusal(411, "send the body with a Content-Length header (chunked bodies are not accepted)")
             if not length.isdigit():
                 return Refusal(400, "Content-Length is not a number")
-            if int(length) > self.max_body_bytes:
-                return Refusal(413, f"the body is {int(length)} bytes; the limit is {self.max_body_bytes}")
+            limit = self.max_write_bytes if is_document_write(path) else self.max_body_bytes
+            if int(length) > limit:
+                return Refusal(413, f"the body is {int(length)} bytes; the limit is {limit}")
         return None
 
     def admit(self) -> Refusal | None:

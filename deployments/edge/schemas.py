@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -436,3 +436,45 @@ class FeedbackResponse(BaseModel):
     query_id: str = Field(description="Digest of the normalized query: the qrels query id.")
     doc_id: str
     label: int
+
+
+MAX_WRITE_RECORDS = 1000  # records (or ids) one document write may carry
+
+
+class UpsertDocumentsRequest(RequestBody):
+    """Documents to add or replace, as the build reads its corpus: each record an id, a text (or a title), and any
+    metadata (a ``metadata`` object, or other top-level fields), the ACL field among them. The batch is atomic:
+    one bad record refuses all of it (422, naming the record and the field)."""
+
+    documents: list[dict[str, Any]] = Field(
+        min_length=1, max_length=MAX_WRITE_RECORDS,
+        description="Records in the build's record format, e.g. {\"id\": \"doc-1\", \"title\": \"...\", \"text\": "
+        "\"...\", \"metadata\": {\"year\": 2024, \"acl\": [\"tenant-a\"]}}.")
+
+
+class DeleteDocumentsRequest(RequestBody):
+    """Documents to delete by id, as one atomic write."""
+
+    ids: list[str] = Field(min_length=1, max_length=MAX_WRITE_RECORDS, description="Document ids.")
+
+
+class WriteResponse(BaseModel):
+    collection: str
+    seq: int = Field(description="The write's sequence number in the collection's change log: writes are applied in "
+                     "this order, and a document's GET shows the sequence number of the write that made it.")
+    upserted: int = 0
+    deleted: int = 0
+    searchable: bool = Field(description="Whether the write is searchable on the replica that answered (false: stored "
+                             "durably, searchable as soon as the query encoder answers again).")
+
+
+class DocumentResponse(BaseModel):
+    collection: str
+    id: str
+    title: str
+    text: str = Field(description="The document's text (from the index version: put back together from its chunks).")
+    metadata: dict[str, Any]
+    chunk_ids: list[str] = Field(description="Its chunks, in order: the chunk ids search results name.")
+    source: Literal["api", "index"] = Field(description="api: written through this API (not yet folded into a version); "
+                                            "index: from the index version served.")
+    seq: int | None = Field(None, description="The sequence number of the write that made it (source api).")

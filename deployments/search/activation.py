@@ -146,7 +146,7 @@ class VersionSwitch:
             self.collections[name] = Collection(name=name, version=version, shards=shards, encoder=deployed.encoder,
                                                 fields=fields, rerank=deployed.rerank, ann=deployed.ann,
                                                 documents=manifest.counts.get("docs", 0),
-                                                chunks=manifest.counts.get("chunks", 0))
+                                                chunks=manifest.counts.get("chunks", 0), fresh=current.fresh)
             self.state.errors.pop(name, None)
             warm_ms = round((time.perf_counter() - t0) * 1000, 1)
             logger.info(f"collection {name!r}: now serving index version {version!r} (was {current.version!r}; "

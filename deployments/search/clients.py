@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -56,3 +56,14 @@ class Collection:
     ann: AnnParams | None = None  # the collection's approximate search options (a request's own win)
     documents: int = 0  # of the version served (its manifest's counts), for metrics
     chunks: int = 0
+    # Documents written through the API since the version (``deployments.documents.segment.FreshSegment``): searched
+    # as one more shard after the version's, and masking the version's copies of the documents it holds.
+    fresh: Any = None
+
+    def slot(self, i: int) -> ShardClient:
+        """The shard client a hit's ``shard`` names: a shard slot of the version, or (past them) the fresh segment."""
+        return self.shards[i] if i < len(self.shards) else self.fresh
+
+    def clients(self) -> list[ShardClient]:
+        """Whom a search asks: the version's shard slots, and the fresh segment when it holds anything."""
+        return [*self.shards, self.fresh] if self.fresh is not None and self.fresh.rows else self.shards

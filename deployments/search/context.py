@@ -1,6 +1,6 @@
 """Context assembly: the final ranked chunks become numbered passages that fit a token budget.
 
-Chunks are word windows with exact character offsets into their document (``index_build.chunking``), so
+Chunks are word windows with exact character offsets into their document (``index_format.chunking``), so
 overlapping neighbours can be merged back into the source text without guessing.
 """
 

@@ -24,6 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from deployments.errors import (
 from deployments.search.cache import LRUCache
 from deployments.search.clients import Collection, EncoderClient, RerankerClient, SynthesizerClient
 from deployments.search.fusion import is_flat
+from deployments.search.lookup import chunk_rows, document_body, visible
 from deployments.search.paging import page_offset
 from deployments.search.plan import SearchPlan, plan_search
 from deployments.search.query_text import expand_synonyms, expand_with_history, normalize_query
@@ -113,7 +115,8 @@ class SearchPipeline:
         targets = [self.collections[n] for n in names]
         if req.filters:
             for name, condition in req.filters.items():
-                if not any(name in c.fields for c in targets):
+                if not any(name in c.fields or (c.fresh is not None and name in c.fresh.metadata.fields())
+                           for c in targets):
                     known = sorted({f for c in targets for f in c.fields})
                     raise InvalidField(
                         f"unknown filter field {name!r}; known fields: {', '.join(known) or '(none: this index has no metadata)'}",
@@ -171,29 +174,28 @@ class SearchPipeline:
         """Whether a document (its chunk ``chunk_id``, or its first chunk) exists in ``collection`` and, with an
         ACL field, whether these principals may see it: the same rule the shards apply to searches (the
         chunk's metadata matched as the filter ``{acl_field: principals + public}``)."""
-        target = self.collections[collection]
-        wanted = chunk_id or f"{doc_id}#0"
         try:
-            found = await asyncio.wait_for(asyncio.gather(*(slot.fetch([wanted]) for slot in target.shards)),
-                                           self.settings.shard_timeout_s)
+            where, rows, _ = await chunk_rows(self.collections[collection], doc_id, self.settings.shard_timeout_s)
         except Exception as exc:
             raise Unavailable(f"the shards could not be asked about the document ({failure(exc)}); retry shortly") from exc
-        rows = [row for rows_of_slot in found for row in rows_of_slot]
-        if not rows or rows[0]["doc_id"] != doc_id:
-            return False
-        if not self.acl_field:
-            return True
-        from deployments.shard.filters import FilterError, MetadataTable
+        if chunk_id is not None:
+            rows = [r for r in rows if r["chunk_id"] == chunk_id]
+        return bool(rows) and visible(rows[0], self.acl_field, principals, self.public_principal)
 
-        table = MetadataTable.from_json_column([rows[0]["metadata_json"]])
+    async def document(self, collection: str, doc_id: str, principals: list[str] | None) -> dict[str, Any] | None:
+        """A document by id with its chunk ids, as these principals may see it; None when it does not exist, was
+        deleted, or may not be seen by them (one answer for all three)."""
         try:
-            allowed = table.allowed_rows({self.acl_field: sorted(set(principals or ()) | {self.public_principal})})
-        except FilterError:  # the chunk has no ACL field: seen by nobody, as in a search
-            return False
-        return allowed is not None and len(allowed) > 0
+            where, rows, seq = await chunk_rows(self.collections[collection], doc_id, self.settings.shard_timeout_s)
+        except Exception as exc:
+            raise Unavailable(f"the shards could not be asked about the document ({failure(exc)}); retry shortly") from exc
+        if not rows or not visible(rows[0], self.acl_field, principals, self.public_principal):
+            return None
+        return document_body(doc_id, where, rows, seq)
 
     def cache_key(self, req: SearchRequest, targets: Sequence[Collection], acl=None) -> str:
-        versions = {c.name: c.version for c in targets}
+        # A write changes what a collection answers: the fresh segment's last applied change is part of the key.
+        versions = {c.name: [c.version, c.fresh.applied_seq if c.fresh is not None else 0] for c in targets}
         return json.dumps({"v": versions, "r": req.model_dump(mode="json", exclude={"debug"}), "acl": acl},
                           sort_keys=True)
 

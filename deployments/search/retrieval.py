@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,6 +28,18 @@ class Retrieved:
     answered: int
     depth: int  # the depth searched (the plan's, or twice it when deepened)
     deepened: bool
+
+
+def doc_of(chunk_id: str) -> str:
+    """A chunk id's document id (chunk ids are ``<doc id>#<chunk index>``: ``index_format.chunking``)."""
+    return chunk_id.rsplit("#", 1)[0]
+
+
+def without_documents(answer: ShardAnswer, masked: frozenset[str]) -> ShardAnswer:
+    """A version shard's answer without the chunks of documents the fresh segment holds (replaced or deleted)."""
+    return replace(answer, dense=[(c, s) for c, s in answer.dense if doc_of(c) not in masked],
+                   keyword=[(c, s) for c, s in answer.keyword if doc_of(c) not in masked],
+                   rows=[r for r in answer.rows if r["doc_id"] not in masked])
 
 
 def known_rows(per_collection: dict[str, list[tuple[int, ShardAnswer]]]) -> dict[tuple[str, str], dict]:
@@ -64,20 +76,25 @@ class Retrieval:
         for c in targets:
             vector = vectors.get(c.name)
             options = (ann or AnnParams()).merged_over(c.ann) or None if k_dense else None
-            for shard in c.shards:
+            # Documents the fresh segment replaced or deleted are dropped from the version's answers: ask for as
+            # many more (at most twice the depth) so the depth stays.
+            extra = min(len(c.fresh.masked), max(k_dense, k_keyword)) if c.fresh is not None else 0
+            for i, shard in enumerate(c.clients()):
                 rows = rows_for_top if shard.remote else 0
-                calls.append((c, shard, within(
-                    shard.search(vector, text, k_dense, k_keyword, filters, rows, acl, options),
+                more = extra if i < len(c.shards) else 0
+                calls.append((c, i, shard, within(
+                    shard.search(vector, text, k_dense and k_dense + more, k_keyword and k_keyword + more, filters,
+                                 rows, acl, options),
                     self.settings.shard_timeout_s)))
-        answers = await gathered([call for _, _, call in calls], return_exceptions=True)
+        answers = await gathered([call for *_, call in calls], return_exceptions=True)
         mark(timings, "retrieve", t)
         per_collection: dict[str, list[tuple[int, ShardAnswer]]] = {c.name: [] for c in targets}
         shard_ms = timings.setdefault("_shards", {})
         failed = []
         # A client may be a group of shards: coverage counts shards, not calls.
-        asked = sum(getattr(shard, "size", 1) for _, shard, _ in calls)
+        asked = sum(getattr(shard, "size", 1) for _, _, shard, _ in calls)
         answered = asked
-        for (c, shard, _), answer in zip(calls, answers, strict=True):
+        for (c, i, shard, _), answer in zip(calls, answers, strict=True):
             if isinstance(answer, BaseException):
                 reason = "timeout" if isinstance(answer, asyncio.TimeoutError | TimeoutError) else type(answer).__name__
                 failed.append(f"{c.name}/{shard.name}: {reason}")
@@ -85,7 +102,9 @@ class Retrieval:
                 continue
             if answer.filter_error:
                 raise InvalidField(answer.filter_error)
-            per_collection[c.name].append((c.shards.index(shard), answer))
+            if i < len(c.shards) and c.fresh is not None and c.fresh.masked:
+                answer = without_documents(answer, c.fresh.masked)
+            per_collection[c.name].append((i, answer))
             timings["_stages"].append((f"shards {c.name}/{shard.name}", t, t + answer.took_ms / 1000, "retrieve"))
             for name, ms in (answer.shard_ms or {answer.shard: answer.took_ms}).items():
                 shard_ms[f"{c.name}/{name}"] = round(ms, 3)
@@ -109,7 +128,7 @@ class Retrieval:
         for i, h in enumerate(hits):
             groups.setdefault((h.collection, h.shard), []).append(i)
         out: list[np.ndarray | None] = [None] * len(hits)
-        calls = [by_name[name].shards[shard].vectors([hits[i].chunk_id for i in idx])
+        calls = [by_name[name].slot(shard).vectors([hits[i].chunk_id for i in idx])
                  for (name, shard), idx in groups.items()]
         for idx, vecs in zip(groups.values(), await asyncio.gather(*calls), strict=True):
             for i, v in zip(idx, vecs, strict=True):
@@ -123,7 +142,7 @@ class Retrieval:
         for h in hits:
             if h.key not in known:
                 groups.setdefault((h.collection, h.shard), []).append(h.chunk_id)
-        calls = [by_name[name].shards[shard].fetch(ids) for (name, shard), ids in groups.items()]
+        calls = [by_name[name].slot(shard).fetch(ids) for (name, shard), ids in groups.items()]
         rows: dict[tuple[str, str], dict] = dict(known)
         for (name, _), fetched in zip(groups, await gathered(calls), strict=True):
             for row in fetched:

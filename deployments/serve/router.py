@@ -28,6 +28,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 
 from deployments.config import RouterSettings, SecurityConfig
+from deployments.documents.service import POLL_S, CollectionDocuments, open_documents
 from deployments.edge.console import console_file
 from deployments.edge.errors import status_of
 from deployments.edge.guard import Caller, Guard
@@ -38,17 +39,21 @@ from deployments.edge.schemas import (
     ActivationResponse,
     BatchSearchRequest,
     BatchSearchResponse,
+    DeleteDocumentsRequest,
+    DocumentResponse,
     FeedbackRequest,
     FeedbackResponse,
     HealthResponse,
     SearchRequest,
     SearchResponse,
     ShardHealth,
+    UpsertDocumentsRequest,
     VersionsResponse,
+    WriteResponse,
     response_json,
 )
-from deployments.errors import Forbidden, NotFound, ServiceError
-from deployments.judgments import JudgmentStore, doc_of_chunk
+from deployments.errors import Conflict, Forbidden, InvalidField, NotFound, ServiceError
+from deployments.judgments import JudgmentStore, check_identifier, doc_of_chunk
 from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.clients import Collection
 from deployments.search.pipeline import SearchPipeline
@@ -65,6 +70,8 @@ from deployments.serve.heap import settle_heap
 from deployments.serve.listen import reuse_address_on_bind
 from deployments.serve.specs import CollectionSpec
 from deployments.shard.host import VersionCache
+from index_format.records import BadRecord, record_to_document
+from index_format.versions import resolve_version_dir
 
 logger = logging.getLogger("ray.serve")
 
@@ -140,7 +147,17 @@ class SearchRouter:
         self.judgments = {name: JudgmentStore(Path(spec.judgments)) for name, spec in collections.items()}
         self.versions = VersionSwitch(self.pipeline.collections, deployed, shard_client,
                                       self.settings.activation_timeout_s)
+        # Documents written through the API, per collection that follows an index root (a pinned version is
+        # read-only): their change log beside the versions, and the fresh segment the pipeline searches.
+        self.documents: dict[str, CollectionDocuments] = {}
+        for name, spec in collections.items():
+            if spec.root is not None:
+                docs = open_documents(name, Path(spec.root), resolve_version_dir(Path(spec.root), spec.version),
+                                      deployed[name].encoder, spec.dimension)
+                self.pipeline.collections[name].fresh = docs.segment
+                self.documents[name] = docs
         self._watcher: asyncio.Task | None = None
+        self._documents_watcher: asyncio.Task | None = None
         self._info_lock = asyncio.Lock()
         self._info_loaded = False
         self.metrics = SearchMetrics()
@@ -154,9 +171,21 @@ class SearchRouter:
         self._watch()
 
     def _watch(self) -> None:
-        """Follow the ACTIVE pointers from this replica's event loop (started once, kept alive)."""
+        """Follow the ACTIVE pointers and the change logs from this replica's event loop (started once, kept alive)."""
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.get_running_loop().create_task(self._follow_versions())
+        if self.documents and (self._documents_watcher is None or self._documents_watcher.done()):
+            self._documents_watcher = asyncio.get_running_loop().create_task(self._follow_documents())
+
+    async def _follow_documents(self) -> None:
+        """Other replicas' writes, searchable here within ``POLL_S`` of their acknowledgement."""
+        while True:
+            for docs in self.documents.values():
+                try:
+                    await docs.catch_up()
+                except Exception:  # noqa: BLE001 - a watcher that died would stop every later write showing up
+                    logger.exception("following the change log of %s", docs.name)
+            await asyncio.sleep(POLL_S)
 
     async def _follow_versions(self) -> None:
         while True:
@@ -180,6 +209,9 @@ class SearchRouter:
                 for info in infos:
                     fields.update(info["fields"])
                 c.fields = fields
+            # Every write acknowledged before this replica started is searchable before it answers a search.
+            for docs in self.documents.values():
+                await docs.catch_up()
             self._info_loaded = True
 
     @app.post("/search", response_model=SearchResponse, response_model_exclude_none=True,
@@ -302,6 +334,95 @@ class SearchRouter:
         # Lines of the store that were torn or malformed were skipped; the header says how many.
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/tab-separated-values",
                                  headers={"X-Skipped-Lines": str(store.skipped)})
+
+    # ------------------------------------------------------------------ documents
+
+    def _writable(self, collection: str) -> CollectionDocuments:
+        if collection not in self.pipeline.collections:
+            raise NotFound(f"unknown collection {collection!r}; known collections: "
+                           f"{', '.join(sorted(self.pipeline.collections))}")
+        if collection not in self.documents:
+            raise Conflict(f"collection {collection!r} serves a pinned index version (a version folder, or 'version' "
+                           "in the config): its documents are read-only; serve its index root to write to it")
+        return self.documents[collection]
+
+    def _may_write(self, caller: Caller, what: str, metadata: dict) -> None:
+        """Search keys never write; a write key with principals writes only documents whose ACL field lists
+        nothing but its principals (so a tenant cannot write into another's view, nor make public)."""
+        if not caller.writer:
+            raise Forbidden("this API key may not write documents: add its digest to security.write_key_digests")
+        acl_field = self.pipeline.acl_field
+        if caller.admin or not acl_field or not caller.principals:
+            return
+        value = metadata.get(acl_field)
+        values = [value] if isinstance(value, str) else list(value) if isinstance(value, list) else []
+        if not values or not set(values) <= set(caller.principals):
+            raise Forbidden(f"{what}: its {acl_field!r} must list only this key's principals "
+                            f"({', '.join(caller.principals)}); it lists {values or 'none'}")
+
+    @app.put("/collections/{collection}/documents", response_model=WriteResponse,
+             responses=error_responses({403: "A key without write scope, or a record another tenant's ACL",
+                                        404: "Unknown collection", 409: "A collection serving a pinned version",
+                                        507: "The disk did not take the write"}))
+    async def upsert_documents(self, collection: str, body: UpsertDocumentsRequest, request: Request) -> WriteResponse:
+        """Add or replace documents (up to 1,000, atomically): durable in the collection's change log before the
+        answer, searchable on this replica when it returns and on the others within a second."""
+        docs = self._writable(collection)
+        caller: Caller = getattr(request.state, "caller", None) or Caller()
+        chunking, records, ids = docs.segment.chunking, [], set()
+        for i, raw in enumerate(body.documents):
+            doc = record_to_document(raw, ("documents", i), chunking.id_fields, chunking.text_fields)
+            if isinstance(doc, BadRecord):
+                raise InvalidField(f"documents[{i}]: {doc.reason}")
+            check_identifier(f"documents[{i}].id", doc.doc_id)
+            if doc.doc_id in ids:
+                raise InvalidField(f"documents[{i}]: id {doc.doc_id!r} is given twice in this batch; send each once")
+            ids.add(doc.doc_id)
+            self._may_write(caller, f"documents[{i}]", doc.metadata)
+            records.append({"id": doc.doc_id, "title": doc.title, "text": doc.text, "metadata": doc.metadata})
+        change, live = await docs.write(records, [], caller.key_id)
+        return WriteResponse(collection=collection, seq=change.seq, upserted=len(records), searchable=live)
+
+    async def _delete(self, collection: str, ids: list[str], request: Request) -> WriteResponse:
+        docs = self._writable(collection)
+        caller: Caller = getattr(request.state, "caller", None) or Caller()
+        principals = getattr(request.state, "principals", None)
+        for doc_id in ids:
+            check_identifier("id", doc_id)
+            found = await self.pipeline.document(collection, doc_id, principals)
+            if found is None:  # missing, deleted, or not the caller's to see: the same answer
+                raise NotFound(f"no document {doc_id!r} in collection {collection!r}; nothing was deleted")
+            self._may_write(caller, f"document {doc_id!r}", found["metadata"])
+        change, live = await docs.write([], list(dict.fromkeys(ids)), caller.key_id)
+        return WriteResponse(collection=collection, seq=change.seq, deleted=len(set(ids)), searchable=live)
+
+    @app.delete("/collections/{collection}/documents/{doc_id}", response_model=WriteResponse,
+                responses=error_responses({403: "A key without write scope, or another tenant's document",
+                                           404: "Unknown collection or document", 409: "A pinned version"}))
+    async def delete_document(self, collection: str, doc_id: str, request: Request) -> WriteResponse:
+        """Delete a document: gone from searches on this replica when the answer comes, on the others within a second."""
+        return await self._delete(collection, [doc_id], request)
+
+    @app.post("/collections/{collection}/documents/delete", response_model=WriteResponse,
+              responses=error_responses({403: "A key without write scope, or another tenant's document",
+                                         404: "Unknown collection, or a document (none is deleted)",
+                                         409: "A pinned version"}))
+    async def delete_documents(self, collection: str, body: DeleteDocumentsRequest, request: Request) -> WriteResponse:
+        """Delete up to 1,000 documents at once, atomically: one missing id refuses the batch (404)."""
+        return await self._delete(collection, body.ids, request)
+
+    @app.get("/collections/{collection}/documents/{doc_id}", response_model=DocumentResponse,
+             responses=error_responses({404: "Unknown collection, or no such document the caller may see"}))
+    async def get_document(self, collection: str, doc_id: str, request: Request) -> DocumentResponse:
+        """A document by id, with its chunk ids, as the caller may see it (one it may not see is a 404 too)."""
+        if collection not in self.pipeline.collections:
+            raise NotFound(f"unknown collection {collection!r}; known collections: "
+                           f"{', '.join(sorted(self.pipeline.collections))}")
+        await self._load_info()
+        found = await self.pipeline.document(collection, doc_id, getattr(request.state, "principals", None))
+        if found is None:
+            raise NotFound(f"no document {doc_id!r} in collection {collection!r}")
+        return DocumentResponse(collection=collection, **found)
 
     @app.get("/admin/versions", response_model=VersionsResponse,
              responses=error_responses({403: "A key that is not an admin key"}))

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from index_build.build import build_index
-from index_build.chunking import chunk_document
 from index_build.config import BuildConfig
 from index_build.corpus import Document
+from index_format.chunking import chunk_document
 from tests.conftest import make_corpus, write_jsonl
 
 ENCODER = "hashing:64"

@@ -2,8 +2,8 @@ import re
 
 import pytest
 
-from index_build.chunking import chunk_document
 from index_build.corpus import Document
+from index_format.chunking import chunk_document
 
 
 def doc(text: str, title: str = "T", **meta) -> Document:

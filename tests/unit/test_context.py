@@ -3,8 +3,8 @@ from dataclasses import asdict
 import pytest
 
 from deployments.search.context import assemble, citations, whitespace_token_count
-from index_build.chunking import chunk_document
 from index_build.corpus import Document
+from index_format.chunking import chunk_document
 
 # 30 words with uneven spacing, so offsets (not word counts) decide what the merged text is.
 LONG = Document("d1", "Long", "  ".join(f"w{i:02d}" + ("\n" if i % 7 == 6 else "") for i in range(30)))

@@ -10,10 +10,12 @@ from pathlib import Path
 CODE = """
 import importlib, pkgutil, sys
 sys.modules["ray"] = None  # any `import ray` now fails
-import deployments.edge, deployments.judgments, deployments.search, deployments.shard, deployments.synthesis, relevance
+import deployments.documents, deployments.edge, deployments.judgments, deployments.search, deployments.shard
+import deployments.synthesis, relevance
 # Every module of relevance: none needs Ray to be imported (only `relevance.tune --apply` reaches Ray, when it
 # runs, through deployments.settings).
-for pkg in (deployments.edge, deployments.search, deployments.shard, deployments.synthesis, relevance):
+for pkg in (deployments.documents, deployments.edge, deployments.search, deployments.shard, deployments.synthesis,
+            relevance):
     for m in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"{pkg.__name__}.{m.name}")
 print("ok")

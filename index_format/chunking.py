@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .corpus import Document
+from index_format.records import Document
 
 _WORD = re.compile(r"\S+")
 # Markdown "# Heading" lines and setext headings (a line underlined with === or ---).

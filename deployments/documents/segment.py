@@ -1,0 +1,215 @@
+"""The fresh segment: documents written through the API since the served version, searchable at once.
+
+A collection's writes land in its change log (``deployments.documents.log``); each router replica reads the log
+and keeps what it holds here, in memory: every live document chunked as the build chunks it
+(``index_format.chunking``, with the version's chunk size, overlap and title rule), its chunks embedded by the
+collection's query encoder (the build's model), and their terms analyzed by Lucene's own analyzer. The pipeline
+searches it as one more shard, exactly (every chunk scored on both legs), with the request's filters and ACL,
+and drops from the version's answers every document the segment replaces or deletes (``masked``).
+
+Scores. Dense: the same cosine as the version's shards. BM25: Lucene 9's formula (``idf * tf / (tf + k1 *
+(1 - b + b * dl / avgdl))``, times the query term's count) with the version's corpus statistics (N, avgdl, df)
+plus the segment's own documents and document frequencies, so a fresh chunk scores about as it will once
+folded into a version (Lucene stores lengths lossily, so not to the last digit).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from deployments.documents.log import Change
+from deployments.shard.filters import FilterError, MetadataTable
+from deployments.shard.service import ShardAnswer
+from index_format.chunking import chunk_document
+from index_format.records import Document
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """How the version's build chunked documents (its manifest's ``build_config``), so writes chunk the same."""
+
+    chunk_size: int = 128
+    chunk_overlap: int = 24
+    prepend_title: bool = True
+    id_fields: tuple[str, ...] = ("_id", "id", "doc_id", "docid")
+    text_fields: tuple[str, ...] = ("text", "contents", "body")
+
+    @classmethod
+    def of(cls, build_config: dict[str, Any]) -> Chunking:
+        known = {k: build_config[k] for k in ("chunk_size", "chunk_overlap", "prepend_title") if k in build_config}
+        for k in ("id_fields", "text_fields"):
+            if k in build_config:
+                known[k] = tuple(build_config[k])
+        return cls(**known)
+
+
+@dataclass
+class Corpus:
+    """The version's BM25 statistics the segment scores with: N, avgdl, k1, b and df by term."""
+
+    doc_count: int
+    avgdl: float
+    k1: float
+    b: float
+    df: Callable[[str], int] = field(default=lambda term: 0)
+
+
+@dataclass
+class _Doc:
+    seq: int
+    document: Document | None  # None: deleted
+    rows: list[dict] = field(default_factory=list)
+    vectors: np.ndarray | None = None
+    terms: list[Counter] = field(default_factory=list)
+
+
+class FreshSegment:
+    """What the change log holds past the version, searchable; meets the pipeline's shard client protocol."""
+
+    remote = False  # in this process: the final page's rows are fetched once, after fusion
+    size = 0  # not a shard of the version: coverage counts the version's shards
+
+    def __init__(self, name: str, chunking: Chunking, corpus: Corpus, analyze: Callable[[str], list[str]],
+                 dimension: int):
+        self.name, self.chunking, self.corpus, self.analyze, self.dimension = name, chunking, corpus, analyze, dimension
+        self.docs: dict[str, _Doc] = {}
+        self.applied_seq = 0
+        self._index()
+
+    # ------------------------------------------------------------------ writes
+
+    def chunk(self, change: Change) -> list[tuple[str, list[dict], list[str]]]:
+        """Each upserted document of a change as (doc id, its chunk rows, the texts to embed)."""
+        out = []
+        for record in change.upserts:
+            doc = Document(doc_id=record["id"], title=record.get("title") or "", text=record.get("text") or "",
+                           metadata=dict(record.get("metadata") or {}), source=f"api:{change.seq}")
+            rows, texts = [], []
+            for c in chunk_document(doc, self.chunking.chunk_size, self.chunking.chunk_overlap):
+                rows.append({"chunk_id": c.chunk_id, "doc_id": c.doc_id, "chunk_index": c.chunk_index,
+                             "char_start": c.char_start, "char_end": c.char_end, "title": c.title,
+                             "section": c.section, "text": c.text, "metadata": c.metadata,
+                             "metadata_json": json.dumps(c.metadata, ensure_ascii=False, sort_keys=True),
+                             "source": c.source})
+                texts.append(c.contents(self.chunking.prepend_title))
+            out.append((doc.doc_id, rows, texts))
+        return out
+
+    def apply(self, change: Change, embedded: dict[str, np.ndarray]) -> bool:
+        """Apply one change (its documents' chunks embedded already: doc id -> vectors, from ``chunk``), once:
+        a change at or before the last applied sequence number is skipped (False)."""
+        if change.seq <= self.applied_seq:
+            return False
+        for doc_id in change.deletes:
+            self.docs[doc_id] = _Doc(change.seq, None)
+        for doc_id, rows, texts in self.chunk(change):
+            record = next(r for r in change.upserts if r["id"] == doc_id)
+            document = Document(doc_id, record.get("title") or "", record.get("text") or "",
+                                dict(record.get("metadata") or {}))
+            self.docs[doc_id] = _Doc(change.seq, document, rows, embedded[doc_id],
+                                     [Counter(self.analyze(t)) for t in texts])
+        self.applied_seq = change.seq
+        self._index()
+        return True
+
+    def _index(self) -> None:
+        """The live chunks as arrays: rows, vectors, term counts, lengths, metadata."""
+        live = [d for d in self.docs.values() if d.document is not None]
+        self.rows = [r for d in live for r in d.rows]
+        self.row_of = {r["chunk_id"]: i for i, r in enumerate(self.rows)}
+        self.terms = [t for d in live for t in d.terms]
+        self.lengths = np.array([sum(t.values()) for t in self.terms], dtype=np.float64)
+        vectors = [d.vectors for d in live if d.vectors is not None and len(d.vectors)]
+        self.matrix = (np.concatenate(vectors).astype(np.float32) if vectors
+                       else np.zeros((0, self.dimension), dtype=np.float32))
+        self.df = Counter(term for t in self.terms for term in t)
+        self.metadata = MetadataTable([r["metadata"] for r in self.rows])
+        self.masked = frozenset(self.docs)  # the version answers for none of these documents any more
+
+    # ------------------------------------------------------------------ reads (the shard client protocol)
+
+    def document(self, doc_id: str) -> tuple[bool, Document | None, list[str]]:
+        """(whether the segment decides this id, the document or None when deleted, its chunk ids)."""
+        held = self.docs.get(doc_id)
+        if held is None:
+            return False, None, []
+        return True, held.document, [r["chunk_id"] for r in held.rows]
+
+    def _allowed(self, filters, acl) -> np.ndarray | None:
+        allowed = None
+        if filters:
+            known = self.metadata.fields()
+            if any(name not in known for name in filters):
+                allowed = np.zeros(0, dtype=np.int64)  # a field no fresh chunk has matches none of them
+            else:
+                allowed = self.metadata.allowed_rows(filters)
+        if acl is not None:
+            name, principals = acl
+            visible = (self.metadata.allowed_rows({name: list(principals)})
+                       if name in self.metadata.fields() and principals else np.zeros(0, dtype=np.int64))
+            allowed = visible if allowed is None else np.intersect1d(allowed, visible)
+        return allowed
+
+    def _bm25(self, text: str, rows: np.ndarray) -> np.ndarray:
+        c = self.corpus
+        n = c.doc_count + len(self.rows)
+        avgdl = ((c.avgdl * c.doc_count + float(self.lengths.sum())) / n) if n else 1.0
+        scores = np.zeros(len(rows))
+        for term, count in Counter(self.analyze(text)).items():
+            df = c.df(term) + self.df.get(term, 0)
+            if df == 0:
+                continue
+            idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+            tf = np.array([self.terms[r].get(term, 0) for r in rows], dtype=np.float64)
+            norm = c.k1 * (1 - c.b + c.b * self.lengths[rows] / avgdl)
+            scores += count * idf * tf / (tf + norm)
+        return scores
+
+    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None, ann=None
+                     ) -> ShardAnswer:
+        t0 = time.perf_counter()
+        answer = ShardAnswer(self.name, shards=0)
+        if not self.rows:
+            return answer
+        try:
+            allowed = self._allowed(filters, acl)
+        except FilterError as e:
+            answer.filter_error = str(e)
+            return answer
+        rows = np.arange(len(self.rows)) if allowed is None else allowed
+        ids = [self.rows[r]["chunk_id"] for r in rows]
+        if vector is not None and k_dense > 0 and len(rows):
+            dense = self.matrix[rows] @ np.asarray(vector, dtype=np.float32)
+            answer.dense = _top(ids, dense, k_dense)
+        if text and k_keyword > 0 and len(rows):
+            keyword = self._bm25(text, rows)
+            answer.keyword = _top([i for i, s in zip(ids, keyword, strict=True) if s > 0],
+                                  keyword[keyword > 0], k_keyword)
+        answer.took_ms = (time.perf_counter() - t0) * 1000
+        return answer
+
+    async def fetch(self, chunk_ids: Sequence[str]) -> list[dict]:
+        return [self.rows[self.row_of[c]] for c in chunk_ids if c in self.row_of]
+
+    async def vectors(self, chunk_ids: Sequence[str]) -> np.ndarray:
+        return self.matrix[[self.row_of[c] for c in chunk_ids]]
+
+    async def vocabulary(self, acl=None) -> dict[str, int]:
+        return {}  # spelling suggests from the version's words
+
+    async def info(self) -> dict:
+        return {"fields": self.metadata.fields()}
+
+
+def _top(ids: list[str], scores: np.ndarray, k: int) -> list[tuple[str, float]]:
+    """The k best (chunk id, score), score descending then chunk id ascending (``hits.rank_key``)."""
+    order = sorted(range(len(ids)), key=lambda i: (-float(scores[i]), ids[i]))[:k]
+    return [(ids[i], float(scores[i])) for i in order]

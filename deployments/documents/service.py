@@ -1,0 +1,108 @@
+"""A collection's documents API inside one router replica: writes to the change log, the fresh segment kept in
+step with the log (its own writes at once, other replicas' within ``POLL_S``), and reads by id.
+
+Order is the log's: changes are applied one at a time in sequence order, under one lock per collection, so a
+change is applied once and never before the changes written ahead of it. A change that is durable but could not
+be embedded yet (the encoder away) stays pending and is applied on the next write or poll: acknowledged writes
+are never lost, only late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from deployments.documents.log import Change, ChangeLog
+from deployments.documents.segment import FreshSegment
+from deployments.search.clients import EncoderClient
+
+POLL_S = 0.2  # how often a replica reads the log for other replicas' writes
+CHANGES_DIR = "changes"  # beside the versions in an index root: <root>/changes/log.jsonl
+
+log = logging.getLogger(__name__)
+
+
+class CollectionDocuments:
+    def __init__(self, name: str, root: Path, segment: FreshSegment, encoder: EncoderClient):
+        self.name, self.root, self.segment, self.encoder = name, Path(root), segment, encoder
+        self.log = ChangeLog(self.root / CHANGES_DIR)
+        self.pending: list[Change] = []
+        self._lock = asyncio.Lock()
+
+    async def _apply(self, changes: Sequence[Change]) -> None:
+        """Apply the pending changes and these, in order; a failure leaves the rest pending (and raises)."""
+        self.pending.extend(changes)
+        while self.pending:
+            change = self.pending[0]
+            pieces = self.segment.chunk(change)
+            texts = [t for _, _, ts in pieces for t in ts]
+            vectors = list(await self.encoder.embed_many(texts)) if texts else []
+            embedded, at = {}, 0
+            for doc_id, _, ts in pieces:
+                embedded[doc_id] = (np.stack(vectors[at:at + len(ts)]).astype(np.float32) if ts
+                                    else np.zeros((0, self.segment.dimension), dtype=np.float32))
+                at += len(ts)
+            self.segment.apply(change, embedded)
+            self.pending.pop(0)
+
+    async def catch_up(self) -> int:
+        """Read what other replicas (or this one before a restart) wrote, and apply it; the last applied seq."""
+        async with self._lock:
+            changes = await asyncio.to_thread(self.log.read_new)
+            try:
+                await self._apply(changes)
+            except Exception:  # noqa: BLE001 - pending; retried on the next poll
+                log.exception("collection %s: changes up to seq %s are stored but not searchable yet", self.name,
+                              self.pending[-1].seq if self.pending else "?")
+            return self.segment.applied_seq
+
+    async def write(self, upserts: Sequence[dict[str, Any]], deletes: Sequence[str], by: str | None
+                    ) -> tuple[Change, bool]:
+        """(the change as stored, whether it is searchable on this replica already). Durable before it returns."""
+        async with self._lock:
+            change, seen = await asyncio.to_thread(self.log.append, upserts, deletes, by)
+            try:
+                await self._apply([*seen, change])
+            except Exception:  # noqa: BLE001 - durable: applied on the next write or poll
+                log.exception("collection %s: change %d is stored but not searchable yet", self.name, change.seq)
+                return change, False
+            return change, True
+
+
+def open_documents(name: str, root: Path, version_dir: Path, encoder: EncoderClient, dimension: int
+                   ) -> CollectionDocuments:
+    """A collection's documents API over the index root ``root``, chunking and scoring as the version at
+    ``version_dir`` was built. Lucene's analyzer and the version's term table are loaded at first use (a
+    collection never written to costs nothing)."""
+    from deployments.documents.segment import Chunking, Corpus
+    from index_format.bm25_stats import read_stats
+    from index_format.versions import read_version_manifest
+
+    manifest = read_version_manifest(version_dir)
+    stats, _ = read_stats(version_dir / "bm25")
+    terms: dict[str, int] = {}
+
+    def df(term: str) -> int:
+        if not terms:
+            _, table = read_stats(version_dir / "bm25")
+            terms.update(zip(table["term"].to_pylist(), table["df"].to_pylist(), strict=True))
+            terms.setdefault("", 0)  # loaded, even for an empty table
+        return terms.get(term, 0)
+
+    analyzer = []
+
+    def analyze(text: str) -> list[str]:
+        if not analyzer:
+            from deployments.shard.lucene import QueryAnalyzer
+
+            analyzer.append(QueryAnalyzer())
+        return analyzer[0].analyze(text)
+
+    corpus = Corpus(stats.doc_count, stats.avgdl, stats.k1, stats.b, df)
+    segment = FreshSegment(name, Chunking.of(manifest.build_config), corpus, analyze, dimension)
+    return CollectionDocuments(name, root, segment, encoder)

@@ -67,7 +67,8 @@ def demo_served(ray_local, tmp_path_factory):
                                       encoder="hashing:64", progress=False))
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     # As `make demo` serves it (`--synthesis`, no model named): the extractive engine writes the answers.
-    deploy_app({"index": str(summary.version_dir), "synthesis": {"enabled": True, "num_cpus": 0.1}}, "readme")
+    # Its index root (not the version folder), so the documents example can write to it.
+    deploy_app({"index": str(summary.version_dir.parents[1]), "synthesis": {"enabled": True, "num_cpus": 0.1}}, "readme")
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
         yield client
     serve.shutdown()
@@ -155,3 +156,33 @@ def test_the_python_client_example_runs_as_written(demo_served):
     namespace: dict = {}
     exec(compile(code, "README.md (client example)", "exec"), namespace)  # noqa: S102 - the README's own code
     assert namespace["page"].results and all(not isinstance(a, Exception) for a in namespace["answers"])
+
+
+def _readme_documents_calls() -> list[tuple[str, str, dict | None, dict]]:
+    """README's documents example: each curl (method, path, body) with the answer shown below it."""
+    block = README.split("### Documents: write, read and delete by id", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    calls, lines = [], block.replace("\\\n", " ").splitlines()
+    for command, answer in zip(lines[::2], lines[1::2], strict=True):
+        method = re.search(r"-X (\w+)", command)
+        path = re.search(r"localhost:8000(\S+)", command).group(1)
+        body = re.search(r"-d '(.*)'", command)
+        shown = answer.lstrip("# ").replace(",...", "")
+        calls.append((method.group(1) if method else "GET", path, json.loads(body.group(1)) if body else None, shown))
+    return calls
+
+
+def test_the_documents_example_runs_as_shown(demo_served):
+    """README's documents example against the served demo-style index: every field each answer shows, with
+    the values it shows (sequence numbers counted from this collection's first write)."""
+    first_seq = None
+    for method, path, body, shown in _readme_documents_calls():
+        r = demo_served.request(method, path, json=body)
+        assert r.status_code == 200, (path, r.text)
+        got = r.json()
+        expected = json.loads(shown if shown.endswith("}") else shown + "}")
+        for key, value in expected.items():
+            if key == "seq":
+                first_seq = got["seq"] if first_seq is None else first_seq
+                value = value - 1 + first_seq
+            assert got[key] == value, (path, key, got[key], value)
+    assert demo_served.get("/collections/default/documents/notes-1").status_code == 404  # deleted, as shown

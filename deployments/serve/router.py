@@ -196,6 +196,11 @@ class SearchRouter:
                 logger.exception("following the active index versions")
             await asyncio.sleep(self.settings.version_poll_s)
 
+    async def _ready(self) -> None:
+        """What every route that reads or writes documents needs: the watchers running, the logs read."""
+        self._watch()
+        await self._load_info()
+
     async def _load_info(self) -> None:
         """Metadata field kinds per collection, asked of the shards once (they validate filters)."""
         if self._info_loaded:
@@ -368,6 +373,7 @@ class SearchRouter:
         """Add or replace documents (up to 1,000, atomically): durable in the collection's change log before the
         answer, searchable on this replica when it returns and on the others within a second."""
         docs = self._writable(collection)
+        await self._ready()
         caller: Caller = getattr(request.state, "caller", None) or Caller()
         chunking, records, ids = docs.segment.chunking, [], set()
         for i, raw in enumerate(body.documents):
@@ -385,6 +391,7 @@ class SearchRouter:
 
     async def _delete(self, collection: str, ids: list[str], request: Request) -> WriteResponse:
         docs = self._writable(collection)
+        await self._ready()
         caller: Caller = getattr(request.state, "caller", None) or Caller()
         principals = getattr(request.state, "principals", None)
         for doc_id in ids:
@@ -418,7 +425,7 @@ class SearchRouter:
         if collection not in self.pipeline.collections:
             raise NotFound(f"unknown collection {collection!r}; known collections: "
                            f"{', '.join(sorted(self.pipeline.collections))}")
-        await self._load_info()
+        await self._ready()
         found = await self.pipeline.document(collection, doc_id, getattr(request.state, "principals", None))
         if found is None:
             raise NotFound(f"no document {doc_id!r} in collection {collection!r}")

@@ -69,6 +69,7 @@ class _Doc:
     rows: list[dict] = field(default_factory=list)
     vectors: np.ndarray | None = None
     terms: list[Counter] = field(default_factory=list)
+    at: list[int] = field(default_factory=list)  # its rows' positions in the segment's arrays
 
 
 class FreshSegment:
@@ -81,6 +82,7 @@ class FreshSegment:
                  dimension: int):
         self.name, self.chunking, self.corpus, self.analyze, self.dimension = name, chunking, corpus, analyze, dimension
         self.docs: dict[str, _Doc] = {}
+        self.in_version: set[str] = set()  # masked documents the version was seen to answer for (retrieval adds)
         self.applied_seq = 0
         self._index()
 
@@ -105,34 +107,85 @@ class FreshSegment:
 
     def apply(self, change: Change, embedded: dict[str, np.ndarray]) -> bool:
         """Apply one change (its documents' chunks embedded already: doc id -> vectors, from ``chunk``), once:
-        a change at or before the last applied sequence number is skipped (False)."""
+        a change at or before the last applied sequence number is skipped (False). Costs what the change holds:
+        new rows are appended, a replaced or deleted document's rows are marked dead (and compacted away once
+        they outnumber the live ones)."""
         if change.seq <= self.applied_seq:
             return False
         for doc_id in change.deletes:
+            self._drop(doc_id)
             self.docs[doc_id] = _Doc(change.seq, None)
         for doc_id, rows, texts in self.chunk(change):
             record = next(r for r in change.upserts if r["id"] == doc_id)
             document = Document(doc_id, record.get("title") or "", record.get("text") or "",
                                 dict(record.get("metadata") or {}))
-            self.docs[doc_id] = _Doc(change.seq, document, rows, embedded[doc_id],
-                                     [Counter(self.analyze(t)) for t in texts])
+            self._drop(doc_id)
+            held = _Doc(change.seq, document, rows, embedded[doc_id], [Counter(self.analyze(t)) for t in texts])
+            self._add(held)
+            self.docs[doc_id] = held
         self.applied_seq = change.seq
-        self._index()
+        self.masked = frozenset(self.docs)  # the version answers for none of these documents any more
+        if len(self.rows) - self.live > max(1000, self.live):
+            self._index()
         return True
 
     def _index(self) -> None:
-        """The live chunks as arrays: rows, vectors, term counts, lengths, metadata."""
-        live = [d for d in self.docs.values() if d.document is not None]
-        self.rows = [r for d in live for r in d.rows]
-        self.row_of = {r["chunk_id"]: i for i, r in enumerate(self.rows)}
-        self.terms = [t for d in live for t in d.terms]
-        self.lengths = np.array([sum(t.values()) for t in self.terms], dtype=np.float64)
-        vectors = [d.vectors for d in live if d.vectors is not None and len(d.vectors)]
-        self.matrix = (np.concatenate(vectors).astype(np.float32) if vectors
-                       else np.zeros((0, self.dimension), dtype=np.float32))
-        self.df = Counter(term for t in self.terms for term in t)
-        self.metadata = MetadataTable([r["metadata"] for r in self.rows])
-        self.masked = frozenset(self.docs)  # the version answers for none of these documents any more
+        """Every array made again from the live documents (at start, and to drop dead rows)."""
+        self.rows: list[dict] = []  # every row added since the last compaction, dead ones included
+        self.alive = np.zeros(0, dtype=bool)
+        self.live = 0
+        self.row_of: dict[str, int] = {}  # chunk id -> its live row
+        self.lengths = np.zeros(0, dtype=np.float64)
+        self.matrix = np.zeros((0, self.dimension), dtype=np.float32)
+        # Postings: term -> (rows holding it, its count in each), so a query scores only the rows its terms are in;
+        # kept as lists (appended to) and made arrays when a query first needs them after a change.
+        self._postings: dict[str, tuple[list[int], list[float]]] = {}
+        self._arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._metadata: MetadataTable | None = None
+        for held in self.docs.values():
+            if held.document is not None:
+                self._add(held)
+        self.masked = frozenset(self.docs)
+
+    def _add(self, held: _Doc) -> None:
+        start = len(self.rows)
+        held.at = list(range(start, start + len(held.rows)))
+        self.rows += held.rows
+        self.row_of.update((r["chunk_id"], i) for r, i in zip(held.rows, held.at, strict=True))
+        self.alive = np.concatenate([self.alive, np.ones(len(held.rows), dtype=bool)])
+        self.live += len(held.rows)
+        self.lengths = np.concatenate([self.lengths, [float(sum(t.values())) for t in held.terms]])
+        if held.vectors is not None and len(held.vectors):
+            self.matrix = np.concatenate([self.matrix, np.asarray(held.vectors, dtype=np.float32)])
+        for row, counts in zip(held.at, held.terms, strict=True):
+            for term, n in counts.items():
+                rows, tfs = self._postings.setdefault(term, ([], []))
+                rows.append(row)
+                tfs.append(float(n))
+                self._arrays.pop(term, None)
+        self._metadata = None
+
+    def _drop(self, doc_id: str) -> None:
+        held = self.docs.get(doc_id)
+        if held is not None and held.document is not None:
+            self.alive[held.at] = False
+            self.live -= len(held.at)
+            for r in held.rows:
+                self.row_of.pop(r["chunk_id"], None)
+            self._metadata = None
+
+    @property
+    def metadata(self) -> MetadataTable:
+        """The rows' metadata (dead rows included, masked by ``alive``), made when a filter first needs it."""
+        if self._metadata is None:
+            self._metadata = MetadataTable([r["metadata"] for r in self.rows])
+        return self._metadata
+
+    def _posting(self, term: str) -> tuple[np.ndarray, np.ndarray]:
+        if term not in self._arrays:
+            rows, tfs = self._postings[term]
+            self._arrays[term] = (np.array(rows, dtype=np.int64), np.array(tfs, dtype=np.float64))
+        return self._arrays[term]
 
     # ------------------------------------------------------------------ reads (the shard client protocol)
 
@@ -158,41 +211,44 @@ class FreshSegment:
             allowed = visible if allowed is None else np.intersect1d(allowed, visible)
         return allowed
 
-    def _bm25(self, text: str, rows: np.ndarray) -> np.ndarray:
+    def _bm25(self, text: str) -> np.ndarray:
+        """Every row's BM25 score for the query (0 where it holds no query term; dead rows count for nothing)."""
         c = self.corpus
-        n = c.doc_count + len(self.rows)
-        avgdl = ((c.avgdl * c.doc_count + float(self.lengths.sum())) / n) if n else 1.0
-        scores = np.zeros(len(rows))
+        n = c.doc_count + self.live
+        avgdl = ((c.avgdl * c.doc_count + float(self.lengths[self.alive].sum())) / n) if n else 1.0
+        norm = c.k1 * (1 - c.b + c.b * self.lengths / avgdl)
+        scores = np.zeros(len(self.rows))
         for term, count in Counter(self.analyze(text)).items():
-            df = c.df(term) + self.df.get(term, 0)
-            if df == 0:
+            if term not in self._postings:
+                continue  # no fresh chunk holds it: it adds nothing here
+            rows, tf = self._posting(term)
+            held = self.alive[rows]
+            rows, tf = rows[held], tf[held]
+            if not len(rows):
                 continue
+            df = c.df(term) + len(rows)
             idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-            tf = np.array([self.terms[r].get(term, 0) for r in rows], dtype=np.float64)
-            norm = c.k1 * (1 - c.b + c.b * self.lengths[rows] / avgdl)
-            scores += count * idf * tf / (tf + norm)
+            scores[rows] += count * idf * tf / (tf + norm[rows])
         return scores
 
     async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None, ann=None
                      ) -> ShardAnswer:
         t0 = time.perf_counter()
         answer = ShardAnswer(self.name, shards=0)
-        if not self.rows:
+        if not self.live:
             return answer
         try:
             allowed = self._allowed(filters, acl)
         except FilterError as e:
             answer.filter_error = str(e)
             return answer
-        rows = np.arange(len(self.rows)) if allowed is None else allowed
-        ids = [self.rows[r]["chunk_id"] for r in rows]
+        rows = np.flatnonzero(self.alive) if allowed is None else allowed[self.alive[allowed]]
         if vector is not None and k_dense > 0 and len(rows):
-            dense = self.matrix[rows] @ np.asarray(vector, dtype=np.float32)
-            answer.dense = _top(ids, dense, k_dense)
+            answer.dense = self._top(rows, self.matrix[rows] @ np.asarray(vector, dtype=np.float32), k_dense)
         if text and k_keyword > 0 and len(rows):
-            keyword = self._bm25(text, rows)
-            answer.keyword = _top([i for i, s in zip(ids, keyword, strict=True) if s > 0],
-                                  keyword[keyword > 0], k_keyword)
+            keyword = self._bm25(text)[rows]
+            held = keyword > 0
+            answer.keyword = self._top(rows[held], keyword[held], k_keyword)
         answer.took_ms = (time.perf_counter() - t0) * 1000
         return answer
 
@@ -209,7 +265,11 @@ class FreshSegment:
         return {"fields": self.metadata.fields()}
 
 
-def _top(ids: list[str], scores: np.ndarray, k: int) -> list[tuple[str, float]]:
-    """The k best (chunk id, score), score descending then chunk id ascending (``hits.rank_key``)."""
-    order = sorted(range(len(ids)), key=lambda i: (-float(scores[i]), ids[i]))[:k]
-    return [(ids[i], float(scores[i])) for i in order]
+    def _top(self, rows: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[str, float]]:
+        """The k best (chunk id, score) of these rows, score descending then chunk id ascending (``hits.rank_key``)."""
+        if len(rows) > k:  # the k best and every row tied with the k-th, then the exact order among them
+            kth = np.partition(-scores, k - 1)[k - 1]
+            keep = -scores <= kth
+            rows, scores = rows[keep], scores[keep]
+        order = sorted(range(len(rows)), key=lambda i: (-float(scores[i]), self.rows[rows[i]]["chunk_id"]))[:k]
+        return [(self.rows[rows[i]]["chunk_id"], float(scores[i])) for i in order]

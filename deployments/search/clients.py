@@ -66,4 +66,4 @@ class Collection:
 
     def clients(self) -> list[ShardClient]:
         """Whom a search asks: the version's shard slots, and the fresh segment when it holds anything."""
-        return [*self.shards, self.fresh] if self.fresh is not None and self.fresh.rows else self.shards
+        return [*self.shards, self.fresh] if self.fresh is not None and self.fresh.live else self.shards

@@ -35,11 +35,15 @@ def doc_of(chunk_id: str) -> str:
     return chunk_id.rsplit("#", 1)[0]
 
 
-def without_documents(answer: ShardAnswer, masked: frozenset[str]) -> ShardAnswer:
-    """A version shard's answer without the chunks of documents the fresh segment holds (replaced or deleted)."""
-    return replace(answer, dense=[(c, s) for c, s in answer.dense if doc_of(c) not in masked],
-                   keyword=[(c, s) for c, s in answer.keyword if doc_of(c) not in masked],
-                   rows=[r for r in answer.rows if r["doc_id"] not in masked])
+def without_documents(answer: ShardAnswer, masked: frozenset[str], seen: set[str]) -> ShardAnswer:
+    """A version shard's answer without the chunks of documents the fresh segment holds (replaced or deleted);
+    the documents it dropped are added to ``seen``."""
+    dense = [(c, s) for c, s in answer.dense if doc_of(c) not in masked]
+    keyword = [(c, s) for c, s in answer.keyword if doc_of(c) not in masked]
+    if len(dense) == len(answer.dense) and len(keyword) == len(answer.keyword):
+        return answer
+    seen.update(doc_of(c) for c, _ in (*answer.dense, *answer.keyword) if doc_of(c) in masked)
+    return replace(answer, dense=dense, keyword=keyword, rows=[r for r in answer.rows if r["doc_id"] not in masked])
 
 
 def known_rows(per_collection: dict[str, list[tuple[int, ShardAnswer]]]) -> dict[tuple[str, str], dict]:
@@ -77,8 +81,10 @@ class Retrieval:
             vector = vectors.get(c.name)
             options = (ann or AnnParams()).merged_over(c.ann) or None if k_dense else None
             # Documents the fresh segment replaced or deleted are dropped from the version's answers: ask for as
-            # many more (at most twice the depth) so the depth stays.
-            extra = min(len(c.fresh.masked), max(k_dense, k_keyword)) if c.fresh is not None else 0
+            # many more as the version was seen to hold (at most twice the depth), so the depth stays. (A new
+            # document is masked too, but the version never answers for it: asking more for it would cost every
+            # search a deeper one.)
+            extra = min(len(c.fresh.in_version), max(k_dense, k_keyword)) if c.fresh is not None else 0
             for i, shard in enumerate(c.clients()):
                 rows = rows_for_top if shard.remote else 0
                 more = extra if i < len(c.shards) else 0
@@ -103,7 +109,7 @@ class Retrieval:
             if answer.filter_error:
                 raise InvalidField(answer.filter_error)
             if i < len(c.shards) and c.fresh is not None and c.fresh.masked:
-                answer = without_documents(answer, c.fresh.masked)
+                answer = without_documents(answer, c.fresh.masked, c.fresh.in_version)
             per_collection[c.name].append((i, answer))
             timings["_stages"].append((f"shards {c.name}/{shard.name}", t, t + answer.took_ms / 1000, "retrieve"))
             for name, ms in (answer.shard_ms or {answer.shard: answer.took_ms}).items():

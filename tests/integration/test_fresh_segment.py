@@ -73,6 +73,19 @@ def test_a_change_is_applied_once_and_in_order(indexes):
     first = Change(1, [{"id": "a", "title": "", "text": "alpha words here", "metadata": {}}])
     second = Change(2, [], ["a"])
     asyncio.run(docs._apply([first, second]))
-    assert docs.segment.masked == {"a"} and docs.segment.rows == []  # deleted after it was written
+    assert docs.segment.masked == {"a"} and docs.segment.live == 0  # deleted after it was written
     assert docs.segment.apply(first, {"a": np.zeros((1, 64), np.float32)}) is False  # never again, never back
     assert docs.segment.document("a") == (True, None, []) and docs.segment.applied_seq == 2
+
+
+def test_replacing_a_document_again_and_again_costs_rows_only_until_they_are_compacted(indexes):
+    root, base_dir, _, _ = indexes
+    docs = open_documents("default", root, base_dir, Encoder(), 64)
+    changes = [Change(i, [{"id": "same", "title": "", "text": f"version {i} of the ocelot note", "metadata": {}}])
+               for i in range(1, 1103)]
+    asyncio.run(docs._apply(changes))
+    segment = docs.segment
+    assert segment.live == 1 and len(segment.rows) < 1002  # the dead rows were dropped once they outnumbered
+    got = asyncio.run(segment.search(None, "ocelot version 1102", 0, 10, None))
+    assert [c for c, _ in got.keyword] == ["same#0"]
+    assert asyncio.run(segment.fetch(["same#0"]))[0]["text"] == "version 1102 of the ocelot note"

@@ -455,8 +455,43 @@
     content.dataset.testid = "content";
     appendHighlighted(content, result.content, pattern);
 
-    item.append(head, content, metadataList(result.metadata), stageBars(result.scores, maxima), judgeControl(result));
+    item.append(head, content, metadataList(result.metadata), stageBars(result.scores, maxima), judgeControl(result),
+      documentControl(result));
     return item;
+  }
+
+  /** "Show document": the whole document the chunk came from (GET /collections/{c}/documents/{id}), in place. */
+  function documentControl(result) {
+    const box = element("div", null, "document");
+    box.dataset.testid = "document";
+    const button = element("button", "Show document");
+    button.type = "button";
+    const body = element("div", null, "document-body");
+    body.hidden = true;
+    button.addEventListener("click", async () => {
+      if (!body.hidden) {
+        body.hidden = true;
+        button.textContent = "Show document";
+        return;
+      }
+      button.disabled = true;
+      try {
+        const path = `/collections/${encodeURIComponent(result.collection)}/documents/${encodeURIComponent(result.doc_id)}`;
+        const doc = await api(path);
+        const origin = doc.source === "api" ? `written through the API (write ${doc.seq})` : "from the index version";
+        body.replaceChildren(element("p", `${doc.title || doc.id} — ${origin}`, "document-origin"),
+          element("p", doc.text, "document-text"),
+          element("p", `${doc.chunk_ids.length} chunks: ${doc.chunk_ids.join(", ")}`, "document-chunks"));
+        button.textContent = "Hide document";
+      } catch (err) {
+        body.replaceChildren(element("p", err.message, "document-error"));
+      } finally {
+        body.hidden = false;
+        button.disabled = false;
+      }
+    });
+    box.append(button, body);
+    return box;
   }
 
   function metadataList(metadata) {

@@ -23,8 +23,15 @@ CONSOLE_HEADERS = {
 }
 
 
-def console_file(name: str) -> FileResponse | None:
-    """The console's page (``index.html``) or one of its assets; None for any other name."""
-    if name != "index.html" and name not in CONSOLE_ASSETS:
-        return None
+def page_file() -> FileResponse:
+    """The console's page (served at ``/console``, never by its file name)."""
+    return _file("index.html")
+
+
+def asset_file(name: str) -> FileResponse | None:
+    """One of the console's assets by name (``console.css``, ``console.js``); None for any other name."""
+    return _file(name) if name in CONSOLE_ASSETS else None
+
+
+def _file(name: str) -> FileResponse:
     return FileResponse(CONSOLE_DIR / name, media_type=CONSOLE_TYPES[name], headers=CONSOLE_HEADERS)

@@ -29,7 +29,7 @@ from ray.exceptions import RayActorError
 
 from deployments.config import RouterSettings, SecurityConfig
 from deployments.documents.service import POLL_S, CollectionDocuments, open_documents
-from deployments.edge.console import console_file
+from deployments.edge.console import asset_file, page_file
 from deployments.edge.errors import status_of
 from deployments.edge.guard import Caller, Guard
 from deployments.edge.http import app, error_response, error_responses, request_id, validation_problems
@@ -506,8 +506,8 @@ class SearchRouter:
     @app.get("/console", include_in_schema=False)
     async def console(self) -> FileResponse:
         """The search console: a page that searches, explains the ranking and records judgments."""
-        return console_file("index.html")
+        return page_file()
 
     @app.get("/console/{asset}", include_in_schema=False)
     async def console_asset(self, asset: str, request: Request) -> Response:
-        return console_file(asset) or error_response(request, 404, f"no console file {asset!r}")
+        return asset_file(asset) or error_response(request, 404, f"no console file {asset!r}")

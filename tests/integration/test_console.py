@@ -366,3 +366,23 @@ def test_the_page_and_its_files_need_no_key_but_nothing_else_opens(served):
         assert "/console" not in anonymous.get("/openapi.json").json()["paths"]
     for name in ("router.py", "..%2Frouter.py", "__init__.py", "index.html"):
         assert served.get(f"/console/{name}").status_code == 404, name
+
+
+def test_a_result_shows_its_whole_document(console):
+    """The document behind a result, read by id (GET /collections/{c}/documents/{id}): its whole text, where it
+    comes from and its chunks."""
+    from playwright.sync_api import expect
+
+    console.open()
+    console.search("star bread boat piano", method="keyword", limit="5")
+    first = console.results()[0]
+    item = console.page.locator("[data-testid=result]").first
+    item.locator("[data-testid=document] button").click()
+    body = item.locator(".document-body")
+    expect(body).to_be_visible()
+    expect(body.locator(".document-origin")).to_contain_text("from the index version")
+    expect(body.locator(".document-chunks")).to_contain_text(first["chunk_id"])
+    text = body.locator(".document-text").text_content()
+    assert first["content"] in text  # the chunk is a part of its document's text
+    item.locator("[data-testid=document] button").click()
+    expect(body).to_be_hidden()

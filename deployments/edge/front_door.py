@@ -5,22 +5,17 @@ Starlette's ``BaseHTTPMiddleware`` costs a task and a stream per request. A requ
 under overload it is what most requests meet. A request that came through the shedding layer ahead of Serve
 (``deployments.edge.shedding``) was counted there, before Serve's own handling of it.
 
-The guard is the router replica's own (``SearchRouter`` makes it from its config and hands it over as
-``app.state.guard``); until a router has handed one over, nothing is checked.
+The guard is the router replica's own (``SearchRouter`` makes it from its config and hands it over with
+``guard.install``); until a router has handed one over, nothing is checked.
 """
 
 from __future__ import annotations
 
 from starlette.datastructures import Headers
 
-from deployments.edge.guard import Guard, route_path
+from deployments.edge.guard import installed, route_path
 from deployments.edge.metrics import HTTP_REQUESTS, route_label
 from deployments.edge.shedding import COUNTED_KEY, counted, refuse
-
-
-def guard_of(app) -> Guard | None:
-    """The guard a router handed to this app (``app.state.guard``), or None before it did."""
-    return getattr(getattr(app, "state", None), "guard", None)
 
 
 class FrontDoor:
@@ -28,7 +23,7 @@ class FrontDoor:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        guard = guard_of(scope.get("app"))
+        guard = installed()
         if scope["type"] != "http" or guard is None:
             return await self.app(scope, receive, send)
         path = route_path(scope["path"], scope.get("root_path", ""))  # the same rules under a route prefix

@@ -160,3 +160,19 @@ class Guard:
 
     def release(self) -> None:
         self.inflight = max(0, self.inflight - 1)
+
+
+# The guard of this process's router replica, handed over whole by the router (``install``) when it starts, and read
+# by the app's front door and by the shedding layer ahead of Serve. A handover, not state on the app object: Serve
+# serves a frozen copy of the FastAPI app (``serve.ingress`` pickles it), which the router never sees.
+_installed: Guard | None = None
+
+
+def install(guard: Guard) -> None:
+    global _installed
+    _installed = guard
+
+
+def installed() -> Guard | None:
+    """The guard a router of this process handed over, or None (Serve's proxy; an app no router started)."""
+    return _installed

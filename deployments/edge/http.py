@@ -3,7 +3,7 @@
 Every error leaves through one of three handlers here, in the one error body (``ErrorResponse``): a request
 that fails validation (422 with each field and rule), Starlette's own (404 no such route, 405), and the
 service's error kinds, whose status comes from the one table (``deployments.edge.errors.HTTP_STATUS``).
-The router (``deployments.serve.router``) adds the routes and hands the app its guard (``app.state.guard``).
+The router (``deployments.serve.router``) adds the routes and hands its guard over (``guard.install``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 
-from deployments.edge.guard import Refusal
+from deployments.edge.guard import Refusal, installed
 from deployments.edge.metrics import HTTP_REQUESTS
 
 # The routes that do a request's work (search, streamed answers until they end, judgments' disk writes); health,
@@ -51,19 +51,14 @@ def middlewares() -> list:
 
 
 class ShedFirst:
-    """Reads the guard the router replica of this process handed to its app (``app.state.guard``); in a process
-    without one (Serve's proxy) every request passes."""
+    """Reads the guard the router replica of this process handed over (``guard.install``); in a process without
+    one (Serve's proxy) every request passes."""
 
     def __init__(self, app):
         self.app = app
-        self.guard = None
 
     async def __call__(self, scope, receive, send):
-        if self.guard is None:
-            from deployments.edge.http import app as api  # here, not at import: the app imports this module
-
-            self.guard = getattr(api.state, "guard", None)
-        guard = self.guard
+        guard = installed()
         if guard is None or not counted(scope):
             return await self.app(scope, receive, send)
         refusal = guard.admit()

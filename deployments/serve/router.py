@@ -31,7 +31,7 @@ from deployments.config import RouterSettings, SecurityConfig
 from deployments.documents.service import POLL_S, CollectionDocuments, open_documents
 from deployments.edge.console import asset_file, page_file
 from deployments.edge.errors import status_of
-from deployments.edge.guard import Caller, Guard
+from deployments.edge.guard import Caller, Guard, install
 from deployments.edge.http import app, error_response, error_responses, request_id, validation_problems
 from deployments.edge.metrics import SearchMetrics
 from deployments.edge.schemas import (
@@ -104,7 +104,8 @@ class SearchRouter:
         self.settings = RouterSettings()  # Serve calls reconfigure with the config's settings before any request
         security = security or SecurityConfig()
         # This replica's guard, handed to the app's front door and to the shedding layer ahead of Serve.
-        self.guard = app.state.guard = Guard.from_config(security)
+        self.guard = Guard.from_config(security)
+        install(self.guard)
         self.stage_handles = {"reranker": reranker, "synthesis": synthesis}
         local_encoders: dict[str, LocalEncoder] = {}
         for spec in collections.values():

@@ -116,16 +116,15 @@ def test_the_caller_is_known_from_its_key_alone():
 
 def test_the_layer_ahead_of_serve_counts_each_request_once_and_the_app_door_counts_the_rest(monkeypatch):
     """``ShedFirst`` (outermost, before Serve's request handling) and the app's ``FrontDoor`` read the one guard
-    the router handed to the app: a request the first counted is not counted again; one that came another way
+    the router handed over: a request the first counted is not counted again; one that came another way
     (through Serve's proxy) is counted by the door; a process whose router handed over no guard counts nothing."""
     import asyncio
 
     from deployments.edge.front_door import FrontDoor
-    from deployments.edge.http import app as api
     from deployments.edge.shedding import COUNTED_KEY, ShedFirst
 
     guard = Guard(max_inflight=2, retry_after_s=4)
-    monkeypatch.setattr(api.state, "guard", guard, raising=False)
+    monkeypatch.setattr("deployments.edge.guard._installed", guard)
     seen, release = [], {}  # release["now"]: an event of the running burst's loop
 
     async def app(scope, receive, send):  # holds every request until released
@@ -139,7 +138,7 @@ def test_the_layer_ahead_of_serve_counts_each_request_once_and_the_app_door_coun
         async def send(message):
             sent.append(message)
 
-        scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-length", b"2")], "app": api}
+        scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-length", b"2")]}
         return scope, sent, layer(scope, None, send)
 
     async def burst(layer, paths):
@@ -166,6 +165,6 @@ def test_the_layer_ahead_of_serve_counts_each_request_once_and_the_app_door_coun
     door_only = FrontDoor(app)  # through the proxy: the app's door counts
     assert [s for _, s, _ in asyncio.run(burst(door_only, ["/search", "/search", "/search"]))] == [200, 200, 503]
 
-    monkeypatch.delattr(api.state, "guard")  # the proxy's copy of the layer: no router handed over a guard
+    monkeypatch.setattr("deployments.edge.guard._installed", None)  # the proxy's copy: no router handed one over
     assert [s for _, s, _ in asyncio.run(burst(ShedFirst(app), ["/search"] * 3))] == [200, 200, 200]
     assert guard.inflight == 0

@@ -68,7 +68,12 @@ def write_stats(folder: Path, stats: CollectionStats, terms: pa.Table) -> None:
     (folder / "stats.json").write_text(json.dumps(body, indent=2, sort_keys=True))
 
 
-def read_stats(folder: Path) -> tuple[CollectionStats, pa.Table]:
+def read_collection_stats(folder: Path) -> CollectionStats:
+    """The corpus-wide statistics alone (``stats.json``), without the term table."""
     body = json.loads((folder / "stats.json").read_text())
     body.pop("avgdl", None)
-    return CollectionStats(**body), pq.read_table(folder / "terms.parquet")
+    return CollectionStats(**body)
+
+
+def read_stats(folder: Path) -> tuple[CollectionStats, pa.Table]:
+    return read_collection_stats(folder), pq.read_table(folder / "terms.parquet")

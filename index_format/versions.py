@@ -86,7 +86,7 @@ def publish(staging: Path, root: Path, name: str) -> Path:
         raise FileExistsError(f"index version {name!r} already exists at {target}; pick another --version")
     target.parent.mkdir(parents=True, exist_ok=True)
     os.replace(staging, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return target
 
 
@@ -136,7 +136,7 @@ def activate(root: Path, name: str, by: str = "cli", verify: bool = True) -> str
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, root / ACTIVE)
-    _fsync_dir(root)
+    fsync_dir(root)
     entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": name, "previous": previous,
              "by": by}
     with open(root / ACTIVATIONS, "a") as f:  # one short line per write: appends do not interleave
@@ -229,7 +229,8 @@ def remove_version(root: Path, name: str) -> None:
     shutil.rmtree(doomed)
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a folder's entries (a new or renamed file's name) durable."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)

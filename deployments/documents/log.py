@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.errors import StorageFull, Unavailable
+from index_format.versions import fsync_dir
 
 LOG_NAME = "log.jsonl"
 
@@ -113,7 +114,7 @@ class ChangeLog:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             if created:
-                _fsync_dir(self.folder)  # the file's name is durable too
+                fsync_dir(self.folder)  # the file's name is durable too
             fcntl.flock(fd, fcntl.LOCK_EX)  # one writer at a time, across processes
             size = os.fstat(fd).st_size
             data = os.pread(fd, size - self.offset, self.offset) if size > self.offset else b""
@@ -136,11 +137,3 @@ class ChangeLog:
             return change, seen
         finally:
             os.close(fd)  # closing releases the lock
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

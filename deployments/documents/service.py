@@ -80,11 +80,11 @@ def open_documents(name: str, root: Path, version_dir: Path, encoder: EncoderCli
     ``version_dir`` was built. Lucene's analyzer and the version's term table are loaded at first use (a
     collection never written to costs nothing)."""
     from deployments.documents.segment import Chunking, Corpus
-    from index_format.bm25_stats import read_stats
+    from index_format.bm25_stats import read_collection_stats, read_stats
     from index_format.versions import read_version_manifest
 
     manifest = read_version_manifest(version_dir)
-    stats, _ = read_stats(version_dir / "bm25")
+    stats = read_collection_stats(version_dir / "bm25")  # the term table is read at the first write
     terms: dict[str, int] = {}
 
     def df(term: str) -> int:

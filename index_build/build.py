@@ -297,6 +297,8 @@ def _build_index(cfg: BuildConfig) -> BuildSummary:
         build_config=cfg.content_key(),
         code_version=code_version(),
         reuse=reuse_plan.describe() if cfg.reuse else None,
+        # A delta on a version keeps the API's writes that version held; a corpus build holds none of them.
+        log_seq=plan.delta["manifest"].log_seq if plan.delta else 0,
     )
     write_json_atomic(staging / MANIFEST, manifest.model_dump(mode="json"))
     # Every file against its checksum and the counts, in the shards' own tasks, before anyone can see it.

@@ -36,6 +36,7 @@ from index_format.manifest import (
     IndexMismatch,
     ShardManifest,
     checksum_tree,
+    counts_agree,
     code_version,
     now_iso,
     read_shard_manifest,
@@ -329,7 +330,7 @@ def commit_shard(shard_dir: str, manifest: dict, faiss_info: dict, lucene_stats:
 def verify_shard_files(shard_dir: str, expect: dict) -> dict:
     """Ray task: every file of a shard against its checksum; its counts."""
     m = verify_shard(Path(shard_dir), expect=expect)
-    if not m.counts["chunks"] == m.counts["faiss_vectors"] == m.counts["lucene_docs"]:
+    if not counts_agree(m.counts):
         raise IndexMismatch(f"{Path(shard_dir).name}: counts disagree: {m.counts}")
     return m.counts
 

@@ -169,3 +169,94 @@ def index_statistics(index_dir: Path) -> tuple[dict, pa.Table]:
     table = pa.table({"term": pa.array(terms, pa.string()), "df": pa.array(dfs, pa.int64()),
                       "cf": pa.array(cfs, pa.int64())})
     return stats, table
+
+
+def update_lucene_index(index_dir: Path, delete_ids: list[str], add: list[tuple[str, str]]) -> dict:
+    """Change a shard's Lucene index in place, as Lucene itself does: documents with these ids deleted (marked
+    in a new live-docs file of their segment), these (id, contents) added as a new segment, one commit. The
+    existing segment files are never written, so they may be hard links to another version's.
+
+    Documents are made exactly as Anserini's ``DefaultLuceneDocumentGenerator`` makes them for the build's
+    indexer (``build_lucene_index``): the same fields, options and analyzer, so a query scores an added
+    document as a rebuilt index would. Returns the term counts of what left and what came
+    (``removed``/``added``: term -> [df, cf]; from the stored term vectors, i.e. as indexed), their lengths,
+    and Lucene's live document count, for the shard's term statistics."""
+    boot()
+    from jnius import autoclass, cast
+
+    cls = {name: autoclass(path) for name, path in {
+        "File": "java.io.File", "String": "java.lang.String", "FSDirectory": "org.apache.lucene.store.FSDirectory",
+        "DirectoryReader": "org.apache.lucene.index.DirectoryReader",
+        "IndexSearcher": "org.apache.lucene.search.IndexSearcher", "Term": "org.apache.lucene.index.Term",
+        "TermQuery": "org.apache.lucene.search.TermQuery", "IndexWriter": "org.apache.lucene.index.IndexWriter",
+        "IndexWriterConfig": "org.apache.lucene.index.IndexWriterConfig",
+        "OpenMode": "org.apache.lucene.index.IndexWriterConfig$OpenMode",
+        "Document": "org.apache.lucene.document.Document", "StringField": "org.apache.lucene.document.StringField",
+        "Store": "org.apache.lucene.document.Field$Store", "Field": "org.apache.lucene.document.Field",
+        "BinaryDocValuesField": "org.apache.lucene.document.BinaryDocValuesField",
+        "StoredField": "org.apache.lucene.document.StoredField", "FieldType": "org.apache.lucene.document.FieldType",
+        "IndexOptions": "org.apache.lucene.index.IndexOptions", "BytesRef": "org.apache.lucene.util.BytesRef",
+        "DefaultEnglishAnalyzer": "io.anserini.analysis.DefaultEnglishAnalyzer",
+    }.items()}
+    directory = cls["FSDirectory"].open(cls["File"](str(index_dir)).toPath())
+
+    def terms_of(ids: list[str]) -> tuple[dict[str, list[int]], int, int]:
+        """term -> [df, cf] over the live documents with these ids, their summed length and how many had terms."""
+        reader = cls["DirectoryReader"].open(directory)
+        try:
+            searcher = cls["IndexSearcher"](cast("org.apache.lucene.index.IndexReader", reader))
+            counts: dict[str, list[int]] = {}
+            length = nonempty = 0
+            for chunk_id in ids:
+                for hit in searcher.search(cls["TermQuery"](cls["Term"]("id", chunk_id)), 2).scoreDocs:
+                    vector = reader.getTermVector(hit.doc, CONTENTS_FIELD)
+                    if vector is None:
+                        continue
+                    nonempty += 1
+                    it = vector.iterator()
+                    term = it.next()
+                    while term is not None:
+                        tf = int(it.totalTermFreq())
+                        entry = counts.setdefault(term.utf8ToString(), [0, 0])
+                        entry[0] += 1
+                        entry[1] += tf
+                        length += tf
+                        term = it.next()
+        finally:
+            reader.close()
+        return counts, length, nonempty
+
+    removed, removed_length, removed_nonempty = terms_of(delete_ids)
+    config = cls["IndexWriterConfig"](cls["DefaultEnglishAnalyzer"].newDefaultInstance())
+    config.setOpenMode(cls["OpenMode"].APPEND)
+    writer = cls["IndexWriter"](directory, config)
+    try:
+        if delete_ids:
+            # as queries: pyjnius resolves the Term... overload to Query... and cannot be told otherwise
+            writer.deleteDocuments(*[cls["TermQuery"](cls["Term"]("id", chunk_id)) for chunk_id in delete_ids])
+        field_type = cls["FieldType"]()
+        field_type.setStored(False)
+        field_type.setStoreTermVectors(True)
+        field_type.setStoreTermVectorPositions(True)
+        field_type.setIndexOptions(cls["IndexOptions"].DOCS_AND_FREQS_AND_POSITIONS)
+        for chunk_id, contents in add:
+            if not contents.strip():
+                raise ValueError(f"chunk {chunk_id!r} has no text to index")
+            doc = cls["Document"]()
+            doc.add(cls["StringField"]("id", chunk_id, cls["Store"].YES))
+            doc.add(cls["BinaryDocValuesField"]("id", cls["BytesRef"](chunk_id.encode("utf-8"))))
+            doc.add(cls["StoredField"]("raw", json.dumps({"id": chunk_id, CONTENTS_FIELD: contents}, ensure_ascii=False)))
+            text = cast("java.lang.CharSequence", cls["String"](contents))  # pyjnius passes no str as one
+            doc.add(cls["Field"](CONTENTS_FIELD, text, field_type))
+            writer.addDocument(doc)
+        writer.commit()
+    finally:
+        writer.close()
+    added, added_length, added_nonempty = terms_of([chunk_id for chunk_id, _ in add])
+    reader = cls["DirectoryReader"].open(directory)
+    try:
+        live = int(reader.numDocs())
+    finally:
+        reader.close()
+    return {"removed": removed, "added": added, "removed_length": removed_length, "added_length": added_length,
+            "removed_nonempty": removed_nonempty, "added_nonempty": added_nonempty, "documents": live}

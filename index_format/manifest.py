@@ -26,6 +26,9 @@ EMBEDDINGS_FILE = "embeddings.npy"
 FAISS_FILE = "dense.faiss"
 LUCENE_DIR = "lucene"
 TERMS_FILE = "terms.parquet"
+# A folded shard's FAISS id -> chunk-table row (-1: a replaced or deleted chunk's vector, never answered); absent
+# where the ids are the rows (every shard a full build writes).
+FAISS_ROWS_FILE = "faiss_rows.npy"
 
 
 class IndexMismatch(RuntimeError):
@@ -43,7 +46,7 @@ class ShardManifest(BaseModel):
     dimension: int
     metric: str  # inner_product over unit vectors (cosine)
     faiss: dict[str, Any]
-    counts: dict[str, int]  # docs, chunks, faiss_vectors, lucene_docs
+    counts: dict[str, int]  # docs, chunks, faiss_vectors, lucene_docs; faiss_dead in a folded shard
     lucene: dict[str, int]  # the shard's own Lucene stats (documents, non_empty_documents, total_terms, ...)
     checksums: dict[str, str]  # relative path -> sha256
     build_config: dict[str, Any]
@@ -71,6 +74,9 @@ class VersionManifest(BaseModel):
     # What came from earlier versions: shards linked unchanged, chunks embedded and reused, and from where
     # (``index_build.reuse``); None for a build with reuse off.
     reuse: dict[str, Any] | None = None
+    # The change log's writes (documents written through the API) this version holds: every one through this
+    # sequence number (``index_build.fold``); 0 for none. Serving searches the later ones from its fresh segment.
+    log_seq: int = 0
 
 
 def now_iso() -> str:
@@ -160,3 +166,9 @@ def verify_shard(shard_dir: Path, *, expect: dict[str, Any] | None = None, check
                 parts.append(f"not in manifest {extra[:5]}")
             raise IndexMismatch(f"{shard_dir}: files do not match the manifest: {'; '.join(parts)}")
     return manifest
+
+
+def counts_agree(counts: dict[str, int]) -> bool:
+    """A shard's chunk table, FAISS index and Lucene index hold the same chunks (a folded shard's FAISS index
+    also holds ``faiss_dead`` vectors of chunks no longer there, which it never answers)."""
+    return counts["chunks"] == counts["faiss_vectors"] - counts.get("faiss_dead", 0) == counts["lucene_docs"]

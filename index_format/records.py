@@ -78,3 +78,11 @@ def record_to_document(
         metadata.update({k: _metadata_value(v) for k, v in nested.items()})
     metadata.update({k: _metadata_value(v) for k, v in record.items() if k not in skip})
     return Document(doc_id=doc_id, title=title, text=text, metadata=metadata, source=f"{file}:{line}")
+
+
+def written_document(seq: int, record: dict[str, Any]) -> Document:
+    """A document written through the API (a record of the change log, already checked: id, title, text,
+    metadata) as the index keeps it, its source the write's sequence number: one reading for the fresh segment
+    that serves it at once and the fold that puts it in a version, so both make the same chunks."""
+    return Document(doc_id=record["id"], title=record.get("title") or "", text=record.get("text") or "",
+                    metadata=dict(record.get("metadata") or {}), source=f"api:{seq}")

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .manifest import MANIFEST, IndexMismatch, VersionManifest
+from .manifest import MANIFEST, IndexMismatch, VersionManifest, counts_agree
 
 ACTIVE = "ACTIVE"
 ACTIVATIONS = "activations.jsonl"
@@ -102,7 +102,7 @@ def verify_version(version_dir: Path, checksums: bool = True) -> VersionManifest
         m = verify_shard(version_dir / "shards" / shard, expect={"encoder": manifest.encoder,
                                                                   "dimension": manifest.dimension},
                          checksums=checksums)
-        if not m.counts["chunks"] == m.counts["faiss_vectors"] == m.counts["lucene_docs"]:
+        if not counts_agree(m.counts):
             raise IndexMismatch(f"{version_dir.name}/{shard}: counts disagree: {m.counts}")
         chunks += m.counts["chunks"]
     if chunks != manifest.counts["chunks"]:

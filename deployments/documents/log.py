@@ -33,6 +33,7 @@ from deployments.errors import StorageFull, Unavailable
 from index_format.versions import fsync_dir
 
 LOG_NAME = "log.jsonl"
+CHANGES_DIR = "changes"  # beside the versions in an index root: <root>/changes/log.jsonl
 
 
 @dataclass(frozen=True)

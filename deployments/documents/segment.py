@@ -29,7 +29,7 @@ from deployments.documents.log import Change
 from deployments.shard.filters import FilterError, MetadataTable
 from deployments.shard.service import ShardAnswer
 from index_format.chunking import chunk_document
-from index_format.records import Document
+from index_format.records import Document, written_document
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,7 @@ class FreshSegment:
         """Each upserted document of a change as (doc id, its chunk rows, the texts to embed)."""
         out = []
         for record in change.upserts:
-            doc = Document(doc_id=record["id"], title=record.get("title") or "", text=record.get("text") or "",
-                           metadata=dict(record.get("metadata") or {}), source=f"api:{change.seq}")
+            doc = written_document(change.seq, record)
             rows, texts = [], []
             for c in chunk_document(doc, self.chunking.chunk_size, self.chunking.chunk_overlap):
                 rows.append({"chunk_id": c.chunk_id, "doc_id": c.doc_id, "chunk_index": c.chunk_index,

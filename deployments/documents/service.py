@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from deployments.documents.log import Change, ChangeLog
+from deployments.documents.log import CHANGES_DIR, Change, ChangeLog
 from deployments.documents.segment import FreshSegment
 from deployments.search.clients import EncoderClient
 
+__all__ = ["CHANGES_DIR", "POLL_S", "CollectionDocuments", "open_documents"]
+
 POLL_S = 0.2  # how often a replica reads the log for other replicas' writes
-CHANGES_DIR = "changes"  # beside the versions in an index root: <root>/changes/log.jsonl
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,20 @@ class DenseShard:
     """
 
     def __init__(self, index, chunk_ids: Sequence[str], shard: int = -1, options: dict | None = None,
-                 vectors: np.ndarray | None = None):
+                 vectors: np.ndarray | None = None, vector_rows: np.ndarray | None = None):
         import faiss
 
         options = options or {}
         self.index = index
+        # A folded shard's index (``index_build.fold``) was appended to, not rebuilt: its ids are not the chunk
+        # table's rows. ``vector_rows`` maps each id to its row, -1 for a vector whose chunk was replaced or
+        # deleted (kept in the graph, never answered); None: ids are rows.
+        self.vector_rows = None if vector_rows is None else np.asarray(vector_rows, dtype=np.int64)
+        self.dead = 0 if vector_rows is None else int((self.vector_rows < 0).sum())
+        if vector_rows is not None:
+            self.id_of_row = np.full(len(chunk_ids), -1, dtype=np.int64)
+            live = self.vector_rows >= 0
+            self.id_of_row[self.vector_rows[live]] = np.flatnonzero(live)
         self.chunk_ids = list(chunk_ids)
         self.shard = shard
         self.vectors = vectors
@@ -46,10 +55,13 @@ class DenseShard:
 
     @property
     def ntotal(self) -> int:
-        return int(self.index.ntotal)
+        """Live vectors: the chunk table's rows."""
+        return int(self.index.ntotal) - self.dead
 
     def _params(self, allowed_rows: np.ndarray | None, k: int, ann: dict | None):
         ann = ann or {}
+        if allowed_rows is not None and self.vector_rows is not None:
+            allowed_rows = self.id_of_row[np.asarray(allowed_rows, dtype=np.int64)]
         selector = None if allowed_rows is None else \
             self._faiss.IDSelectorBatch(np.ascontiguousarray(allowed_rows, dtype=np.int64))
         if self.is_hnsw:
@@ -84,20 +96,48 @@ class DenseShard:
         if self.vectors is not None and ((ann and ann.get("exact")) or (
                 approximate and allowed_rows is not None and len(allowed_rows) <= EXACT_FILTERED_ROWS)):
             return self._exact(queries, k, allowed_rows)
-        k = min(k, self.index.ntotal)
+        k = min(k, self.ntotal)
         fetch = min(k * self.refine, self.index.ntotal)
         if approximate and allowed_rows is not None:
-            widen = self.index.ntotal / max(len(allowed_rows), 1)
+            widen = self.ntotal / max(len(allowed_rows), 1)
             ann = dict(ann or {})
             if self.is_hnsw:
                 ann["ef_search"] = min(int(max(int(ann.get("ef_search") or self.ef_search), fetch) * widen), 4096)
             else:
                 ann["nprobe"] = int(min(int(ann.get("nprobe") or self.nprobe) * widen, self.nlist))
-        params = self._params(allowed_rows, fetch, ann)
-        scores, rows = self.index.search(queries, fetch, params=params) if params else self.index.search(queries, fetch)
+        if self.vector_rows is None or allowed_rows is not None:  # a filter's selector names live vectors only
+            scores, rows = self._search(queries, fetch, allowed_rows, ann)
+        else:
+            # Dead vectors (a folded shard's replaced chunks) may take places of the top: ask for as many more
+            # again, and once for every dead one if that still left a query short.
+            wanted = min(fetch, self.ntotal)
+            fetch = min(wanted + min(self.dead, wanted), self.index.ntotal)
+            scores, rows = self._to_rows(*self._search(queries, fetch, None, ann), wanted)
+            if (rows < 0).any() and fetch < min(wanted + self.dead, self.index.ntotal):
+                scores, rows = self._to_rows(*self._search(queries, min(wanted + self.dead, self.index.ntotal),
+                                                           None, ann), wanted)
         if self.refine == 1:
             return scores, rows
         return self._rescore(queries, rows, k)
+
+    def _search(self, queries: np.ndarray, fetch: int, allowed_rows, ann) -> tuple[np.ndarray, np.ndarray]:
+        """The index's own answer: (scores, ids), ids being rows unless the shard was folded."""
+        params = self._params(allowed_rows, fetch, ann)
+        scores, ids = self.index.search(queries, fetch, params=params) if params else self.index.search(queries, fetch)
+        if self.vector_rows is not None and allowed_rows is not None:
+            ids = np.where(ids >= 0, self.vector_rows[np.maximum(ids, 0)], -1)
+        return scores, ids
+
+    def _to_rows(self, scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS ids as chunk-table rows, dead ones dropped, the first ``k`` kept per query (padding -1)."""
+        rows = np.where(ids >= 0, self.vector_rows[np.maximum(ids, 0)], -1)
+        out_scores = np.full((len(ids), k), -np.inf, dtype=np.float32)
+        out_rows = np.full((len(ids), k), -1, dtype=np.int64)
+        for i in range(len(ids)):
+            keep = np.flatnonzero(rows[i] >= 0)[:k]
+            out_scores[i, :len(keep)] = scores[i, keep]
+            out_rows[i, :len(keep)] = rows[i, keep]
+        return out_scores, out_rows
 
     def _rescore(self, queries: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The candidates' exact scores from the stored vectors, best k kept (padding stays -1)."""

@@ -116,19 +116,27 @@ class LuceneShard:
         self.shard = shard
         self.corpus = corpus
         self.corpus_df = corpus_df
-        self.doc_count = int(shard_stats["non_empty_documents"])
-        avgdl = shard_stats["total_terms"] / self.doc_count if self.doc_count else 0.0
-        self.k1, self.b = shard_bm25_params(corpus.k1, corpus.b, avgdl, corpus.avgdl)
         self.reader = j.DirectoryReader.open(j.FSDirectory.open(j.File(str(index_dir)).toPath()))
         from jnius import cast
 
         self.searcher = j.IndexSearcher(cast("org.apache.lucene.index.IndexReader", self.reader))
+        # Lucene scores with its own N and average length, which count deleted documents until their segment
+        # is merged (a folded shard's replaced chunks: ``index_build.fold``). The boosts and (k1', b') are
+        # made from the same numbers, so they cancel exactly and the score is the live corpus's.
+        lucene_stats = self.searcher.collectionStatistics(CONTENTS_FIELD)
+        if lucene_stats is not None:
+            self.doc_count, total_terms = int(lucene_stats.docCount()), int(lucene_stats.sumTotalTermFreq())
+        else:  # no document has a term
+            self.doc_count, total_terms = int(shard_stats["non_empty_documents"]), int(shard_stats["total_terms"])
+        avgdl = total_terms / self.doc_count if self.doc_count else 0.0
+        self.k1, self.b = shard_bm25_params(corpus.k1, corpus.b, avgdl, corpus.avgdl)
         self.searcher.setSimilarity(j.BM25Similarity(float(self.k1), float(self.b)))
         self.chunk_ids = list(chunk_ids)
         # Lucene doc number -> row of the shard's chunk table (the FAISS row too).
         row_of = {cid: i for i, cid in enumerate(self.chunk_ids)}
         stored = self.reader.storedFields()
-        self.row_of_doc = np.array([row_of[stored.document(d).get("id")] for d in range(self.reader.maxDoc())],
+        # A deleted document (a folded shard's replaced chunk) is never a hit; its id may be gone from the table.
+        self.row_of_doc = np.array([row_of.get(stored.document(d).get("id"), -1) for d in range(self.reader.maxDoc())],
                                    dtype=np.int64)
         self.analyzer = QueryAnalyzer()
         self.fast = use_helper and j.ShardSearch is not None

@@ -29,6 +29,7 @@ from index_format.manifest import (
     CHUNKS_FILE,
     EMBEDDINGS_FILE,
     FAISS_FILE,
+    FAISS_ROWS_FILE,
     LUCENE_DIR,
     ShardManifest,
     verify_shard,
@@ -99,9 +100,11 @@ class ShardService:
         if resolve_device(search_device) == "cuda":  # exact search on the GPU, from the shard's vectors
             self.dense = TorchDenseShard(np.load(self.folder / EMBEDDINGS_FILE), chunk_ids, self.shard, "cuda")
         else:
+            vector_rows = np.load(self.folder / FAISS_ROWS_FILE) if (self.folder / FAISS_ROWS_FILE).is_file() else None
             self.dense = DenseShard(faiss.read_index(str(self.folder / FAISS_FILE)), chunk_ids, self.shard,
                                     options=self.manifest.faiss,
-                                    vectors=np.load(self.folder / EMBEDDINGS_FILE, mmap_mode="r"))
+                                    vectors=np.load(self.folder / EMBEDDINGS_FILE, mmap_mode="r"),
+                                    vector_rows=vector_rows)
         self.lucene = LuceneShard(self.folder / LUCENE_DIR, chunk_ids, self.manifest.lucene, corpus, corpus_df,
                                   self.shard)
         self.metadata = MetadataTable.from_json_column(self.table["metadata_json"].to_pylist())

@@ -1,0 +1,471 @@
+"""Folding the documents written through the API (the change log) into a new version, at the cost of the change.
+
+A version is immutable; writes since it live in the serving replicas' fresh segments, read from the change log
+(``deployments.documents.log``). A fold makes the next version hold them, so the segments can let go of them:
+
+1. ``prepare_fold`` (a Ray task) reads the log past the base version's ``log_seq``, keeps each document's last
+   write (an upsert, or a delete), chunks the upserted documents exactly as the build does, embeds them with
+   the version's encoder, and leaves each shard's part in the work folder.
+2. ``fold_shard`` (a Ray task per shard touched; an untouched shard is hard-linked whole) starts from the base
+   shard's files, hard-linked, and rewrites only what the change needs:
+
+   - the two tables (``documents.parquet``, ``chunks.parquet``): the base's rows with the changed and deleted
+     documents left out, the upserted ones appended;
+   - ``embeddings.npy``: the kept rows and the new vectors;
+   - FAISS: a flat index is made again from the vectors (a copy: as cheap as appending); an approximate one is
+     appended to, the replaced vectors left in its graph as dead ids that ``faiss_rows.npy`` maps to no row
+     (never answered), until they pass ``DEAD_FRACTION`` of it and the index is rebuilt;
+   - Lucene: updated in place (``index_format.lucene.update_lucene_index``): its segments stay hard links to the
+     base's, the replaced chunks are deleted (a new live-docs file) and the new ones added as a new segment;
+   - the shard's term statistics: the base's, less the terms of what left and plus those of what came.
+
+3. The corpus-wide BM25 statistics are summed from the shards', the version is checked, published with
+   ``log_seq`` (the last write it holds) and activated. What it holds equals a full build of the same documents:
+   the same chunks, vectors and statistics, so the same scores (tested); rows of a folded shard are in a
+   different order, which nothing reads as meaning.
+
+``python -m index_build.fold --index ROOT`` runs it; one build or fold at a time per root (``build_lock``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from index_format.chunking import chunk_document
+from index_format.manifest import (
+    CHUNKS_FILE,
+    DOCUMENTS_FILE,
+    EMBEDDINGS_FILE,
+    FAISS_FILE,
+    FAISS_ROWS_FILE,
+    LUCENE_DIR,
+    MANIFEST,
+    TERMS_FILE,
+    IndexMismatch,
+    ShardManifest,
+    VersionManifest,
+    code_version,
+    counts_agree,
+    now_iso,
+    read_shard_manifest,
+    sha256_file,
+    write_json_atomic,
+)
+from index_format.records import written_document
+from index_format.sharding import shard_of
+from index_format.versions import (
+    activate,
+    active_version,
+    build_lock,
+    publish,
+    read_version_manifest,
+    staging_dir,
+    verify_version,
+    versions_dir,
+)
+
+from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, RowGroupWriter
+
+DEAD_FRACTION = 0.1  # an approximate index with more dead vectors than this share is rebuilt, not appended to
+
+
+@dataclass
+class FoldSummary:
+    version: str | None  # None: nothing to fold
+    base: str
+    log_seq: int
+    upserted: int = 0
+    deleted: int = 0
+    shards_changed: list[str] = field(default_factory=list)
+    shards_linked: list[str] = field(default_factory=list)
+    rebuilt_faiss: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    activated: bool = False
+
+    def render(self) -> str:
+        if self.version is None:
+            return f"nothing to fold: {self.base} holds the change log through seq {self.log_seq}"
+        lines = [f"folded         writes through seq {self.log_seq} into {self.version} (base {self.base})"
+                 f"{', activated' if self.activated else ''}",
+                 f"documents      {self.upserted:,} upserted, {self.deleted:,} deleted",
+                 f"shards         {len(self.shards_changed)} changed, {len(self.shards_linked)} linked unchanged"
+                 + (f"; FAISS rebuilt in {', '.join(self.rebuilt_faiss)}" if self.rebuilt_faiss else "")]
+        lines.append("time           " + ", ".join(f"{k} {v:.2f}s" for k, v in self.seconds.items()))
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+# ---------------------------------------------------------------- step 1: the log's changes, chunked and embedded
+
+
+def _log_changes(root: Path, after: int, through: int | None) -> tuple[dict[str, tuple[int, dict]], set[str], int]:
+    """Each document's last write past ``after`` (through ``through``): (upserts: id -> (seq, record), deletes,
+    the last seq read)."""
+    from deployments.documents.log import CHANGES_DIR, ChangeLog
+
+    upserts: dict[str, tuple[int, dict]] = {}
+    deletes: set[str] = set()
+    last = after
+    for change in ChangeLog(root / CHANGES_DIR).read_new():
+        if change.seq <= after:
+            continue
+        if through is not None and change.seq > through:
+            break
+        for doc_id in change.deletes:
+            upserts.pop(doc_id, None)
+            deletes.add(doc_id)
+        for record in change.upserts:
+            deletes.discard(record["id"])
+            upserts[record["id"]] = (change.seq, record)
+        last = change.seq
+    return upserts, deletes, last
+
+
+def prepare_fold(root: str, work: str, after: int, through: int | None, num_shards: int, build_config: dict,
+                 encoder: str) -> dict:
+    """Ray task (step 1): the writes past ``after`` as each shard's documents, chunks and vectors in ``work``."""
+    from index_format.encoders import load_encoder, resolve_device
+
+    upserts, deletes, last = _log_changes(Path(root), after, through)
+    size, overlap = int(build_config.get("chunk_size", 128)), int(build_config.get("chunk_overlap", 24))
+    prepend = bool(build_config.get("prepend_title", True))
+    docs: dict[int, list[dict]] = {}
+    chunks: dict[int, list[dict]] = {}
+    contents: dict[int, list[str]] = {}
+    for doc_id, (seq, record) in upserts.items():
+        doc = written_document(seq, record)
+        s = shard_of(doc_id, num_shards)
+        docs.setdefault(s, []).append({"doc_id": doc.doc_id, "title": doc.title, "text": doc.text, "source": doc.source,
+                                       "metadata_json": json.dumps(doc.metadata, ensure_ascii=False, sort_keys=True)})
+        for c in chunk_document(doc, size, overlap):
+            chunks.setdefault(s, []).append({
+                "chunk_id": c.chunk_id, "doc_id": c.doc_id, "chunk_index": c.chunk_index, "char_start": c.char_start,
+                "char_end": c.char_end, "title": c.title, "section": c.section, "text": c.text,
+                "metadata_json": json.dumps(c.metadata, ensure_ascii=False, sort_keys=True), "source": c.source})
+            contents.setdefault(s, []).append(c.contents(prepend))
+    texts = [t for s in sorted(contents) for t in contents[s]]
+    vectors = load_encoder(encoder, resolve_device("auto")).encode(texts).astype(np.float32) if texts else None
+    folder = Path(work)
+    folder.mkdir(parents=True, exist_ok=True)
+    touched: dict[int, dict] = {}
+    at = 0
+    for s in range(num_shards):
+        gone = sorted(d for d in deletes if shard_of(d, num_shards) == s)
+        if s not in docs and not gone:
+            continue
+        part = folder / f"shard-{s:06d}"
+        part.mkdir(exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(docs.get(s, []), schema=DOCUMENT_SCHEMA), part / DOCUMENTS_FILE)
+        pq.write_table(pa.Table.from_pylist(chunks.get(s, []), schema=CHUNK_SCHEMA), part / CHUNKS_FILE)
+        n = len(contents.get(s, []))
+        np.save(part / EMBEDDINGS_FILE, vectors[at:at + n] if n else np.zeros((0, 0), dtype=np.float32))
+        (part / "contents.json").write_text(json.dumps(contents.get(s, [])))
+        (part / "deletes.json").write_text(json.dumps(gone))
+        at += n
+        touched[s] = {"upserts": len(docs.get(s, [])), "deletes": len(gone), "chunks": n}
+    return {"log_seq": last, "upserted": len(upserts), "deleted": len(deletes), "touched": touched}
+
+
+# ---------------------------------------------------------------- step 2: one shard, at the cost of its change
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """Every file of ``source`` into ``target`` as a hard link (a copy where links are refused), but the manifest."""
+    for path in sorted(source.rglob("*")):
+        rel = path.relative_to(source)
+        dest = target / rel
+        if path.is_dir():
+            dest.mkdir(parents=True, exist_ok=True)
+        elif rel.as_posix() != MANIFEST:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, dest)
+            except OSError:
+                shutil.copy2(path, dest)
+
+
+def _replace_table(path: Path, tables: list[pa.Table], schema: pa.Schema) -> None:
+    """A table file written anew (never through a hard link to the base's bytes)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with RowGroupWriter(tmp, schema) as writer:
+        for table in tables:
+            if table.num_rows:
+                writer.write(table)
+    os.replace(tmp, path)
+
+
+def _terms_after(base_terms: pa.Table, removed: dict[str, list[int]], added: dict[str, list[int]]) -> pa.Table:
+    """The shard's (term, df, cf) table less what left and plus what came; terms no document holds dropped."""
+    from index_format.bm25_stats import merge_term_tables
+
+    delta = {t: [0, 0] for t in set(removed) | set(added)}
+    for t, (df, cf) in removed.items():
+        delta[t][0] -= df
+        delta[t][1] -= cf
+    for t, (df, cf) in added.items():
+        delta[t][0] += df
+        delta[t][1] += cf
+    change = pa.table({"term": list(delta), "df": [v[0] for v in delta.values()],
+                       "cf": [v[1] for v in delta.values()]},
+                      schema=pa.schema([("term", pa.string()), ("df", pa.int64()), ("cf", pa.int64())]))
+    merged = merge_term_tables([base_terms, change])
+    if pc.any(pc.less(merged["df"], 0)).as_py():
+        raise IndexMismatch("a fold removed terms the shard's statistics did not hold: its term table is wrong")
+    return merged.filter(pc.greater(merged["df"], 0))
+
+
+def fold_shard(base_shard: str, shard_dir: str, part: str, build_key: str, build_config: dict,
+               dead_fraction: float = DEAD_FRACTION) -> dict:
+    """Ray task (step 2): the base shard with its part of the change applied, committed (its manifest written)."""
+    import faiss
+
+    from index_format.lucene import update_lucene_index
+
+    from .faiss_index import FaissSpec, build_faiss_index, index_description, resolved_kind, search_options
+
+    t0 = time.perf_counter()
+    base, folder, part_dir = Path(base_shard), Path(shard_dir), Path(part)
+    old = read_shard_manifest(base)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    _link_tree(base, folder)
+
+    new_docs = pq.read_table(part_dir / DOCUMENTS_FILE)
+    new_chunks = pq.read_table(part_dir / CHUNKS_FILE)
+    new_vectors = np.load(part_dir / EMBEDDINGS_FILE)
+    contents = json.loads((part_dir / "contents.json").read_text())
+    gone = pa.array(sorted(set(json.loads((part_dir / "deletes.json").read_text()))
+                           | set(new_docs["doc_id"].to_pylist())), pa.string())
+
+    docs = pq.read_table(base / DOCUMENTS_FILE)
+    keep_docs = pc.invert(pc.is_in(docs["doc_id"], value_set=gone))
+    kept_docs = docs.filter(keep_docs)
+    _replace_table(folder / DOCUMENTS_FILE, [kept_docs, new_docs], DOCUMENT_SCHEMA)
+
+    chunks = pq.read_table(base / CHUNKS_FILE)
+    keep = pc.invert(pc.is_in(chunks["doc_id"], value_set=gone)).to_numpy(zero_copy_only=False)
+    removed_ids = chunks.filter(pa.array(~keep))["chunk_id"].to_pylist()
+    kept = np.flatnonzero(keep)
+    _replace_table(folder / CHUNKS_FILE, [chunks.filter(pa.array(keep)), new_chunks], CHUNK_SCHEMA)
+    rows = len(kept) + new_chunks.num_rows
+
+    # The vectors: the kept rows' and the new ones, row for row with the chunk table.
+    stored = np.load(base / EMBEDDINGS_FILE, mmap_mode="r")
+    dim = stored.shape[1] if stored.ndim == 2 and stored.shape[1] else old.dimension
+    tmp = folder / (EMBEDDINGS_FILE + ".tmp")
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(rows, dim))
+    for start in range(0, len(kept), 65_536):
+        picked = kept[start:start + 65_536]
+        out[start:start + len(picked)] = stored[picked]
+    if new_chunks.num_rows:
+        out[len(kept):] = new_vectors
+    out.flush()
+    del out
+    os.replace(tmp, folder / EMBEDDINGS_FILE)
+    t_tables = time.perf_counter() - t0
+
+    # FAISS: each id's row after the change (-1: its chunk left); appended, or made again where that is as cheap.
+    t = time.perf_counter()
+    base_rows = np.load(base / FAISS_ROWS_FILE) if (base / FAISS_ROWS_FILE).is_file() \
+        else np.arange(old.counts["chunks"], dtype=np.int64)
+    new_row = np.full(old.counts["chunks"], -1, dtype=np.int64)
+    new_row[kept] = np.arange(len(kept))
+    vector_rows = np.concatenate([np.where(base_rows >= 0, new_row[np.maximum(base_rows, 0)], -1),
+                                  np.arange(len(kept), rows, dtype=np.int64)])
+    dead = int((vector_rows < 0).sum())
+    kind = old.faiss.get("type", "flat")
+    rebuilt = kind == "flat" or dead > dead_fraction * max(len(vector_rows), 1)
+    (folder / FAISS_FILE).unlink()
+    (folder / FAISS_ROWS_FILE).unlink(missing_ok=True)
+    if rebuilt:
+        c = build_config
+        spec = FaissSpec(kind, int(c.get("hnsw_m", 32)), int(c.get("hnsw_ef_construction", 80)),
+                         int(c.get("ivf_nlist", 0)), "cpu", int(c.get("hnsw_ef_search", 0)),
+                         int(c.get("ivf_nprobe", 0)), int(c.get("pq_m", 0)), int(c.get("refine", 0)))
+        index = build_faiss_index(np.load(folder / EMBEDDINGS_FILE, mmap_mode="r"), spec)
+        kind = resolved_kind(spec, rows)
+        faiss_info = {"type": kind} | index_description(index) | search_options(spec, kind, index)
+        dead = 0
+    else:
+        index = faiss.read_index(str(base / FAISS_FILE))
+        if new_chunks.num_rows:
+            index.add(np.ascontiguousarray(new_vectors, dtype=np.float32))
+        np.save(folder / FAISS_ROWS_FILE, vector_rows)
+        faiss_info = old.faiss | index_description(index)
+    faiss.write_index(index, str(folder / FAISS_FILE))
+    t_faiss = time.perf_counter() - t
+
+    # Lucene in place, and the shard's term statistics by difference.
+    t = time.perf_counter()
+    update = update_lucene_index(folder / LUCENE_DIR, removed_ids, list(zip(new_chunks["chunk_id"].to_pylist(),
+                                                                            contents, strict=True)))
+    terms = _terms_after(pq.read_table(base / TERMS_FILE), update["removed"], update["added"])
+    (folder / TERMS_FILE).unlink()
+    pq.write_table(terms, folder / TERMS_FILE)
+    lucene = dict(old.lucene) | {
+        "documents": update["documents"],
+        "non_empty_documents": old.lucene["non_empty_documents"] - update["removed_nonempty"] + update["added_nonempty"],
+        "total_terms": old.lucene["total_terms"] - update["removed_length"] + update["added_length"],
+        "unique_terms": terms.num_rows}
+    t_lucene = time.perf_counter() - t
+
+    counts = {"docs": kept_docs.num_rows + new_docs.num_rows, "chunks": rows, "faiss_vectors": int(index.ntotal),
+              "lucene_docs": update["documents"]} | ({"faiss_dead": dead} if dead else {})
+    if not counts_agree(counts):
+        raise IndexMismatch(f"{folder.name}: a fold left counts that disagree: {counts}")
+    body = ShardManifest(shard=old.shard, num_shards=old.num_shards, build_key=build_key, encoder=old.encoder,
+                         dimension=old.dimension, metric=old.metric, faiss=faiss_info, counts=counts, lucene=lucene,
+                         checksums=_checksums(folder, base, old.checksums), build_config=old.build_config,
+                         code_version=code_version(), created=now_iso())
+    write_json_atomic(folder / MANIFEST, body.model_dump(mode="json"))
+    return {"shard": old.shard, "counts": counts, "rebuilt_faiss": rebuilt,
+            "seconds": {"tables": t_tables, "faiss": t_faiss, "lucene": t_lucene, "total": time.perf_counter() - t0}}
+
+
+def _checksums(folder: Path, base: Path, base_sums: dict[str, str]) -> dict[str, str]:
+    """Every file's checksum: a file that is still a hard link to the base's has the base's (verified when the
+    base was published, and never written since: versions are immutable); the others are read."""
+    out = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = Path(root) / name
+            rel = path.relative_to(folder).as_posix()
+            if rel == MANIFEST:
+                continue
+            source = base / rel
+            same = rel in base_sums and source.exists() and os.stat(source).st_ino == os.stat(path).st_ino
+            out[rel] = base_sums[rel] if same else sha256_file(path)
+    return dict(sorted(out.items()))
+
+
+# ---------------------------------------------------------------- the fold
+
+
+def fold(root: Path, through: int | None = None, base: str | None = None, do_activate: bool = True,
+         version: str | None = None, dead_fraction: float = DEAD_FRACTION) -> FoldSummary:
+    """Fold the change log of the index root ``root`` (its writes past the base version's ``log_seq``, through
+    ``through`` when given) into a new version on top of ``base`` (default: the active one), publish it and
+    activate it. One build or fold at a time per root."""
+    root = Path(root)
+    with build_lock(root):
+        return _fold(root, through, base, do_activate, version, dead_fraction)
+
+
+def _fold(root: Path, through: int | None, base: str | None, do_activate: bool, version: str | None,
+          dead_fraction: float) -> FoldSummary:
+    import ray
+
+    from .build import ensure_ray
+    from .shard_tasks import merge_bm25
+
+    t_start = time.perf_counter()
+    seconds: dict[str, float] = {}
+    base = base or active_version(root)
+    if base is None:
+        raise IndexMismatch(f"{root} has no active version to fold the change log into; build one first")
+    base_dir = versions_dir(root) / base
+    manifest = read_version_manifest(base_dir)
+    key = f"fold-{base}-{time.time_ns()}"
+    staging = staging_dir(root, key)
+    work = staging / "_work"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "shards").mkdir(parents=True)
+    ensure_ray()
+    seconds["start"] = time.perf_counter() - t_start
+
+    t = time.perf_counter()
+    prepared = ray.get(ray.remote(num_cpus=1)(prepare_fold).remote(
+        str(root), str(work), manifest.log_seq, through, manifest.num_shards, manifest.build_config, manifest.encoder))
+    seconds["read+embed"] = time.perf_counter() - t
+    summary = FoldSummary(None, base, prepared["log_seq"], prepared["upserted"], prepared["deleted"])
+    if prepared["log_seq"] == manifest.log_seq:
+        shutil.rmtree(staging, ignore_errors=True)
+        summary.log_seq = manifest.log_seq
+        return summary
+
+    t = time.perf_counter()
+    build_key = key
+    task = ray.remote(num_cpus=1)(fold_shard)
+    refs = {}
+    for s, shard in enumerate(manifest.shards):
+        target = staging / "shards" / shard
+        if s in prepared["touched"]:
+            refs[s] = task.remote(str(base_dir / "shards" / shard), str(target), str(work / f"shard-{s:06d}"),
+                                  build_key, manifest.build_config, dead_fraction)
+            summary.shards_changed.append(shard)
+        else:  # untouched: linked whole, its manifest as it was
+            target.mkdir(parents=True)
+            _link_tree(base_dir / "shards" / shard, target)
+            shutil.copy2(base_dir / "shards" / shard / MANIFEST, target / MANIFEST)
+            summary.shards_linked.append(shard)
+    results = {s: ray.get(ref) for s, ref in refs.items()}
+    summary.rebuilt_faiss = [manifest.shards[s] for s, r in results.items() if r["rebuilt_faiss"]]
+    seconds["shards"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    shard_dirs = [staging / "shards" / shard for shard in manifest.shards]
+    bm25 = merge_bm25(str(staging), [str(d) for d in shard_dirs], manifest.bm25["k1"], manifest.bm25["b"])
+    counts = [read_shard_manifest(d).counts for d in shard_dirs]
+    name = version or f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-fold{prepared['log_seq']}"
+    body = manifest.model_copy(update={
+        "version": name, "build_key": build_key, "created": now_iso(), "code_version": code_version(),
+        "corpus": {"format": "fold", "base": base, "log_seq": prepared["log_seq"],
+                   "upserted": prepared["upserted"], "deleted": prepared["deleted"]},
+        "counts": {"docs": sum(c["docs"] for c in counts), "chunks": sum(c["chunks"] for c in counts),
+                   "bad_records": 0},
+        "bm25": {"k1": manifest.bm25["k1"], "b": manifest.bm25["b"]} | bm25,
+        "reuse": {"shards_linked": summary.shards_linked, "folded_from": base},
+        "log_seq": prepared["log_seq"]})
+    write_json_atomic(staging / MANIFEST, VersionManifest(**body.model_dump()).model_dump(mode="json"))
+    verify_version(staging, checksums=False)  # the counts add up; written files were checksummed as written
+    shutil.rmtree(work)
+    publish(staging, root, name)
+    if do_activate:
+        activate(root, name, by="fold", verify=False)
+    summary.version, summary.activated = name, do_activate
+    seconds["publish"] = time.perf_counter() - t
+    seconds["total"] = time.perf_counter() - t_start
+    summary.seconds = {k: round(v, 3) for k, v in seconds.items()}
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m index_build.fold",
+        description="Fold the documents written through the API (the index root's change log) into a new version: "
+                    "only the shards they touch are changed (Lucene updated in place, FAISS appended where "
+                    "approximate), the rest linked; the version is published and activated, and serving replicas "
+                    "then drop what it holds from their fresh segments.")
+    p.add_argument("--index", required=True, type=Path, help="Index root (the folder holding versions/ and changes/).")
+    p.add_argument("--through", type=int, default=None, help="Fold the writes up to this sequence number only "
+                   "(default: all of them).")
+    p.add_argument("--base", default=None, help="Version to fold into (default: the active one).")
+    p.add_argument("--version", default=None, help="Name of the new version (default: a timestamp and the seq).")
+    p.add_argument("--no-activate", action="store_true", help="Publish the version without making it active.")
+    p.add_argument("--json", action="store_true", help="Print the summary as JSON.")
+    args = p.parse_args(argv)
+    try:
+        summary = fold(args.index, args.through, args.base, not args.no_activate, args.version)
+    except IndexMismatch as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary.as_dict(), indent=2) if args.json else summary.render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

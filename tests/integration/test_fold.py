@@ -1,0 +1,153 @@
+"""Folding the change log into a version, against the oracle of a full build of the same documents (real Lucene,
+real FAISS, Ray tasks): the same chunks, vectors, statistics and scores; the base version untouched; only the
+touched shards changed, Lucene updated in place rather than rebuilt."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from deployments.documents.log import CHANGES_DIR, ChangeLog
+from deployments.search.inprocess import LocalIndex
+from index_build.build import build_index
+from index_build.config import BuildConfig
+from index_build.fold import fold
+from index_format.bm25_stats import read_stats
+from index_format.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, FAISS_ROWS_FILE, LUCENE_DIR, TERMS_FILE
+from index_format.versions import active_version, read_version_manifest, verify_version
+from tests.conftest import make_corpus, write_jsonl
+
+ENCODER = "hashing:64"
+OPTIONS = {"encoder": ENCODER, "chunk_size": 40, "chunk_overlap": 8, "shards": 3, "progress": False}
+QUERIES = ["telescope galaxy", "bread oven butter", "boat wind anchor", "piano chord", "lucene shard replica",
+           "zebra stripes savanna", "the"]
+
+
+def _record(d: dict) -> dict:
+    return {"id": d["_id"], "title": d["title"], "text": d["text"], "metadata": d.get("metadata", {})}
+
+
+def _writes(docs: list[dict]) -> tuple[list[tuple[list[dict], list[str]]], list[dict]]:
+    """Writes through the log (as the API makes them) and the corpus they leave: 3 documents replaced (one of
+    them twice), 2 added (one then deleted again), 2 deleted."""
+    by_id = {d["_id"]: dict(d) for d in docs}
+    edited = [dict(by_id[i], text=by_id[i]["text"] + " edited with a sentence about lucene shard replica")
+              for i in ("d001", "d017", "d030")]
+    new = [{"_id": "n001", "title": "zebra", "text": "zebra stripes on the savanna " * 12, "metadata": {"topic": "z"}},
+           {"_id": "n002", "title": "gone", "text": "written and deleted", "metadata": {}}]
+    twice = dict(edited[0], text="replaced again: a telescope saw a galaxy")
+    writes = [([_record(d) for d in edited], []), ([_record(d) for d in new], ["d005"]),
+              ([_record(twice)], ["n002", "d011"])]
+    for d in edited + new[:1] + [twice]:
+        by_id[d["_id"]] = d
+    for gone in ("d005", "n002", "d011"):
+        by_id.pop(gone, None)
+    order = [d["_id"] for d in docs if d["_id"] in by_id] + ["n001"]
+    return writes, [by_id[i] for i in order]
+
+
+def _rows_by_chunk(version_dir):
+    """Every shard's chunk rows (less their source) and vectors, keyed by chunk id."""
+    rows, vectors = {}, {}
+    for shard in read_version_manifest(version_dir).shards:
+        folder = version_dir / "shards" / shard
+        table = pq.read_table(folder / CHUNKS_FILE).drop(["source"]).to_pylist()
+        stored = np.load(folder / EMBEDDINGS_FILE)
+        for row, vector in zip(table, stored, strict=True):
+            rows[row["chunk_id"]] = (shard, row)
+            vectors[row["chunk_id"]] = vector
+    return rows, vectors
+
+
+@pytest.fixture(scope="module", params=["flat", "hnsw"])
+def folded(request, ray_local, tmp_path_factory):
+    kind = request.param
+    folder = tmp_path_factory.mktemp(f"fold-{kind}")
+    docs = make_corpus(120)  # shards large enough that Lucene's merge policy leaves their segment alone
+    writes, after = _writes(docs)
+    root = folder / "index"
+    base = build_index(BuildConfig(corpus=write_jsonl(folder / "v1.jsonl", docs), out=root, version="v1",
+                                   faiss_index=kind, **OPTIONS))
+    log = ChangeLog(root / CHANGES_DIR)
+    for upserts, deletes in writes:
+        log.append(upserts, deletes)
+    before = {p: (os.stat(p).st_ino, p.read_bytes()) for p in base.version_dir.rglob("*") if p.is_file()}
+    summary = fold(root, dead_fraction=1.0)  # HNSW appended to whatever it holds dead: the path to test
+    full = build_index(BuildConfig(corpus=write_jsonl(folder / "full.jsonl", after), out=folder / "full",
+                                   version="full", faiss_index=kind, **OPTIONS))
+    return {"kind": kind, "root": root, "base": base, "summary": summary, "full": full, "before": before,
+            "after": after}
+
+
+def test_the_folded_version_holds_what_a_full_build_of_the_same_documents_holds(folded):
+    summary, full = folded["summary"], folded["full"]
+    folded_dir = folded["root"] / "versions" / summary.version
+    assert active_version(folded["root"]) == summary.version
+    manifest = read_version_manifest(folded_dir)
+    assert manifest.log_seq == 3 and manifest.corpus == {"format": "fold", "base": "v1", "log_seq": 3,
+                                                         "upserted": 4, "deleted": 3}
+    assert manifest.counts["docs"] == full.docs and manifest.counts["chunks"] == full.chunks
+    verify_version(folded_dir)  # every file against its checksum, the counts
+    got_rows, got_vectors = _rows_by_chunk(folded_dir)
+    want_rows, want_vectors = _rows_by_chunk(full.version_dir)
+    assert got_rows == want_rows  # the same chunks in the same shards
+    for chunk_id, vector in want_vectors.items():
+        np.testing.assert_allclose(got_vectors[chunk_id], vector, atol=1e-6)
+    assert read_stats(folded_dir / "bm25")[0] == read_stats(full.version_dir / "bm25")[0]
+    assert read_stats(folded_dir / "bm25")[1].equals(read_stats(full.version_dir / "bm25")[1])
+    for shard in manifest.shards:
+        got = pq.read_table(folded_dir / "shards" / shard / TERMS_FILE).sort_by("term")
+        assert got.equals(pq.read_table(full.version_dir / "shards" / shard / TERMS_FILE).sort_by("term").cast(got.schema))
+
+
+def test_the_folded_version_answers_as_a_full_build(folded):
+    folded_dir = folded["root"] / "versions" / folded["summary"].version
+    got, want = LocalIndex(folded_dir), LocalIndex(folded["full"].version_dir)
+    for q in QUERIES:
+        # BM25: the same chunks and scores (Lucene's own statistics count the deleted documents; the corpus's do not)
+        a = {h.chunk_id: h.score for h in got.bm25(q, 200)}
+        b = {h.chunk_id: h.score for h in want.bm25(q, 200)}
+        assert a.keys() == b.keys(), q
+        assert a == pytest.approx(b, rel=1e-5), q
+        vector = want.embed([q])
+        a = {h.chunk_id: h.score for h in got.dense(vector, 20)}
+        b = {h.chunk_id: h.score for h in want.dense(vector, 20)}
+        assert a == pytest.approx(b, abs=1e-5), q  # a graph this small is searched whole: exact either way
+    deleted = {"d005#0", "n002#0", "d011#0"}
+    assert not deleted & {h.chunk_id for q in QUERIES for h in got.bm25(q, 200)}
+
+
+def test_a_fold_changes_only_the_touched_shards_and_never_the_base(folded):
+    summary, base = folded["summary"], folded["base"]
+    folded_dir = folded["root"] / "versions" / summary.version
+    for path, (inode, data) in folded["before"].items():
+        assert os.stat(path).st_ino == inode and path.read_bytes() == data, path
+    changed, linked = set(summary.shards_changed), set(summary.shards_linked)
+    assert changed and changed | linked == set(read_version_manifest(folded_dir).shards)
+    for shard in changed:  # Lucene updated in place: the base's segment files are still the same inodes
+        lucene, old = folded_dir / "shards" / shard / LUCENE_DIR, base.version_dir / "shards" / shard / LUCENE_DIR
+        shared = [p.name for p in old.iterdir() if (lucene / p.name).exists()
+                  and os.stat(lucene / p.name).st_ino == os.stat(p).st_ino and p.name.endswith((".doc", ".tim"))]
+        assert shared, shard
+        has_map = (folded_dir / "shards" / shard / FAISS_ROWS_FILE).exists()
+        assert has_map == (folded["kind"] == "hnsw")  # flat is made again; an approximate index is appended to
+    assert (shard in summary.rebuilt_faiss for shard in changed) if folded["kind"] == "flat" else \
+        not summary.rebuilt_faiss
+
+
+def test_a_second_fold_with_nothing_new_publishes_nothing_and_a_later_write_folds_on_top(folded):
+    root = folded["root"]
+    again = fold(root)
+    assert again.version is None and again.log_seq == 3 and "nothing to fold" in again.render()
+    ChangeLog(root / CHANGES_DIR).append([{"id": "n001", "title": "zebra", "text": "now about a piano chord",
+                                           "metadata": {}}], ["d001"])
+    third = fold(root)
+    assert third.version and third.log_seq == 4 and third.base == folded["summary"].version
+    index = LocalIndex(root)
+    assert [h.chunk_id for h in index.bm25("piano chord zebra", 1)] == ["n001#0"]
+    assert not any(h.chunk_id.startswith("d001#") for h in index.bm25("telescope galaxy replaced", 200))
+    assert json.loads((root / "versions" / third.version / "manifest.json").read_text())["log_seq"] == 4

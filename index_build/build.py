@@ -73,6 +73,14 @@ class BuildSummary:
     def total_s(self) -> float:
         return self.seconds.get("total", 0.0)
 
+    def as_dict(self) -> dict:
+        """The summary as JSON values (``--summary-json``; what a build job started through the API reports)."""
+        return {"version": self.version, "version_dir": str(self.version_dir), "active": self.active,
+                "docs": self.docs, "chunks": self.chunks, "shards": self.shards, "reused_shards": self.reused_shards,
+                "bad_records": self.bad_count, "first_bad_records": [str(r) for r in self.bad_records],
+                "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "reuse": self.reuse,
+                "delta": self.delta}
+
     def render(self) -> str:
         t = max(self.total_s, 1e-9)
         reused = f" ({self.reused_shards} reused from an interrupted build)" if self.reused_shards else ""

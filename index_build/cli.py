@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import json
 import sys
 import typing
 from pathlib import Path
@@ -65,6 +66,11 @@ def _show(value: Any) -> str:
 
 
 def config_from_args(argv: list[str] | None, prog: str = "python -m index_build") -> BuildConfig:
+    return parse_args(argv, prog)[0]
+
+
+def parse_args(argv: list[str] | None, prog: str = "python -m index_build") -> tuple[BuildConfig, Path | None]:
+    """The build's config from flags (and a YAML file), and where to write its summary as JSON (or None)."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description=(
@@ -86,12 +92,14 @@ def config_from_args(argv: list[str] | None, prog: str = "python -m index_build"
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", type=Path, metavar="FILE.yaml", help="YAML file with any of the options below")
+    parser.add_argument("--summary-json", type=Path, metavar="FILE",
+                        help="Also write the build's summary to FILE as JSON (what a job started through the API reports)")
     add_model_arguments(parser, BuildConfig)
     ns = parser.parse_args(argv)
     values: dict[str, Any] = load_yaml(ns.config) if ns.config else {}
-    values.update({k: v for k, v in vars(ns).items() if k != "config" and v is not None})
+    values.update({k: v for k, v in vars(ns).items() if k not in ("config", "summary_json") and v is not None})
     try:
-        return BuildConfig(**values)
+        return BuildConfig(**values), ns.summary_json
     except ValidationError as e:
         problems = "\n".join(
             f"  {_flag(str(err['loc'][0])) if err['loc'] else 'config'}: {err['msg']}" for err in e.errors()
@@ -100,7 +108,7 @@ def config_from_args(argv: list[str] | None, prog: str = "python -m index_build"
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = config_from_args(argv)
+    cfg, summary_json = parse_args(argv)
     from index_format.manifest import IndexMismatch
 
     from .build import build_index
@@ -112,4 +120,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(summary.render())
+    if summary_json is not None:
+        summary_json.write_text(json.dumps(summary.as_dict(), indent=2))
     return 0

@@ -79,12 +79,29 @@ class FreshSegment:
     size = 0  # not a shard of the version: coverage counts the version's shards
 
     def __init__(self, name: str, chunking: Chunking, corpus: Corpus, analyze: Callable[[str], list[str]],
-                 dimension: int):
+                 dimension: int, log_seq: int = 0):
         self.name, self.chunking, self.corpus, self.analyze, self.dimension = name, chunking, corpus, analyze, dimension
         self.docs: dict[str, _Doc] = {}
         self.in_version: set[str] = set()  # masked documents the version was seen to answer for (retrieval adds)
-        self.applied_seq = 0
+        # The version holds the log's writes through ``log_seq`` (``index_build.fold``): the segment, only later ones.
+        self.log_seq = log_seq
+        self.applied_seq = log_seq
         self._index()
+
+    def carry_to(self, other: FreshSegment) -> None:
+        """Give ``other`` (a segment for the next version, empty) what this one holds that its version does not:
+        each document's write past ``other.log_seq``, with its chunks and vectors as they are (nothing embedded
+        again). This segment is left as it was, for the requests still running on the old version."""
+        if other.log_seq < self.log_seq:
+            raise ValueError("a segment carries writes forward only; an earlier version replays the log")
+        for doc_id, held in sorted(self.docs.items(), key=lambda item: item[1].seq):
+            if held.seq > other.log_seq:
+                copy = _Doc(held.seq, held.document, held.rows, held.vectors, held.terms)
+                if copy.document is not None:
+                    other._add(copy)
+                other.docs[doc_id] = copy
+        other.applied_seq = max(self.applied_seq, other.log_seq)
+        other.masked = frozenset(other.docs)
 
     # ------------------------------------------------------------------ writes
 

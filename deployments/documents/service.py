@@ -21,7 +21,7 @@ from deployments.documents.log import CHANGES_DIR, Change, ChangeLog
 from deployments.documents.segment import FreshSegment
 from deployments.search.clients import EncoderClient
 
-__all__ = ["CHANGES_DIR", "POLL_S", "CollectionDocuments", "open_documents"]
+__all__ = ["CHANGES_DIR", "POLL_S", "CollectionDocuments", "new_segment", "open_documents"]
 
 POLL_S = 0.2  # how often a replica reads the log for other replicas' writes
 
@@ -39,17 +39,39 @@ class CollectionDocuments:
         """Apply the pending changes and these, in order; a failure leaves the rest pending (and raises)."""
         self.pending.extend(changes)
         while self.pending:
-            change = self.pending[0]
-            pieces = self.segment.chunk(change)
-            texts = [t for _, _, ts in pieces for t in ts]
-            vectors = list(await self.encoder.embed_many(texts)) if texts else []
-            embedded, at = {}, 0
-            for doc_id, _, ts in pieces:
-                embedded[doc_id] = (np.stack(vectors[at:at + len(ts)]).astype(np.float32) if ts
-                                    else np.zeros((0, self.segment.dimension), dtype=np.float32))
-                at += len(ts)
-            self.segment.apply(change, embedded)
+            await self._apply_one(self.segment, self.pending[0])
             self.pending.pop(0)
+
+    async def _apply_one(self, segment: FreshSegment, change: Change) -> None:
+        if change.seq <= segment.applied_seq:
+            return  # the version or the segment holds it already
+        pieces = segment.chunk(change)
+        texts = [t for _, _, ts in pieces for t in ts]
+        vectors = list(await self.encoder.embed_many(texts)) if texts else []
+        embedded, at = {}, 0
+        for doc_id, _, ts in pieces:
+            embedded[doc_id] = (np.stack(vectors[at:at + len(ts)]).astype(np.float32) if ts
+                                else np.zeros((0, segment.dimension), dtype=np.float32))
+            at += len(ts)
+        segment.apply(change, embedded)
+
+    async def rebase(self, version_dir: Path) -> FreshSegment:
+        """The segment to search beside another version (a switch, a fold's activation, a rollback): the writes
+        that version does not hold. Moving forward (a fold), what the current segment holds past the version's
+        ``log_seq`` is carried over and the rest let go; moving back (a rollback to a version holding fewer
+        writes), the log is read again from the start and what the version lacks applied anew. Every later write
+        goes to the returned segment; the current one stays as it was for the requests still running on it."""
+        async with self._lock:
+            segment = await asyncio.to_thread(new_segment, self.name, version_dir, self.segment.dimension)
+            if segment.log_seq >= self.segment.log_seq:
+                self.segment.carry_to(segment)
+            else:
+                for change in await asyncio.to_thread(ChangeLog(self.root / CHANGES_DIR).read_new):
+                    if change.seq <= self.segment.applied_seq:  # past it, the usual reads apply the rest
+                        await self._apply_one(segment, change)
+                segment.applied_seq = max(segment.applied_seq, self.segment.applied_seq)
+            self.segment = segment
+            return segment
 
     async def catch_up(self) -> int:
         """Read what other replicas (or this one before a restart) wrote, and apply it; the last applied seq."""
@@ -77,9 +99,15 @@ class CollectionDocuments:
 
 def open_documents(name: str, root: Path, version_dir: Path, encoder: EncoderClient, dimension: int
                    ) -> CollectionDocuments:
-    """A collection's documents API over the index root ``root``, chunking and scoring as the version at
-    ``version_dir`` was built. Lucene's analyzer and the version's term table are loaded at first use (a
-    collection never written to costs nothing)."""
+    """A collection's documents API over the index root ``root``, its segment searched beside the version at
+    ``version_dir`` (``new_segment``)."""
+    return CollectionDocuments(name, root, new_segment(name, version_dir, dimension), encoder)
+
+
+def new_segment(name: str, version_dir: Path, dimension: int) -> FreshSegment:
+    """An empty segment for the version at ``version_dir``: chunking as it was built, scoring with its statistics,
+    holding only the log's writes past its ``log_seq``. Lucene's analyzer and the version's term table are loaded
+    at first use (a collection never written to costs nothing)."""
     from deployments.documents.segment import Chunking, Corpus
     from index_format.bm25_stats import read_collection_stats, read_stats
     from index_format.versions import read_version_manifest
@@ -105,5 +133,4 @@ def open_documents(name: str, root: Path, version_dir: Path, encoder: EncoderCli
         return analyzer[0].analyze(text)
 
     corpus = Corpus(stats.doc_count, stats.avgdl, stats.k1, stats.b, df)
-    segment = FreshSegment(name, Chunking.of(manifest.build_config), corpus, analyze, dimension)
-    return CollectionDocuments(name, root, segment, encoder)
+    return FreshSegment(name, Chunking.of(manifest.build_config), corpus, analyze, dimension, manifest.log_seq)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,10 +94,13 @@ class VersionSwitch:
 
     def __init__(self, collections: dict[str, Collection], deployed: dict[str, DeployedCollection],
                  make_shard: Callable[[str, Any, str, list[str]], ShardClient], warm_timeout_s: float = 120.0,
-                 retry_s: float = 30.0):
+                 retry_s: float = 30.0, fresh_for: Callable[[str, Path], Awaitable[Any]] | None = None):
         self.collections = collections  # the pipeline's own dict: a switch replaces one entry
         self.deployed = deployed
         self.make_shard = make_shard
+        # The fresh segment to search beside a version (the writes it does not hold), made when switching to it;
+        # None: the collection's segment stays as it is.
+        self.fresh_for = fresh_for
         self.warm_timeout_s = warm_timeout_s
         self.retry_s = retry_s  # a version that failed to switch is tried again after this long
         self.state = SwitchState()
@@ -143,10 +146,15 @@ class VersionSwitch:
             fields: dict[str, str] = {}
             for info in infos:
                 fields.update(info["fields"])
+            fresh = current.fresh
+            if fresh is not None and self.fresh_for is not None:
+                fresh = await self.fresh_for(name, versions_dir(deployed.root) / version)
+            # No await from here: the version and its segment are swapped in one step, so a request sees both
+            # old or both new (a folded write is in the new version or in the old segment, never in neither).
             self.collections[name] = Collection(name=name, version=version, shards=shards, encoder=deployed.encoder,
                                                 fields=fields, rerank=deployed.rerank, ann=deployed.ann,
                                                 documents=manifest.counts.get("docs", 0),
-                                                chunks=manifest.counts.get("chunks", 0), fresh=current.fresh)
+                                                chunks=manifest.counts.get("chunks", 0), fresh=fresh)
             self.state.errors.pop(name, None)
             warm_ms = round((time.perf_counter() - t0) * 1000, 1)
             logger.info(f"collection {name!r}: now serving index version {version!r} (was {current.version!r}; "

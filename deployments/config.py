@@ -85,6 +85,11 @@ class RouterSettings(BaseModel):
     activation_timeout_s: float = Field(
         120.0, gt=0, description="How long the shards may take to load a newly activated version before the "
         "switch is abandoned (the old version keeps serving).")
+    fold_after_documents: int = Field(
+        1000, ge=0, description="Fold the documents written through the API into a new version (a fold job, as "
+        "POST /admin/builds starts) once a collection's fresh segment holds this many (0: never by count).")
+    fold_after_s: float = Field(
+        600.0, ge=0, description="... or once the oldest write it holds is this many seconds old (0: never by age).")
 
 
 class CollectionConfig(BaseModel):

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, summary_json = parse_args(argv)
     from index_format.manifest import IndexMismatch
 
-    from .build import build_index
+    from .build import build_index, shutdown_ray
     from .corpus import CorpusError
 
     try:
@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     except (CorpusError, IndexMismatch, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    finally:
+        shutdown_ray()
     print(summary.render())
     if summary_json is not None:
         summary_json.write_text(json.dumps(summary.as_dict(), indent=2))

@@ -3,10 +3,10 @@
 A version is immutable; writes since it live in the serving replicas' fresh segments, read from the change log
 (``deployments.documents.log``). A fold makes the next version hold them, so the segments can let go of them:
 
-1. ``prepare_fold`` (a Ray task) reads the log past the base version's ``log_seq``, keeps each document's last
+1. ``prepare_fold`` reads the log past the base version's ``log_seq``, keeps each document's last
    write (an upsert, or a delete), chunks the upserted documents exactly as the build does, embeds them with
    the version's encoder, and leaves each shard's part in the work folder.
-2. ``fold_shard`` (a Ray task per shard touched; an untouched shard is hard-linked whole) starts from the base
+2. ``fold_shard`` (one per shard touched; an untouched shard is hard-linked whole) starts from the base
    shard's files, hard-linked, and rewrites only what the change needs:
 
    - the two tables (``documents.parquet``, ``chunks.parquet``): the base's rows with the changed and deleted
@@ -19,6 +19,8 @@ A version is immutable; writes since it live in the serving replicas' fresh segm
      base's, the replaced chunks are deleted (a new live-docs file) and the new ones added as a new segment;
    - the shard's term statistics: the base's, less the terms of what left and plus those of what came.
 
+Both run in ``FoldWorker`` actors, kept up between folds on a cluster.
+
 3. The corpus-wide BM25 statistics are summed from the shards', the version is checked, published with
    ``log_seq`` (the last write it holds) and activated. What it holds equals a full build of the same documents:
    the same chunks, vectors and statistics, so the same scores (tested); rows of a folded shard are in a
@@ -30,11 +32,14 @@ A version is immutable; writes since it live in the serving replicas' fresh segm
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import os
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +84,7 @@ from index_format.versions import (
 from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, ROW_GROUP
 
 DEAD_FRACTION = 0.1  # an approximate index with more dead vectors than this share is rebuilt, not appended to
+SHARD_THREADS = 2  # threads writing one shard's files at once
 
 
 @dataclass
@@ -93,6 +99,7 @@ class FoldSummary:
     rebuilt_faiss: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     activated: bool = False
+    shard_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # each changed shard's task, by step
 
     def render(self) -> str:
         if self.version is None:
@@ -137,7 +144,7 @@ def _log_changes(root: Path, after: int, through: int | None) -> tuple[dict[str,
 
 def prepare_fold(root: str, work: str, after: int, through: int | None, num_shards: int, build_config: dict,
                  encoder: str) -> dict:
-    """Ray task (step 1): the writes past ``after`` as each shard's documents, chunks and vectors in ``work``."""
+    """Step 1: the writes past ``after`` as each shard's documents, chunks and vectors in ``work``."""
     from index_format.encoders import load_encoder
 
     upserts, deletes, last = _log_changes(Path(root), after, through)
@@ -199,10 +206,13 @@ def _link_tree(source: Path, target: Path) -> None:
 
 
 def _replace_table(path: Path, tables: list[pa.Table], schema: pa.Schema) -> None:
-    """A table file written anew (never through a hard link to the base's bytes), in the build's row groups."""
+    """A table file written anew (never through a hard link to the base's bytes), in the build's row groups and
+    uncompressed: Snappy made the two tables' writes 0.33 s a shard of 57k chunks against 0.12 s (and reading
+    them back 0.16 against 0.05 s), for 1.8x the bytes; a fold rewrites them whole, so it pays that at every fold
+    (bench/README.md, "Folding")."""
     tmp = path.with_name(path.name + ".tmp")
     table = pa.concat_tables([t.select(schema.names).cast(schema) for t in tables])
-    pq.write_table(table, tmp, row_group_size=ROW_GROUP)
+    pq.write_table(table, tmp, row_group_size=ROW_GROUP, compression="none")
     os.replace(tmp, path)
 
 
@@ -228,12 +238,10 @@ def _terms_after(base_terms: pa.Table, removed: dict[str, list[int]], added: dic
 
 def fold_shard(base_shard: str, shard_dir: str, part: str, build_key: str, build_config: dict,
                dead_fraction: float = DEAD_FRACTION) -> dict:
-    """Ray task (step 2): the base shard with its part of the change applied, committed (its manifest written)."""
-    import faiss
-
+    """Step 2: the base shard with its part of the change applied, committed (its manifest written). The tables,
+    the vectors and the FAISS index are written by ``SHARD_THREADS`` threads (Arrow, numpy, FAISS and hashing
+    release the GIL), then Lucene is updated on this one."""
     from index_format.lucene import update_lucene_index
-
-    from .faiss_index import FaissSpec, build_faiss_index, index_description, resolved_kind, search_options
 
     t0 = time.perf_counter()
     base, folder, part_dir = Path(base_shard), Path(shard_dir), Path(part)
@@ -248,64 +256,20 @@ def fold_shard(base_shard: str, shard_dir: str, part: str, build_key: str, build
     contents = json.loads((part_dir / "contents.json").read_text())
     gone = pa.array(sorted(set(json.loads((part_dir / "deletes.json").read_text()))
                            | set(new_docs["doc_id"].to_pylist())), pa.string())
-
-    docs = pq.read_table(base / DOCUMENTS_FILE, memory_map=True)
-    keep_docs = pc.invert(pc.is_in(docs["doc_id"], value_set=gone))
-    kept_docs = docs.filter(keep_docs)
-    _replace_table(folder / DOCUMENTS_FILE, [kept_docs, new_docs], DOCUMENT_SCHEMA)
-
-    chunks = pq.read_table(base / CHUNKS_FILE, memory_map=True)
-    keep = pc.invert(pc.is_in(chunks["doc_id"], value_set=gone)).to_numpy(zero_copy_only=False)
-    removed_ids = chunks.filter(pa.array(~keep))["chunk_id"].to_pylist()
+    chunk_ids = pq.read_table(base / CHUNKS_FILE, columns=["doc_id", "chunk_id"], memory_map=True)
+    keep = pc.invert(pc.is_in(chunk_ids["doc_id"], value_set=gone)).to_numpy(zero_copy_only=False)
+    removed_ids = chunk_ids.filter(pa.array(~keep))["chunk_id"].to_pylist()
     kept = np.flatnonzero(keep)
-    _replace_table(folder / CHUNKS_FILE, [chunks.filter(pa.array(keep)), new_chunks], CHUNK_SCHEMA)
     rows = len(kept) + new_chunks.num_rows
 
-    # The vectors: the kept rows' and the new ones, row for row with the chunk table.
-    stored = np.load(base / EMBEDDINGS_FILE, mmap_mode="r")
-    dim = stored.shape[1] if stored.ndim == 2 and stored.shape[1] else old.dimension
-    tmp = folder / (EMBEDDINGS_FILE + ".tmp")
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(rows, dim))
-    for start in range(0, len(kept), 65_536):
-        picked = kept[start:start + 65_536]
-        out[start:start + len(picked)] = stored[picked]
-    if new_chunks.num_rows:
-        out[len(kept):] = new_vectors
-    out.flush()
-    del out
-    os.replace(tmp, folder / EMBEDDINGS_FILE)
-    t_tables = time.perf_counter() - t0
-
-    # FAISS: each id's row after the change (-1: its chunk left); appended, or made again where that is as cheap.
-    t = time.perf_counter()
-    base_rows = np.load(base / FAISS_ROWS_FILE) if (base / FAISS_ROWS_FILE).is_file() \
-        else np.arange(old.counts["chunks"], dtype=np.int64)
-    new_row = np.full(old.counts["chunks"], -1, dtype=np.int64)
-    new_row[kept] = np.arange(len(kept))
-    vector_rows = np.concatenate([np.where(base_rows >= 0, new_row[np.maximum(base_rows, 0)], -1),
-                                  np.arange(len(kept), rows, dtype=np.int64)])
-    dead = int((vector_rows < 0).sum())
-    kind = old.faiss.get("type", "flat")
-    rebuilt = kind == "flat" or dead > dead_fraction * max(len(vector_rows), 1)
-    (folder / FAISS_FILE).unlink()
-    (folder / FAISS_ROWS_FILE).unlink(missing_ok=True)
-    if rebuilt:
-        c = build_config
-        spec = FaissSpec(kind, int(c.get("hnsw_m", 32)), int(c.get("hnsw_ef_construction", 80)),
-                         int(c.get("ivf_nlist", 0)), "cpu", int(c.get("hnsw_ef_search", 0)),
-                         int(c.get("ivf_nprobe", 0)), int(c.get("pq_m", 0)), int(c.get("refine", 0)))
-        index = build_faiss_index(np.load(folder / EMBEDDINGS_FILE, mmap_mode="r"), spec)
-        kind = resolved_kind(spec, rows)
-        faiss_info = {"type": kind} | index_description(index) | search_options(spec, kind, index)
-        dead = 0
-    else:
-        index = faiss.read_index(str(base / FAISS_FILE))
-        if new_chunks.num_rows:
-            index.add(np.ascontiguousarray(new_vectors, dtype=np.float32))
-        np.save(folder / FAISS_ROWS_FILE, vector_rows)
-        faiss_info = old.faiss | {"ntotal": int(index.ntotal)}  # (index_description serializes it: 0.15 s)
-    faiss.write_index(index, str(folder / FAISS_FILE))
-    t_faiss = time.perf_counter() - t
+    with ThreadPoolExecutor(SHARD_THREADS) as pool:
+        jobs = [pool.submit(_fold_documents, base, folder, gone, new_docs),
+                pool.submit(_fold_chunks, base, folder, keep, new_chunks),
+                pool.submit(_fold_vectors, base, folder, kept, rows, new_vectors, old.dimension),
+                pool.submit(_fold_faiss, base, folder, old, kept, rows, new_vectors, build_config, dead_fraction)]
+        (docs_count, docs_sum), chunks_sum, vectors_sum, (faiss_info, faiss_sums, dead, rebuilt) = \
+            [j.result() for j in jobs]
+    t_files = time.perf_counter() - t0
 
     # Lucene in place, and the shard's term statistics by difference.
     t = time.perf_counter()
@@ -321,22 +285,110 @@ def fold_shard(base_shard: str, shard_dir: str, part: str, build_key: str, build
         "unique_terms": terms.num_rows}
     t_lucene = time.perf_counter() - t
 
-    counts = {"docs": kept_docs.num_rows + new_docs.num_rows, "chunks": rows, "faiss_vectors": int(index.ntotal),
+    counts = {"docs": docs_count, "chunks": rows, "faiss_vectors": faiss_info["ntotal"],
               "lucene_docs": update["documents"]} | ({"faiss_dead": dead} if dead else {})
     if not counts_agree(counts):
         raise IndexMismatch(f"{folder.name}: a fold left counts that disagree: {counts}")
+    written = {DOCUMENTS_FILE: docs_sum, CHUNKS_FILE: chunks_sum, EMBEDDINGS_FILE: vectors_sum} | faiss_sums
     body = ShardManifest(shard=old.shard, num_shards=old.num_shards, build_key=build_key, encoder=old.encoder,
                          dimension=old.dimension, metric=old.metric, faiss=faiss_info, counts=counts, lucene=lucene,
-                         checksums=_checksums(folder, base, old.checksums), build_config=old.build_config,
+                         checksums=_checksums(folder, base, old.checksums, written), build_config=old.build_config,
                          code_version=code_version(), created=now_iso())
     write_json_atomic(folder / MANIFEST, body.model_dump(mode="json"))
     return {"shard": old.shard, "counts": counts, "rebuilt_faiss": rebuilt,
-            "seconds": {"tables": t_tables, "faiss": t_faiss, "lucene": t_lucene, "total": time.perf_counter() - t0}}
+            "seconds": {"files": t_files, "lucene": t_lucene, "total": time.perf_counter() - t0}}
 
 
-def _checksums(folder: Path, base: Path, base_sums: dict[str, str]) -> dict[str, str]:
-    """Every file's checksum: a file that is still a hard link to the base's has the base's (verified when the
-    base was published, and never written since: versions are immutable); the others are read."""
+def _fold_documents(base: Path, folder: Path, gone: pa.Array, new_docs: pa.Table) -> tuple[int, str]:
+    """The documents table less the changed and deleted, plus the upserted; (its documents, its checksum)."""
+    docs = pq.read_table(base / DOCUMENTS_FILE, memory_map=True)
+    kept = docs.filter(pc.invert(pc.is_in(docs["doc_id"], value_set=gone)))
+    _replace_table(folder / DOCUMENTS_FILE, [kept, new_docs], DOCUMENT_SCHEMA)
+    return kept.num_rows + new_docs.num_rows, sha256_file(folder / DOCUMENTS_FILE)
+
+
+def _fold_chunks(base: Path, folder: Path, keep: np.ndarray, new_chunks: pa.Table) -> str:
+    chunks = pq.read_table(base / CHUNKS_FILE, memory_map=True)
+    _replace_table(folder / CHUNKS_FILE, [chunks.filter(pa.array(keep)), new_chunks], CHUNK_SCHEMA)
+    return sha256_file(folder / CHUNKS_FILE)
+
+
+def _fold_vectors(base: Path, folder: Path, kept: np.ndarray, rows: int, new_vectors: np.ndarray,
+                  dimension: int) -> str:
+    """The kept rows' vectors and the new ones, row for row with the chunk table."""
+    stored = np.load(base / EMBEDDINGS_FILE, mmap_mode="r")
+    dim = stored.shape[1] if stored.ndim == 2 and stored.shape[1] else dimension
+    tmp = folder / (EMBEDDINGS_FILE + ".tmp")
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(rows, dim))
+    at = 0
+    for first, last in _runs(kept):  # a few long runs (only the changed documents' rows are left out): slices
+        out[at:at + last - first] = stored[first:last]
+        at += last - first
+    if len(new_vectors):
+        out[len(kept):] = new_vectors
+    out.flush()
+    del out
+    os.replace(tmp, folder / EMBEDDINGS_FILE)
+    return sha256_file(folder / EMBEDDINGS_FILE)
+
+
+def _fold_faiss(base: Path, folder: Path, old: ShardManifest, kept: np.ndarray, rows: int, new_vectors: np.ndarray,
+                build_config: dict, dead_fraction: float) -> tuple[dict, dict[str, str], int, bool]:
+    """FAISS: each id's row after the change (-1: its chunk left); appended to where approximate, made again where
+    flat (as cheap) or past ``dead_fraction`` dead. (its manifest entry, checksums, dead ids, whether rebuilt)"""
+    import faiss
+
+    from .faiss_index import FaissSpec, build_faiss_index, index_description, resolved_kind, search_options
+
+    base_rows = np.load(base / FAISS_ROWS_FILE) if (base / FAISS_ROWS_FILE).is_file() \
+        else np.arange(old.counts["chunks"], dtype=np.int64)
+    new_row = np.full(old.counts["chunks"], -1, dtype=np.int64)
+    new_row[kept] = np.arange(len(kept))
+    vector_rows = np.concatenate([np.where(base_rows >= 0, new_row[np.maximum(base_rows, 0)], -1),
+                                  np.arange(len(kept), rows, dtype=np.int64)])
+    dead = int((vector_rows < 0).sum())
+    kind = old.faiss.get("type", "flat")
+    rebuilt = kind == "flat" or dead > dead_fraction * max(len(vector_rows), 1)
+    (folder / FAISS_FILE).unlink()
+    (folder / FAISS_ROWS_FILE).unlink(missing_ok=True)
+    sums = {}
+    if rebuilt:  # from the vectors as the table now holds them: the kept rows, then the new
+        c = build_config
+        spec = FaissSpec(kind, int(c.get("hnsw_m", 32)), int(c.get("hnsw_ef_construction", 80)),
+                         int(c.get("ivf_nlist", 0)), "cpu", int(c.get("hnsw_ef_search", 0)),
+                         int(c.get("ivf_nprobe", 0)), int(c.get("pq_m", 0)), int(c.get("refine", 0)))
+        stored = np.load(base / EMBEDDINGS_FILE, mmap_mode="r")
+        vectors = np.concatenate([stored[kept], np.asarray(new_vectors, dtype=np.float32).reshape(-1, stored.shape[1])])
+        index = build_faiss_index(vectors, spec)
+        kind = resolved_kind(spec, rows)
+        faiss_info = {"type": kind} | index_description(index) | search_options(spec, kind, index)
+        dead = 0
+    else:
+        index = faiss.read_index(str(base / FAISS_FILE))
+        if len(new_vectors):
+            index.add(np.ascontiguousarray(new_vectors, dtype=np.float32))
+        np.save(folder / FAISS_ROWS_FILE, vector_rows)
+        sums[FAISS_ROWS_FILE] = sha256_file(folder / FAISS_ROWS_FILE)
+        faiss_info = old.faiss | {"ntotal": int(index.ntotal)}  # (index_description serializes it: 0.15 s)
+    faiss.write_index(index, str(folder / FAISS_FILE))
+    sums[FAISS_FILE] = sha256_file(folder / FAISS_FILE)
+    return faiss_info, sums, dead, rebuilt
+
+
+def _runs(rows: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted row numbers as [first, last) runs of consecutive ones."""
+    if not len(rows):
+        return []
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [len(rows)]])
+    return [(int(rows[a]), int(rows[b - 1]) + 1) for a, b in zip(starts, ends, strict=True)]
+
+
+def _checksums(folder: Path, base: Path, base_sums: dict[str, str], written: dict[str, str]) -> dict[str, str]:
+    """Every file's checksum: ``written`` (taken as they were written); a file that is still a hard link to the
+    base's has the base's (verified when the base was published, and never written since: versions are
+    immutable); the others (Lucene's new files) are read."""
     out = {}
     for root, _, files in os.walk(folder):
         for name in files:
@@ -344,10 +396,57 @@ def _checksums(folder: Path, base: Path, base_sums: dict[str, str]) -> dict[str,
             rel = path.relative_to(folder).as_posix()
             if rel == MANIFEST:
                 continue
+            if rel in written:
+                out[rel] = written[rel]
+                continue
             source = base / rel
             same = rel in base_sums and source.exists() and os.stat(source).st_ino == os.stat(path).st_ino
             out[rel] = base_sums[rel] if same else sha256_file(path)
     return dict(sorted(out.items()))
+
+
+# ---------------------------------------------------------------- the workers
+
+
+class FoldWorker:
+    """Runs a fold's steps (a Ray actor). On a cluster the workers stay up between folds (detached, named, no CPU
+    reserved while idle): a fold is a new Ray job, and a job's task workers start cold (a process, its imports,
+    a JVM whose first Lucene update costs about a second), which for a fold of a few documents was most of its
+    time (bench/README.md, "Folding"). Started by the first fold; a local Ray (no cluster) takes them down with it."""
+
+    def prepare(self, *args) -> dict:
+        return prepare_fold(*args)
+
+    def shard(self, *args) -> dict:
+        return fold_shard(*args)
+
+
+WORKER_NAMESPACE = "raysearch"
+
+
+def fold_workers(count: int) -> list:
+    """``count`` fold workers, started where none runs yet. A worker is named after the code it runs (a digest of
+    the fold's modules), so a fold after an upgrade starts new workers, and takes down those left by the old code."""
+    import ray
+
+    code = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in _worker_modules())).hexdigest()[:10]
+    prefix = "raysearch-fold-"
+    for stale in ray.util.list_named_actors(all_namespaces=True):
+        if stale["namespace"] == WORKER_NAMESPACE and stale["name"].startswith(prefix) and \
+                not stale["name"].startswith(f"{prefix}{code}-"):
+            with contextlib.suppress(ValueError):  # gone meanwhile
+                ray.kill(ray.get_actor(stale["name"], namespace=WORKER_NAMESPACE))
+    actor = ray.remote(num_cpus=0)(FoldWorker)
+    return [actor.options(name=f"{prefix}{code}-{i}", namespace=WORKER_NAMESPACE, lifetime="detached",
+                          get_if_exists=True).remote() for i in range(count)]
+
+
+def _worker_modules() -> list:
+    import index_format.lucene
+
+    from . import faiss_index, tables
+
+    return [sys.modules[__name__], index_format.lucene, faiss_index, tables]
 
 
 # ---------------------------------------------------------------- the fold
@@ -385,8 +484,11 @@ def _fold(root: Path, through: int | None, base: str | None, do_activate: bool, 
     ensure_ray()
     seconds["start"] = time.perf_counter() - t_start
 
+    # Each worker writes a shard with SHARD_THREADS threads: as many workers as that leaves CPUs for.
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    workers = fold_workers(max(1, min(manifest.num_shards, cpus // SHARD_THREADS)))
     t = time.perf_counter()
-    prepared = ray.get(ray.remote(num_cpus=1)(prepare_fold).remote(
+    prepared = ray.get(workers[0].prepare.remote(
         str(root), str(work), manifest.log_seq, through, manifest.num_shards, manifest.build_config, manifest.encoder))
     seconds["read+embed"] = time.perf_counter() - t
     summary = FoldSummary(None, base, prepared["log_seq"], prepared["upserted"], prepared["deleted"])
@@ -397,13 +499,13 @@ def _fold(root: Path, through: int | None, base: str | None, do_activate: bool, 
 
     t = time.perf_counter()
     build_key = key
-    task = ray.remote(num_cpus=1)(fold_shard)
     refs = {}
     for s, shard in enumerate(manifest.shards):
         target = staging / "shards" / shard
         if s in prepared["touched"]:
-            refs[s] = task.remote(str(base_dir / "shards" / shard), str(target), str(work / f"shard-{s:06d}"),
-                                  build_key, manifest.build_config, dead_fraction)
+            worker = workers[len(refs) % len(workers)]
+            refs[s] = worker.shard.remote(str(base_dir / "shards" / shard), str(target), str(work / f"shard-{s:06d}"),
+                                          build_key, manifest.build_config, dead_fraction)
             summary.shards_changed.append(shard)
         else:  # untouched: linked whole, its manifest as it was
             target.mkdir(parents=True)
@@ -412,6 +514,8 @@ def _fold(root: Path, through: int | None, base: str | None, do_activate: bool, 
             summary.shards_linked.append(shard)
     results = {s: ray.get(ref) for s, ref in refs.items()}
     summary.rebuilt_faiss = [manifest.shards[s] for s, r in results.items() if r["rebuilt_faiss"]]
+    summary.shard_seconds = {manifest.shards[s]: {k: round(v, 3) for k, v in r["seconds"].items()}
+                             for s, r in sorted(results.items())}
     seconds["shards"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -458,11 +562,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--summary-json", type=Path, metavar="FILE", help="Also write the summary to FILE as JSON (what "
                    "a fold started through the API reports).")
     args = p.parse_args(argv)
+    from .build import shutdown_ray
+
     try:
         summary = fold(args.index, args.through, args.base, not args.no_activate, args.version)
     except IndexMismatch as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        shutdown_ray()
     print(json.dumps(summary.as_dict(), indent=2) if args.json else summary.render())
     if args.summary_json is not None:
         args.summary_json.write_text(json.dumps(summary.as_dict(), indent=2))

@@ -86,6 +86,7 @@ class FreshSegment:
         # The version holds the log's writes through ``log_seq`` (``index_build.fold``): the segment, only later ones.
         self.log_seq = log_seq
         self.applied_seq = log_seq
+        self.oldest_write: float | None = None  # when the oldest write it holds was made (what a fold is due by)
         self._index()
 
     def carry_to(self, other: FreshSegment) -> None:
@@ -102,6 +103,7 @@ class FreshSegment:
                 other.docs[doc_id] = copy
         other.applied_seq = max(self.applied_seq, other.log_seq)
         other.masked = frozenset(other.docs)
+        other.oldest_write = self.oldest_write if other.docs else None  # (an upper bound on its age)
 
     # ------------------------------------------------------------------ writes
 
@@ -128,6 +130,8 @@ class FreshSegment:
         they outnumber the live ones)."""
         if change.seq <= self.applied_seq:
             return False
+        if self.oldest_write is None:
+            self.oldest_write = change.time or time.time()
         for doc_id in change.deletes:
             self._drop(doc_id)
             self.docs[doc_id] = _Doc(change.seq, None)

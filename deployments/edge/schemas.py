@@ -478,3 +478,57 @@ class DocumentResponse(BaseModel):
     source: Literal["api", "index"] = Field(description="api: written through this API (not yet folded into a version); "
                                             "index: from the index version served.")
     seq: int | None = Field(None, description="The sequence number of the write that made it (source api).")
+
+
+class BuildRequest(RequestBody):
+    """A build or a fold of a collection's index root, run as a job beside the service (``python -m index_build``
+    or ``python -m index_build.fold``); the fields are that command's flags of the same names."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["build", "fold"] = Field(
+        "build", description="build: a version from a corpus, or a delta on a version (changes, deletes); fold: the "
+        "documents written through the API (the change log) into the active version.")
+    collection: str | None = Field(None, max_length=128, description="Whose index root (default: the default "
+                                   "collection). Collections serving a pinned version cannot be built.")
+    corpus: str | None = Field(None, max_length=4096, description="A corpus path on the service's machines (BEIR "
+                               "folder, JSONL or Parquet file, folder or glob).")
+    changes: str | None = Field(None, max_length=4096, description="A delta: records to upsert (a file path).")
+    deletes: str | None = Field(None, max_length=4096, description="A delta: ids to delete (a file path).")
+    base: str | None = Field(None, max_length=128, pattern=r"^[A-Za-z0-9._-]+$",
+                             description="The version a delta or fold applies to (default: the active one).")
+    version: str | None = Field(None, max_length=128, pattern=r"^[A-Za-z0-9._-]+$",
+                                description="The new version's name (default: a timestamp).")
+    activate: bool | None = Field(None, description="Activate the new version when it is complete (default: yes).")
+    shards: int | None = Field(None, ge=1, le=1024, description="Number of shards (a build from a corpus).")
+    encoder: str | None = Field(None, max_length=512, description="Encoder model (a build from a corpus).")
+    faiss_index: str | None = Field(None, max_length=32, pattern=r"^[a-z0-9_]+$",
+                                    description="FAISS index type: auto, flat, hnsw, ... (a build from a corpus).")
+    chunk_size: int | None = Field(None, ge=8, le=4096)
+    chunk_overlap: int | None = Field(None, ge=0)
+    reuse: bool | None = Field(None, description="Reuse vectors and shards of earlier versions (default: yes).")
+
+
+class BuildJob(BaseModel):
+    """A build or fold job: what it runs, how far it is, and its summary once it ended."""
+
+    id: str
+    kind: str
+    collection: str | None = None
+    root: str
+    state: Literal["running", "succeeded", "failed"]
+    started: str
+    finished: str | None = None
+    progress: dict[str, Any] | None = Field(None, description="The stage running and how far it is (its progress "
+                                            "bar: done of total).")
+    summary: dict[str, Any] | None = Field(None, description="The build's or fold's summary, once it succeeded.")
+    error: str | None = Field(None, description="The end of the job's output, when it failed.")
+    options: dict[str, Any] = Field(default_factory=dict)
+    command: list[str] = Field(default_factory=list)
+    pid: int | None = None
+    returncode: int | None = None
+    by: str | None = None
+
+
+class BuildJobs(BaseModel):
+    builds: list[BuildJob]

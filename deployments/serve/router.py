@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from ray import serve
 from ray.exceptions import RayActorError
 
+from deployments.builds import list_records, read_record
 from deployments.config import RouterSettings, SecurityConfig
 from deployments.documents.service import POLL_S, CollectionDocuments, open_documents
 from deployments.edge.console import asset_file, page_file
@@ -39,6 +40,9 @@ from deployments.edge.schemas import (
     ActivationResponse,
     BatchSearchRequest,
     BatchSearchResponse,
+    BuildJob,
+    BuildJobs,
+    BuildRequest,
     DeleteDocumentsRequest,
     DocumentResponse,
     FeedbackRequest,
@@ -74,6 +78,7 @@ from index_format.records import BadRecord, record_to_document
 from index_format.versions import resolve_version_dir
 
 logger = logging.getLogger("ray.serve")
+FOLD_RETRY_S = 60.0  # a replica tries to start a due fold of a collection at most this often
 
 
 
@@ -147,7 +152,7 @@ class SearchRouter:
                            if isinstance(handle, VersionCache)]
         self.judgments = {name: JudgmentStore(Path(spec.judgments)) for name, spec in collections.items()}
         self.versions = VersionSwitch(self.pipeline.collections, deployed, shard_client,
-                                      self.settings.activation_timeout_s)
+                                      self.settings.activation_timeout_s, fresh_for=self._fresh_for)
         # Documents written through the API, per collection that follows an index root (a pinned version is
         # read-only): their change log beside the versions, and the fresh segment the pipeline searches.
         self.documents: dict[str, CollectionDocuments] = {}
@@ -159,11 +164,17 @@ class SearchRouter:
                 self.documents[name] = docs
         self._watcher: asyncio.Task | None = None
         self._documents_watcher: asyncio.Task | None = None
+        self._fold_tried: dict[str, float] = {}  # collection -> when this replica last tried to start a fold
         self._info_lock = asyncio.Lock()
         self._info_loaded = False
         self.metrics = SearchMetrics()
         self.metrics.index(self.pipeline.collections.values())
         settle_heap()
+
+    async def _fresh_for(self, collection: str, version_dir: Path):
+        """The fresh segment to search beside ``version_dir`` (what it lacks of the change log); becomes the one
+        later writes go to."""
+        return await self.documents[collection].rebase(version_dir)
 
     async def reconfigure(self, user_config: dict) -> None:
         self.settings = RouterSettings(**(user_config or {}))
@@ -179,14 +190,35 @@ class SearchRouter:
             self._documents_watcher = asyncio.get_running_loop().create_task(self._follow_documents())
 
     async def _follow_documents(self) -> None:
-        """Other replicas' writes, searchable here within ``POLL_S`` of their acknowledgement."""
+        """Other replicas' writes, searchable here within ``POLL_S`` of their acknowledgement; a fold started when
+        a collection's fresh segment is due for one (``router.fold_after_documents``, ``fold_after_s``)."""
         while True:
             for docs in self.documents.values():
                 try:
                     await docs.catch_up()
+                    await self._fold_if_due(docs)
                 except Exception:  # noqa: BLE001 - a watcher that died would stop every later write showing up
                     logger.exception("following the change log of %s", docs.name)
             await asyncio.sleep(POLL_S)
+
+    async def _fold_if_due(self, docs: CollectionDocuments) -> None:
+        """Start a fold job of the collection's change log when its segment is due; at most one try a minute per
+        collection and replica (the runner refuses a second fold of a root while one runs: another replica's)."""
+        segment, s = docs.segment, self.settings
+        if not segment.docs:
+            return
+        due = (s.fold_after_documents and len(segment.docs) >= s.fold_after_documents) or \
+            (s.fold_after_s and segment.oldest_write and time.time() - segment.oldest_write >= s.fold_after_s)
+        if not due or time.monotonic() - self._fold_tried.get(docs.name, -FOLD_RETRY_S) < FOLD_RETRY_S:
+            return
+        self._fold_tried[docs.name] = time.monotonic()
+        from deployments.serve.builds import start_build
+
+        try:
+            job = await start_build(str(self._root_of(docs.name)), "fold", {}, "auto", docs.name)
+            logger.info(f"collection {docs.name!r}: folding {len(segment.docs)} written documents (build {job['id']})")
+        except Conflict:
+            pass  # a build or another replica's fold is writing into the root; the next try comes
 
     async def _follow_versions(self) -> None:
         while True:
@@ -461,6 +493,61 @@ class SearchRouter:
         result = await self.versions.rollback(collection)
         self.metrics.index(self.pipeline.collections.values())
         return ActivationResponse(**result)
+
+    @app.post("/admin/builds", response_model=BuildJob, status_code=202,
+              responses=error_responses({403: "A key that is not an admin key", 404: "Unknown collection",
+                                         409: "A build or fold is already writing into the collection's index "
+                                              "root, or the collection serves a pinned version",
+                                         422: "A bad option, or a path the service cannot read"}))
+    async def start_build(self, body: BuildRequest, request: Request) -> BuildJob:
+        """Start a build (a corpus, or a delta on a version) or a fold of the change log as a job beside the
+        service; answers at once with its id. Follow it at ``GET /admin/builds/{id}``; a version it activates is
+        served as any activation is (the replicas follow ACTIVE)."""
+        from deployments.serve.builds import start_build
+
+        name = body.collection or self.pipeline.default_collection
+        root = self._root_of(name)
+        options = body.model_dump(exclude={"kind", "collection"}, exclude_none=True)
+        for field in ("corpus", "changes", "deletes"):
+            if field in options:
+                path = Path(options[field])
+                if not (path.parent if any(c in options[field] for c in "*?[") else path).exists():
+                    raise InvalidField(f"{field}: {options[field]!r} does not exist on the service's machines")
+        if body.kind == "build" and not ({"corpus", "changes", "deletes"} & set(options)):
+            raise InvalidField("corpus: a build needs a corpus, or changes or deletes for a delta")
+        if body.kind == "fold" and set(options) - {"base", "version", "activate"}:
+            raise InvalidField(f"a fold takes only base, version and activate; got {', '.join(sorted(options))}")
+        if body.kind == "fold" and "activate" in options:
+            options["no_activate"] = not options.pop("activate") or None
+        caller: Caller = getattr(request.state, "caller", None) or Caller()
+        record = await start_build(str(root), body.kind, options, caller.key_id, name)
+        return BuildJob(**record)
+
+    @app.get("/admin/builds", response_model=BuildJobs, responses=error_responses({403: "A key that is not an admin key"}))
+    async def list_builds(self) -> BuildJobs:
+        """The latest builds and folds of every collection's index root, newest first."""
+        records = await asyncio.to_thread(list_records, self._roots())
+        return BuildJobs(builds=[BuildJob(**r) for r in records])
+
+    @app.get("/admin/builds/{build_id}", response_model=BuildJob,
+             responses=error_responses({403: "A key that is not an admin key", 404: "No such build"}))
+    async def build_status(self, build_id: str) -> BuildJob:
+        """A build or fold job: its state, progress (stage, done of total) and, once it ended, its summary or the
+        end of its output."""
+        return BuildJob(**await asyncio.to_thread(read_record, self._roots(), build_id))
+
+    def _roots(self) -> list[Path]:
+        return sorted({d.root for d in self.versions.deployed.values() if d.root is not None})
+
+    def _root_of(self, collection: str) -> Path:
+        deployed = self.versions.deployed.get(collection)
+        if deployed is None:
+            raise NotFound(f"unknown collection {collection!r}; known collections: "
+                           f"{', '.join(sorted(self.versions.deployed))}")
+        if deployed.root is None:
+            raise Conflict(f"collection {collection!r} serves a pinned index version (a version folder, or 'version' "
+                           "set): it has no index root to build into")
+        return Path(deployed.root)
 
     async def check_health(self) -> None:
         """Serve's health check: a replica holding shards (``shards.placement: router``) whose JVM ran out of

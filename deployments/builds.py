@@ -1,0 +1,223 @@
+"""Builds and folds started through the API, run as jobs beside the service: each one a ``python -m index_build``
+(or ``python -m index_build.fold``) process joined to the service's Ray cluster, never inside a serving process.
+
+A ``BuildRunner`` starts the command, follows its progress bars (the stage and how far it is) and keeps the job's
+record, ``<index root>/builds/<id>.json``, written anew as it moves: state (``running``, ``succeeded``,
+``failed``), progress, the build's summary at the end (the JSON it writes with ``--summary-json``), the tail
+of its output when it fails. Any router replica answers ``GET /admin/builds/{id}`` from that file, so a job is
+visible wherever it was started from, and after the runner is gone. The runner lives in one detached Ray actor
+(``deployments.serve.builds``), so a job outlives the replica that asked for it.
+
+A second build of a root whose build is running is refused (``Conflict``), as ``index_build`` itself refuses
+it (``index_format.versions.build_lock``): the runner tries that lock before it starts anything.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from deployments.errors import Conflict, InvalidField, NotFound
+
+BUILDS_DIR = "builds"  # beside the versions in an index root: <root>/builds/<id>.json, <id>.log
+RECORD_EVERY_S = 1.0  # how often a running job's record is written while its progress moves
+OUTPUT_TAIL = 4000  # characters of a failed job's output kept in its record
+_PROGRESS = re.compile(r"(?P<stage>[\w+ ]+):\s+(?P<pct>\d+)%\|[^|]*\|\s*(?P<done>\d+)/(?P<total>\d+)")
+_ID = re.compile(r"^[a-z]+-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}$")
+
+
+def read_progress(text: str) -> dict[str, Any] | None:
+    """The last progress bar line of a build's output: {"stage", "done", "total", "percent"}, or None."""
+    last = None
+    for line in re.split(r"[\r\n]", text):
+        m = _PROGRESS.search(line)
+        if m:
+            last = {"stage": m["stage"].strip(), "done": int(m["done"]), "total": int(m["total"]),
+                    "percent": int(m["pct"])}
+    return last
+
+
+def record_path(root: Path, job_id: str) -> Path:
+    if not _ID.match(job_id):
+        raise NotFound(f"no build {job_id!r}")
+    return Path(root) / BUILDS_DIR / f"{job_id}.json"
+
+
+def read_record(roots: list[Path], job_id: str) -> dict[str, Any]:
+    """A job's record, looked up in these index roots."""
+    for root in roots:
+        path = record_path(root, job_id)
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise NotFound(f"no build {job_id!r}")
+
+
+def list_records(roots: list[Path], limit: int = 50) -> list[dict[str, Any]]:
+    """The latest jobs of these roots, newest first."""
+    out = []
+    for root in roots:
+        folder = Path(root) / BUILDS_DIR
+        if folder.is_dir():
+            for path in folder.glob("*.json"):
+                if not _ID.match(path.stem):  # a job's summary file, written by the job, read by its runner
+                    continue
+                try:
+                    out.append(json.loads(path.read_text()))
+                except (OSError, ValueError):  # being replaced this instant: the next look sees it
+                    continue
+    return sorted(out, key=lambda r: r.get("started", ""), reverse=True)[:limit]
+
+
+def _write_json(path: Path, body: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(body, indent=2))
+    os.replace(tmp, path)
+
+
+def root_is_building(root: Path) -> str | None:
+    """Who holds the root's build lock (``build_lock``), or None when no build or fold is writing into it."""
+    lock = Path(root) / ".build.lock"
+    if not lock.exists():
+        return None
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def command_for(kind: str, root: Path, options: dict[str, Any], summary: Path) -> list[str]:
+    """The job's command line: ``index_build`` with ``--out ROOT`` and one flag per option, or the fold."""
+    if kind == "fold":
+        cmd = [sys.executable, "-m", "index_build.fold", "--index", str(root)]
+    elif kind == "build":
+        cmd = [sys.executable, "-m", "index_build", "--out", str(root)]
+    else:
+        raise InvalidField(f"kind: expected build or fold, got {kind!r}")
+    for name, value in options.items():
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            cmd.append(flag if value else f"--no-{name.replace('_', '-')}")
+        else:
+            cmd += [flag, str(value)]
+    return cmd + ["--summary-json", str(summary)]
+
+
+class BuildRunner:
+    """Starts jobs and follows them to the end, one thread each; one runner per cluster (its actor)."""
+
+    def __init__(self):
+        self.running: dict[str, str] = {}  # root -> the id of its job still running
+        self._lock = threading.Lock()
+
+    def start(self, root: str, kind: str, options: dict[str, Any], by: str | None = None,
+              collection: str | None = None) -> dict[str, Any]:
+        """Start a build or fold of ``root``; its record (``state: running``). Refused when one is writing there."""
+        root_path = Path(root)
+        with self._lock:
+            if root in self.running:
+                raise Conflict(f"build {self.running[root]} is still running in {root}; wait for it, or follow it at "
+                               f"GET /admin/builds/{self.running[root]}")
+            holder = root_is_building(root_path)
+            if holder is not None:
+                raise Conflict(f"another build is writing into {root} ({holder}); wait for it to finish")
+            job_id = f"{kind}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}"
+            folder = root_path / BUILDS_DIR
+            folder.mkdir(parents=True, exist_ok=True)
+            summary = folder / f"{job_id}.summary.json"
+            cmd = command_for(kind, root_path, options, summary)
+            record = {"id": job_id, "kind": kind, "collection": collection, "root": root, "options": options, "command": cmd[1:],
+                      "state": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      "finished": None, "progress": None, "summary": None, "error": None, "by": by}
+            log = open(folder / f"{job_id}.log", "wb")  # noqa: SIM115 - the job's thread closes it
+            env = dict(os.environ)
+            env.setdefault("RAY_ADDRESS", _cluster_address())
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=_code_root())
+            record["pid"] = proc.pid
+            _write_json(folder / f"{job_id}.json", record)
+            self.running[root] = job_id
+        threading.Thread(target=self._follow, args=(record, proc, log, summary), daemon=True,
+                         name=f"build-{job_id}").start()
+        return record
+
+    def _follow(self, record: dict, proc: subprocess.Popen, log, summary: Path) -> None:
+        path = Path(record["root"]) / BUILDS_DIR / f"{record['id']}.json"
+        log_path = path.with_suffix(".log")
+        try:
+            while proc.poll() is None:
+                time.sleep(RECORD_EVERY_S)
+                progress = read_progress(_tail(log_path, 20_000))
+                if progress != record["progress"]:
+                    record["progress"] = progress
+                    _write_json(path, record)
+            log.close()
+            output = _tail(log_path, 200_000)
+            record["progress"] = read_progress(output) or record["progress"]
+            record["returncode"] = proc.returncode
+            if proc.returncode == 0:
+                record["state"] = "succeeded"
+                if summary.is_file():
+                    record["summary"] = json.loads(summary.read_text())
+                    summary.unlink()
+            else:
+                record["state"] = "failed"
+                record["error"] = output[-OUTPUT_TAIL:].strip()
+        except Exception as e:  # noqa: BLE001 - a record must never stay "running" for a job that ended
+            record["state"], record["error"] = "failed", f"following the job failed: {e}"
+        finally:
+            record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            _write_json(path, record)
+            with self._lock:
+                if self.running.get(record["root"]) == record["id"]:
+                    del self.running[record["root"]]
+
+    def wait(self, root: str, timeout_s: float) -> bool:
+        """True once no job of ``root`` runs (tests)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if root not in self.running:
+                return True
+            time.sleep(0.1)
+        return False
+
+
+def _tail(path: Path, size: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _cluster_address() -> str:
+    """The Ray cluster this process belongs to, for the job to join (its GCS address)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001 - no Ray here: the job starts its own
+        pass
+    return ""
+
+
+def _code_root() -> str:
+    """The folder holding the project's packages, so ``python -m index_build`` finds them from any worker."""
+    return str(Path(__file__).resolve().parent.parent)

@@ -7,8 +7,8 @@ own), served by the default command (``python -m deployments --no-cache``). Two 
 - idle: ``--clients`` closed-loop clients searching (hybrid, ``limit`` 10, the dataset's queries);
 - writes: the same clients, and writers sending ``--rate`` writes a second on a fixed schedule (one new document a
   write, each holding a token no other document has; every 10th write deletes an earlier document instead). After
-  each write a prober searches its token (keyword, every 50 ms) until the document is found (upsert) or gone
-  (delete).
+  each write (or every ``--probe-every``th: the probes are searches too) a prober searches its token (keyword,
+  every 50 ms) until the document is found (upsert) or gone (delete).
 
 Recorded: the visibility latency from acknowledgement (p50 / p99 / max, and writes not visible within 10 s), the
 write's own latency, search QPS in both phases and their ratio, and every non-200 status.
@@ -88,8 +88,9 @@ def prober(base: str, todo: queue.Queue, seen: list[dict]) -> None:
 class Schedule:
     """The writes' clock, shared by the writer threads: write n is due at start + n / rate."""
 
-    def __init__(self, rate: float, seconds: float):
+    def __init__(self, rate: float, seconds: float, probe_every: int = 1):
         self.rate, self.start, self.end = rate, time.monotonic(), time.monotonic() + seconds
+        self.probe_every = probe_every  # write n is probed when n is a multiple of it
         self.n, self.live, self.lock, self.rng = 0, [], threading.Lock(), random.Random(7)
 
     def next(self):
@@ -123,7 +124,8 @@ def writer(base: str, texts: list[str], schedule: Schedule, todo: queue.Queue, w
                 if kind == "upsert":
                     with schedule.lock:
                         schedule.live.append((doc_id, token))
-                todo.put((kind, doc_id, token, acked))
+                if n % schedule.probe_every == 0:
+                    todo.put((kind, doc_id, token, acked))
 
 
 def summary(values: list[float | None]) -> dict:
@@ -143,11 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--port", type=int, default=8660)
     ap.add_argument("--out", type=Path, default=Path("bench/results/live_writes.json"))
+    ap.add_argument("--probe-every", type=int, default=1, help="probe every Nth write's visibility (1: all): the "
+                    "probes are searches too, about one a probed write, answered beside the clients'")
     args = ap.parse_args(argv)
     queries, _ = load_beir(args.data)
     texts = list(queries.values())
     record: dict = {"machine": machine(), "index": str(args.index), "clients": args.clients, "rate": args.rate,
-                    "seconds": args.seconds}
+                    "seconds": args.seconds, "probe_every": args.probe_every}
     with tempfile.TemporaryDirectory() as tmp, served(copy_root(args.index, Path(tmp)), args.port,
                                                       ["--no-cache", "--metrics-port", str(args.port + 1)],
                                                       startup_s=1200) as base:
@@ -157,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         # Probers and writers enough that neither queues behind the other: a write is sent when due, and its
         # probe starts when it is acknowledged.
         probes = [threading.Thread(target=prober, args=(base, todo, seen)) for _ in range(PROBERS)]
-        schedule = Schedule(args.rate, args.seconds)
+        schedule = Schedule(args.rate, args.seconds, args.probe_every)
         writing = [threading.Thread(target=writer, args=(base, texts, schedule, todo, writes)) for _ in range(WRITERS)]
         for t in probes + writing:
             t.start()

@@ -106,10 +106,18 @@ class ChangeLog:
         """Write one change durably and return it, with every change other writers made since this log's last
         read (in order, the new one last among all). Raises ``StorageFull`` or ``Unavailable`` when the line
         could not be made durable: nothing of it is then acknowledged, and nothing of it stays in the log."""
-        with self._lock:
-            return self._append(upserts, deletes, by)
+        changes, seen = self.append_many([(upserts, deletes, by)])
+        return changes[0], seen
 
-    def _append(self, upserts, deletes, by) -> tuple[Change, list[Change]]:
+    def append_many(self, writes: Sequence[tuple[Sequence[dict[str, Any]], Sequence[str], str | None]]
+                    ) -> tuple[list[Change], list[Change]]:
+        """Several changes (upserts, deletes, by) made durable together, one line each in one write and one
+        ``fsync`` (a group commit: writes that arrive together share the disk's flush); each line is still a
+        change of its own, applied whole or not at all. Returns them, and what other writers wrote before."""
+        with self._lock:
+            return self._append(writes)
+
+    def _append(self, writes) -> tuple[list[Change], list[Change]]:
         self.folder.mkdir(parents=True, exist_ok=True)
         created = not self.path.exists()
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -122,19 +130,21 @@ class ChangeLog:
             seen = self._take(data)
             if self.offset < size:  # a torn tail: a writer died mid-line, unacknowledged; cut it off
                 os.ftruncate(fd, self.offset)
-            change = Change(self.last_seq + 1, list(upserts), list(deletes), time.time(), by)
-            line = change.line()
+            now = time.time()
+            changes = [Change(self.last_seq + 1 + i, list(upserts), list(deletes), now, by)
+                       for i, (upserts, deletes, by) in enumerate(writes)]
+            data = b"".join(change.line() for change in changes)
             try:
                 written = 0
-                while written < len(line):  # a short write is continued, never left half
-                    written += os.pwrite(fd, line[written:], self.offset + written)
+                while written < len(data):  # a short write is continued, never left half
+                    written += os.pwrite(fd, data[written:], self.offset + written)
                 os.fsync(fd)
             except OSError as e:
                 os.ftruncate(fd, self.offset)  # nothing of a failed write stays to be read
                 kind = StorageFull if e.errno in (errno.ENOSPC, errno.EDQUOT) else Unavailable
                 raise kind(f"the write was not stored (nothing of it was applied): {e.strerror or e}") from None
-            self.offset += len(line)
-            self.last_seq = change.seq
-            return change, seen
+            self.offset += len(data)
+            self.last_seq = changes[-1].seq
+            return changes, seen
         finally:
             os.close(fd)  # closing releases the lock

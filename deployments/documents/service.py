@@ -24,6 +24,8 @@ from deployments.search.clients import EncoderClient
 __all__ = ["CHANGES_DIR", "POLL_S", "CollectionDocuments", "new_segment", "open_documents"]
 
 POLL_S = 0.2  # how often a replica reads the log for other replicas' writes
+GROUP_MAX = 64  # writes stored and embedded together at most (group commit)
+GROUP_DOCUMENTS = 1000  # ... and documents they upsert, at most (one write of more goes alone)
 
 log = logging.getLogger(__name__)
 
@@ -34,26 +36,31 @@ class CollectionDocuments:
         self.log = ChangeLog(self.root / CHANGES_DIR)
         self.pending: list[Change] = []
         self._lock = asyncio.Lock()
+        self._queue: list[tuple] = []  # writes waiting for the group being stored (group commit)
+        self._committing = False
 
     async def _apply(self, changes: Sequence[Change]) -> None:
-        """Apply the pending changes and these, in order; a failure leaves the rest pending (and raises)."""
+        """Apply the pending changes and these, in order; a failure (the encoder away) leaves them all pending
+        (and raises): nothing is applied before every text is embedded."""
         self.pending.extend(changes)
-        while self.pending:
-            await self._apply_one(self.segment, self.pending[0])
-            self.pending.pop(0)
+        if self.pending:
+            await self._apply_all(self.segment, self.pending)
+            self.pending.clear()
 
-    async def _apply_one(self, segment: FreshSegment, change: Change) -> None:
-        if change.seq <= segment.applied_seq:
-            return  # the version or the segment holds it already
-        pieces = segment.chunk(change)
-        texts = [t for _, _, ts in pieces for t in ts]
+    async def _apply_all(self, segment: FreshSegment, changes: Sequence[Change]) -> None:
+        """Chunk the changes the segment lacks, embed all their texts in one call, apply them in order."""
+        todo = [c for c in changes if c.seq > segment.applied_seq]  # the version or the segment holds the rest
+        pieces = [(change, segment.chunk(change)) for change in todo]
+        texts = [t for _, parts in pieces for _, _, ts in parts for t in ts]
         vectors = list(await self.encoder.embed_many(texts)) if texts else []
-        embedded, at = {}, 0
-        for doc_id, _, ts in pieces:
-            embedded[doc_id] = (np.stack(vectors[at:at + len(ts)]).astype(np.float32) if ts
-                                else np.zeros((0, segment.dimension), dtype=np.float32))
-            at += len(ts)
-        segment.apply(change, embedded)
+        at = 0
+        for change, parts in pieces:
+            embedded = {}
+            for doc_id, _, ts in parts:
+                embedded[doc_id] = (np.stack(vectors[at:at + len(ts)]).astype(np.float32) if ts
+                                    else np.zeros((0, segment.dimension), dtype=np.float32))
+                at += len(ts)
+            segment.apply(change, embedded)
 
     async def rebase(self, version_dir: Path) -> FreshSegment:
         """The segment to search beside another version (a switch, a fold's activation, a rollback): the writes
@@ -66,9 +73,9 @@ class CollectionDocuments:
             if segment.log_seq >= self.segment.log_seq:
                 self.segment.carry_to(segment)
             else:
-                for change in await asyncio.to_thread(ChangeLog(self.root / CHANGES_DIR).read_new):
-                    if change.seq <= self.segment.applied_seq:  # past it, the usual reads apply the rest
-                        await self._apply_one(segment, change)
+                changes = await asyncio.to_thread(ChangeLog(self.root / CHANGES_DIR).read_new)
+                # up to what the current segment applied; past it, the usual reads apply the rest
+                await self._apply_all(segment, [c for c in changes if c.seq <= self.segment.applied_seq])
                 segment.applied_seq = max(segment.applied_seq, self.segment.applied_seq)
             self.segment = segment
             return segment
@@ -86,15 +93,43 @@ class CollectionDocuments:
 
     async def write(self, upserts: Sequence[dict[str, Any]], deletes: Sequence[str], by: str | None
                     ) -> tuple[Change, bool]:
-        """(the change as stored, whether it is searchable on this replica already). Durable before it returns."""
-        async with self._lock:
-            change, seen = await asyncio.to_thread(self.log.append, upserts, deletes, by)
+        """(the change as stored, whether it is searchable on this replica already). Durable before it returns.
+
+        Group commit: writes that arrive while another group is being stored wait for it, then go together, one
+        ``fsync`` and one embedding call for all of them (each still a change of its own, with its own seq)."""
+        done = asyncio.get_running_loop().create_future()
+        self._queue.append((upserts, deletes, by, done))
+        if not self._committing:
+            self._committing = True
             try:
-                await self._apply([*seen, change])
+                while self._queue:
+                    group, held = [], 0  # at most GROUP_MAX writes and GROUP_DOCUMENTS upserts (or one write)
+                    while self._queue and (not group or (len(group) < GROUP_MAX and
+                                                         held + len(self._queue[0][0]) <= GROUP_DOCUMENTS)):
+                        group.append(self._queue.pop(0))
+                        held += len(group[-1][0])
+                    await self._commit(group)
+            finally:
+                self._committing = False
+        return await done
+
+    async def _commit(self, group: list) -> None:
+        async with self._lock:
+            try:
+                changes, seen = await asyncio.to_thread(self.log.append_many, [(u, d, b) for u, d, b, _ in group])
+            except Exception as e:  # noqa: BLE001 - not stored: every write of the group is told so
+                for *_, done in group:
+                    done.set_exception(e)
+                return
+            live = True
+            try:
+                await self._apply([*seen, *changes])
             except Exception:  # noqa: BLE001 - durable: applied on the next write or poll
-                log.exception("collection %s: change %d is stored but not searchable yet", self.name, change.seq)
-                return change, False
-            return change, True
+                log.exception("collection %s: changes %d-%d are stored but not searchable yet", self.name,
+                              changes[0].seq, changes[-1].seq)
+                live = False
+            for (*_, done), change in zip(group, changes, strict=True):
+                done.set_result((change, live))
 
 
 def open_documents(name: str, root: Path, version_dir: Path, encoder: EncoderClient, dimension: int

@@ -89,3 +89,31 @@ def test_replacing_a_document_again_and_again_costs_rows_only_until_they_are_com
     got = asyncio.run(segment.search(None, "ocelot version 1102", 0, 10, None))
     assert [c for c, _ in got.keyword] == ["same#0"]
     assert asyncio.run(segment.fetch(["same#0"]))[0]["text"] == "version 1102 of the ocelot note"
+
+
+def test_writes_arriving_together_are_stored_and_embedded_together_each_with_its_own_seq(indexes, tmp_path):
+    """Group commit: 12 writes at once cost fewer embedding calls than writes (and as few fsyncs), and every one
+    is acknowledged with a seq of its own, searchable when its answer comes."""
+    _, base_dir, _, _ = indexes
+    encoder = Encoder()
+    calls = []
+    embed = encoder.embed_many
+
+    async def counted(texts):
+        calls.append(len(texts))
+        return await embed(texts)
+
+    encoder.embed_many = counted
+    docs = open_documents("default", tmp_path, base_dir, encoder, 64)
+
+    async def burst():
+        return await asyncio.gather(*(docs.write([{"id": f"g{i}", "title": "", "text": f"groupword{i} words",
+                                                   "metadata": {}}], [], None) for i in range(12)))
+
+    answers = asyncio.run(burst())
+    assert sorted(change.seq for change, _ in answers) == list(range(1, 13)) and all(live for _, live in answers)
+    assert len(calls) < 12 and sum(calls) == 12  # the first write alone, the other 11 in one group
+    assert {f"g{i}" for i in range(12)} == set(docs.segment.docs)
+    from deployments.documents.log import CHANGES_DIR, ChangeLog
+
+    assert [c.seq for c in ChangeLog(tmp_path / CHANGES_DIR).read_new()] == list(range(1, 13))

@@ -89,3 +89,12 @@ def test_writers_in_several_processes_never_corrupt_the_log(tmp_path):
     ids = [c.upserts[0]["id"] for c in changes]
     for who in "abc":  # each writer's own writes in its order
         assert [i for i in ids if i.startswith(who)] == [f"{who}-{i}" for i in range(60)]
+
+
+def test_a_group_of_changes_is_one_write_with_a_seq_each(tmp_path):
+    log = ChangeLog(tmp_path)
+    log.append([doc(1)], [])
+    changes, seen = log.append_many([([doc(2)], [], "k1"), ([], ["d1"], None), ([doc(3), doc(4)], [], None)])
+    assert [c.seq for c in changes] == [2, 3, 4] and seen == []
+    assert [c.deletes for c in changes] == [[], ["d1"], []] and changes[0].by == "k1"
+    assert [c.seq for c in ChangeLog(tmp_path).read_new()] == [1, 2, 3, 4]

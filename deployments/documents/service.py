@@ -38,6 +38,7 @@ class CollectionDocuments:
         self._lock = asyncio.Lock()
         self._queue: list[tuple] = []  # writes waiting for the group being stored (group commit)
         self._committing = False
+        self._committer: asyncio.Task | None = None
 
     async def _apply(self, changes: Sequence[Change]) -> None:
         """Apply the pending changes and these, in order; a failure (the encoder away) leaves them all pending
@@ -99,19 +100,22 @@ class CollectionDocuments:
         ``fsync`` and one embedding call for all of them (each still a change of its own, with its own seq)."""
         done = asyncio.get_running_loop().create_future()
         self._queue.append((upserts, deletes, by, done))
-        if not self._committing:
+        if not self._committing:  # a task stores the groups, so no write waits for the groups after its own
             self._committing = True
-            try:
-                while self._queue:
-                    group, held = [], 0  # at most GROUP_MAX writes and GROUP_DOCUMENTS upserts (or one write)
-                    while self._queue and (not group or (len(group) < GROUP_MAX and
-                                                         held + len(self._queue[0][0]) <= GROUP_DOCUMENTS)):
-                        group.append(self._queue.pop(0))
-                        held += len(group[-1][0])
-                    await self._commit(group)
-            finally:
-                self._committing = False
+            self._committer = asyncio.get_running_loop().create_task(self._commit_queued())
         return await done
+
+    async def _commit_queued(self) -> None:
+        try:
+            while self._queue:
+                group, held = [], 0  # at most GROUP_MAX writes and GROUP_DOCUMENTS upserts (or one write)
+                while self._queue and (not group or (len(group) < GROUP_MAX and
+                                                     held + len(self._queue[0][0]) <= GROUP_DOCUMENTS)):
+                    group.append(self._queue.pop(0))
+                    held += len(group[-1][0])
+                await self._commit(group)
+        finally:
+            self._committing = False
 
     async def _commit(self, group: list) -> None:
         async with self._lock:
@@ -119,7 +123,8 @@ class CollectionDocuments:
                 changes, seen = await asyncio.to_thread(self.log.append_many, [(u, d, b) for u, d, b, _ in group])
             except Exception as e:  # noqa: BLE001 - not stored: every write of the group is told so
                 for *_, done in group:
-                    done.set_exception(e)
+                    if not done.done():  # (a caller that went away cancelled its own)
+                        done.set_exception(e)
                 return
             live = True
             try:
@@ -129,7 +134,8 @@ class CollectionDocuments:
                               changes[0].seq, changes[-1].seq)
                 live = False
             for (*_, done), change in zip(group, changes, strict=True):
-                done.set_result((change, live))
+                if not done.done():
+                    done.set_result((change, live))
 
 
 def open_documents(name: str, root: Path, version_dir: Path, encoder: EncoderClient, dimension: int

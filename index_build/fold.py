@@ -479,7 +479,10 @@ def _fold(root: Path, through: int | None, base: str | None, do_activate: bool, 
     key = f"fold-{base}-{time.time_ns()}"
     staging = staging_dir(root, key)
     work = staging / "_work"
-    shutil.rmtree(staging, ignore_errors=True)
+    # A fold that died (killed, or failed) left its staging folder; this one holds the root's build lock, so no
+    # other fold is writing any: they are removed (a fold has nothing to resume: it starts from its base again).
+    for stale in staging.parent.glob("fold-*") if staging.parent.is_dir() else ():
+        shutil.rmtree(stale, ignore_errors=True)
     (staging / "shards").mkdir(parents=True)
     ensure_ray()
     seconds["start"] = time.perf_counter() - t_start

@@ -141,7 +141,10 @@ def test_a_fold_changes_only_the_touched_shards_and_never_the_base(folded):
 
 def test_a_second_fold_with_nothing_new_publishes_nothing_and_a_later_write_folds_on_top(folded):
     root = folded["root"]
+    dead = root / "staging" / "fold-v1-123"  # what a killed fold leaves
+    (dead / "shards" / "shard-000").mkdir(parents=True)
     again = fold(root)
+    assert not dead.exists() and not list((root / "staging").glob("fold-*"))
     assert again.version is None and again.log_seq == 3 and "nothing to fold" in again.render()
     ChangeLog(root / CHANGES_DIR).append([{"id": "n001", "title": "zebra", "text": "now about a piano chord",
                                            "metadata": {}}], ["d001"])

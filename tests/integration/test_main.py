@@ -54,6 +54,14 @@ class Running:
     def output(self) -> str:
         return "".join(self.lines)
 
+    def printed(self, text: str, seconds: float = 30) -> bool:
+        """Whether ``text`` shows in the output within ``seconds``: the service prints its banner after its own
+        health check, which may come after ours."""
+        deadline = time.monotonic() + seconds
+        while text not in self.output and time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.05)
+        return text in self.output
+
     def stop(self, sig: int) -> int:
         self.proc.send_signal(sig)
         try:
@@ -198,7 +206,7 @@ def test_every_request_is_counted_once_by_route_method_and_outcome(service, buil
     import asyncio
 
     base, running = service
-    assert f"metrics (Prometheus): http://127.0.0.1:{METRICS_PORT}/metrics" in running.output
+    assert running.printed(f"metrics (Prometheus): http://127.0.0.1:{METRICS_PORT}/metrics"), running.output[-3000:]
     # Ray reports a process's counters every few seconds, all of them at once: once a marker request shows, the
     # scrape holds every request answered before it (the earlier tests' too).
     marker = ("/openapi.json", "GET", "ok")

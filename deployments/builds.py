@@ -187,15 +187,6 @@ class BuildRunner:
                 if self.running.get(record["root"]) == record["id"]:
                     del self.running[record["root"]]
 
-    def wait(self, root: str, timeout_s: float) -> bool:
-        """True once no job of ``root`` runs (tests)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if root not in self.running:
-                return True
-            time.sleep(0.1)
-        return False
-
 
 def _tail(path: Path, size: int) -> str:
     try:

@@ -64,7 +64,7 @@ class ShardRetriever:
     async def search(self, vector, text, k_dense: int, k_keyword: int, filters=None, rows_for_top: int = 0,
                      acl=None, ann=None) -> ShardAnswer:
         group = await self._service()
-        return await self.host.run(group.search, vector, text, k_dense, k_keyword, filters, rows_for_top, acl, ann)
+        return await self.host.search(group, vector, text, k_dense, k_keyword, filters, rows_for_top, acl, ann)
 
     async def fetch(self, chunk_ids: list[str]) -> list[dict]:
         return (await self._service()).fetch(chunk_ids)

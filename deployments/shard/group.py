@@ -12,11 +12,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from deployments.shard.filters import FilterError
 from deployments.shard.service import ShardAnswer, ShardService
+
+
+@dataclass
+class LegPart:
+    """One shard's top-k of one leg: rows of its chunk table and float32 scores, best first, and the time it took."""
+
+    rows: np.ndarray
+    scores: np.ndarray
+    ms: float
+
+
+def _timed(fn, *args) -> LegPart:
+    t0 = time.perf_counter()
+    rows, scores = fn(*args)
+    return LegPart(rows, scores, (time.perf_counter() - t0) * 1000)
 
 
 def _best(rows: list[np.ndarray], scores: list[np.ndarray], ranks: list[np.ndarray], ids: list[np.ndarray],
@@ -83,27 +100,60 @@ class ShardGroup:
     def search(self, vector: np.ndarray | None, text: str | None, k_dense: int, k_keyword: int,
                filters: dict[str, Any] | None = None, rows_for_top: int = 0,
                acl: tuple[str, list[str]] | None = None, ann: dict[str, Any] | None = None) -> ShardAnswer:
-        """Each leg's top hits over the group's shards, as one shard holding them all would answer."""
+        """Each leg's top hits over the group's shards, as one shard holding them all would answer. The steps
+        run here one after another; ``ShardHost.search`` runs the two legs side by side on two threads."""
         t0 = time.perf_counter()
-        terms = self.services[0].analyze(text) if text and k_keyword > 0 else None
-        # The shards' BM25 searches share one top-k: each later shard skips what cannot reach the k best so far.
-        shared = self.services[0].lucene.shared_top_k(k_keyword) if terms and self.size > 1 else None
-        answers = [s.legs(vector, terms, k_dense, k_keyword, filters, acl, ann, shared) for s in self.services]
+        allowed = self.allowed(filters, acl)
+        if isinstance(allowed, str):
+            return ShardAnswer(self.name, shards=self.size, filter_error=allowed)
+        dense = self.dense_legs(vector, k_dense, allowed, ann)
+        keyword = self.keyword_legs(text, k_keyword, allowed)
+        return self.answer(dense, keyword, allowed, k_dense, k_keyword, rows_for_top, t0)
+
+    def allowed(self, filters: dict[str, Any] | None = None,
+                acl: tuple[str, list[str]] | None = None) -> list[np.ndarray | None] | str:
+        """Per shard, the rows a search may return (``ShardService.allowed_rows``), or why the filter is refused."""
+        if not filters and acl is None:
+            return [None] * self.size
+        try:
+            return [s.allowed_rows(filters, acl) for s in self.services]
+        except FilterError as e:
+            return str(e)
+
+    def dense_legs(self, vector: np.ndarray | None, k: int, allowed: list[np.ndarray | None],
+                   ann: dict[str, Any] | None = None) -> list[LegPart]:
+        """Each shard's dense top-k (none when the leg is not asked for)."""
+        if vector is None or k <= 0:
+            return []
+        return [_timed(s.dense_leg, vector, k, rows, ann) for s, rows in zip(self.services, allowed, strict=True)]
+
+    def keyword_legs(self, text: str | None, k: int, allowed: list[np.ndarray | None]) -> list[LegPart]:
+        """Each shard's BM25 top-k (none when the leg is not asked for). The query is analyzed once, and the
+        shards share one top-k: each later shard skips what cannot reach the k best so far."""
+        if not text or k <= 0:
+            return []
+        terms = self.services[0].analyze(text)
+        shared = self.services[0].lucene.shared_top_k(k) if self.size > 1 else None
+        return [_timed(s.keyword_leg, terms, k, rows, shared) for s, rows in zip(self.services, allowed, strict=True)]
+
+    def answer(self, dense: list[LegPart], keyword: list[LegPart], allowed: list[np.ndarray | None],
+               k_dense: int, k_keyword: int, rows_for_top: int, t0: float) -> ShardAnswer:
+        """The group's answer from its shards' legs: each leg merged to its top-k, and the rows of the best
+        hits sent along."""
         answer = ShardAnswer(self.name, shards=self.size)
-        for a in answers:
-            if a.filter_error:
-                answer.filter_error = a.filter_error
-                return answer
-        answer.dense = _best([a.dense_rows for a in answers], [a.dense_scores for a in answers], self.ranks,
-                             self.id_arrays, k_dense)
-        answer.keyword = _best([a.keyword_rows for a in answers], [a.keyword_scores for a in answers], self.ranks,
-                               self.id_arrays, k_keyword)
-        if any(a.allowed is not None for a in answers):
-            answer.allowed = sum(a.allowed or 0 for a in answers)
+        if dense:
+            answer.dense = _best([d.rows for d in dense], [d.scores for d in dense], self.ranks, self.id_arrays,
+                                 k_dense)
+        if keyword:
+            answer.keyword = _best([d.rows for d in keyword], [d.scores for d in keyword], self.ranks,
+                                   self.id_arrays, k_keyword)
+        if any(rows is not None for rows in allowed):
+            answer.allowed = sum(len(rows) for rows in allowed if rows is not None)
         if rows_for_top > 0:
             best = dict.fromkeys(cid for cid, _ in answer.dense[:rows_for_top] + answer.keyword[:rows_for_top])
             answer.rows = self.fetch(list(best))
-        answer.shard_ms = {s.name: a.took_ms for s, a in zip(self.services, answers, strict=True)}
+        answer.shard_ms = {s.name: (dense[i].ms if dense else 0.0) + (keyword[i].ms if keyword else 0.0)
+                           for i, s in enumerate(self.services)}
         answer.took_ms = (time.perf_counter() - t0) * 1000
         return answer
 

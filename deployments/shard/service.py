@@ -8,7 +8,6 @@ are fetched later for the few chunks that survive fusion.
 from __future__ import annotations
 
 import json
-import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ import pyarrow.parquet as pq
 from deployments.search.hits import Hit
 from deployments.search.spelling import document_frequencies
 from deployments.shard.dense import DenseShard, TorchDenseShard
-from deployments.shard.filters import FilterError, MetadataTable
+from deployments.shard.filters import MetadataTable
 from deployments.shard.lucene import LuceneShard
 from index_format.bm25_stats import CollectionStats, read_stats
 from index_format.manifest import (
@@ -42,23 +41,6 @@ VOCABULARIES_KEPT = 8
 # 100 results cost. Past the bound the kept rows are dropped and read again as they are asked for (one call's
 # rows are kept whole, so a call asking for more than the bound keeps that many until the next one).
 ROWS_KEPT = 50_000
-
-
-@dataclass
-class Legs:
-    """One shard's candidates of both legs as arrays (rows of its chunk table, float32 scores), best first:
-    what a shard group merges without a Python object per hit."""
-
-    dense_rows: np.ndarray
-    dense_scores: np.ndarray
-    keyword_rows: np.ndarray
-    keyword_scores: np.ndarray
-    allowed: int | None = None
-    filter_error: str | None = None
-    took_ms: float = 0.0
-
-
-_NO_ROWS, _NO_SCORES = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
 
 
 @dataclass
@@ -140,39 +122,29 @@ class ShardService:
     def fields(self) -> dict[str, str]:
         return self.metadata.fields()
 
-    def legs(self, vector: np.ndarray | None, text: str | list[str] | None, k_dense: int, k_keyword: int,
-             filters: dict[str, Any] | None = None, acl: tuple[str, list[str]] | None = None,
-             ann: dict[str, Any] | None = None, keyword_top=None) -> Legs:
-        """Both legs' top hits as arrays, the filter applied inside each engine (a filtered top-k is complete).
-
-        ``acl`` = (field, principals): only chunks whose field holds one of the principals exist for this
-        call, in both legs, before any ranking; a chunk without the field is seen by nobody. A shard group
-        merges these per leg (``deployments.shard.group``) and sends the rows of the best hits along. ``ann``
-        overrides the index's search options for this call (see ``DenseShard``); ``keyword_top`` is the BM25 top-k
-        shared by a group's shards (``LuceneShard.shared_top_k``)."""
-        t0 = time.perf_counter()
-        legs = Legs(_NO_ROWS, _NO_SCORES, _NO_ROWS, _NO_SCORES)
-        allowed = None
-        if filters:
-            try:
-                allowed = self._allowed(filters)
-            except FilterError as e:
-                legs.filter_error = str(e)
-                return legs
-            legs.allowed = len(allowed)
+    def allowed_rows(self, filters: dict[str, Any] | None = None,
+                     acl: tuple[str, list[str]] | None = None) -> np.ndarray | None:
+        """The rows a search may return (None: all), the same for both legs, so a filtered top-k is complete:
+        the filter is applied inside each engine. ``acl`` = (field, principals): only chunks whose field holds
+        one of the principals exist for this call, before any ranking; a chunk without the field is seen by
+        nobody. Raises ``FilterError`` for a filter this shard cannot apply."""
+        allowed = self._allowed(filters) if filters else None
         if acl is not None:
             visible = self._visible(*acl)
             allowed = visible if allowed is None else np.intersect1d(allowed, visible, assume_unique=True)
-            legs.allowed = len(allowed)
-        if vector is not None and k_dense > 0:
-            legs.dense_rows, legs.dense_scores = self.dense.search_rows(np.asarray(vector, dtype=np.float32),
-                                                                        k_dense, allowed, ann)
-        if text and k_keyword > 0:
-            terms = self.analyze(text) if isinstance(text, str) else text
-            legs.keyword_rows, legs.keyword_scores = self.lucene.search_rows(
-                terms, k_keyword, None if allowed is None else allowed.tolist(), keyword_top)
-        legs.took_ms = (time.perf_counter() - t0) * 1000
-        return legs
+        return allowed
+
+    def dense_leg(self, vector: np.ndarray, k: int, allowed: np.ndarray | None = None,
+                  ann: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The dense leg's top-k as (chunk-table rows, float32 scores), best first. ``ann`` overrides the
+        index's search options for this call (see ``DenseShard``)."""
+        return self.dense.search_rows(np.asarray(vector, dtype=np.float32), k, allowed, ann)
+
+    def keyword_leg(self, terms: list[str], k: int, allowed: np.ndarray | None = None,
+                    keyword_top=None) -> tuple[np.ndarray, np.ndarray]:
+        """The BM25 leg's top-k over the query's analyzed ``terms``, as ``dense_leg``; ``keyword_top`` is the
+        top-k shared by a group's shards (``LuceneShard.shared_top_k``)."""
+        return self.lucene.search_rows(terms, k, None if allowed is None else allowed.tolist(), keyword_top)
 
     def _allowed(self, filters: dict[str, Any]) -> np.ndarray:
         # A field the collection knows but this shard never saw matches nothing here; the router

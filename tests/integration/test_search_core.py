@@ -185,3 +185,59 @@ def test_shards_sharing_one_top_k_prune_yet_merge_to_the_same_hits(local, oracle
     if not use_helper:
         for e in engines:
             e.close()
+
+
+def test_a_large_groups_legs_run_side_by_side_and_answer_as_one_thread(built, monkeypatch):
+    """``ShardHost.search`` on a group past ``LEGS_APART_MIN_CHUNKS`` runs the dense leg on its own thread beside
+    BM25; its answer is the one-thread ``ShardGroup.search``'s, filtered or not, one leg or both."""
+    import asyncio
+    import threading
+
+    from deployments.shard import host as host_module
+    from deployments.shard.host import ShardHost
+    from index_format.encoders import load_encoder
+    from index_format.versions import read_version_manifest
+
+    _, summary = built[3]
+    manifest = read_version_manifest(summary.version_dir)
+    names = [p.name for p in shard_dirs(summary)]
+    host = ShardHost(None, str(summary.version_dir), names,
+                     {"encoder": manifest.encoder, "dimension": manifest.dimension})
+    group = host.open_version(summary.version_dir.name)
+    threads = {"dense": set(), "keyword": set()}
+
+    def recording(leg, fn):
+        def call(*args):
+            threads[leg].add(threading.current_thread().name.rsplit("_", 1)[0])
+            return fn(*args)
+        return call
+
+    for s in group.services:
+        for leg in ("dense", "keyword"):
+            monkeypatch.setattr(s, f"{leg}_leg", recording(leg, getattr(s, f"{leg}_leg")))
+    vector = load_encoder(manifest.encoder).encode(["telescope galaxy"])[0]
+    cases = [
+        (vector, "telescope galaxy", 20, 20, None, 5, None),
+        (vector, "bread oven butter", 20, 20, {"topic": "cooking"}, 5, None),
+        (vector, "sail wind", 10, 0, None, 0, None),
+        (None, "piano chord", 0, 10, None, 3, None),
+        (vector, "piano chord", 10, 10, {"year": {"gte": 2010}}, 3, ("topic", ["music", "cooking"])),
+        (vector, "piano chord", 10, 10, {"year": {"between": 1}}, 0, None),
+    ]
+
+    async def both(case):
+        monkeypatch.setattr(host_module, "LEGS_APART_MIN_CHUNKS", 10**9)
+        alone = await host.search(group, *case)
+        monkeypatch.setattr(host_module, "LEGS_APART_MIN_CHUNKS", 0)
+        apart = await host.search(group, *case)
+        return alone, apart
+
+    answers = [asyncio.run(both(case)) for case in cases]
+    assert answers[0][1].dense and answers[0][1].keyword and answers[0][1].rows  # the oracle is not empty
+    assert answers[-1][1].filter_error and answers[1][1].allowed
+    for case, (alone, apart) in zip(cases, answers, strict=True):
+        assert apart.dense == alone.dense and apart.keyword == alone.keyword, case[1]
+        assert apart.rows == alone.rows and apart.allowed == alone.allowed, case[1]
+        assert apart.filter_error == alone.filter_error
+    assert threads == {"dense": {"shard-search", "shard-dense"}, "keyword": {"shard-search"}}
+    group.close()

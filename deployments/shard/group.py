@@ -10,8 +10,9 @@ deployment wraps it, tests and the in-process pipeline call it directly.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,41 @@ def _best(rows: list[np.ndarray], scores: list[np.ndarray], ranks: list[np.ndarr
     return list(zip(all_ids[order].tolist(), all_scores[order].tolist(), strict=True))
 
 
+# Standard deviations above the mean share of a merged top-k that each shard is asked for (see ``shard_depth``).
+SHARD_DEPTH_Z = 3.5
+
+
+def shard_depth(k: int, shards: int) -> int:
+    """Candidates to ask of each of ``shards`` shards for their merged top ``k`` (Vespa's top-k-probability).
+
+    Documents are placed by a hash of their id, so each shard holds about 1/n of any top k: Binomial(k, 1/n),
+    whose mean plus ``SHARD_DEPTH_Z`` standard deviations is rarely passed (k 200 over 4 shards: 74 each, not
+    200). Where a shard's last candidate could still belong in the merged top k, it is asked again for all k
+    (``complete_legs``), so the merged top k is the same as if every shard had been asked for k."""
+    if shards <= 1 or k <= 0:
+        return k
+    share = 1 / shards
+    return min(k, math.ceil(k * share + SHARD_DEPTH_Z * math.sqrt(k * share * (1 - share))) + 2)
+
+
+def complete_legs(parts: list[LegPart], k: int, depth: int, again: Callable[[int], LegPart]) -> int:
+    """Asks again (``again(i)``: shard i's leg for all k) each shard that returned all ``depth`` it was asked for
+    and whose last score is not below the k-th best of all the shards' candidates: only such a shard can hold a
+    hit of the merged top k that it did not return (its other hits all score at most its last). Replaces those
+    parts in place; returns how many shards were asked again."""
+    if depth >= k:
+        return 0
+    scores = np.concatenate([p.scores for p in parts]) if parts else np.zeros(0, dtype=np.float32)
+    kth = np.partition(scores, len(scores) - k)[len(scores) - k] if len(scores) >= k else -np.inf
+    asked = 0
+    for i, part in enumerate(parts):
+        if len(part.rows) >= depth and part.scores[depth - 1] >= kth:
+            deeper = again(i)
+            parts[i] = LegPart(deeper.rows, deeper.scores, part.ms + deeper.ms)
+            asked += 1
+    return asked
+
+
 def id_ranks(services: Sequence[ShardService]) -> list[np.ndarray]:
     """Per shard, each row's position among all the group's chunk ids in sorted order."""
     all_ids = np.concatenate([s.id_array for s in services]) if services else np.zeros(0, dtype=object)
@@ -69,6 +105,7 @@ class ShardGroup:
         self.ranks = id_ranks(self.services)
         # chunk id -> (shard, row): a page's rows are found in one pass, whichever shards hold them.
         self.where = {cid: (i, row) for i, s in enumerate(self.services) for cid, row in s.row_of.items()}
+        self.deepened = 0  # shards asked again for a leg's whole k (``complete_legs``), since opened
 
     @property
     def size(self) -> int:
@@ -122,19 +159,32 @@ class ShardGroup:
 
     def dense_legs(self, vector: np.ndarray | None, k: int, allowed: list[np.ndarray | None],
                    ann: dict[str, Any] | None = None) -> list[LegPart]:
-        """Each shard's dense top-k (none when the leg is not asked for)."""
+        """Each shard's dense candidates for the group's top k (none when the leg is not asked for): each shard
+        is asked for its likely share (``shard_depth``), and again for k where that might not be enough. For
+        HNSW this is also what lets each shard explore less (efSearch is never below the depth asked)."""
         if vector is None or k <= 0:
             return []
-        return [_timed(s.dense_leg, vector, k, rows, ann) for s, rows in zip(self.services, allowed, strict=True)]
+        depth = shard_depth(k, self.size)
+        parts = [_timed(s.dense_leg, vector, depth, rows, ann) for s, rows in zip(self.services, allowed, strict=True)]
+        self.deepened += complete_legs(parts, k, depth,
+                                       lambda i: _timed(self.services[i].dense_leg, vector, k, allowed[i], ann))
+        return parts
 
     def keyword_legs(self, text: str | None, k: int, allowed: list[np.ndarray | None]) -> list[LegPart]:
-        """Each shard's BM25 top-k (none when the leg is not asked for). The query is analyzed once, and the
-        shards share one top-k: each later shard skips what cannot reach the k best so far."""
+        """Each shard's BM25 candidates for the group's top k (none when the leg is not asked for), asked as
+        ``dense_legs`` asks; the query is analyzed once. (Asked for k, the shards would instead share one top-k
+        collector, each skipping what cannot reach the k best so far: measured at a million chunks in 4 shards,
+        asking each for its share cost less, 7.4 against 8.6 ms of CPU a query.)"""
         if not text or k <= 0:
             return []
         terms = self.services[0].analyze(text)
-        shared = self.services[0].lucene.shared_top_k(k) if self.size > 1 else None
-        return [_timed(s.keyword_leg, terms, k, rows, shared) for s, rows in zip(self.services, allowed, strict=True)]
+        depth = shard_depth(k, self.size)
+        shared = self.services[0].lucene.shared_top_k(k) if self.size > 1 and depth == k else None
+        parts = [_timed(s.keyword_leg, terms, depth, rows, shared)
+                 for s, rows in zip(self.services, allowed, strict=True)]
+        self.deepened += complete_legs(parts, k, depth,
+                                       lambda i: _timed(self.services[i].keyword_leg, terms, k, allowed[i]))
+        return parts
 
     def answer(self, dense: list[LegPart], keyword: list[LegPart], allowed: list[np.ndarray | None],
                k_dense: int, k_keyword: int, rows_for_top: int, t0: float) -> ShardAnswer:

@@ -241,3 +241,35 @@ def test_a_large_groups_legs_run_side_by_side_and_answer_as_one_thread(built, mo
         assert apart.filter_error == alone.filter_error
     assert threads == {"dense": {"shard-search", "shard-dense"}, "keyword": {"shard-search"}}
     group.close()
+
+
+def test_shards_asked_for_their_share_merge_to_the_same_top_k(built, monkeypatch):
+    """Each shard asked for its likely share of the top k (``shard_depth``) and again for k where its last hit
+    could still belong: the same merged legs as every shard asked for k, even when the share is far too small."""
+    from deployments.shard import group as group_module
+    from deployments.shard.group import shard_depth
+    from deployments.shard.host import ShardHost
+    from index_format.encoders import load_encoder
+    from index_format.versions import read_version_manifest
+
+    assert [shard_depth(200, n) for n in (1, 2, 4, 16)] == [200, 127, 74, 27] and shard_depth(10, 4) == 10
+    _, summary = built[3]
+    manifest = read_version_manifest(summary.version_dir)
+    host = ShardHost(None, str(summary.version_dir), [p.name for p in shard_dirs(summary)],
+                     {"encoder": manifest.encoder, "dimension": manifest.dimension})
+    group = host.open_version(summary.version_dir.name)
+    encoder = load_encoder(manifest.encoder)
+    for depth_of, label in ((lambda k, n: k, "all k"), (lambda k, n: max(1, k // 10), "a tenth")):
+        monkeypatch.setattr(group_module, "shard_depth", depth_of)
+        answers = []
+        for query in QUERIES:
+            for filters in (None, {"topic": "music"}):
+                answers.append(group.search(encoder.encode([query])[0], query, 30, 30, filters))
+        if label == "all k":
+            expected, asked_again = answers, group.deepened
+        else:
+            for got, want in zip(answers, expected, strict=True):
+                assert got.dense == want.dense and got.keyword == want.keyword
+            assert group.deepened > asked_again  # the tenth was too little for some shards: they were asked again
+    assert any(a.keyword for a in expected) and any(a.dense for a in expected)
+    group.close()

@@ -105,7 +105,9 @@ class ShardGroup:
         self.ranks = id_ranks(self.services)
         # chunk id -> (shard, row): a page's rows are found in one pass, whichever shards hold them.
         self.where = {cid: (i, row) for i, s in enumerate(self.services) for cid, row in s.row_of.items()}
-        self.deepened = 0  # shards asked again for a leg's whole k (``complete_legs``), since opened
+        # Shards asked again for a leg's whole k (``complete_legs``) since opened, per leg (the legs may run on two
+        # threads at once, each counting its own).
+        self.deepened = {"dense": 0, "keyword": 0}
 
     @property
     def size(self) -> int:
@@ -166,8 +168,8 @@ class ShardGroup:
             return []
         depth = shard_depth(k, self.size)
         parts = [_timed(s.dense_leg, vector, depth, rows, ann) for s, rows in zip(self.services, allowed, strict=True)]
-        self.deepened += complete_legs(parts, k, depth,
-                                       lambda i: _timed(self.services[i].dense_leg, vector, k, allowed[i], ann))
+        self.deepened["dense"] += complete_legs(
+            parts, k, depth, lambda i: _timed(self.services[i].dense_leg, vector, k, allowed[i], ann))
         return parts
 
     def keyword_legs(self, text: str | None, k: int, allowed: list[np.ndarray | None]) -> list[LegPart]:
@@ -182,8 +184,8 @@ class ShardGroup:
         shared = self.services[0].lucene.shared_top_k(k) if self.size > 1 and depth == k else None
         parts = [_timed(s.keyword_leg, terms, depth, rows, shared)
                  for s, rows in zip(self.services, allowed, strict=True)]
-        self.deepened += complete_legs(parts, k, depth,
-                                       lambda i: _timed(self.services[i].keyword_leg, terms, k, allowed[i]))
+        self.deepened["keyword"] += complete_legs(
+            parts, k, depth, lambda i: _timed(self.services[i].keyword_leg, terms, k, allowed[i]))
         return parts
 
     def answer(self, dense: list[LegPart], keyword: list[LegPart], allowed: list[np.ndarray | None],

@@ -6,7 +6,10 @@ record, ``<index root>/builds/<id>.json``, written anew as it moves: state (``ru
 ``failed``), progress, the build's summary at the end (the JSON it writes with ``--summary-json``), the tail
 of its output when it fails. Any router replica answers ``GET /admin/builds/{id}`` from that file, so a job is
 visible wherever it was started from, and after the runner is gone. The runner lives in one detached Ray actor
-(``deployments.serve.builds``), so a job outlives the replica that asked for it.
+(``deployments.serve.builds``), so a job outlives the replica that asked for it. Should that actor die (Ray
+restarts it, with no memory of its jobs), the records it was following would say ``running`` forever: so the
+runner renews a running record's ``alive`` time every ``ALIVE_EVERY_S``, and a record past ``STALE_S`` without
+it is read, and written back, as ``failed``, saying why.
 
 A second build of a root whose build is running is refused (``Conflict``), as ``index_build`` itself refuses
 it (``index_format.versions.build_lock``): the runner tries that lock before it starts anything.
@@ -14,6 +17,8 @@ it (``index_format.versions.build_lock``): the runner tries that lock before it 
 
 from __future__ import annotations
 
+import calendar
+import contextlib
 import fcntl
 import json
 import os
@@ -30,6 +35,8 @@ from deployments.errors import Conflict, InvalidField, NotFound
 
 BUILDS_DIR = "builds"  # beside the versions in an index root: <root>/builds/<id>.json, <id>.log
 RECORD_EVERY_S = 1.0  # how often a running job's record is written while its progress moves
+ALIVE_EVERY_S = 10.0  # a running job's record is written at least this often, its ``alive`` time renewed
+STALE_S = 60.0  # a record still "running" whose ``alive`` time is older than this has lost its runner
 OUTPUT_TAIL = 4000  # characters of a failed job's output kept in its record
 _PROGRESS = re.compile(r"(?P<stage>[\w+ ]+):\s+(?P<pct>\d+)%\|[^|]*\|\s*(?P<done>\d+)/(?P<total>\d+)")
 _ID = re.compile(r"^[a-z]+-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}$")
@@ -52,12 +59,40 @@ def record_path(root: Path, job_id: str) -> Path:
     return Path(root) / BUILDS_DIR / f"{job_id}.json"
 
 
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def settled(record: dict[str, Any], path: Path | None = None, now: float | None = None) -> dict[str, Any]:
+    """The record as it stands: one still ``running`` whose runner has not renewed it for ``STALE_S`` is ``failed``
+    (and written back to ``path``, so every reader sees the same from then on)."""
+    if record.get("state") != "running":
+        return record
+    now = time.time() if now is None else now
+    seen = record.get("alive") or record.get("started")
+    try:
+        seen_at = calendar.timegm(time.strptime(seen, "%Y-%m-%dT%H:%M:%SZ"))
+    except (TypeError, ValueError):
+        return record
+    if now - seen_at <= STALE_S:
+        return record
+    record = {**record, "state": "failed", "finished": _iso(now),
+              "error": f"the build supervisor stopped following this job (last seen running at {seen}): its actor was "
+                       "restarted or its node was lost. Its process may have gone on without it: GET /admin/versions "
+                       "says whether it published a version, and a new build of the root is refused while that "
+                       "process still holds the root's build lock."}
+    if path is not None:
+        with contextlib.suppress(OSError):  # a read-only view of the root: the answer is the same, only not kept
+            _write_json(path, record)
+    return record
+
+
 def read_record(roots: list[Path], job_id: str) -> dict[str, Any]:
     """A job's record, looked up in these index roots."""
     for root in roots:
         path = record_path(root, job_id)
         if path.is_file():
-            return json.loads(path.read_text())
+            return settled(json.loads(path.read_text()), path)
     raise NotFound(f"no build {job_id!r}")
 
 
@@ -71,7 +106,7 @@ def list_records(roots: list[Path], limit: int = 50) -> list[dict[str, Any]]:
                 if not _ID.match(path.stem):  # a job's summary file, written by the job, read by its runner
                     continue
                 try:
-                    out.append(json.loads(path.read_text()))
+                    out.append(settled(json.loads(path.read_text()), path))
                 except (OSError, ValueError):  # being replaced this instant: the next look sees it
                     continue
     return sorted(out, key=lambda r: r.get("started", ""), reverse=True)[:limit]
@@ -142,9 +177,10 @@ class BuildRunner:
             folder.mkdir(parents=True, exist_ok=True)
             summary = folder / f"{job_id}.summary.json"
             cmd = command_for(kind, root_path, options, summary)
-            record = {"id": job_id, "kind": kind, "collection": collection, "root": root, "options": options, "command": cmd[1:],
-                      "state": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      "finished": None, "progress": None, "summary": None, "error": None, "by": by}
+            now = _iso(time.time())
+            record = {"id": job_id, "kind": kind, "collection": collection, "root": root, "options": options,
+                      "command": cmd[1:], "state": "running", "started": now, "alive": now, "finished": None,
+                      "progress": None, "summary": None, "error": None, "by": by}
             log = open(folder / f"{job_id}.log", "wb")  # noqa: SIM115 - the job's thread closes it
             env = dict(os.environ)
             env.setdefault("RAY_ADDRESS", _cluster_address())
@@ -159,13 +195,15 @@ class BuildRunner:
     def _follow(self, record: dict, proc: subprocess.Popen, log, summary: Path) -> None:
         path = Path(record["root"]) / BUILDS_DIR / f"{record['id']}.json"
         log_path = path.with_suffix(".log")
+        written = time.time()
         try:
             while proc.poll() is None:
                 time.sleep(RECORD_EVERY_S)
                 progress = read_progress(_tail(log_path, 20_000))
-                if progress != record["progress"]:
-                    record["progress"] = progress
+                if progress != record["progress"] or time.time() - written >= ALIVE_EVERY_S:
+                    record["progress"], record["alive"] = progress, _iso(time.time())
                     _write_json(path, record)
+                    written = time.time()
             log.close()
             output = _tail(log_path, 200_000)
             record["progress"] = read_progress(output) or record["progress"]
@@ -181,7 +219,7 @@ class BuildRunner:
         except Exception as e:  # noqa: BLE001 - a record must never stay "running" for a job that ended
             record["state"], record["error"] = "failed", f"following the job failed: {e}"
         finally:
-            record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            record["finished"] = record["alive"] = _iso(time.time())
             _write_json(path, record)
             with self._lock:
                 if self.running.get(record["root"]) == record["id"]:

@@ -519,6 +519,8 @@ class BuildJob(BaseModel):
     state: Literal["running", "succeeded", "failed"]
     started: str
     finished: str | None = None
+    alive: str | None = Field(None, description="When the job's supervisor last saw it (renewed every 10 s while it "
+                              "runs; a running job not seen for a minute is reported failed).")
     progress: dict[str, Any] | None = Field(None, description="The stage running and how far it is (its progress "
                                             "bar: done of total).")
     summary: dict[str, Any] | None = Field(None, description="The build's or fold's summary, once it succeeded.")

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from index_format.manifest import DOCUMENTS_FILE, IndexMismatch
+from index_format.records import metadata_json
 
 from .corpus import BadRecord, Document, iter_documents, resolve_corpus_file
 from .splits import FRAGMENT_DOCS, FragmentWriter
@@ -71,7 +72,7 @@ def parse_delta(changes: str | None, deletes: str | None, work: str, id_fields: 
                 continue
             upserts.add(item.doc_id)
             for name, value in (("doc_id", item.doc_id), ("title", item.title), ("text", item.text),
-                                ("metadata_json", json.dumps(item.metadata, ensure_ascii=False, sort_keys=True)),
+                                ("metadata_json", metadata_json(item.metadata)),
                                 ("source", item.source), ("position", len(rows["doc_id"]))):
                 rows[name].append(value)
     pq.write_table(pa.table(rows, schema=FRAGMENT_DOCS), folder / "changes.parquet")

@@ -68,7 +68,7 @@ from index_format.manifest import (
     sha256_file,
     write_json_atomic,
 )
-from index_format.records import written_document
+from index_format.records import metadata_json, written_document
 from index_format.sharding import shard_of
 from index_format.versions import (
     activate,
@@ -157,13 +157,11 @@ def prepare_fold(root: str, work: str, after: int, through: int | None, num_shar
     for doc_id, (seq, record) in upserts.items():
         doc = written_document(seq, record)
         s = shard_of(doc_id, num_shards)
+        as_json = metadata_json(doc.metadata)
         docs.setdefault(s, []).append({"doc_id": doc.doc_id, "title": doc.title, "text": doc.text, "source": doc.source,
-                                       "metadata_json": json.dumps(doc.metadata, ensure_ascii=False, sort_keys=True)})
+                                       "metadata_json": as_json})
         for c in chunk_document(doc, size, overlap):
-            chunks.setdefault(s, []).append({
-                "chunk_id": c.chunk_id, "doc_id": c.doc_id, "chunk_index": c.chunk_index, "char_start": c.char_start,
-                "char_end": c.char_end, "title": c.title, "section": c.section, "text": c.text,
-                "metadata_json": json.dumps(c.metadata, ensure_ascii=False, sort_keys=True), "source": c.source})
+            chunks.setdefault(s, []).append(c.row(as_json))
             contents.setdefault(s, []).append(c.contents(prepend))
     texts = [t for s in sorted(contents) for t in contents[s]]
     vectors = load_encoder(encoder, "auto").encode(texts).astype(np.float32) if texts else None

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from index_format.chunking import chunk_document
+from index_format.records import metadata_json
 from index_format.sharding import shard_name, shard_of
 
 from .corpus import BadRecord, CorpusError, Document, record_to_document
@@ -163,19 +164,16 @@ class FragmentWriter:
 
     def add(self, doc: Document, position: int) -> None:
         shard = shard_of(doc.doc_id, self.num_shards)
-        metadata_json = json.dumps(doc.metadata, ensure_ascii=False, sort_keys=True)
+        as_json = metadata_json(doc.metadata)
         d = self.docs[shard]
         for name, value in (("doc_id", doc.doc_id), ("title", doc.title), ("text", doc.text),
-                            ("metadata_json", metadata_json), ("source", doc.source), ("position", position)):
+                            ("metadata_json", as_json), ("source", doc.source), ("position", position)):
             d[name].append(value)
         c = self.chunks[shard]
         for chunk in chunk_document(doc, self.chunk_size, self.chunk_overlap):
-            for name, value in (("chunk_id", chunk.chunk_id), ("doc_id", chunk.doc_id),
-                                ("chunk_index", chunk.chunk_index), ("char_start", chunk.char_start),
-                                ("char_end", chunk.char_end), ("title", chunk.title), ("section", chunk.section),
-                                ("text", chunk.text), ("metadata_json", metadata_json), ("source", chunk.source),
-                                ("position", position)):
+            for name, value in chunk.row(as_json).items():
                 c[name].append(value)
+            c["position"].append(position)
 
     def write(self, work: Path, split_index: int) -> list[dict[str, int]]:
         """Two files per shard that received rows; returns per shard {"docs": n, "chunks": n}."""

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from index_format.records import Document
+from index_format.records import Document, metadata_json
 
 _WORD = re.compile(r"\S+")
 # Markdown "# Heading" lines and setext headings (a line underlined with === or ---).
@@ -30,6 +30,15 @@ class Chunk:
     text: str
     metadata: dict[str, Any]
     source: str = ""  # "file:line" of the record the chunk came from
+
+    def row(self, metadata_as_json: str | None = None) -> dict[str, Any]:
+        """The chunk as a row of a shard's chunk table (``metadata_as_json``: its metadata already as JSON, when
+        the caller has it), the same row whichever writer makes it: the build, a fold, a fresh segment."""
+        return {"chunk_id": self.chunk_id, "doc_id": self.doc_id, "chunk_index": self.chunk_index,
+                "char_start": self.char_start, "char_end": self.char_end, "title": self.title,
+                "section": self.section, "text": self.text,
+                "metadata_json": metadata_json(self.metadata) if metadata_as_json is None else metadata_as_json,
+                "source": self.source}
 
     def contents(self, prepend_title: bool) -> str:
         """What BM25 and the encoder see: the chunk, with the document title in front when asked."""

@@ -24,6 +24,11 @@ class Document:
     source: str = ""  # "file:line", for tracing a chunk back to its record
 
 
+def metadata_json(metadata: dict[str, Any]) -> str:
+    """Metadata as the index's tables store it: one JSON text, keys sorted, so equal metadata is equal bytes."""
+    return json.dumps(metadata, ensure_ascii=False, sort_keys=True)
+
+
 @dataclass(frozen=True)
 class BadRecord:
     file: str

@@ -15,7 +15,6 @@ folded into a version (Lucene stores lengths lossily, so not to the last digit).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import Counter
@@ -114,11 +113,7 @@ class FreshSegment:
             doc = written_document(change.seq, record)
             rows, texts = [], []
             for c in chunk_document(doc, self.chunking.chunk_size, self.chunking.chunk_overlap):
-                rows.append({"chunk_id": c.chunk_id, "doc_id": c.doc_id, "chunk_index": c.chunk_index,
-                             "char_start": c.char_start, "char_end": c.char_end, "title": c.title,
-                             "section": c.section, "text": c.text, "metadata": c.metadata,
-                             "metadata_json": json.dumps(c.metadata, ensure_ascii=False, sort_keys=True),
-                             "source": c.source})
+                rows.append({**c.row(), "metadata": c.metadata})
                 texts.append(c.contents(self.chunking.prepend_title))
             out.append((doc.doc_id, rows, texts))
         return out

@@ -173,16 +173,19 @@ class ShardService:
         return self.rows_at([self.row_of[c] for c in chunk_ids if c in self.row_of])
 
     def rows_at(self, rows: list[int]) -> list[dict]:
-        """The chunk rows at these positions of the chunk table (see ``ROWS_KEPT``)."""
+        """The chunk rows at these positions of the chunk table (see ``ROWS_KEPT``). Called from more than one
+        thread (a large group's answer is made on its dense thread, a page's rows fetched on the event loop), so
+        the answer is made from its own lookups: another call clearing the kept rows meanwhile cannot lose one."""
         kept = self._rows
-        missing = [r for r in rows if r not in kept]
+        found = {r: kept.get(r) for r in rows}
+        missing = [r for r, row in found.items() if row is None]
         if missing:
             if len(kept) + len(missing) > ROWS_KEPT:
                 kept.clear()
             for r, row in zip(missing, self.table.take(pa.array(missing, pa.int64())).to_pylist(), strict=True):
                 row["metadata"] = json.loads(row["metadata_json"] or "{}")
-                kept[r] = row
-        return [kept[r] for r in rows]
+                kept[r] = found[r] = row
+        return [found[r] for r in rows]
 
     def dense_search(self, vectors: np.ndarray, k: int, allowed_rows: np.ndarray | None = None) -> list[list[Hit]]:
         return self.dense.search(vectors, k, allowed_rows)

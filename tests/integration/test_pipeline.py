@@ -276,6 +276,29 @@ def test_fetched_rows_are_the_chunk_tables_rows_in_the_order_asked(built, monkey
     assert all(len(s._rows) <= max(4, n) for s, n in zip(group.services, per_shard, strict=True))
 
 
+
+def test_rows_kept_cleared_by_another_call_meanwhile_lose_no_row(built, monkeypatch):
+    """A shard's rows are read on two threads (a large group's answer on its dense thread, a page's fetch on the
+    event loop): another call dropping the kept rows between this call's lookup and its read costs it nothing."""
+    import deployments.shard.service as service_module
+
+    fresh = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(cache_size=0))
+    service = fresh.collections["main"].shards[0].service.services[0]
+    expected = service.rows_at([0, 1, 2, 3])  # all four kept now
+    monkeypatch.setattr(service_module, "ROWS_KEPT", 4)
+
+    class ClearedMeanwhile:  # the table, whose read lets "another thread" drop every kept row first
+        def __init__(self, table):
+            self.table = table
+
+        def take(self, indices):
+            service._rows.clear()
+            return self.table.take(indices)
+
+    monkeypatch.setattr(service, "table", ClearedMeanwhile(service.table))
+    assert service.rows_at([0, 1, 4, 2, 3]) == expected[:2] + service_module.ShardService.rows_at(
+        service, [4]) + expected[2:]
+
 def test_rows_sent_with_answers_equal_rows_fetched_afterwards(built):
     fetched = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(rows_with_answers=0, cache_size=0))
     along = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(rows_with_answers=20, cache_size=0))

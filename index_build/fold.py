@@ -101,17 +101,23 @@ class FoldSummary:
     seconds: dict[str, float] = field(default_factory=dict)
     activated: bool = False
     shard_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # each changed shard's task, by step
+    change_log: dict = field(default_factory=dict)  # its compaction after the fold (segments, bytes before/after)
 
     def render(self) -> str:
+        compacted = ""
+        if self.change_log.get("segments"):
+            c = self.change_log
+            compacted = (f"\nchange log     {c['segments']} closed segment(s) compacted: {c['bytes_before']:,} -> "
+                         f"{c['bytes_after']:,} bytes")
         if self.version is None:
-            return f"nothing to fold: {self.base} holds the change log through seq {self.log_seq}"
+            return f"nothing to fold: {self.base} holds the change log through seq {self.log_seq}{compacted}"
         lines = [f"folded         writes through seq {self.log_seq} into {self.version} (base {self.base})"
                  f"{', activated' if self.activated else ''}",
                  f"documents      {self.upserted:,} upserted, {self.deleted:,} deleted",
                  f"shards         {len(self.shards_changed)} changed, {len(self.shards_linked)} linked unchanged"
                  + (f"; FAISS rebuilt in {', '.join(self.rebuilt_faiss)}" if self.rebuilt_faiss else "")]
         lines.append("time           " + ", ".join(f"{k} {v:.2f}s" for k, v in self.seconds.items()))
-        return "\n".join(lines)
+        return "\n".join(lines) + compacted
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -128,9 +134,7 @@ def _log_changes(root: Path, after: int, through: int | None) -> tuple[dict[str,
     upserts: dict[str, tuple[int, dict]] = {}
     deletes: set[str] = set()
     last = after
-    for change in ChangeLog(root / CHANGES_DIR).read_new():
-        if change.seq <= after:
-            continue
+    for change in ChangeLog(root / CHANGES_DIR, after=after).read_new():  # the segments past the base's only
         if through is not None and change.seq > through:
             break
         for doc_id in change.deletes:
@@ -441,9 +445,15 @@ def fold(root: Path, through: int | None = None, base: str | None = None, do_act
     """Fold the change log of the index root ``root`` (its writes past the base version's ``log_seq``, through
     ``through`` when given) into a new version on top of ``base`` (default: the active one), publish it and
     activate it. One build or fold at a time per root."""
+    from deployments.documents.log import CHANGES_DIR, ChangeLog
+
     root = Path(root)
     with build_lock(root):
-        return _fold(root, through, base, do_activate, version, dead_fraction)
+        summary = _fold(root, through, base, do_activate, version, dead_fraction)
+        # The log's closed segments keep each document's last write only: every version, folded or not, replays
+        # the same documents from it (deployments.documents.log), and the log stops growing with rewrites.
+        summary.change_log = dict(ChangeLog(root / CHANGES_DIR).compact().__dict__)
+        return summary
 
 
 def _fold(root: Path, through: int | None, base: str | None, do_activate: bool, version: str | None,

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 class CollectionDocuments:
     def __init__(self, name: str, root: Path, segment: FreshSegment, encoder: EncoderClient):
         self.name, self.root, self.segment, self.encoder = name, Path(root), segment, encoder
-        self.log = ChangeLog(self.root / CHANGES_DIR)
+        self.log = ChangeLog(self.root / CHANGES_DIR, after=segment.log_seq)  # the version holds the rest
         self.pending: list[Change] = []
         self._lock = asyncio.Lock()
         self._queue: list[tuple] = []  # writes waiting for the group being stored (group commit)
@@ -68,13 +68,14 @@ class CollectionDocuments:
         that version does not hold. Moving forward (a fold), what the current segment holds past the version's
         ``log_seq`` is carried over and the rest let go; moving back (a rollback to a version holding fewer
         writes), the log is read again from the start and what the version lacks applied anew. Every later write
-        goes to the returned segment; the current one stays as it was for the requests still running on it."""
+        goes to the returned segment; the current one stays as it was for the requests still running on it.
+        (Either way only the log's segments past the version's ``log_seq`` are read.)"""
         async with self._lock:
             segment = await asyncio.to_thread(new_segment, self.name, version_dir, self.segment.dimension)
             if segment.log_seq >= self.segment.log_seq:
                 self.segment.carry_to(segment)
             else:
-                changes = await asyncio.to_thread(ChangeLog(self.root / CHANGES_DIR).read_new)
+                changes = await asyncio.to_thread(ChangeLog(self.root / CHANGES_DIR, after=segment.log_seq).read_new)
                 # up to what the current segment applied; past it, the usual reads apply the rest
                 await self._apply_all(segment, [c for c in changes if c.seq <= self.segment.applied_seq])
                 segment.applied_seq = max(segment.applied_seq, self.segment.applied_seq)

@@ -11,11 +11,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from deployments.documents.log import CHANGES_DIR, ChangeLog
+from deployments.documents.log import CHANGES_DIR, ChangeLog, segment_name, segments
 from deployments.search.inprocess import LocalIndex
 from index_build.build import build_index
 from index_build.config import BuildConfig
-from index_build.fold import fold
+from index_build.fold import _log_changes, fold
 from index_format.bm25_stats import read_stats
 from index_format.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, FAISS_ROWS_FILE, LUCENE_DIR, TERMS_FILE
 from index_format.versions import active_version, read_version_manifest, verify_version
@@ -72,15 +72,17 @@ def folded(request, ray_local, tmp_path_factory):
     root = folder / "index"
     base = build_index(BuildConfig(corpus=write_jsonl(folder / "v1.jsonl", docs), out=root, version="v1",
                                    faiss_index=kind, **OPTIONS))
-    log = ChangeLog(root / CHANGES_DIR)
+    log = ChangeLog(root / CHANGES_DIR, segment_bytes=1)  # a segment a write: the fold compacts the closed ones
     for upserts, deletes in writes:
         log.append(upserts, deletes)
+    (root / CHANGES_DIR / segment_name(len(writes) + 1)).touch()  # the next one started: every write is closed
     before = {p: (os.stat(p).st_ino, p.read_bytes()) for p in base.version_dir.rglob("*") if p.is_file()}
+    whole_log = _log_changes(root, 0, None)  # what a version holding none of the writes replays, before compaction
     summary = fold(root, dead_fraction=1.0)  # HNSW appended to whatever it holds dead: the path to test
     full = build_index(BuildConfig(corpus=write_jsonl(folder / "full.jsonl", after), out=folder / "full",
                                    version="full", faiss_index=kind, **OPTIONS))
     return {"kind": kind, "root": root, "base": base, "summary": summary, "full": full, "before": before,
-            "after": after}
+            "after": after, "whole_log": whole_log}
 
 
 def test_the_folded_version_holds_what_a_full_build_of_the_same_documents_holds(folded):
@@ -91,6 +93,10 @@ def test_the_folded_version_holds_what_a_full_build_of_the_same_documents_holds(
     assert manifest.log_seq == 3 and manifest.corpus == {"format": "fold", "base": "v1", "log_seq": 3,
                                                          "upserted": 4, "deleted": 3}
     assert manifest.counts["docs"] == full.docs and manifest.counts["chunks"] == full.chunks
+    assert summary.change_log["segments"] == 3 and "3 closed segment(s) compacted" in summary.render()
+    assert summary.change_log["changes_dropped"] == 0  # (each write still holds a document's last write)
+    assert len(segments(folded["root"] / CHANGES_DIR)) == 2  # the compacted one and the newest
+    assert _log_changes(folded["root"], 0, None) == folded["whole_log"]  # v1 (or a rollback to it) replays the same
     verify_version(folded_dir)  # every file against its checksum, the counts
     got_rows, got_vectors = _rows_by_chunk(folded_dir)
     want_rows, want_vectors = _rows_by_chunk(full.version_dir)

@@ -56,6 +56,7 @@ def old_log_module(commit: str, work: Path):
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("log_before", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["log_before"] = module  # (its dataclasses look their module up)
     spec.loader.exec_module(module)
     return module
 

@@ -51,6 +51,7 @@ LEGACY_NAME = "log.jsonl"  # the one file of a log written before segments: its 
 LOCK_NAME = "lock"  # writers (and compaction) take turns on this file
 SEGMENT_BYTES = 64 << 20  # a segment at or past this size is closed: the next write starts a new one
 _SEGMENT = re.compile(r"log-(\d+)\.jsonl")
+_SEQ_KEY = b'{"seq":'  # how ``Change.line`` starts every line
 
 
 def segment_name(first_seq: int) -> str:
@@ -166,6 +167,11 @@ class ChangeLog:
         out = []
         for line in data[:end].splitlines():
             if line.strip():
+                if line.startswith(_SEQ_KEY):  # a line at or before ``after`` is passed over unparsed
+                    seq = int(line[len(_SEQ_KEY):line.index(b",")])
+                    if self.last_seq < seq <= self.after:
+                        self.last_seq = seq
+                        continue
                 change = Change.parse(line)
                 if change.seq <= self.last_seq:
                     if self.offset == 0 and self.last_seq >= self.first:  # a segment read again (compacted, or

@@ -136,7 +136,10 @@ def test_a_reader_past_a_seq_opens_only_the_segments_holding_later_writes(tmp_pa
     after = first_of_last - 1
     got = ChangeLog(tmp_path, after=after).read_new()
     assert [c.seq for c in got] == list(range(after + 1, 13))
-    within = files[-2][0] + 1  # inside the second-to-last segment: its earlier lines are read and skipped
+    within = files[-2][0] + 1  # inside the second-to-last segment: its earlier lines are passed over unparsed
+    lines = files[-2][1].read_bytes().split(b"\n")
+    lines[0] = lines[0][:lines[0].index(b",") + 1] + b" not json"
+    files[-2][1].write_bytes(b"\n".join(lines))
     assert [c.seq for c in ChangeLog(tmp_path, after=within).read_new()] == list(range(within + 1, 13))
     with pytest.raises(ValueError):
         ChangeLog(tmp_path).read_new()  # (the broken segments are really there)

@@ -51,6 +51,7 @@ class ShardHost:
         self.dense_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-dense")
         self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-load")
         self.opened: dict[str, ShardGroup] = {}  # every version this host has open, until it is closed
+        self._loads: dict[str, asyncio.Future] = {}  # versions being loaded, or loaded and not yet taken (``load``)
         self.sick: str | None = None  # why this slot should leave rotation (a JVM error), once seen
         initial = Path(version_dir)
         self.initial_version = initial.name
@@ -134,7 +135,21 @@ class ShardHost:
         return self._open(versions_dir(self.root) / version, warm)
 
     async def load(self, version: str) -> ShardGroup:
-        """Open on the loading thread, warm up on the search thread (see the module)."""
+        """Open on the loading thread, warm up on the search thread (see the module). One load of a version at a
+        time, and shielded: a caller that gives up (a deadline: a health check's, an activation's) does not cancel
+        it, and the next caller gets it. Serve's multiplexing calls this again for every request until one load
+        returns; when each was cancelled, each opened the version anew (and dropped it, open, once it was read):
+        shard deployments of a million chunks never became healthy, the 2 s health check cancelling every load."""
+        task = self._loads.get(version)
+        if task is None:
+            task = self._loads[version] = asyncio.ensure_future(self._load(version))
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done() and self._loads.get(version) is task:
+                del self._loads[version]  # taken (the caller's cache holds it from now), or failed (tried again)
+
+    async def _load(self, version: str) -> ShardGroup:
         group = await asyncio.get_running_loop().run_in_executor(self.loader, self.open_version, version, False)
         await self.run(group.warm_up, self.warmup_searches)
         return group

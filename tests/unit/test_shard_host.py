@@ -1,14 +1,16 @@
 """The router's cache of opened index versions (``shards.placement: router``): one load per version at a
 time, the least recently used dropped past ``max_versions``, and a load that outlives a request that
-gave up on it."""
+gave up on it; and the same of a shard deployment's host, whose loads Serve's multiplexing asks for."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from deployments.shard.host import VersionCache
+from deployments.shard.host import ShardHost, VersionCache
 
 
 class CountingHost:
@@ -87,5 +89,51 @@ def test_an_evicted_version_is_closed_after_the_grace_period():
         cache.host.grace_over.set()
         await asyncio.wait_for(cache.host.closed_one.wait(), 5)
         assert cache.host.closed == [("v1", "group of v1")]
+
+    asyncio.run(run())
+
+
+class SlowGroup:
+    warmed = 0
+
+    def warm_up(self, searches: int) -> None:
+        SlowGroup.warmed += 1
+
+
+def _host_opening_when_let(opened: list, may_open: threading.Event) -> ShardHost:
+    """A shard host (its threads, no index) whose versions open when the test lets them, counted."""
+    host = ShardHost.__new__(ShardHost)
+    host.loader = ThreadPoolExecutor(1)
+    host.worker = ThreadPoolExecutor(1)
+    host.warmup_searches, host._loads = 0, {}
+
+    def open_version(version: str, warm: bool = True):
+        may_open.wait(10)
+        if version == "broken":
+            raise FileNotFoundError(version)
+        opened.append(version)
+        return SlowGroup()
+
+    host.open_version = open_version
+    return host
+
+
+def test_a_hosts_load_outlives_callers_that_gave_up_and_the_next_caller_gets_it():
+    """What a shard deployment's health check did to a version that takes longer to open than its deadline: each
+    check cancelled the load and the next opened the version again, forever. Now the version opens once."""
+    async def run():
+        opened, may_open = [], threading.Event()
+        host = _host_opening_when_let(opened, may_open)
+        for _ in range(3):  # three health checks in a row, each giving up after its deadline
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(host.load("v2"), 0.01)
+        may_open.set()
+        group = await host.load("v2")
+        assert isinstance(group, SlowGroup) and opened == ["v2"] and not host._loads  # taken: not held twice
+        assert await asyncio.gather(host.load("v3"), host.load("v3")) and opened == ["v2", "v3"]
+        for _ in range(2):  # a failed load is tried again by the next caller
+            with pytest.raises(FileNotFoundError):
+                await host.load("broken")
+        assert not host._loads
 
     asyncio.run(run())

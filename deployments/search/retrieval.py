@@ -5,8 +5,10 @@ few candidates that survive. Shards answer with ids and scores; texts and vector
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -15,6 +17,7 @@ from deployments.errors import InvalidField
 from deployments.search.clients import Collection
 from deployments.search.hits import Hit, merge_top_k
 from deployments.search.stages import gathered, mark, within
+from deployments.shard.group import share_depth
 from deployments.shard.service import ShardAnswer
 
 
@@ -64,17 +67,42 @@ def leg_scores(legs: dict[str, tuple[list[Hit], list[Hit]]]) -> tuple[dict[tuple
 
 
 
+@dataclass(eq=False)
+class _Call:
+    """One shard slot's part of a search: what it is asked (each leg's depth) and the depth in full."""
+
+    collection: Collection
+    index: int  # the slot's position among the collection's clients (a hit's ``shard``)
+    shard: Any
+    vector: np.ndarray | None
+    full: tuple[int, int]  # (dense, keyword): what asking it for all of each leg means
+    depth: tuple[int, int]  # what it is asked first (its share, or all)
+    rows: int
+    options: AnnParams | None
+    raw: ShardAnswer | None = None  # its answer, before the fresh segment's documents are dropped from it
+
+    def ask(self, text: str, k_dense: int, k_keyword: int, filters, acl):
+        return self.shard.search(self.vector, text, k_dense, k_keyword, filters, self.rows, acl, self.options)
+
+
 class Retrieval:
     """The shards' side of a search, under the router's settings (``shard_timeout_s``)."""
 
     def __init__(self, settings):
         self.settings = settings
+        # Slots asked again for a leg's whole k (``_complete``) since started: how often a share was not enough.
+        self.asked_again = {"dense": 0, "keyword": 0}
 
     async def fan_out(self, targets: list[Collection], vectors: dict[str, np.ndarray], text: str, k_dense: int,
                       k_keyword: int, filters, timings: dict, rows_for_top: int, acl=None,
                       ann: AnnParams | None = None) -> tuple[dict[str, list[tuple[int, ShardAnswer]]], list[str], int, int]:
         """Every shard of every target asked at once under ``shard_timeout_s``: the answers per collection (with
-        the shard's index), the shards that failed, and coverage (shards asked, shards that answered)."""
+        the shard's index), the shards that failed, and coverage (shards asked, shards that answered).
+
+        Where a collection's version is served by several shard slots (shard deployments, or groups on several
+        nodes), each is asked for its likely share of each leg's top k (``share_depth``, as a group asks its
+        shards), and asked again for all of it where its last candidate could still belong in the merged top k
+        (``_complete``): the merged legs are those of every slot asked for k."""
         t = time.perf_counter()
         calls = []
         for c in targets:
@@ -85,22 +113,25 @@ class Retrieval:
             # document is masked too, but the version never answers for it: asking more for it would cost every
             # search a deeper one.)
             extra = min(len(c.fresh.in_version), max(k_dense, k_keyword)) if c.fresh is not None else 0
+            total = sum(getattr(shard, "size", 1) for shard in c.shards)
             for i, shard in enumerate(c.clients()):
-                rows = rows_for_top if shard.remote else 0
-                more = extra if i < len(c.shards) else 0
-                calls.append((c, i, shard, within(
-                    shard.search(vector, text, k_dense and k_dense + more, k_keyword and k_keyword + more, filters,
-                                 rows, acl, options),
-                    self.settings.shard_timeout_s)))
-        answers = await gathered([call for *_, call in calls], return_exceptions=True)
+                version = i < len(c.shards)
+                full = ((k_dense and k_dense + extra, k_keyword and k_keyword + extra) if version
+                        else (k_dense, k_keyword))
+                depth = (tuple(share_depth(k, getattr(shard, "size", 1) / total) for k in full)
+                         if version and len(c.shards) > 1 else full)
+                calls.append(_Call(c, i, shard, vector, full, depth, rows_for_top if shard.remote else 0, options))
+        answers = await gathered([within(call.ask(text, *call.depth, filters, acl), self.settings.shard_timeout_s)
+                                  for call in calls], return_exceptions=True)
         mark(timings, "retrieve", t)
         per_collection: dict[str, list[tuple[int, ShardAnswer]]] = {c.name: [] for c in targets}
         shard_ms = timings.setdefault("_shards", {})
         failed = []
         # A client may be a group of shards: coverage counts shards, not calls.
-        asked = sum(getattr(shard, "size", 1) for _, _, shard, _ in calls)
+        asked = sum(getattr(call.shard, "size", 1) for call in calls)
         answered = asked
-        for (c, i, shard, _), answer in zip(calls, answers, strict=True):
+        for call, answer in zip(calls, answers, strict=True):
+            c, shard = call.collection, call.shard
             if isinstance(answer, BaseException):
                 reason = "timeout" if isinstance(answer, asyncio.TimeoutError | TimeoutError) else type(answer).__name__
                 failed.append(f"{c.name}/{shard.name}: {reason}")
@@ -108,13 +139,60 @@ class Retrieval:
                 continue
             if answer.filter_error:
                 raise InvalidField(answer.filter_error)
-            if i < len(c.shards) and c.fresh is not None and c.fresh.masked:
-                answer = without_documents(answer, c.fresh.masked, c.fresh.in_version)
-            per_collection[c.name].append((i, answer))
+            call.raw = answer
+            per_collection[c.name].append((call.index, self._masked(call, answer)))
             timings["_stages"].append((f"shards {c.name}/{shard.name}", t, t + answer.took_ms / 1000, "retrieve"))
             for name, ms in (answer.shard_ms or {answer.shard: answer.took_ms}).items():
                 shard_ms[f"{c.name}/{name}"] = round(ms, 3)
+        await self._complete([call for call in calls if call.raw is not None], per_collection, text, filters, acl,
+                             (k_dense, k_keyword), timings)
         return per_collection, failed, asked, answered
+
+    @staticmethod
+    def _masked(call: _Call, answer: ShardAnswer) -> ShardAnswer:
+        c = call.collection
+        if call.index < len(c.shards) and c.fresh is not None and c.fresh.masked:
+            return without_documents(answer, c.fresh.masked, c.fresh.in_version)
+        return answer
+
+    async def _complete(self, calls: list[_Call], per_collection: dict[str, list[tuple[int, ShardAnswer]]],
+                        text: str, filters, acl, ks: tuple[int, int], timings: dict) -> None:
+        """Asks again, for all of a leg, each slot that was asked for its share of it, returned all it was asked
+        for, and whose last score is not below the k-th best of every candidate of its collection: only such a
+        slot can hold a hit of the merged top k that it did not return (``group.complete_legs``, one level up).
+        Replaces those legs of those answers in ``per_collection``; a slot that fails the second time keeps its
+        first answer (the top of its share)."""
+        again: dict[int, list[int]] = {}  # position in calls -> the depth to ask of each leg again (0: not asked)
+        for name, answers in per_collection.items():
+            parts = [(n, call) for n, call in enumerate(calls) if call.collection.name == name and call.depth != call.full]
+            for leg, k in enumerate(ks):
+                if not k or not parts:
+                    continue
+                scores = [score for _, a in answers for _, score in (a.dense, a.keyword)[leg]]
+                kth = heapq.nlargest(k, scores)[-1] if len(scores) >= k else -np.inf
+                for n, call in parts:
+                    raw = (call.raw.dense, call.raw.keyword)[leg]
+                    if call.depth[leg] < call.full[leg] and len(raw) >= call.depth[leg] and raw[-1][1] >= kth:
+                        again.setdefault(n, [0, 0])[leg] = call.full[leg]
+        if not again:
+            return
+        t = time.perf_counter()
+        asks = [(calls[n], depths) for n, depths in again.items()]
+        answers = await gathered([within(call.ask(text, *depths, filters, acl), self.settings.shard_timeout_s)
+                                  for call, depths in asks], return_exceptions=True)
+        mark(timings, "retrieve again", t)
+        for (call, depths), answer in zip(asks, answers, strict=True):
+            if isinstance(answer, BaseException) or answer.filter_error:
+                continue
+            deeper = self._masked(call, answer)
+            entries = per_collection[call.collection.name]
+            at = next(j for j, (i, _) in enumerate(entries) if i == call.index)
+            first = entries[at][1]
+            entries[at] = (call.index, replace(first, dense=deeper.dense if depths[0] else first.dense,
+                                               keyword=deeper.keyword if depths[1] else first.keyword,
+                                               rows=first.rows + deeper.rows))
+            for leg, depth in zip(("dense", "keyword"), depths, strict=True):
+                self.asked_again[leg] += bool(depth)
 
     @staticmethod
     def legs(collection: str, answers: list[tuple[int, ShardAnswer]], depth: int) -> tuple[list[Hit], list[Hit]]:

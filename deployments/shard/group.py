@@ -62,9 +62,15 @@ def shard_depth(k: int, shards: int) -> int:
     whose mean plus ``SHARD_DEPTH_Z`` standard deviations is rarely passed (k 200 over 4 shards: 74 each, not
     200). Where a shard's last candidate could still belong in the merged top k, it is asked again for all k
     (``complete_legs``), so the merged top k is the same as if every shard had been asked for k."""
-    if shards <= 1 or k <= 0:
+    return share_depth(k, 1 / shards) if shards > 1 else k
+
+
+def share_depth(k: int, share: float) -> int:
+    """Candidates to ask of a part holding ``share`` of the corpus's documents (placed by a hash of their id) for
+    a merged top ``k``: Binomial(k, share)'s mean plus ``SHARD_DEPTH_Z`` standard deviations, plus 2 (``shard_depth``
+    for shards; the router asks each shard group of a collection this way for its part of the group's size)."""
+    if k <= 0 or share >= 1:
         return k
-    share = 1 / shards
     return min(k, math.ceil(k * share + SHARD_DEPTH_Z * math.sqrt(k * share * (1 - share))) + 2)
 
 

@@ -228,6 +228,44 @@ def test_shard_groups_answer_like_one_group(built, pipeline, group_size):
             assert a.coverage.shards_asked == b.coverage.shards_asked == 3
 
 
+def _legs(pipe, query: str, k: int, filters=None) -> tuple[list, list]:
+    """A collection's merged dense and keyword legs, as (chunk id, score), from the pipeline's own fan-out."""
+    from deployments.search.retrieval import Retrieval
+
+    c = pipe.collections["main"]
+    vector = run(c.encoder.embed(query))
+    per, failed, _, _ = run(pipe.retrieval.fan_out([c], {"main": vector}, query, k, k, filters, {"_stages": []}, 0))
+    assert not failed
+    dense, keyword = Retrieval.legs("main", per["main"], k)
+    return [(h.chunk_id, h.score) for h in dense], [(h.chunk_id, h.score) for h in keyword]
+
+
+def test_shard_slots_asked_for_their_share_merge_to_the_same_legs(built, pipeline, monkeypatch):
+    """Shard slots (one deployment a shard, or a group a node) are each asked for their likely share of a leg's
+    top k, and again for k where their last hit could still belong: the same merged legs as one group asked for
+    k, even when the share is far too small (then slots are asked again, in both legs)."""
+    from deployments.search import retrieval as retrieval_module
+
+    split = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(cache_size=0), group_size=1)
+    asks = []
+    for slot in split.collections["main"].shards:  # what each slot is asked: (dense depth, keyword depth)
+        def recording(*args, _search=slot.search):
+            asks.append(args[2:4])
+            return _search(*args)
+        slot.search = recording
+    cases = [(q, f) for q in ("telescope galaxy", "bread oven butter flour", "sail wind tide harbor captain rope",
+                              "lucene shard replica commit") for f in (None, {"topic": {"in": ["music", "sailing"]}})]
+    expected = [_legs(pipeline, q, 40, f) for q, f in cases]  # one group of the 3 shards: the oracle
+    assert any(d for d, _ in expected) and any(kw for _, kw in expected)
+    assert [_legs(split, q, 40, f) for q, f in cases] == expected  # the real share: 40 over 3 slots
+    first = {a for a in asks if 40 not in a}  # (the rest: slots asked again for all 40 of a leg)
+    assert first == {(26, 26)}  # Binomial(40, 1/3): mean 13.3 + 3.5 sd of 2.98, + 2
+    monkeypatch.setattr(retrieval_module, "share_depth", lambda k, share: max(1, k // 10))
+    before = dict(split.retrieval.asked_again)
+    assert [_legs(split, q, 40, f) for q, f in cases] == expected
+    assert all(split.retrieval.asked_again[leg] > before[leg] for leg in ("dense", "keyword"))
+
+
 def test_identical_requests_are_cached_per_version(pipeline):
     first = search(pipeline, query="anchor mast keel", limit=3)
     second = search(pipeline, query="anchor mast keel", limit=3)

@@ -291,11 +291,17 @@ COMPACTED_MARK = b"\n"  # a compacted segment starts with an empty line: it is n
 
 
 def _changes_in(listed: list[tuple[int, Path]]):
+    """The segments' changes in seq order, each once: a compaction that died after its rename but before removing
+    the segments it had read leaves their lines in the compacted one too (readers skip them the same way)."""
+    last = 0
     for _, path in listed:
         with open(path, "rb") as f:
             for line in f:
                 if line.strip():
-                    yield Change.parse(line)
+                    change = Change.parse(line)
+                    if change.seq > last:
+                        last = change.seq
+                        yield change
 
 
 def _compacted(path: Path) -> bool:

@@ -207,5 +207,16 @@ def test_compaction_keeps_each_documents_last_write_so_every_start_replays_the_s
         assert _state(seen + reader.read_new()) == final
 
     assert ChangeLog(tmp_path).compact().changes_dropped == 0  # nothing new to compact
+
+    # A compaction that died after its rename, before removing what it had read: a closed segment read twice.
+    newest = segments(tmp_path)[-1]
+    leftover = tmp_path / f"log-{newest[0] - 5:012d}.jsonl"
+    leftover.write_bytes(b"".join(c.line() for c in everything if newest[0] - 5 <= c.seq < newest[0]))
+    assert _state(ChangeLog(tmp_path).read_new()) == final  # readers skip what they read already
+    ChangeLog(tmp_path).compact()
+    assert not leftover.exists() and _state(ChangeLog(tmp_path).read_new()) == final
+    compacted = segments(tmp_path)[0][1].read_bytes().splitlines()
+    seqs = [Change.parse(line).seq for line in compacted if line.strip()]
+    assert seqs == sorted(set(seqs))  # each write once in the file, in order
     log.append([doc(1)], [])
     assert _state(ChangeLog(tmp_path).read_new()) == final | {"d1": "text 1"}

@@ -67,9 +67,9 @@ class CollectionDocuments:
         """The segment to search beside another version (a switch, a fold's activation, a rollback): the writes
         that version does not hold. Moving forward (a fold), what the current segment holds past the version's
         ``log_seq`` is carried over and the rest let go; moving back (a rollback to a version holding fewer
-        writes), the log is read again from the start and what the version lacks applied anew. Every later write
-        goes to the returned segment; the current one stays as it was for the requests still running on it.
-        (Either way only the log's segments past the version's ``log_seq`` are read.)"""
+        writes), the log is read again past that version's ``log_seq`` (its segments from there on) and what the
+        version lacks applied anew. Every later write goes to the returned segment; the current one stays as it was
+        for the requests still running on it."""
         async with self._lock:
             segment = await asyncio.to_thread(new_segment, self.name, version_dir, self.segment.dimension)
             if segment.log_seq >= self.segment.log_seq:

@@ -67,8 +67,8 @@ def shard_depth(k: int, shards: int) -> int:
 
 def share_depth(k: int, share: float) -> int:
     """Candidates to ask of a part holding ``share`` of the corpus's documents (placed by a hash of their id) for
-    a merged top ``k``: Binomial(k, share)'s mean plus ``SHARD_DEPTH_Z`` standard deviations, plus 2 (``shard_depth``
-    for shards; the router asks each shard group of a collection this way for its part of the group's size)."""
+    a merged top ``k``: Binomial(k, share)'s mean plus ``SHARD_DEPTH_Z`` standard deviations, plus 2. A group asks
+    its shards so (``shard_depth``); the router asks each shard slot of a collection for the share its shards hold."""
     if k <= 0 or share >= 1:
         return k
     return min(k, math.ceil(k * share + SHARD_DEPTH_Z * math.sqrt(k * share * (1 - share))) + 2)

@@ -31,6 +31,7 @@ This is the log alone (``ChangeLog``); ``deployments.documents.segment`` keeps w
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -38,7 +39,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,8 +203,16 @@ class ChangeLog:
         with self._lock, self._writers_turn():
             return self._append(writes)
 
-    def _writers_turn(self):
-        return _FileLock(self.folder / LOCK_NAME)
+    @contextlib.contextmanager
+    def _writers_turn(self) -> Iterator[None]:
+        """An exclusive ``flock`` on ``LOCK_NAME`` (made if missing), across processes, for a ``with`` block."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
 
     def _append(self, writes) -> tuple[list[Change], list[Change]]:
         if not segments(self.folder):
@@ -254,7 +263,7 @@ class ChangeLog:
             listed = segments(self.folder)
         closed = listed[:-1]
         before = sum(p.stat().st_size for _, p in closed)
-        if len(closed) == 0 or (len(closed) == 1 and closed[0][1].name != LEGACY_NAME and _compacted(closed[0][1])):
+        if not closed or (len(closed) == 1 and _compacted(closed[0][1])):  # (a one-file log never starts so)
             return CompactionSummary(len(closed), before, before, 0)
         last: dict[str, int] = {}  # document id -> the seq of its last write in the closed segments
         total = 0
@@ -315,23 +324,3 @@ class CompactionSummary:
     bytes_before: int
     bytes_after: int
     changes_dropped: int  # changes whose every document was written again later
-
-
-
-class _FileLock:
-    """An exclusive ``flock`` on a file (created if missing), held for a ``with`` block; across processes."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        created = not self.path.exists()
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        if created:
-            fsync_dir(self.path.parent)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        os.close(self.fd)  # closing releases the lock

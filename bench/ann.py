@@ -94,8 +94,9 @@ def search(dense: list, queries: np.ndarray, allowed: list, ann: dict,
            share: bool = False) -> tuple[list[list[tuple[str, float]]], float, float, int]:
     """Merged top-K (chunk id, score) per query, CPU ms per shard search, CPU ms per query (all shards), and how
     many shards were asked again. ``share``: each shard is asked for its likely share of the top K and again for
-    K where that may not be enough, as a shard group asks (``deployments.shard.group.shard_depth``)."""
-    from deployments.shard.group import LegPart, complete_legs, shard_depth
+    K where that may not be enough, as a shard group asks (``deployments.shard.shares.shard_depth``)."""
+    from deployments.shard.group import LegPart, complete_legs
+    from deployments.shard.shares import shard_depth
 
     results, cpu, calls, asked_again = [], 0.0, 0, 0
     depth = shard_depth(K, len(dense)) if share else K

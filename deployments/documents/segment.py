@@ -26,7 +26,7 @@ import numpy as np
 
 from deployments.documents.log import Change
 from deployments.shard.filters import FilterError, MetadataTable
-from deployments.shard.service import ShardAnswer
+from deployments.shard.query import ShardAnswer, ShardQuery
 from index_format.chunking import chunk_document
 from index_format.records import Document, written_document
 
@@ -246,24 +246,23 @@ class FreshSegment:
             scores[rows] += count * idf * tf / (tf + norm[rows])
         return scores
 
-    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None, ann=None
-                     ) -> ShardAnswer:
+    async def search(self, query: ShardQuery) -> ShardAnswer:
         t0 = time.perf_counter()
         answer = ShardAnswer(self.name, shards=0)
         if not self.live:
             return answer
         try:
-            allowed = self._allowed(filters, acl)
+            allowed = self._allowed(query.filters, query.acl)
         except FilterError as e:
             answer.filter_error = str(e)
             return answer
         rows = np.flatnonzero(self.alive) if allowed is None else allowed[self.alive[allowed]]
-        if vector is not None and k_dense > 0 and len(rows):
-            answer.dense = self._top(rows, self.matrix[rows] @ np.asarray(vector, dtype=np.float32), k_dense)
-        if text and k_keyword > 0 and len(rows):
-            keyword = self._bm25(text)[rows]
+        if query.dense and len(rows):
+            answer.dense = self._top(rows, self.matrix[rows] @ np.asarray(query.vector, dtype=np.float32), query.k_dense)
+        if query.keyword and len(rows):
+            keyword = self._bm25(query.text)[rows]
             held = keyword > 0
-            answer.keyword = self._top(rows[held], keyword[held], k_keyword)
+            answer.keyword = self._top(rows[held], keyword[held], query.k_keyword)
         answer.took_ms = (time.perf_counter() - t0) * 1000
         return answer
 

@@ -305,7 +305,7 @@ class SearchResponse(BaseModel):
     debug: dict[str, Any] | None = None
     # The results already written as JSON (``SearchPipeline.search(rendered=True)``), ``results`` left empty.
     _results_json: str | None = PrivateAttr(None)
-    # (start, end, [(stage, start, end, parent stage)]) in perf_counter seconds: the spans of a trace.
+    # (start, end, [search.stages.Span]) in perf_counter seconds: the spans of a trace.
     _stages: tuple | None = PrivateAttr(None)
 
 

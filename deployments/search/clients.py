@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from deployments.edge.schemas import AnnParams
-from deployments.shard.service import ShardAnswer
+from deployments.shard.query import ShardAnswer, ShardQuery
 
 
 class ShardClient(Protocol):
@@ -20,8 +20,7 @@ class ShardClient(Protocol):
     # shard searched in this process is asked for the final page's rows once, after fusion.
     remote: bool
 
-    async def search(self, vector, text, k_dense: int, k_keyword: int, filters, rows_for_top: int = 0,
-                     acl: tuple[str, list[str]] | None = None, ann: dict | None = None) -> ShardAnswer: ...
+    async def search(self, query: ShardQuery) -> ShardAnswer: ...
     async def fetch(self, chunk_ids: list[str]) -> list[dict]: ...
     async def vectors(self, chunk_ids: list[str]) -> np.ndarray: ...
     async def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]: ...

@@ -18,7 +18,8 @@ from deployments.search.clients import Collection
 from deployments.search.hits import Hit, merge_top_k
 from deployments.search.pipeline import SearchPipeline
 from deployments.shard.group import ShardGroup
-from deployments.shard.service import ShardAnswer, ShardService, open_version
+from deployments.shard.query import ShardAnswer, ShardQuery
+from deployments.shard.service import ShardService, open_version
 from index_format.encoders import encode_queries, load_encoder
 
 
@@ -34,10 +35,8 @@ class InProcessShard:
     async def _call(self, fn, *args):
         return await asyncio.to_thread(fn, *args) if self.threaded else fn(*args)
 
-    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None,
-                     ann=None) -> ShardAnswer:
-        return await self._call(self.service.search, vector, text, k_dense, k_keyword, filters, rows_for_top, acl,
-                                ann)
+    async def search(self, query: ShardQuery) -> ShardAnswer:
+        return await self._call(self.service.search, query)
 
     async def fetch(self, chunk_ids):
         return self.service.fetch(chunk_ids)

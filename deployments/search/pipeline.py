@@ -23,11 +23,12 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
+from deployments.config import RouterSettings
 from deployments.edge.schemas import Method, RerankWith, SearchRequest, SearchResponse
 from deployments.errors import (
     DeadlineExceeded,
@@ -42,13 +43,13 @@ from deployments.search.clients import Collection, EncoderClient, RerankerClient
 from deployments.search.fusion import is_flat
 from deployments.search.lookup import chunk_rows, document_body, visible
 from deployments.search.paging import page_offset
-from deployments.search.plan import SearchPlan, plan_search
+from deployments.search.plan import plan_search
 from deployments.search.query_text import expand_synonyms, expand_with_history, normalize_query
 from deployments.search.ranking import Ranking, fuse_collections, fusion_of
 from deployments.search.response import Responder
 from deployments.search.retrieval import Retrieval, Retrieved, known_rows
 from deployments.search.spelling import Speller
-from deployments.search.stages import Work, failure, gathered, mark, within
+from deployments.search.stages import SearchContext, Work, failure, gathered, within
 
 
 async def _embed(encoder: EncoderClient, text: str, embedded: dict | None) -> np.ndarray:
@@ -62,45 +63,22 @@ class SearchPipeline:
     module (retrieval, ranking, response). The settings and the optional stages' clients are the pipeline's;
     setting one here hands it to every stage that uses it."""
 
-    def __init__(self, collections: dict[str, Collection], default_collection: str, settings,
+    def __init__(self, collections: dict[str, Collection], default_collection: str, settings: RouterSettings,
                  reranker: RerankerClient | None = None, synthesizer: SynthesizerClient | None = None,
                  acl_field: str | None = None, public_principal: str = "public"):
         self.collections = collections
         self.default_collection = default_collection
-        self.retrieval = Retrieval(settings)
-        self.ranking = Ranking(settings, self.retrieval, reranker, synthesizer)
-        self.responder = Responder(settings, self.retrieval, synthesizer)
-        self._settings, self._reranker, self._synthesizer = settings, reranker, synthesizer
+        self.reranker, self.synthesizer = reranker, synthesizer
+        self.retrieval = Retrieval()
+        self.ranking = Ranking(self.retrieval, reranker, synthesizer)
+        self.responder = Responder(self.retrieval, synthesizer)
         self.acl_field = acl_field
         self.public_principal = public_principal
-        self.cache = LRUCache(settings.cache_size)
         self.spellers: OrderedDict[tuple, Speller] = OrderedDict()  # per (collections, versions, ACL)
+        self.reconfigure(settings)
 
-    @property
-    def settings(self):
-        return self._settings
-
-    @settings.setter
-    def settings(self, settings) -> None:
-        self._settings = self.retrieval.settings = self.ranking.settings = self.responder.settings = settings
-
-    @property
-    def reranker(self) -> RerankerClient | None:
-        return self._reranker
-
-    @reranker.setter
-    def reranker(self, reranker: RerankerClient | None) -> None:
-        self._reranker = self.ranking.reranker = reranker
-
-    @property
-    def synthesizer(self) -> SynthesizerClient | None:
-        return self._synthesizer
-
-    @synthesizer.setter
-    def synthesizer(self, synthesizer: SynthesizerClient | None) -> None:
-        self._synthesizer = self.ranking.synthesizer = self.responder.synthesizer = synthesizer
-
-    def reconfigure(self, settings) -> None:
+    def reconfigure(self, settings: RouterSettings) -> None:
+        """The settings every later search runs under (each search takes them whole into its context)."""
         self.settings = settings
         self.cache = LRUCache(settings.cache_size)
 
@@ -266,7 +244,6 @@ class SearchPipeline:
                 and (rendered or hit._results_json is None)):
             return hit.model_copy(update={"cached": True,
                                           "timings_ms": {"total": (time.perf_counter() - t_start) * 1000}})
-        work = Work()
         rerank = self._check_stages(req, targets)
         req = self._with_tuned_defaults(req, rerank)
         # A page: ranks offset+1.. of the same ranking (``paging``); the plan fixes every depth before any work.
@@ -275,18 +252,18 @@ class SearchPipeline:
             raise InvalidRequest("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
                                "to 100 results in one page")
         plan = plan_search(req, self.settings, len(targets), rerank, offset)
+        ctx = SearchContext(req=req, plan=plan, targets=targets, settings=self.settings, work=Work(),
+                            started=t_start, asked_query=req.query, acl=acl, rerank=rerank, rendered=rendered)
         if plan.capped:
-            work.warnings.append(f"candidates {req.candidates} capped at {self.settings.candidate_cap} "
-                                 "(router.candidate_cap)")
-        asked_query = req.query
-        req, corrected = await self._spell(req, targets, acl, work)
-        text = self._query_text(req, work.trace)
-        vectors = await self._embed_query(req, text, targets, embedded, work)
-        got = await self._retrieve(req, plan, targets, text, vectors, acl, work)
-        ranked = await self.ranking.rank(req, plan, targets, text, vectors, got, rerank, work)
-        response = await self.responder.respond(req, plan, targets, got, ranked, vectors, asked_query, corrected,
-                                                rendered, work, t_start)
-        if key is not None and not got.failed and not work.warnings and not req.debug and not req.stream:
+            ctx.work.warnings.append(f"candidates {req.candidates} capped at {self.settings.candidate_cap} "
+                                     "(router.candidate_cap)")
+        ctx = await self._spell(ctx)
+        ctx = replace(ctx, text=self._query_text(ctx.req, ctx.work.trace))
+        ctx = replace(ctx, vectors=await self._embed_query(ctx, embedded))
+        got = await self._retrieve(ctx)
+        ranked = await self.ranking.rank(ctx, got)
+        response = await self.responder.respond(ctx, got, ranked)
+        if key is not None and not got.failed and not ctx.work.warnings and not req.debug and not req.stream:
             self.cache.put(key, response)
         return response
 
@@ -301,13 +278,14 @@ class SearchPipeline:
             defaults["min_relevance_score"] = s.min_relevance_score
         return req.model_copy(update=defaults) if defaults else req
 
-    async def _spell(self, req: SearchRequest, targets, acl, work: Work) -> tuple[SearchRequest, str | None]:
-        """(the request with its query corrected, the corrected query or None)."""
+    async def _spell(self, ctx: SearchContext) -> SearchContext:
+        """The context with its query corrected (``req.query`` and ``corrected``), when the request asks for it."""
+        req, work = ctx.req, ctx.work
         if not req.spell_correct:
-            return req, None
-        s, t, corrected = self.settings, time.perf_counter(), None
+            return ctx
+        s, t = ctx.settings, time.perf_counter()
         try:
-            speller = await self._speller(targets, acl)
+            speller = await self._speller(ctx.targets, ctx.acl)
             # Off the event loop, under a deadline: other requests on this replica never wait for it.
             fixed, corrections, unchecked = await asyncio.wait_for(
                 asyncio.to_thread(speller.correct, req.query, s.spell_max_words), s.spell_timeout_s)
@@ -319,53 +297,51 @@ class SearchPipeline:
                                      f"(router.spell_max_words): {unchecked} more searched as typed")
             work.trace["spelling"] = {"corrected_query": fixed, "corrections": [asdict(c) for c in corrections]}
             if corrections:
-                corrected = fixed
-                req = req.model_copy(update={"query": fixed})
-        mark(work.timings, "spell", t)
-        return req, corrected
+                ctx = replace(ctx, req=req.model_copy(update={"query": fixed}), corrected=fixed)
+        work.mark("spell", t)
+        return ctx
 
-    async def _embed_query(self, req: SearchRequest, text: str, targets, embedded, work: Work) -> dict[str, np.ndarray]:
+    async def _embed_query(self, ctx: SearchContext, embedded: dict | None) -> dict[str, np.ndarray]:
         """The query's vector per collection; none when no leg needs one, or (hybrid) when the encoder failed."""
+        req, targets = ctx.req, ctx.targets
         if req.method is Method.keyword and req.mmr_lambda is None:
             return {}
         t = time.perf_counter()
         vectors: dict[str, np.ndarray] = {}
         try:
-            got = await within(gathered([_embed(c.encoder, text, embedded) for c in targets]),
-                               self.settings.encoder_timeout_s)
+            got = await within(gathered([_embed(c.encoder, ctx.text, embedded) for c in targets]),
+                               ctx.settings.encoder_timeout_s)
             vectors = dict(zip((c.name for c in targets), got, strict=True))
         except Exception as exc:  # a hybrid search can still answer from its keyword leg
             if req.method is not Method.hybrid or req.mmr_lambda is not None:
                 raise Unavailable(f"the query encoder {failure(exc)}; retry shortly") from exc
-            work.warnings.append(f"query encoder {failure(exc)}: keyword results only")
-        mark(work.timings, "embed", t)
+            ctx.work.warnings.append(f"query encoder {failure(exc)}: keyword results only")
+        ctx.work.mark("embed", t)
         return vectors
 
-    async def _retrieve(self, req: SearchRequest, plan: SearchPlan, targets, text: str, vectors, acl,
-                        work: Work) -> Retrieved:
+    async def _retrieve(self, ctx: SearchContext) -> Retrieved:
         """Every shard searched (both legs, the filter inside), each collection's legs merged and fused; a flat
         fused list is searched once more at twice the depth (``deepen_when_flat``)."""
-        s = self.settings
-        k_dense = plan.k_dense if vectors else 0
-        fan_vectors = vectors if req.method is not Method.keyword else {}
+        req, plan, s = ctx.req, ctx.plan, ctx.settings
+        # A keyword search embeds its query only for MMR: its dense leg is not searched.
+        dense = bool(plan.k_dense and ctx.vectors) and req.method is not Method.keyword
         depth, deepened = plan.depth, False
         while True:
             per_collection, failed, asked, answered = await self.retrieval.fan_out(
-                targets, fan_vectors, text, depth if k_dense else 0, depth if plan.k_keyword else 0, req.filters,
-                work.timings, plan.rows_for_top, acl, req.ann)
+                ctx, depth if dense else 0, depth if plan.k_keyword else 0)
             t = time.perf_counter()
             legs = {name: self.retrieval.legs(name, answers, depth) for name, answers in per_collection.items()}
-            fused = fuse_collections(req, s, legs, targets)
-            mark(work.timings, "fuse", t)
+            fused = fuse_collections(req, s, legs, ctx.targets)
+            ctx.work.mark("fuse", t)
             if (deepened or req.method is not Method.hybrid or not s.deepen_when_flat or req.candidates
                     or not is_flat(fused) or depth >= s.candidate_cap or len(fused) < depth):
                 break
             depth, deepened = min(2 * depth, s.candidate_cap), True
         if req.method is Method.hybrid:
-            work.trace["fusion"] = fusion_of(req, s)
+            ctx.work.trace["fusion"] = fusion_of(req, s)
         return Retrieved(legs, fused, known_rows(per_collection), failed, asked, answered, depth, deepened)
 
     def stream_answer(self, req: SearchRequest, response: SearchResponse) -> AsyncIterator[dict]:
         """Events for ``stream: true`` (``Responder.stream_answer``)."""
-        return self.responder.stream_answer(req, response)
+        return self.responder.stream_answer(req, response, self.settings)
 

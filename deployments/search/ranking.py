@@ -14,10 +14,9 @@ from deployments.search.clients import Collection, RerankerClient, SynthesizerCl
 from deployments.search.fusion import min_max, relevance_scores, rrf, weighted
 from deployments.search.hits import Hit
 from deployments.search.mmr import mmr
-from deployments.search.plan import SearchPlan
 from deployments.search.reranking import passage_text
 from deployments.search.retrieval import Retrieval, Retrieved
-from deployments.search.stages import Work, failure, mark
+from deployments.search.stages import SearchContext, failure
 
 
 @dataclass
@@ -67,9 +66,8 @@ def relevance_scale(req: SearchRequest, settings, reranked: bool, collections: i
 class Ranking:
     """The ranking stages after fusion, with the clients they call (``reranker``, the ``synthesizer``'s LLM)."""
 
-    def __init__(self, settings, retrieval: Retrieval, reranker: RerankerClient | None,
-                 synthesizer: SynthesizerClient | None):
-        self.settings, self.retrieval, self.reranker, self.synthesizer = settings, retrieval, reranker, synthesizer
+    def __init__(self, retrieval: Retrieval, reranker: RerankerClient | None, synthesizer: SynthesizerClient | None):
+        self.retrieval, self.reranker, self.synthesizer = retrieval, reranker, synthesizer
 
     async def rerank(self, req: SearchRequest, text: str, pool: list[Hit], rows: list[dict]) -> list[Hit]:
         passages = [passage_text(r["title"], r["text"]) for r in rows]
@@ -83,27 +81,26 @@ class Ranking:
         return sorted((Hit(h.chunk_id, float(sc), h.shard, h.collection) for h, sc in zip(pool, scores, strict=True)),
                       key=lambda h: -h.score)
 
-    async def rank(self, req: SearchRequest, plan: SearchPlan, targets: list[Collection], text: str, vectors,
-                   got: Retrieved, rerank: bool, work: Work) -> Ranked:
+    async def rank(self, ctx: SearchContext, got: Retrieved) -> Ranked:
         """Reranked (the pool's texts fetched and scored under one deadline), cut at min_relevance_score,
         diversified by MMR: each optional, each failure leaving the order before it, with a warning."""
-        s, fused = self.settings, got.fused
+        req, targets, work, s, fused = ctx.req, ctx.targets, ctx.work, ctx.settings, got.fused
         ranked, reranked = fused, False
-        if rerank and fused:
+        if ctx.rerank and fused:
             t = time.perf_counter()
-            pool = fused[:plan.rerank_depth]
+            pool = fused[:ctx.plan.rerank_depth]
 
             async def fetch_and_rerank() -> list[Hit]:  # one deadline for the pool's texts and their scores
                 pool_rows = await self.retrieval.fetch(pool, targets, got.known)
                 got.known.update((h.key, row) for h, row in zip(pool, pool_rows, strict=True))
-                return await self.rerank(req, text, pool, pool_rows)
+                return await self.rerank(req, ctx.text, pool, pool_rows)
 
             try:
                 ranked = await asyncio.wait_for(fetch_and_rerank(), s.rerank_timeout_s)
                 reranked = True
             except Exception as exc:  # the fused order stands; the request still succeeds
                 work.warnings.append(f"reranking {failure(exc)}: results are in fused order")
-            mark(work.timings, "rerank", t)
+            work.mark("rerank", t)
             work.trace["rerank"] = {"depth": len(pool), "with": req.rerank_with.value, "applied": reranked}
         scale = relevance_scale(req, s, reranked, len(targets))
         relevance_of = dict(zip((h.key for h in ranked), relevance_scores([h.score for h in ranked], *scale),
@@ -120,10 +117,10 @@ class Ranking:
             except Exception as exc:  # the relevance order stands
                 work.warnings.append(f"MMR skipped: the candidates' vectors {failure(exc)}")
             else:
-                query_vector = next(iter(vectors.values()))
+                query_vector = next(iter(ctx.vectors.values()))
                 relevance = [h.score for h in min_max(pool)]
                 final = mmr(pool, query_vector, pool_vectors, req.limit, req.mmr_lambda, relevance)
-            mark(work.timings, "mmr", t)
+            work.mark("mmr", t)
         return Ranked(ranked, reranked, relevance_of, kept, dropped, final)
 
 

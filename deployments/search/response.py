@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
+from deployments.config import RouterSettings
 from deployments.edge.schemas import (
     Answer,
     Coverage,
@@ -19,47 +20,43 @@ from deployments.edge.schemas import (
     response_dict,
 )
 from deployments.errors import Unavailable
-from deployments.search.clients import Collection, SynthesizerClient
+from deployments.search.clients import SynthesizerClient
 from deployments.search.context import assemble, citations
 from deployments.search.hits import Hit
 from deployments.search.paging import make_cursor
-from deployments.search.plan import SearchPlan
 from deployments.search.ranking import Ranked
-from deployments.search.result_json import FragmentCache, render_results, source_of
+from deployments.search.result_json import FragmentCache, PageScores, render_results, source_of
 from deployments.search.retrieval import Retrieval, Retrieved, leg_scores
-from deployments.search.stages import Work, failure, mark, within
+from deployments.search.stages import SearchContext, failure, within
 
 
 class Responder:
     """Writes a search's response from what its stages found."""
 
-    def __init__(self, settings, retrieval: Retrieval, synthesizer: SynthesizerClient | None):
-        self.settings, self.retrieval, self.synthesizer = settings, retrieval, synthesizer
+    def __init__(self, retrieval: Retrieval, synthesizer: SynthesizerClient | None):
+        self.retrieval, self.synthesizer = retrieval, synthesizer
         self.fragments = FragmentCache()  # results' JSON, for responses the router sends as they are
 
-    async def respond(self, req: SearchRequest, plan: SearchPlan, targets: list[Collection], got: Retrieved,
-                      ranked: Ranked, vectors, asked_query: str, corrected: str | None, rendered: bool, work: Work,
-                      t_start: float) -> SearchResponse:
+    async def respond(self, ctx: SearchContext, got: Retrieved, ranked: Ranked) -> SearchResponse:
         """The page's rows fetched and rendered, the context assembled, the answer written: the response."""
-        s, hybrid = self.settings, req.method is Method.hybrid
+        req, plan, targets, work, s = ctx.req, ctx.plan, ctx.targets, ctx.work, ctx.settings
+        hybrid = req.method is Method.hybrid
         top = ranked.final[plan.offset:plan.window]
         t = time.perf_counter()
         try:
             rows = await within(self.retrieval.fetch(top, targets, got.known), s.shard_timeout_s)
         except Exception as exc:
             raise Unavailable(f"the shards did not send the results' texts: {failure(exc)}; retry shortly") from exc
-        mark(work.timings, "fetch", t)
+        work.mark("fetch", t)
         fused_scores = {h.key: h.score for h in got.fused} if hybrid else {}
         dense_of, keyword_of = leg_scores(got.legs)
         results_json = None
-        if rendered and not req.synthesize:
+        scores = PageScores(dense_of, keyword_of, fused_scores, ranked.relevance_of, ranked.reranked)
+        if ctx.rendered and not req.synthesize:
             results = []
-            results_json = render_results(self.fragments, {c.name: c.version for c in targets}, top, rows, dense_of,
-                                          keyword_of, fused_scores, ranked.reranked, ranked.relevance_of,
-                                          plan.offset + 1)
+            results_json = render_results(self.fragments, ctx.versions, top, rows, scores, plan.offset + 1)
         else:
-            results = result_models(top, rows, dense_of, keyword_of, fused_scores, ranked.reranked,
-                                    ranked.relevance_of, plan.offset + 1)
+            results = result_models(top, rows, scores, plan.offset + 1)
         context_payload = citation_payload = None
         if req.include_context or req.include_citations:
             t = time.perf_counter()
@@ -72,35 +69,34 @@ class Responder:
                 work.trace["context"] = info
             if req.include_citations:
                 citation_payload = citations(passages)
-            mark(work.timings, "assemble", t)
+            work.mark("assemble", t)
         answer = None
         if req.synthesize and not req.stream:
             t = time.perf_counter()
-            answer = await self._answer(req, results, work.warnings)
-            mark(work.timings, "synthesize", t)
+            answer = await self._answer(req, results, work.warnings, s.synthesis_timeout_s)
+            work.mark("synthesize", t)
         timings = work.timings
-        work.trace["shard_search_ms"] = timings.pop("_shards", {})
-        stages = timings.pop("_stages", [])
-        timings["total"] = (time.perf_counter() - t_start) * 1000
+        work.trace["shard_search_ms"] = work.shard_ms
+        timings["total"] = (time.perf_counter() - ctx.started) * 1000
         final, window = ranked.final, plan.window
         # A one-leg search ranks exactly the page: a full page may have a next one (maybe empty).
         more = len(final) > window or (len(final) == window and not plan.reorders)
         response = SearchResponse(
-            query=asked_query,
-            corrected_query=corrected,
+            query=ctx.asked_query,
+            corrected_query=ctx.corrected,
             method=req.method,
-            method_used=Method.keyword if hybrid and not vectors else req.method,
+            method_used=Method.keyword if hybrid and not ctx.vectors else req.method,
             results=results,
             total=len(ranked.kept),
             total_results=len(top),
             offset=plan.offset,
-            next_cursor=make_cursor(req, {c.name: c.version for c in targets}, window, s)
+            next_cursor=make_cursor(req, ctx.versions, window, s)
             if more and req.mmr_lambda is None and window < plan.pages_end else None,
             citations=[source_of(r["doc_id"], r["metadata"]) for r in rows] if req.include_citations else None,
             passage_citations=citation_payload,
             synthesis=answer.text if answer else None,
             context=context_payload,
-            index_version={c.name: c.version for c in targets},
+            index_version=ctx.versions,
             timings_ms={k: round(v, 3) for k, v in timings.items()},
             coverage=Coverage(shards_asked=got.asked, shards_answered=got.answered,
                               ratio=got.answered / got.asked if got.asked else 0.0,
@@ -112,25 +108,27 @@ class Responder:
                               ranked.dropped, final, got.depth, got.deepened, req) if req.debug else None,
         )
         response._results_json = results_json
-        response._stages = (t_start, time.perf_counter(), stages)
+        response._stages = (ctx.started, time.perf_counter(), work.spans)
         return response
 
-    async def _answer(self, req: SearchRequest, results: list[Result], warnings: list[str]) -> Answer | None:
+    async def _answer(self, req: SearchRequest, results: list[Result], warnings: list[str],
+                      timeout_s: float) -> Answer | None:
         try:
             answer = await asyncio.wait_for(
                 self.synthesizer.answer(req.query, [r.model_dump() for r in results], req.max_answer_tokens),
-                self.settings.synthesis_timeout_s)
+                timeout_s)
             return Answer.model_validate(answer)
         except Exception as exc:
             warnings.append(f"synthesis {failure(exc)}: no answer, results only")
             return None
 
-    async def stream_answer(self, req: SearchRequest, response: SearchResponse) -> AsyncIterator[dict]:
+    async def stream_answer(self, req: SearchRequest, response: SearchResponse,
+                            settings: RouterSettings) -> AsyncIterator[dict]:
         """Events for ``stream: true``, after ``search`` answered (so a bad request is still a plain 4xx):
         the search response, the answer's tokens, then the answer. A synthesis failure is an ``error``
         event, since the status line has been sent by then."""
         yield {"type": "results", **response_dict(response)}
-        deadline = time.monotonic() + self.settings.synthesis_timeout_s
+        deadline = time.monotonic() + settings.synthesis_timeout_s
         try:
             events = aiter(self.synthesizer.stream(req.query, [r.model_dump() for r in response.results],
                                                    req.max_answer_tokens))
@@ -144,10 +142,10 @@ class Responder:
             yield {"type": "error", "error": f"synthesis {failure(exc)}: no answer, results only"}
 
 
-def result_models(top: list[Hit], rows: list[dict], dense_of: dict[tuple[str, str], float],
-                  keyword_of: dict[tuple[str, str], float], fused_scores: dict[tuple[str, str], float], reranked: bool,
-                  relevance_of: dict[tuple[str, str], float],
-             first_rank: int = 1) -> list[Result]:
+def result_models(top: list[Hit], rows: list[dict], scores: PageScores, first_rank: int = 1) -> list[Result]:
+    """The page's results as models (what synthesis reads, and callers that are not sent JSON)."""
+    dense_of, keyword_of, fused_scores, relevance_of = scores.dense, scores.keyword, scores.fused, scores.relevance
+    reranked = scores.reranked
     results = []
     for rank, (hit, row) in enumerate(zip(top, rows, strict=True), start=first_rank):
         cid, metadata = hit.key, row["metadata"]

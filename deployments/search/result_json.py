@@ -16,6 +16,7 @@ field order, ``null`` handling, float format), which the tests check against the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic_core import to_json
@@ -69,13 +70,26 @@ class FragmentCache:
         return found
 
 
+@dataclass(frozen=True)
+class PageScores:
+    """The scores a page's results show, by hit key (``Hit.key``): each leg's, fusion's and ``relevance_score``;
+    ``reranked``: a hit's own score is the reranker's."""
+
+    dense: dict[tuple[str, str], float]
+    keyword: dict[tuple[str, str], float]
+    fused: dict[tuple[str, str], float]
+    relevance: dict[tuple[str, str], float]
+    reranked: bool = False
+
+
 def render_results(fragments: FragmentCache, versions: dict[str, str], top: Sequence[Hit], rows: Sequence[dict],
-                   dense_of: dict[tuple[str, str], float], keyword_of: dict[tuple[str, str], float], fused_of: dict[tuple[str, str], float],
-                   reranked: bool, relevance_of: dict[tuple[str, str], float], first_rank: int = 1) -> str:
+                   page: PageScores, first_rank: int = 1) -> str:
     """The ``results`` array of a response: ``top`` (best first) with their ``rows`` (each naming its
-    ``collection``), the legs' and fusion's scores by the hits' keys (``Hit.key``), and ``relevance_score``."""
+    ``collection``), and their scores."""
     if len(rows) != len(top):
         raise ValueError(f"{len(top)} hits but {len(rows)} rows")
+    dense_of, keyword_of, fused_of, relevance_of, reranked = (page.dense, page.keyword, page.fused, page.relevance,
+                                                              page.reranked)
     # Every number of the page in one call of the serializer (a numpy float32 widened, as a float field does):
     # per hit its relevance, score, and the dense, keyword and fused scores (None where it has none).
     scores = []

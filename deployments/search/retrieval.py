@@ -5,7 +5,6 @@ few candidates that survive. Shards answer with ids and scores; texts and vector
 from __future__ import annotations
 
 import asyncio
-import heapq
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,9 +15,9 @@ from deployments.edge.schemas import AnnParams
 from deployments.errors import InvalidField
 from deployments.search.clients import Collection
 from deployments.search.hits import Hit, merge_top_k
-from deployments.search.stages import gathered, mark, within
-from deployments.shard.group import share_depth
-from deployments.shard.service import ShardAnswer
+from deployments.search.stages import SearchContext, Span, gathered, within
+from deployments.shard.query import ShardAnswer, ShardQuery
+from deployments.shard.shares import Share, share_depth, short_shares
 
 
 @dataclass
@@ -74,40 +73,39 @@ class _Call:
     collection: Collection
     index: int  # the slot's position among the collection's clients (a hit's ``shard``)
     shard: Any
-    vector: np.ndarray | None
+    query: ShardQuery  # the request's search, with this slot's vector, options and rows
     full: tuple[int, int]  # (dense, keyword): what asking it for all of each leg means
     depth: tuple[int, int]  # what it is asked first (its share, or all)
-    rows: int
-    options: AnnParams | None
     raw: ShardAnswer | None = None  # its answer, before the fresh segment's documents are dropped from it
 
-    def ask(self, text: str, k_dense: int, k_keyword: int, filters, acl):
-        return self.shard.search(self.vector, text, k_dense, k_keyword, filters, self.rows, acl, self.options)
+    def ask(self, depths: tuple[int, int]):
+        return self.shard.search(self.query.at_depth(*depths))
 
 
 class Retrieval:
-    """The shards' side of a search, under the router's settings (``shard_timeout_s``)."""
+    """The shards' side of a search, under its settings (``shard_timeout_s``)."""
 
-    def __init__(self, settings):
-        self.settings = settings
+    def __init__(self):
         # Slots asked again for a leg's whole k (``_complete``) since started: how often a share was not enough.
         self.asked_again = {"dense": 0, "keyword": 0}
 
-    async def fan_out(self, targets: list[Collection], vectors: dict[str, np.ndarray], text: str, k_dense: int,
-                      k_keyword: int, filters, timings: dict, rows_for_top: int, acl=None,
-                      ann: AnnParams | None = None) -> tuple[dict[str, list[tuple[int, ShardAnswer]]], list[str], int, int]:
-        """Every shard of every target asked at once under ``shard_timeout_s``: the answers per collection (with
-        the shard's index), the shards that failed, and coverage (shards asked, shards that answered).
+    async def fan_out(self, ctx: SearchContext, k_dense: int, k_keyword: int
+                      ) -> tuple[dict[str, list[tuple[int, ShardAnswer]]], list[str], int, int]:
+        """Every shard of every target asked at once under ``shard_timeout_s`` for each leg's top ``k_dense`` and
+        ``k_keyword`` (0: the leg is not searched): the answers per collection (with the shard's index), the
+        shards that failed, and coverage (shards asked, shards that answered).
 
         Where a collection's version is served by several shard slots (shard deployments, or groups on several
-        nodes), each is asked for its likely share of each leg's top k (``share_depth``, as a group asks its
-        shards), and asked again for all of it where its last candidate could still belong in the merged top k
-        (``_complete``): the merged legs are those of every slot asked for k."""
+        nodes), each is asked for its likely share of each leg's top k (``shares.share_depth``, as a group asks
+        its shards), and asked again for all of it where its share may have been short (``_complete``): the
+        merged legs are those of every slot asked for k."""
+        req, timeout_s, work = ctx.req, ctx.settings.shard_timeout_s, ctx.work
         t = time.perf_counter()
+        base = ShardQuery(text=ctx.text, filters=req.filters, acl=ctx.acl)
         calls = []
-        for c in targets:
-            vector = vectors.get(c.name)
-            options = (ann or AnnParams()).merged_over(c.ann) or None if k_dense else None
+        for c in ctx.targets:
+            vector = ctx.vectors.get(c.name) if k_dense else None
+            options = (req.ann or AnnParams()).merged_over(c.ann) or None if k_dense else None
             # Documents the fresh segment replaced or deleted are dropped from the version's answers: ask for as
             # many more as the version was seen to hold (at most twice the depth), so the depth stays. (A new
             # document is masked too, but the version never answers for it: asking more for it would cost every
@@ -120,12 +118,12 @@ class Retrieval:
                         else (k_dense, k_keyword))
                 depth = (tuple(share_depth(k, getattr(shard, "size", 1) / total) for k in full)
                          if version and len(c.shards) > 1 else full)
-                calls.append(_Call(c, i, shard, vector, full, depth, rows_for_top if shard.remote else 0, options))
-        answers = await gathered([within(call.ask(text, *call.depth, filters, acl), self.settings.shard_timeout_s)
-                                  for call in calls], return_exceptions=True)
-        mark(timings, "retrieve", t)
-        per_collection: dict[str, list[tuple[int, ShardAnswer]]] = {c.name: [] for c in targets}
-        shard_ms = timings.setdefault("_shards", {})
+                query = replace(base, vector=vector, ann=options,
+                                rows_for_top=ctx.plan.rows_for_top if shard.remote else 0)
+                calls.append(_Call(c, i, shard, query, full, depth))
+        answers = await gathered([within(call.ask(call.depth), timeout_s) for call in calls], return_exceptions=True)
+        work.mark("retrieve", t)
+        per_collection: dict[str, list[tuple[int, ShardAnswer]]] = {c.name: [] for c in ctx.targets}
         failed = []
         # A client may be a group of shards: coverage counts shards, not calls.
         asked = sum(getattr(call.shard, "size", 1) for call in calls)
@@ -141,11 +139,10 @@ class Retrieval:
                 raise InvalidField(answer.filter_error)
             call.raw = answer
             per_collection[c.name].append((call.index, self._masked(call, answer)))
-            timings["_stages"].append((f"shards {c.name}/{shard.name}", t, t + answer.took_ms / 1000, "retrieve"))
+            work.spans.append(Span(f"shards {c.name}/{shard.name}", t, t + answer.took_ms / 1000, "retrieve"))
             for name, ms in (answer.shard_ms or {answer.shard: answer.took_ms}).items():
-                shard_ms[f"{c.name}/{name}"] = round(ms, 3)
-        await self._complete([call for call in calls if call.raw is not None], per_collection, text, filters, acl,
-                             (k_dense, k_keyword), timings)
+                work.shard_ms[f"{c.name}/{name}"] = round(ms, 3)
+        await self._complete(ctx, [call for call in calls if call.raw is not None], per_collection, (k_dense, k_keyword))
         return per_collection, failed, asked, answered
 
     @staticmethod
@@ -155,32 +152,30 @@ class Retrieval:
             return without_documents(answer, c.fresh.masked, c.fresh.in_version)
         return answer
 
-    async def _complete(self, calls: list[_Call], per_collection: dict[str, list[tuple[int, ShardAnswer]]],
-                        text: str, filters, acl, ks: tuple[int, int], timings: dict) -> None:
-        """Asks again, for all of a leg, each slot that was asked for its share of it, returned all it was asked
-        for, and whose last score is not below the k-th best of every candidate of its collection: only such a
-        slot can hold a hit of the merged top k that it did not return (``group.complete_legs``, one level up).
-        Replaces those legs of those answers in ``per_collection``; a slot that fails the second time keeps its
-        first answer (the top of its share)."""
+    async def _complete(self, ctx: SearchContext, calls: list[_Call],
+                        per_collection: dict[str, list[tuple[int, ShardAnswer]]], ks: tuple[int, int]) -> None:
+        """Asks again, for all of a leg, each slot whose share of it may have been short (``shares.short_shares``
+        over every candidate of its collection). Replaces those legs of those answers in ``per_collection``; a slot
+        that fails the second time keeps its first answer (the top of its share)."""
         again: dict[int, list[int]] = {}  # position in calls -> the depth to ask of each leg again (0: not asked)
         for name, answers in per_collection.items():
             parts = [(n, call) for n, call in enumerate(calls) if call.collection.name == name and call.depth != call.full]
             for leg, k in enumerate(ks):
                 if not k or not parts:
                     continue
-                scores = [score for _, a in answers for _, score in (a.dense, a.keyword)[leg]]
-                kth = heapq.nlargest(k, scores)[-1] if len(scores) >= k else -np.inf
-                for n, call in parts:
-                    raw = (call.raw.dense, call.raw.keyword)[leg]
-                    if call.depth[leg] < call.full[leg] and len(raw) >= call.depth[leg] and raw[-1][1] >= kth:
-                        again.setdefault(n, [0, 0])[leg] = call.full[leg]
+                pool = [score for _, a in answers for _, score in (a.dense, a.keyword)[leg]]
+                shares = [Share([score for _, score in (call.raw.dense, call.raw.keyword)[leg]], call.depth[leg],
+                                call.full[leg]) for _, call in parts]
+                for i in short_shares(shares, k, pool):
+                    n, call = parts[i]
+                    again.setdefault(n, [0, 0])[leg] = call.full[leg]
         if not again:
             return
         t = time.perf_counter()
-        asks = [(calls[n], depths) for n, depths in again.items()]
-        answers = await gathered([within(call.ask(text, *depths, filters, acl), self.settings.shard_timeout_s)
-                                  for call, depths in asks], return_exceptions=True)
-        mark(timings, "retrieve again", t)
+        asks = [(calls[n], tuple(depths)) for n, depths in again.items()]
+        answers = await gathered([within(call.ask(depths), ctx.settings.shard_timeout_s) for call, depths in asks],
+                                 return_exceptions=True)
+        ctx.work.mark("retrieve again", t)
         for (call, depths), answer in zip(asks, answers, strict=True):
             if isinstance(answer, BaseException) or answer.filter_error:
                 continue

@@ -1,5 +1,6 @@
-"""What every stage of a search shares: the record it writes as it goes (``Work``: stage times, the debug
-trace, warnings), stage timing, deadlines, and how a failure reads in a warning."""
+"""What every stage of a search shares: the search as they see it (``SearchContext``), the record they write as
+they go (``Work``: stage times and spans, the debug trace, warnings), deadlines, and how a failure reads in a
+warning."""
 
 from __future__ import annotations
 
@@ -7,24 +8,71 @@ import asyncio
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # types only: the stages module is imported by every stage
+    import numpy as np
+
+    from deployments.config import RouterSettings
+    from deployments.edge.schemas import SearchRequest
+    from deployments.search.clients import Collection
+    from deployments.search.plan import SearchPlan
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stage's time, for traces (``deployments.search.tracing``): perf_counter seconds, and the stage it ran
+    under (None: the request itself)."""
+
+    name: str
+    start: float
+    end: float
+    parent: str | None = None
 
 
 @dataclass
 class Work:
-    """What a search's stages write as they go: stage times, the debug trace, warnings."""
+    """What a search's stages write as they go: stage times (``timings_ms``), their spans, each shard's search
+    time, the debug trace, warnings."""
 
-    timings: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    spans: list[Span] = field(default_factory=list)
+    shard_ms: dict[str, float] = field(default_factory=dict)
     trace: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
+    def mark(self, stage: str, started: float) -> None:
+        """A stage's time in ``timings_ms`` (summed when it runs again), and its span."""
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + (now - started) * 1000
+        self.spans.append(Span(stage, started, now))
 
-def mark(timings: dict, stage: str, started: float) -> None:
-    """A stage's time in ``timings_ms`` (summed when it runs again), and its span: (name, start, end, parent)
-    in perf_counter seconds, for traces (``deployments.search.tracing``)."""
-    now = time.perf_counter()
-    timings[stage] = timings.get(stage, 0.0) + (now - started) * 1000
-    timings.setdefault("_stages", []).append((stage, started, now, None))
+
+@dataclass(frozen=True)
+class SearchContext:
+    """One search as every stage sees it: the request (its tuned defaults applied, its query corrected), its
+    plan, the collections searched, the settings it runs under, who asks, and what the earlier stages made of
+    the query. Made once the plan is fixed and passed whole to each stage; a stage that adds to it (the
+    corrected query, the query's vectors) hands on a copy (``replace``). ``work`` is the one part stages
+    write to."""
+
+    req: SearchRequest
+    plan: SearchPlan
+    targets: list[Collection]
+    settings: RouterSettings
+    work: Work
+    started: float  # perf_counter when the request came
+    asked_query: str  # the query as the caller sent it
+    acl: tuple[str, list[str]] | None = None  # (field, principals): who may see what
+    rerank: bool = False
+    rendered: bool = False  # the caller only sends the response on (``SearchPipeline.search``)
+    text: str = ""  # the query as searched (normalized, synonyms, history)
+    corrected: str | None = None  # the spell-corrected query, when corrected
+    vectors: dict[str, np.ndarray] = field(default_factory=dict)  # the query's vector per collection
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return {c.name: c.version for c in self.targets}
 
 
 def failure(exc: BaseException) -> str:

@@ -56,11 +56,11 @@ class SearchTracer:
         context = trace.set_span_in_context(root)
         spans: dict[str, Any] = {}
         if not response.cached:
-            for name, s, e, parent_stage in stages:
-                under = trace.set_span_in_context(spans[parent_stage]) if parent_stage in spans else context
-                span = self.tracer.start_span(name, context=under, start_time=self._ns(s))
-                span.end(end_time=self._ns(e))
-                spans.setdefault(name, span)
+            for stage in stages:
+                under = trace.set_span_in_context(spans[stage.parent]) if stage.parent in spans else context
+                span = self.tracer.start_span(stage.name, context=under, start_time=self._ns(stage.start))
+                span.end(end_time=self._ns(stage.end))
+                spans.setdefault(stage.name, span)
         root.end(end_time=self._ns(end))
 
     def record_failure(self, headers: Mapping[str, str], started: float, status: int, request_id: str | None) -> None:

@@ -11,6 +11,7 @@ from ray.exceptions import RayActorError
 
 from deployments.serve.specs import HeldSlot
 from deployments.shard.host import LocalShard, ShardHost, SlotClient, VersionCache
+from deployments.shard.query import ShardAnswer, ShardQuery
 
 
 async def call_with_retry(method, *args, attempts: int = 5, pause_s: float = 0.05):
@@ -36,9 +37,8 @@ class HandleShard(SlotClient):
         super().__init__(name, version, shards)
         self.handle = handle.options(multiplexed_model_id=version)
 
-    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None, ann=None):
-        return await call_with_retry(self.handle.search, vector, text, k_dense, k_keyword, filters, rows_for_top,
-                                     acl, ann)
+    async def search(self, query: ShardQuery) -> ShardAnswer:
+        return await call_with_retry(self.handle.search, query)
 
     async def fetch(self, chunk_ids):
         return await call_with_retry(self.handle.fetch, chunk_ids)

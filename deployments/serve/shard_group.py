@@ -23,7 +23,7 @@ from ray import serve
 from deployments.serve.heap import settle_heap
 from deployments.shard.group import ShardGroup
 from deployments.shard.host import ShardHost
-from deployments.shard.service import ShardAnswer
+from deployments.shard.query import ShardAnswer, ShardQuery
 
 CLOSE_GRACE_S = 30.0  # an evicted version is closed this long after eviction
 
@@ -61,10 +61,8 @@ class ShardRetriever:
     async def _service(self) -> ShardGroup:
         return await self._service_for(serve.get_multiplexed_model_id() or self.host.initial_version)
 
-    async def search(self, vector, text, k_dense: int, k_keyword: int, filters=None, rows_for_top: int = 0,
-                     acl=None, ann=None) -> ShardAnswer:
-        group = await self._service()
-        return await self.host.search(group, vector, text, k_dense, k_keyword, filters, rows_for_top, acl, ann)
+    async def search(self, query: ShardQuery) -> ShardAnswer:
+        return await self.host.search(await self._service(), query)
 
     async def fetch(self, chunk_ids: list[str]) -> list[dict]:
         return (await self._service()).fetch(chunk_ids)

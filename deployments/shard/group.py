@@ -10,16 +10,16 @@ deployment wraps it, tests and the in-process pipeline call it directly.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from deployments.shard.filters import FilterError
-from deployments.shard.service import ShardAnswer, ShardService
+from deployments.shard.query import ShardAnswer, ShardQuery
+from deployments.shard.service import ShardService
+from deployments.shard.shares import Share, shard_depth, short_shares
 
 
 @dataclass
@@ -51,45 +51,14 @@ def _best(rows: list[np.ndarray], scores: list[np.ndarray], ranks: list[np.ndarr
     return list(zip(all_ids[order].tolist(), all_scores[order].tolist(), strict=True))
 
 
-# Standard deviations above the mean share of a merged top-k that each shard is asked for (see ``shard_depth``).
-SHARD_DEPTH_Z = 3.5
-
-
-def shard_depth(k: int, shards: int) -> int:
-    """Candidates to ask of each of ``shards`` shards for their merged top ``k`` (Vespa's top-k-probability).
-
-    Documents are placed by a hash of their id, so each shard holds about 1/n of any top k: Binomial(k, 1/n),
-    whose mean plus ``SHARD_DEPTH_Z`` standard deviations is rarely passed (k 200 over 4 shards: 74 each, not
-    200). Where a shard's last candidate could still belong in the merged top k, it is asked again for all k
-    (``complete_legs``), so the merged top k is the same as if every shard had been asked for k."""
-    return share_depth(k, 1 / shards) if shards > 1 else k
-
-
-def share_depth(k: int, share: float) -> int:
-    """Candidates to ask of a part holding ``share`` of the corpus's documents (placed by a hash of their id) for
-    a merged top ``k``: Binomial(k, share)'s mean plus ``SHARD_DEPTH_Z`` standard deviations, plus 2. A group asks
-    its shards so (``shard_depth``); the router asks each shard slot of a collection for the share its shards hold."""
-    if k <= 0 or share >= 1:
-        return k
-    return min(k, math.ceil(k * share + SHARD_DEPTH_Z * math.sqrt(k * share * (1 - share))) + 2)
-
-
 def complete_legs(parts: list[LegPart], k: int, depth: int, again: Callable[[int], LegPart]) -> int:
-    """Asks again (``again(i)``: shard i's leg for all k) each shard that returned all ``depth`` it was asked for
-    and whose last score is not below the k-th best of all the shards' candidates: only such a shard can hold a
-    hit of the merged top k that it did not return (its other hits all score at most its last). Replaces those
-    parts in place; returns how many shards were asked again."""
-    if depth >= k:
-        return 0
-    scores = np.concatenate([p.scores for p in parts])  # a group has at least one shard
-    kth = np.partition(scores, len(scores) - k)[len(scores) - k] if len(scores) >= k else -np.inf
-    asked = 0
-    for i, part in enumerate(parts):
-        if len(part.rows) >= depth and part.scores[depth - 1] >= kth:
-            deeper = again(i)
-            parts[i] = LegPart(deeper.rows, deeper.scores, part.ms + deeper.ms)
-            asked += 1
-    return asked
+    """Asks again (``again(i)``: shard i's leg for all k) each shard whose share of the top k may have been short
+    (``shares.short_shares``); replaces those parts in place and returns how many shards were asked again."""
+    asked = short_shares([Share(p.scores, depth, k) for p in parts], k)
+    for i in asked:
+        deeper = again(i)
+        parts[i] = LegPart(deeper.rows, deeper.scores, parts[i].ms + deeper.ms)
+    return len(asked)
 
 
 def id_ranks(services: Sequence[ShardService]) -> list[np.ndarray]:
@@ -142,50 +111,46 @@ class ShardGroup:
             out.update(s.fields())
         return out
 
-    def search(self, vector: np.ndarray | None, text: str | None, k_dense: int, k_keyword: int,
-               filters: dict[str, Any] | None = None, rows_for_top: int = 0,
-               acl: tuple[str, list[str]] | None = None, ann: dict[str, Any] | None = None) -> ShardAnswer:
+    def search(self, query: ShardQuery) -> ShardAnswer:
         """Each leg's top hits over the group's shards, as one shard holding them all would answer. The steps
         run here one after another; ``ShardHost.search`` runs the two legs side by side on two threads."""
         t0 = time.perf_counter()
-        allowed = self.allowed(filters, acl)
+        allowed = self.allowed(query)
         if isinstance(allowed, str):
             return ShardAnswer(self.name, shards=self.size, filter_error=allowed)
-        dense = self.dense_legs(vector, k_dense, allowed, ann)
-        keyword = self.keyword_legs(text, k_keyword, allowed)
-        return self.answer(dense, keyword, allowed, k_dense, k_keyword, rows_for_top, t0)
+        return self.answer(query, self.dense_legs(query, allowed), self.keyword_legs(query, allowed), allowed, t0)
 
-    def allowed(self, filters: dict[str, Any] | None = None,
-                acl: tuple[str, list[str]] | None = None) -> list[np.ndarray | None] | str:
+    def allowed(self, query: ShardQuery) -> list[np.ndarray | None] | str:
         """Per shard, the rows a search may return (``ShardService.allowed_rows``), or why the filter is refused."""
-        if not filters and acl is None:
+        if not query.restricted:
             return [None] * self.size
         try:
-            return [s.allowed_rows(filters, acl) for s in self.services]
+            return [s.allowed_rows(query.filters, query.acl) for s in self.services]
         except FilterError as e:
             return str(e)
 
-    def dense_legs(self, vector: np.ndarray | None, k: int, allowed: list[np.ndarray | None],
-                   ann: dict[str, Any] | None = None) -> list[LegPart]:
+    def dense_legs(self, query: ShardQuery, allowed: list[np.ndarray | None]) -> list[LegPart]:
         """Each shard's dense candidates for the group's top k (none when the leg is not asked for): each shard
         is asked for its likely share (``shard_depth``), and again for k where that might not be enough. For
         HNSW this is also what lets each shard explore less (efSearch is never below the depth asked)."""
-        if vector is None or k <= 0:
+        if not query.dense:
             return []
+        vector, k, ann = query.vector, query.k_dense, query.ann
         depth = shard_depth(k, self.size)
         parts = [_timed(s.dense_leg, vector, depth, rows, ann) for s, rows in zip(self.services, allowed, strict=True)]
         self.deepened["dense"] += complete_legs(
             parts, k, depth, lambda i: _timed(self.services[i].dense_leg, vector, k, allowed[i], ann))
         return parts
 
-    def keyword_legs(self, text: str | None, k: int, allowed: list[np.ndarray | None]) -> list[LegPart]:
+    def keyword_legs(self, query: ShardQuery, allowed: list[np.ndarray | None]) -> list[LegPart]:
         """Each shard's BM25 candidates for the group's top k (none when the leg is not asked for), asked as
         ``dense_legs`` asks; the query is analyzed once. (Asked for k, the shards would instead share one top-k
         collector, each skipping what cannot reach the k best so far: measured at a million chunks in 4 shards,
         asking each for 70 alone cost less, 7.4 against 8.6 ms of CPU a query.)"""
-        if not text or k <= 0:
+        if not query.keyword:
             return []
-        terms = self.services[0].analyze(text)
+        k = query.k_keyword
+        terms = self.services[0].analyze(query.text)
         depth = shard_depth(k, self.size)
         shared = self.services[0].lucene.shared_top_k(k) if self.size > 1 and depth == k else None
         parts = [_timed(s.keyword_leg, terms, depth, rows, shared)
@@ -194,21 +159,21 @@ class ShardGroup:
             parts, k, depth, lambda i: _timed(self.services[i].keyword_leg, terms, k, allowed[i]))
         return parts
 
-    def answer(self, dense: list[LegPart], keyword: list[LegPart], allowed: list[np.ndarray | None],
-               k_dense: int, k_keyword: int, rows_for_top: int, t0: float) -> ShardAnswer:
+    def answer(self, query: ShardQuery, dense: list[LegPart], keyword: list[LegPart],
+               allowed: list[np.ndarray | None], t0: float) -> ShardAnswer:
         """The group's answer from its shards' legs: each leg merged to its top-k, and the rows of the best
         hits sent along."""
         answer = ShardAnswer(self.name, shards=self.size)
         if dense:
             answer.dense = _best([d.rows for d in dense], [d.scores for d in dense], self.ranks, self.id_arrays,
-                                 k_dense)
+                                 query.k_dense)
         if keyword:
             answer.keyword = _best([d.rows for d in keyword], [d.scores for d in keyword], self.ranks,
-                                   self.id_arrays, k_keyword)
+                                   self.id_arrays, query.k_keyword)
         if any(rows is not None for rows in allowed):
             answer.allowed = sum(len(rows) for rows in allowed if rows is not None)
-        if rows_for_top > 0:
-            best = dict.fromkeys(cid for cid, _ in answer.dense[:rows_for_top] + answer.keyword[:rows_for_top])
+        if (top := query.rows_for_top) > 0:
+            best = dict.fromkeys(cid for cid, _ in answer.dense[:top] + answer.keyword[:top])
             answer.rows = self.fetch(list(best))
         answer.shard_ms = {s.name: (dense[i].ms if dense else 0.0) + (keyword[i].ms if keyword else 0.0)
                            for i, s in enumerate(self.services)}

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from deployments.shard.group import ShardGroup
-from deployments.shard.service import ShardAnswer, ShardService, corpus_df_map
+from deployments.shard.query import ShardAnswer, ShardQuery
+from deployments.shard.service import ShardService, corpus_df_map
 from index_format.bm25_stats import read_stats
 from index_format.manifest import IndexMismatch
 from index_format.versions import list_versions, pin_version, versions_dir
@@ -68,22 +69,18 @@ class ShardHost:
                 self.sick = f"the JVM or the process ran out of memory: {str(exc)[:200]}"
             raise
 
-    async def search(self, group: ShardGroup, vector, text, k_dense: int, k_keyword: int, filters=None,
-                     rows_for_top: int = 0, acl=None, ann=None) -> ShardAnswer:
+    async def search(self, group: ShardGroup, query: ShardQuery) -> ShardAnswer:
         """``group.search``, with the two legs side by side when the group is large (see the module)."""
-        both = vector is not None and k_dense > 0 and bool(text) and k_keyword > 0
-        if not both or group.chunks < LEGS_APART_MIN_CHUNKS:
-            return await self.run(group.search, vector, text, k_dense, k_keyword, filters, rows_for_top, acl, ann)
+        if not (query.dense and query.keyword) or group.chunks < LEGS_APART_MIN_CHUNKS:
+            return await self.run(group.search, query)
         t0 = time.perf_counter()
-        allowed = await self.run(group.allowed, filters, acl, worker=self.dense_worker) \
-            if filters or acl is not None else [None] * group.size
+        allowed = await self.run(group.allowed, query, worker=self.dense_worker) \
+            if query.restricted else [None] * group.size
         if isinstance(allowed, str):
             return ShardAnswer(group.name, shards=group.size, filter_error=allowed)
-        dense, keyword = await asyncio.gather(
-            self.run(group.dense_legs, vector, k_dense, allowed, ann, worker=self.dense_worker),
-            self.run(group.keyword_legs, text, k_keyword, allowed))
-        return await self.run(group.answer, dense, keyword, allowed, k_dense, k_keyword, rows_for_top, t0,
-                              worker=self.dense_worker)
+        dense, keyword = await asyncio.gather(self.run(group.dense_legs, query, allowed, worker=self.dense_worker),
+                                              self.run(group.keyword_legs, query, allowed))
+        return await self.run(group.answer, query, dense, keyword, allowed, t0, worker=self.dense_worker)
 
     async def check_health(self) -> None:
         """Raises (Serve then replaces the replica) when this slot cannot answer: a JVM out of heap seen,
@@ -210,9 +207,8 @@ class LocalShard(SlotClient):
         super().__init__(name, version, shards)
         self.cache = cache
 
-    async def search(self, vector, text, k_dense, k_keyword, filters, rows_for_top=0, acl=None, ann=None):
-        group = await self.cache.get(self.version)
-        return await self.cache.host.search(group, vector, text, k_dense, k_keyword, filters, rows_for_top, acl, ann)
+    async def search(self, query: ShardQuery) -> ShardAnswer:
+        return await self.cache.host.search(await self.cache.get(self.version), query)
 
     async def fetch(self, chunk_ids):
         return (await self.cache.get(self.version)).fetch(chunk_ids)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,19 +40,6 @@ VOCABULARIES_KEPT = 8
 # 100 results cost. Past the bound the kept rows are dropped and read again as they are asked for (one call's
 # rows are kept whole, so a call asking for more than the bound keeps that many until the next one).
 ROWS_KEPT = 50_000
-
-
-@dataclass
-class ShardAnswer:
-    shard: str
-    dense: list[tuple[str, float]] = field(default_factory=list)
-    keyword: list[tuple[str, float]] = field(default_factory=list)
-    allowed: int | None = None  # rows passing the filter (None: no filter)
-    filter_error: str | None = None
-    took_ms: float = 0.0
-    rows: list[dict] = field(default_factory=list)  # chunk rows of the best hits, sent along to save a hop
-    shards: int = 1  # shards this answer covers (a shard group answers for several)
-    shard_ms: dict[str, float] = field(default_factory=dict)  # a group's time per shard
 
 
 class ShardService:

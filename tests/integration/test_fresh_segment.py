@@ -11,6 +11,7 @@ import pytest
 from deployments.documents.log import Change
 from deployments.documents.service import open_documents
 from deployments.search.inprocess import LocalIndex
+from deployments.shard.query import ShardQuery
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_format.encoders import load_encoder
@@ -54,7 +55,7 @@ def test_a_written_document_scores_as_in_a_full_build_on_both_legs(indexes):
     want_keyword = {h.chunk_id: h.score for h in oracle.bm25(query, 200) if h.chunk_id.startswith("new-doc#")}
     vector = oracle.embed([query])[0]
     want_dense = {h.chunk_id: h.score for h in oracle.dense(vector, 200) if h.chunk_id.startswith("new-doc#")}
-    got = asyncio.run(docs.segment.search(vector, query, 50, 50, None))
+    got = asyncio.run(docs.segment.search(ShardQuery(vector, query, 50, 50)))
     assert want_keyword and dict(got.keyword).keys() == want_keyword.keys()
     for chunk_id, score in got.keyword:  # Lucene keeps lengths lossily: equal to within it
         assert score == pytest.approx(want_keyword[chunk_id], rel=0.01), chunk_id
@@ -86,7 +87,7 @@ def test_replacing_a_document_again_and_again_costs_rows_only_until_they_are_com
     asyncio.run(docs._apply(changes))
     segment = docs.segment
     assert segment.live == 1 and len(segment.rows) < 1002  # the dead rows were dropped once they outnumbered
-    got = asyncio.run(segment.search(None, "ocelot version 1102", 0, 10, None))
+    got = asyncio.run(segment.search(ShardQuery(text="ocelot version 1102", k_keyword=10)))
     assert [c for c, _ in got.keyword] == ["same#0"]
     assert asyncio.run(segment.fetch(["same#0"]))[0]["text"] == "version 1102 of the ocelot note"
 

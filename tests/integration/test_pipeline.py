@@ -15,6 +15,9 @@ from deployments.edge.errors import status_of
 from deployments.edge.schemas import SearchRequest, response_json
 from deployments.errors import ServiceError
 from deployments.search.inprocess import LocalIndex, inprocess_pipeline
+from deployments.search.pipeline import SearchPipeline
+from deployments.search.plan import plan_search
+from deployments.search.stages import SearchContext, Work
 from tests.integration.conftest import shard_dirs
 
 
@@ -233,8 +236,11 @@ def _legs(pipe, query: str, k: int, filters=None) -> tuple[list, list]:
     from deployments.search.retrieval import Retrieval
 
     c = pipe.collections["main"]
-    vector = run(c.encoder.embed(query))
-    per, failed, _, _ = run(pipe.retrieval.fan_out([c], {"main": vector}, query, k, k, filters, {"_stages": []}, 0))
+    req = SearchRequest(query=query, filters=filters)
+    ctx = SearchContext(req=req, plan=plan_search(req, pipe.settings, 1, False), targets=[c], settings=pipe.settings,
+                        work=Work(), started=0.0, asked_query=query, text=query,
+                        vectors={"main": run(c.encoder.embed(query))})
+    per, failed, _, _ = run(pipe.retrieval.fan_out(ctx, k, k))
     assert not failed
     dense, keyword = Retrieval.legs("main", per["main"], k)
     return [(h.chunk_id, h.score) for h in dense], [(h.chunk_id, h.score) for h in keyword]
@@ -249,9 +255,9 @@ def test_shard_slots_asked_for_their_share_merge_to_the_same_legs(built, pipelin
     split = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(cache_size=0), group_size=1)
     asks = []
     for slot in split.collections["main"].shards:  # what each slot is asked: (dense depth, keyword depth)
-        def recording(*args, _search=slot.search):
-            asks.append(args[2:4])
-            return _search(*args)
+        def recording(query, _search=slot.search):
+            asks.append((query.k_dense, query.k_keyword))
+            return _search(query)
         slot.search = recording
     cases = [(q, f) for q in ("telescope galaxy", "bread oven butter flour", "sail wind tide harbor captain rope",
                               "lucene shard replica commit") for f in (None, {"topic": {"in": ["music", "sailing"]}})]
@@ -363,7 +369,7 @@ def test_shards_in_this_process_send_no_rows_with_their_answers(built):
     group = pipe.collections["main"].shards[0].service
     asked = []
     search_group = group.search
-    group.search = lambda *args: asked.append(args[5]) or search_group(*args)
+    group.search = lambda query: asked.append(query.rows_for_top) or search_group(query)
     assert search(pipe, query="telescope galaxy", limit=5).results
     assert asked == [0]
 
@@ -418,13 +424,13 @@ def test_every_stage_and_the_request_have_a_deadline(built):
             await asyncio.sleep(30)
             yield {"type": "token", "text": "late"}
 
-    pipe.synthesizer = NeverAnswers()
-    pipe.settings = pipe.settings.model_copy(update={"synthesis_timeout_s": 60.0})
+    pipe = SearchPipeline(pipe.collections, "main", pipe.settings.model_copy(update={"synthesis_timeout_s": 60.0}),
+                          synthesizer=NeverAnswers())
     cancelled.clear()
     with pytest.raises(ServiceError, match="request_timeout_s") as e:
         search(pipe, query="telescope galaxy", limit=5, synthesize=True)
     assert status_of(e.value) == 504 and cancelled == [True]  # the answer still at work was stopped
-    pipe.settings = pipe.settings.model_copy(update={"synthesis_timeout_s": 0.3})
+    pipe.reconfigure(pipe.settings.model_copy(update={"synthesis_timeout_s": 0.3}))
     req = SearchRequest(query="telescope galaxy", limit=5, synthesize=True, stream=True)
 
     async def stream_all():
@@ -514,9 +520,9 @@ def test_ann_options_reach_every_shard_the_request_over_the_collections(built):
     for shard in collection.shards:
         real = shard.search
 
-        async def recorded(*args, _real=real, **kwargs):
-            seen.append(args[7] if len(args) > 7 else kwargs.get("ann"))
-            return await _real(*args, **kwargs)
+        async def recorded(query, _real=real):
+            seen.append(query.ann)
+            return await _real(query)
 
         shard.search = recorded
     exact = search(pipe, query="telescope galaxy", method="vector", limit=5, ann={"nprobe": 7, "exact": True})

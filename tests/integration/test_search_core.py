@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from deployments.search.inprocess import LocalIndex
+from deployments.shard.query import ShardQuery
 from index_format.lucene import boot, build_lucene_index, write_collection
 from tests.conftest import TOPICS
 from tests.integration.conftest import shard_dirs
@@ -217,27 +218,27 @@ def test_a_large_groups_legs_run_side_by_side_and_answer_as_one_thread(built, mo
             monkeypatch.setattr(s, f"{leg}_leg", recording(leg, getattr(s, f"{leg}_leg")))
     vector = load_encoder(manifest.encoder).encode(["telescope galaxy"])[0]
     cases = [
-        (vector, "telescope galaxy", 20, 20, None, 5, None),
-        (vector, "bread oven butter", 20, 20, {"topic": "cooking"}, 5, None),
-        (vector, "sail wind", 10, 0, None, 0, None),
-        (None, "piano chord", 0, 10, None, 3, None),
-        (vector, "piano chord", 10, 10, {"year": {"gte": 2010}}, 3, ("topic", ["music", "cooking"])),
-        (vector, "piano chord", 10, 10, {"year": {"between": 1}}, 0, None),
+        ShardQuery(vector, "telescope galaxy", 20, 20, rows_for_top=5),
+        ShardQuery(vector, "bread oven butter", 20, 20, {"topic": "cooking"}, 5),
+        ShardQuery(vector, "sail wind", 10, 0),
+        ShardQuery(None, "piano chord", 0, 10, rows_for_top=3),
+        ShardQuery(vector, "piano chord", 10, 10, {"year": {"gte": 2010}}, 3, ("topic", ["music", "cooking"])),
+        ShardQuery(vector, "piano chord", 10, 10, {"year": {"between": 1}}),
     ]
 
     async def both(case):
         monkeypatch.setattr(host_module, "LEGS_APART_MIN_CHUNKS", 10**9)
-        alone = await host.search(group, *case)
+        alone = await host.search(group, case)
         monkeypatch.setattr(host_module, "LEGS_APART_MIN_CHUNKS", 0)
-        apart = await host.search(group, *case)
+        apart = await host.search(group, case)
         return alone, apart
 
     answers = [asyncio.run(both(case)) for case in cases]
     assert answers[0][1].dense and answers[0][1].keyword and answers[0][1].rows  # the oracle is not empty
     assert answers[-1][1].filter_error and answers[1][1].allowed
     for case, (alone, apart) in zip(cases, answers, strict=True):
-        assert apart.dense == alone.dense and apart.keyword == alone.keyword, case[1]
-        assert apart.rows == alone.rows and apart.allowed == alone.allowed, case[1]
+        assert apart.dense == alone.dense and apart.keyword == alone.keyword, case.text
+        assert apart.rows == alone.rows and apart.allowed == alone.allowed, case.text
         assert apart.filter_error == alone.filter_error
     assert threads == {"dense": {"shard-search", "shard-dense"}, "keyword": {"shard-search"}}
     group.close()
@@ -247,7 +248,7 @@ def test_shards_asked_for_their_share_merge_to_the_same_top_k(built, monkeypatch
     """Each shard asked for its likely share of the top k (``shard_depth``) and again for k where its last hit
     could still belong: the same merged legs as every shard asked for k, even when the share is far too small."""
     from deployments.shard import group as group_module
-    from deployments.shard.group import shard_depth
+    from deployments.shard.shares import shard_depth
     from deployments.shard.host import ShardHost
     from index_format.encoders import load_encoder
     from index_format.versions import read_version_manifest
@@ -264,7 +265,7 @@ def test_shards_asked_for_their_share_merge_to_the_same_top_k(built, monkeypatch
         answers = []
         for query in QUERIES:
             for filters in (None, {"topic": "music"}):
-                answers.append(group.search(encoder.encode([query])[0], query, 30, 30, filters))
+                answers.append(group.search(ShardQuery(encoder.encode([query])[0], query, 30, 30, filters)))
         if label == "all k":
             expected, asked_again = answers, dict(group.deepened)
         else:

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from deployments.shard.host import ShardHost
+from deployments.shard.query import ShardQuery
 from index_format.versions import read_version_manifest
 
 
@@ -55,11 +56,11 @@ def test_a_closed_version_releases_its_reader(built, tmp_path):
 
     async def run():
         group = await host.load(copy.name)
-        assert group.search(None, "telescope", 0, 5, None).keyword
+        assert group.search(ShardQuery(text="telescope", k_keyword=5)).keyword
         await host.run(host.close_version, copy.name, group)
         assert copy.name not in host.opened
         with pytest.raises(Exception, match="(?i)closed"):  # the reader is closed: Lucene refuses to search it
-            group.search(None, "telescope", 0, 5, None)
+            group.search(ShardQuery(text="telescope", k_keyword=5))
         await host.check_health()  # a closed version is no longer checked
 
     asyncio.run(run())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from deployments.edge.schemas import Result, StageScores
 from deployments.search.hits import Hit
-from deployments.search.result_json import FragmentCache, render_results, source_of
+from deployments.search.result_json import FragmentCache, PageScores, render_results, source_of
 
 ROWS = [
     {"chunk_id": "d1#0", "doc_id": "d1", "collection": "main", "text": 'a "quoted" line\nand a tab\t, é, \u2028, </script>',
@@ -43,8 +43,9 @@ def test_rendered_results_are_the_models_bytes():
     for reranked in (False, True):
         for fused in (fused_of, {}):
             cache = FragmentCache()
-            first = render_results(cache, versions, HITS, ROWS, dense_of, keyword_of, fused, reranked, relevance_of)
-            again = render_results(cache, versions, HITS, ROWS, dense_of, keyword_of, fused, reranked, relevance_of)
+            page = PageScores(dense_of, keyword_of, fused, relevance_of, reranked)
+            first = render_results(cache, versions, HITS, ROWS, page)
+            again = render_results(cache, versions, HITS, ROWS, page)
             assert first == again == models(reranked, dense_of, keyword_of, fused, relevance_of)
 
 

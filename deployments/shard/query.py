@@ -1,0 +1,66 @@
+"""What a shard slot is asked and what it answers: the one form of a shard search, from the router's fan-out
+to a Serve handle, a shard group, a host's two threads and the fresh segment of written documents.
+
+Between deployments only ids and scores travel (Ray Serve's cost grows with payload); rows go along only
+for the few best hits, where a round trip would cost more than the bytes (``rows_for_top``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class ShardQuery:
+    """One search of a shard slot: both retrieval legs, filters and ACL applied inside the engines.
+
+    A leg is searched only when asked for: the dense leg needs a ``vector`` and ``k_dense > 0``, the keyword
+    leg a ``text`` and ``k_keyword > 0``. ``acl`` = (field, principals): only chunks whose field holds one of
+    the principals exist for this search. ``ann`` overrides the index's approximate search options
+    (``ef_search``, ``nprobe``, ``exact``). ``rows_for_top``: the chunk rows of each leg's best that many hits
+    are sent along with the answer."""
+
+    vector: np.ndarray | None = None
+    text: str | None = None
+    k_dense: int = 0
+    k_keyword: int = 0
+    filters: dict[str, Any] | None = None
+    rows_for_top: int = 0
+    acl: tuple[str, list[str]] | None = None
+    ann: dict[str, Any] | None = None
+
+    @property
+    def dense(self) -> bool:
+        return self.vector is not None and self.k_dense > 0
+
+    @property
+    def keyword(self) -> bool:
+        return bool(self.text) and self.k_keyword > 0
+
+    @property
+    def restricted(self) -> bool:
+        """Whether some rows may be left out (a filter or an ACL)."""
+        return bool(self.filters) or self.acl is not None
+
+    def at_depth(self, k_dense: int, k_keyword: int) -> ShardQuery:
+        """The same search, each leg asked for another depth (0: the leg is not searched)."""
+        return replace(self, k_dense=k_dense, k_keyword=k_keyword)
+
+
+@dataclass
+class ShardAnswer:
+    """A shard slot's answer: each leg's best (chunk id, score) pairs, score descending then chunk id
+    ascending, and what the caller needs to judge them (rows allowed by the filter, time taken)."""
+
+    shard: str
+    dense: list[tuple[str, float]] = field(default_factory=list)
+    keyword: list[tuple[str, float]] = field(default_factory=list)
+    allowed: int | None = None  # rows passing the filter (None: no filter)
+    filter_error: str | None = None
+    took_ms: float = 0.0
+    rows: list[dict] = field(default_factory=list)  # chunk rows of the best hits, sent along to save a hop
+    shards: int = 1  # shards this answer covers (a shard group answers for several)
+    shard_ms: dict[str, float] = field(default_factory=dict)  # a group's time per shard

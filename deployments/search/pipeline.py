@@ -21,13 +21,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
+from deployments.bounded import BoundedCache
 from deployments.config import RouterSettings
 from deployments.edge.schemas import Method, RerankWith, SearchRequest, SearchResponse
 from deployments.errors import (
@@ -38,7 +38,6 @@ from deployments.errors import (
     ServiceError,
     Unavailable,
 )
-from deployments.search.cache import LRUCache
 from deployments.search.clients import Collection, EncoderClient, RerankerClient, SynthesizerClient
 from deployments.search.fusion import is_flat
 from deployments.search.lookup import chunk_rows, document_body, visible
@@ -50,6 +49,8 @@ from deployments.search.response import Responder
 from deployments.search.retrieval import Retrieval, Retrieved, known_rows
 from deployments.search.spelling import Speller
 from deployments.search.stages import SearchContext, Work, failure, gathered, within
+
+SPELLERS_KEPT = 8  # spelling vocabularies kept, one per (collections, versions, ACL) searched with spell_correct
 
 
 async def _embed(encoder: EncoderClient, text: str, embedded: dict | None) -> np.ndarray:
@@ -74,13 +75,15 @@ class SearchPipeline:
         self.responder = Responder(self.retrieval, synthesizer)
         self.acl_field = acl_field
         self.public_principal = public_principal
-        self.spellers: OrderedDict[tuple, Speller] = OrderedDict()  # per (collections, versions, ACL)
+        self.spellers: BoundedCache[tuple, Speller] = BoundedCache(SPELLERS_KEPT)  # per (collections, versions, ACL)
         self.reconfigure(settings)
 
     def reconfigure(self, settings: RouterSettings) -> None:
         """The settings every later search runs under (each search takes them whole into its context)."""
         self.settings = settings
-        self.cache = LRUCache(settings.cache_size)
+        # Identical requests answered from memory, keyed by the request, the versions it searched and the caller's
+        # ACL (``cache_key``), so a version switch, a write or another caller never hits.
+        self.cache: BoundedCache[str, SearchResponse] = BoundedCache(settings.cache_size)
 
     # ------------------------------------------------------------------ helpers
 
@@ -132,18 +135,17 @@ class SearchPipeline:
     async def _speller(self, targets: Sequence[Collection], acl) -> Speller:
         """The vocabulary of the searched collections (summed over their shards), built once per version."""
         key = (tuple((c.name, c.version) for c in targets), json.dumps(acl))
-        if key not in self.spellers:
+        speller = self.spellers.get(key)
+        if speller is None:
             calls = [asyncio.wait_for(shard.vocabulary(acl), self.settings.shard_timeout_s * 10)
                      for c in targets for shard in c.shards]
             df: dict[str, int] = {}
             for part in await asyncio.gather(*calls):
                 for word, n in part.items():
                     df[word] = df.get(word, 0) + n
-            self.spellers[key] = Speller(df)
-            while len(self.spellers) > 8:
-                self.spellers.popitem(last=False)
-        self.spellers.move_to_end(key)
-        return self.spellers[key]
+            speller = Speller(df)
+            self.spellers.put(key, speller)
+        return speller
 
     # ------------------------------------------------------------------ the request
 

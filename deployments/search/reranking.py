@@ -16,11 +16,12 @@ so a ``min_relevance_score`` means the same thing for every model and every quer
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from deployments.bounded import BoundedCache
 
 Pair = tuple[str, str]
 
@@ -66,8 +67,7 @@ class TokenCache:
     """Token ids of passages, least recently used dropped first."""
 
     def __init__(self, size: int):
-        self.size = size
-        self.items: OrderedDict[str, Any] = OrderedDict()
+        self.items: BoundedCache[str, Any] = BoundedCache(size)
         self.hits = self.misses = 0
 
     def get_many(self, texts: list[str], encode_batch) -> list:
@@ -78,14 +78,9 @@ class TokenCache:
         out = []
         for t in texts:
             enc = fresh.get(t)
-            if enc is None:
-                enc = self.items[t]
-                self.items.move_to_end(t)
-            out.append(enc)
+            out.append(self.items.get(t) if enc is None else enc)
         for t, enc in fresh.items():
-            self.items[t] = enc
-        while len(self.items) > self.size:
-            self.items.popitem(last=False)
+            self.items.put(t, enc)
         return out
 
 

@@ -21,10 +21,11 @@ from typing import Any
 
 from pydantic_core import to_json
 
+from deployments.bounded import BoundedCache
 from deployments.search.hits import Hit
 
-# Chunks whose JSON is kept (about the size of their text and metadata each); past it the cache starts over,
-# as a shard's kept rows do.
+# Chunks whose JSON is kept (about the size of their text and metadata each), the least recently used dropped
+# first, as a shard's kept rows are.
 FRAGMENTS_KEPT = 50_000
 
 
@@ -49,8 +50,7 @@ class FragmentCache:
     version never changes a chunk, and a new version gets its own entries."""
 
     def __init__(self, kept: int = FRAGMENTS_KEPT):
-        self.kept = kept
-        self.fragments: dict[tuple[str, str, str], tuple[str, str]] = {}
+        self.fragments: BoundedCache[tuple[str, str, str], tuple[str, str]] = BoundedCache(kept)
 
     def of(self, collection: str, version: str, row: dict[str, Any]) -> tuple[str, str]:
         """(fields, span): ``"chunk_id":..`` to ``"metadata":{..}`` (the collection among them), and
@@ -58,15 +58,14 @@ class FragmentCache:
         key = (collection, version, row["chunk_id"])
         found = self.fragments.get(key)
         if found is None:
-            if len(self.fragments) >= self.kept:
-                self.fragments.clear()
             metadata = row["metadata"]
-            found = self.fragments[key] = (
+            found = (
                 f'"chunk_id":{dumps(row["chunk_id"])},"doc_id":{dumps(row["doc_id"])},"collection":{dumps(collection)},'
                 f'"content":{dumps(row["text"])},"source":{dumps(source_of(row["doc_id"], metadata))},'
                 f'"title":{dumps(row["title"])},"section":{dumps(row["section"])},"metadata":{dumps(metadata)}',
                 f'"char_start":{int(row["char_start"])},"char_end":{int(row["char_end"])}',
             )
+            self.fragments.put(key, found)
         return found
 
 

@@ -8,7 +8,6 @@ are fetched later for the few chunks that survive fusion.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from deployments.bounded import BoundedCache
 from deployments.search.hits import Hit
 from deployments.search.spelling import document_frequencies
 from deployments.shard.dense import DenseShard, TorchDenseShard
@@ -37,8 +37,7 @@ from index_format.versions import read_version_manifest, resolve_version_dir
 VOCABULARIES_KEPT = 8
 # Chunk rows a shard keeps as Python objects once read (all of them, for a shard up to this size): an index
 # version never changes, and reading rows out of Arrow and parsing their metadata was most of what a page of
-# 100 results cost. Past the bound the kept rows are dropped and read again as they are asked for (one call's
-# rows are kept whole, so a call asking for more than the bound keeps that many until the next one).
+# 100 results cost. Past the bound the least recently used are dropped, and read again when asked for.
 ROWS_KEPT = 50_000
 
 
@@ -81,8 +80,8 @@ class ShardService:
         self.id_array = np.array(chunk_ids, dtype=object)
         # Computed on the first spell-corrected query of each set of callers; the few latest are kept (one pass
         # over the shard's texts each, so a bounded cache, not one per caller forever).
-        self._vocabularies: OrderedDict[tuple | None, dict[str, int]] = OrderedDict()
-        self._rows: dict[int, dict[str, Any]] = {}
+        self._vocabularies: BoundedCache[tuple | None, dict[str, int]] = BoundedCache(VOCABULARIES_KEPT)
+        self._rows: BoundedCache[int, dict[str, Any]] = BoundedCache(ROWS_KEPT)
 
     @property
     def chunks(self) -> int:
@@ -161,16 +160,15 @@ class ShardService:
     def rows_at(self, rows: list[int]) -> list[dict]:
         """The chunk rows at these positions of the chunk table (see ``ROWS_KEPT``). Called from more than one
         thread (a large group's answer is made on its dense thread, a page's rows fetched on the event loop), so
-        the answer is made from its own lookups: another call clearing the kept rows meanwhile cannot lose one."""
+        the answer is made from its own lookups: another call dropping kept rows meanwhile cannot lose one."""
         kept = self._rows
         found = {r: kept.get(r) for r in rows}
         missing = [r for r, row in found.items() if row is None]
         if missing:
-            if len(kept) + len(missing) > ROWS_KEPT:
-                kept.clear()
             for r, row in zip(missing, self.table.take(pa.array(missing, pa.int64())).to_pylist(), strict=True):
                 row["metadata"] = json.loads(row["metadata_json"] or "{}")
-                kept[r] = found[r] = row
+                kept.put(r, row)
+                found[r] = row
         return [found[r] for r in rows]
 
     def dense_search(self, vectors: np.ndarray, k: int, allowed_rows: np.ndarray | None = None) -> list[list[Hit]]:
@@ -184,14 +182,13 @@ class ShardService:
         suggest. With ``acl`` only the chunks those principals may see count, so a suggestion never
         reveals a word of a chunk the caller cannot read."""
         key = None if acl is None else (acl[0], tuple(sorted(acl[1])))
-        if key not in self._vocabularies:
+        found = self._vocabularies.get(key)
+        if found is None:
             titles, texts = self.table["title"].to_pylist(), self.table["text"].to_pylist()
             rows = range(len(texts)) if acl is None else self._visible(*acl).tolist()
-            self._vocabularies[key] = dict(document_frequencies(f"{titles[i]} {texts[i]}" for i in rows))
-            while len(self._vocabularies) > VOCABULARIES_KEPT:
-                self._vocabularies.popitem(last=False)
-        self._vocabularies.move_to_end(key)
-        return self._vocabularies[key]
+            found = dict(document_frequencies(f"{titles[i]} {texts[i]}" for i in rows))
+            self._vocabularies.put(key, found)
+        return found
 
     def vectors(self, chunk_ids: list[str]) -> np.ndarray:
         rows = [self.row_of[c] for c in chunk_ids]

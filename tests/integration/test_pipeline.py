@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from deployments.bounded import BoundedCache
 from deployments.config import RouterSettings
 from deployments.edge.errors import status_of
 from deployments.edge.schemas import SearchRequest, response_json
@@ -313,7 +314,8 @@ def test_fetched_rows_are_the_chunk_tables_rows_in_the_order_asked(built, monkey
     asked = ids[::-3][:12] + ["no-such-chunk#0"] + ids[:5]
     assert len({group.where[c][0] for c in asked if c in table}) == 3  # rows of every shard, interleaved
     for bound in (service_module.ROWS_KEPT, 4):
-        monkeypatch.setattr(service_module, "ROWS_KEPT", bound)
+        for s in group.services:
+            s._rows = BoundedCache(bound)
         for _ in range(2):  # read, then kept (or dropped and read again under the small bound)
             assert group.fetch(asked) == [table[c] for c in asked if c in table]
     per_shard = [sum(group.where[c][0] == i for c in asked if c in table) for i in range(3)]
@@ -328,8 +330,8 @@ def test_rows_kept_cleared_by_another_call_meanwhile_lose_no_row(built, monkeypa
 
     fresh = inprocess_pipeline({"main": built[3][1].version_dir}, RouterSettings(cache_size=0))
     service = fresh.collections["main"].shards[0].service.services[0]
+    service._rows = BoundedCache(4)
     expected = service.rows_at([0, 1, 2, 3])  # all four kept now
-    monkeypatch.setattr(service_module, "ROWS_KEPT", 4)
 
     class ClearedMeanwhile:  # the table, whose read lets "another thread" drop every kept row first
         def __init__(self, table):

@@ -248,8 +248,8 @@ def test_shards_asked_for_their_share_merge_to_the_same_top_k(built, monkeypatch
     """Each shard asked for its likely share of the top k (``shard_depth``) and again for k where its last hit
     could still belong: the same merged legs as every shard asked for k, even when the share is far too small."""
     from deployments.shard import group as group_module
-    from deployments.shard.shares import shard_depth
     from deployments.shard.host import ShardHost
+    from deployments.shard.shares import shard_depth
     from index_format.encoders import load_encoder
     from index_format.versions import read_version_manifest
 

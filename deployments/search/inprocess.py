@@ -111,12 +111,24 @@ class LocalIndex:
     def embed(self, queries: list[str]) -> np.ndarray:
         return self.encoder.encode(queries)
 
-    def bm25(self, query: str, k: int = 10) -> list[Hit]:
-        return merge_top_k((s.bm25_search(query, k) for s in self.shards), k)
+    def bm25(self, query: str, k: int = 10, allowed: list[np.ndarray | None] | None = None) -> list[Hit]:
+        """The corpus-exact BM25 top k over every shard (``allowed``: per shard, the rows it may return)."""
+        terms = self.shards[0].analyze(query) if self.shards else []
+        allowed = allowed or [None] * len(self.shards)
+        return merge_top_k((self._hits(i, *s.keyword_leg(terms, k, rows))
+                            for i, (s, rows) in enumerate(zip(self.shards, allowed, strict=True))), k)
 
-    def dense(self, query: str | np.ndarray, k: int = 10) -> list[Hit]:
-        vector = self.embed([query]) if isinstance(query, str) else np.atleast_2d(query)
-        return merge_top_k((s.dense_search(vector, k)[0] for s in self.shards), k)
+    def dense(self, query: str | np.ndarray, k: int = 10, allowed: list[np.ndarray | None] | None = None,
+              ann: dict | None = None) -> list[Hit]:
+        """The dense top k over every shard (``allowed`` as for ``bm25``; ``ann``: the search's options)."""
+        vector = self.embed([query])[0] if isinstance(query, str) else np.atleast_2d(query)[0]
+        allowed = allowed or [None] * len(self.shards)
+        return merge_top_k((self._hits(i, *s.dense_leg(vector, k, rows, ann))
+                            for i, (s, rows) in enumerate(zip(self.shards, allowed, strict=True))), k)
+
+    def _hits(self, shard: int, rows: np.ndarray, scores: np.ndarray) -> list[Hit]:
+        ids = self.shards[shard].id_array[rows].tolist()
+        return [Hit(c, s, shard) for c, s in zip(ids, scores.tolist(), strict=True)]
 
     def fetch(self, hits: list[Hit]) -> list[dict]:
         by_shard: dict[int, list[str]] = {}

@@ -10,28 +10,13 @@ digits are left alone (model numbers, years).
 
 from __future__ import annotations
 
-import re
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rapidfuzz import process
 from rapidfuzz.distance import Levenshtein
 
-WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?|\w+", re.UNICODE)
-
-
-def words(text: str) -> list[str]:
-    """Lower-cased words, as the vocabulary and the corrector both see them."""
-    return [m.group(0).lower() for m in WORD.finditer(text)]
-
-
-def document_frequencies(texts: Iterable[str]) -> Counter:
-    """Word -> how many of the texts contain it."""
-    df: Counter = Counter()
-    for text in texts:
-        df.update(set(words(text)))
-    return df
+from deployments.shard.vocabulary import WORD
 
 
 def allowed_edits(word: str) -> int:

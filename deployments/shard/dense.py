@@ -10,8 +10,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from deployments.search.hits import Hit
-
 EXACT_FILTERED_ROWS = 20_000  # a filter leaving at most this many rows is searched exactly (see DenseShard._top)
 
 
@@ -161,9 +159,10 @@ class DenseShard:
         return _one_query(self, query, k, allowed_rows, ann)
 
     def search(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None = None,
-               ann: dict | None = None) -> list[list[Hit]]:
-        """Top-k hits per query row; padding (fewer than k candidates) is dropped here, once."""
-        return _hits(self, queries, k, allowed_rows, ann)
+               ann: dict | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(rows, float32 scores) of the top-k per query row, best first; padding (fewer than k candidates) is
+        dropped here, once."""
+        return _per_query(self, queries, k, allowed_rows, ann)
 
 
 def _empty(index, k: int, allowed_rows) -> bool:
@@ -179,15 +178,12 @@ def _one_query(index, query, k, allowed_rows, ann=None) -> tuple[np.ndarray, np.
     return rows[0][keep].astype(np.int64), scores[0][keep].astype(np.float32)
 
 
-def _hits(index, queries, k, allowed_rows, ann=None) -> list[list[Hit]]:
+def _per_query(index, queries, k, allowed_rows, ann=None) -> list[tuple[np.ndarray, np.ndarray]]:
     queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
     if _empty(index, k, allowed_rows):
-        return [[] for _ in range(len(queries))]
+        return [(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)) for _ in range(len(queries))]
     scores, rows = index._top(queries, k, allowed_rows, ann)
-    return [
-        [Hit(index.chunk_ids[r], float(s), index.shard) for s, r in zip(srow, rrow, strict=True) if r >= 0]
-        for srow, rrow in zip(scores, rows, strict=True)
-    ]
+    return [(r[r >= 0].astype(np.int64), s[r >= 0].astype(np.float32)) for s, r in zip(scores, rows, strict=True)]
 
 
 class TorchDenseShard:
@@ -235,5 +231,5 @@ class TorchDenseShard:
         return _one_query(self, query, k, allowed_rows, ann)
 
     def search(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None = None,
-               ann: dict | None = None) -> list[list[Hit]]:
-        return _hits(self, queries, k, allowed_rows, ann)
+               ann: dict | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        return _per_query(self, queries, k, allowed_rows, ann)

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-from deployments.search.hits import Hit
 from index_format.bm25_stats import CollectionStats
 from index_format.lucene import CONTENTS_FIELD, HELPER_CLASS, boot
 
@@ -161,13 +160,6 @@ class LuceneShard:
             clauses += 1
         return builder, clauses
 
-    def search(self, query: str | list[str], k: int, allowed_rows: Sequence[int] | None = None) -> list[Hit]:
-        """Top-k by corpus-exact BM25; ``allowed_rows`` restricts the search itself (a FILTER clause).
-        ``query`` is a text, or its analyzed terms (a caller searching several shards analyzes once)."""
-        terms = self.analyzer.analyze(query) if isinstance(query, str) else query
-        rows, scores = self.search_rows(terms, k, allowed_rows)
-        return [Hit(self.chunk_ids[r], s, self.shard) for r, s in zip(rows.tolist(), scores.tolist(), strict=True)]
-
     def shared_top_k(self, k: int):
         """One query's top-k collector, shared by shards searched one after another in this process (pass it
         as ``shared`` to each): once a shard has k hits, its k-th score bounds the group's k-th score, and
@@ -181,8 +173,9 @@ class LuceneShard:
 
     def search_rows(self, terms: list[str], k: int, allowed_rows: Sequence[int] | None = None,
                     shared=None) -> tuple[np.ndarray, np.ndarray]:
-        """(chunk-table rows, float32 scores) of the top-k, best first; the work behind ``search``. With
-        ``shared`` (``shared_top_k``), hits below another shard's k-th score are left out."""
+        """(chunk-table rows, float32 scores) of the top-k by corpus-exact BM25 over the query's analyzed ``terms``
+        (``QueryAnalyzer.analyze``), best first; ``allowed_rows`` restricts the search itself (a FILTER clause).
+        With ``shared`` (``shared_top_k``), hits below another shard's k-th score are left out."""
         if self.fast:
             return self._search_fast(terms, k, allowed_rows, shared)
         return self._search_proxies(terms, k, allowed_rows, shared)

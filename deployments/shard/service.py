@@ -17,11 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deployments.bounded import BoundedCache
-from deployments.search.hits import Hit
-from deployments.search.spelling import document_frequencies
 from deployments.shard.dense import DenseShard, TorchDenseShard
 from deployments.shard.filters import MetadataTable
 from deployments.shard.lucene import LuceneShard
+from deployments.shard.vocabulary import document_frequencies
 from index_format.bm25_stats import CollectionStats, read_stats
 from index_format.manifest import (
     CHUNKS_FILE,
@@ -170,12 +169,6 @@ class ShardService:
                 kept.put(r, row)
                 found[r] = row
         return [found[r] for r in rows]
-
-    def dense_search(self, vectors: np.ndarray, k: int, allowed_rows: np.ndarray | None = None) -> list[list[Hit]]:
-        return self.dense.search(vectors, k, allowed_rows)
-
-    def bm25_search(self, query: str | list[str], k: int, allowed_rows: np.ndarray | None = None) -> list[Hit]:
-        return self.lucene.search(query, k, None if allowed_rows is None else allowed_rows.tolist())
 
     def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]:
         """Word -> number of this shard's chunks (title and text) holding it: what spell correction may

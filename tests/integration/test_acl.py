@@ -89,7 +89,7 @@ def test_callers_do_not_share_cached_answers(pipeline):
 def test_spelling_suggests_only_words_of_chunks_the_caller_may_see(pipeline, acl_index):
     import pyarrow.parquet as pq
 
-    from deployments.search.spelling import document_frequencies
+    from deployments.shard.vocabulary import document_frequencies
 
     rows = [r for shard in sorted((acl_index / "shards").iterdir())
             for r in pq.read_table(shard / "chunks.parquet").to_pylist()]

@@ -93,14 +93,12 @@ def test_filtered_bm25_is_complete_not_post_filtered(local, oracle):
     searcher, n = oracle
     query = "telescope galaxy sail"
     truth = _all_scores(searcher, query, n)
-    hits = []
-    allowed_ids = set()
+    allowed, allowed_ids = [], set()
     for shard in local.shards:
         topics = shard.table["title"].to_pylist()
-        rows = np.array([i for i, t in enumerate(topics) if t.startswith("sailing")], dtype=np.int64)
-        allowed_ids.update(shard.table["chunk_id"].to_pylist()[i] for i in rows)
-        hits += shard.bm25_search(query, 5, rows)
-    hits.sort(key=lambda h: -h.score)
+        allowed.append(np.array([i for i, t in enumerate(topics) if t.startswith("sailing")], dtype=np.int64))
+        allowed_ids.update(shard.table["chunk_id"].to_pylist()[i] for i in allowed[-1])
+    hits = local.bm25(query, 5, allowed)
     expected = sorted((s for c, s in truth.items() if c in allowed_ids), reverse=True)[:5]
     assert [round(h.score, 4) for h in hits[:5]] == [round(s, 4) for s in expected]
     assert all(h.chunk_id in allowed_ids for h in hits)
@@ -121,10 +119,10 @@ def test_sharded_dense_with_and_without_filter_equals_brute_force(local):
     shard = local.shards[1]
     rows = np.arange(0, shard.table.num_rows, 3, dtype=np.int64)
     allowed = {shard.table["chunk_id"].to_pylist()[i] for i in rows}
-    (filtered,) = shard.dense_search(q, 4, rows)
-    assert {h.chunk_id for h in filtered} <= allowed
-    assert np.allclose([h.score for h in filtered], sorted((truth[c] for c in allowed), reverse=True)[:4], atol=1e-5)
-    assert shard.dense_search(q, 4, np.array([], dtype=np.int64)) == [[]]
+    filtered_rows, filtered_scores = shard.dense_leg(q[0], 4, rows)
+    assert {shard.id_array[r] for r in filtered_rows} <= allowed
+    assert np.allclose(filtered_scores, sorted((truth[c] for c in allowed), reverse=True)[:4], atol=1e-5)
+    assert len(shard.dense_leg(q[0], 4, np.array([], dtype=np.int64))[0]) == 0
 
 
 def test_the_java_helper_is_compiled_here_and_in_use(local):

@@ -8,7 +8,8 @@ import string
 from rapidfuzz import process
 from rapidfuzz.distance import Levenshtein
 
-from deployments.search.spelling import Speller, allowed_edits, document_frequencies
+from deployments.search.spelling import Speller, allowed_edits
+from deployments.shard.vocabulary import document_frequencies
 
 TEXTS = ["the galaxy telescope orbit", "galaxy nebula", "galaxy comet", "gallery art", "cart part", "carts"]
 

@@ -27,6 +27,7 @@ import numpy as np
 from deployments.documents.log import Change
 from deployments.shard.filters import FilterError, MetadataTable
 from deployments.shard.query import ShardAnswer, ShardQuery
+from deployments.shard.topk import top_k
 from index_format.chunking import chunk_document
 from index_format.records import Document, written_document
 
@@ -280,10 +281,7 @@ class FreshSegment:
 
 
     def _top(self, rows: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[str, float]]:
-        """The k best (chunk id, score) of these rows, score descending then chunk id ascending (``hits.rank_key``)."""
-        if len(rows) > k:  # the k best and every row tied with the k-th, then the exact order among them
-            kth = np.partition(-scores, k - 1)[k - 1]
-            keep = -scores <= kth
-            rows, scores = rows[keep], scores[keep]
-        order = sorted(range(len(rows)), key=lambda i: (-float(scores[i]), self.rows[rows[i]]["chunk_id"]))[:k]
-        return [(self.rows[rows[i]]["chunk_id"], float(scores[i])) for i in order]
+        """The k best (chunk id, score) of these rows, score descending then chunk id ascending (``topk.top_k``)."""
+        ids = np.array([self.rows[r]["chunk_id"] for r in rows.tolist()], dtype=object)
+        order = top_k(scores, k, ids.astype(str) if len(ids) else ids)
+        return list(zip(ids[order].tolist(), scores[order].astype(float).tolist(), strict=True))

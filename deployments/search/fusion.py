@@ -1,7 +1,7 @@
 """Fusing ranked runs (BM25, dense, per shard) into one ranking, and the small knobs around it.
 
 Every function is pure and returns a new list. Ties are always broken the same way: score descending,
-then chunk id ascending (``hits.rank_key``; then collection), so a fused ranking does not depend on dict or set
+then chunk id ascending (then collection: ``hits.best``), so a fused ranking does not depend on dict or set
 order. A chunk is one candidate per collection (``Hit.key``): the same chunk id in two collections is two.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from deployments.search.hits import Hit, rank_key
+from deployments.search.hits import Hit, best
 
 
 def _first_occurrences(run: Sequence[Hit]) -> list[Hit]:
@@ -32,8 +32,7 @@ def _check_weights(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> N
 
 
 def _ranked(scores: dict[tuple[str, str], float], shard_of: dict[tuple[str, str], int]) -> list[Hit]:
-    ordered = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))  # rank_key, before any Hit is made
-    return [Hit(key[0], s, shard_of[key], key[1]) for key, s in ordered]
+    return best([Hit(key[0], s, shard_of[key], key[1]) for key, s in scores.items()])
 
 
 def rrf(runs: Sequence[Sequence[Hit]], rrf_k: int = 60, weights: Sequence[float] | None = None) -> list[Hit]:
@@ -126,11 +125,11 @@ def is_flat(hits: Sequence[Hit], top: int = 10, rel_spread: float = 0.05) -> boo
     input need not be sorted). A flat head means the scores do not separate the candidates, so the router
     asks for deeper candidates. Fewer than 2 hits: False (nothing to compare).
     """
-    head = sorted(hits, key=rank_key)[:top]
+    head = best(hits, top)
     if len(head) < 2:
         return False
-    best, worst = head[0].score, head[-1].score
-    return best - worst <= rel_spread * abs(best)
+    highest, lowest = head[0].score, head[-1].score
+    return highest - lowest <= rel_spread * abs(highest)
 
 
 def relevance_scores(scores: Sequence[float], scale: str, weight_sum: float = 1.0) -> list[float]:

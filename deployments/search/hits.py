@@ -6,9 +6,12 @@ fetched for the final top-n only.
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
+
+import numpy as np
+
+from deployments.shard.topk import top_k
 
 
 class Hit(NamedTuple):
@@ -31,11 +34,17 @@ class Hit(NamedTuple):
         return (self.chunk_id, self.collection)
 
 
-def rank_key(hit: Hit) -> tuple[float, str, str]:
-    """Deterministic order: score descending, then chunk id ascending (then collection)."""
-    return (-hit.score, hit.chunk_id, hit.collection)
+def best(hits: Sequence[Hit], k: int | None = None) -> list[Hit]:
+    """The ``k`` best hits (all when None): score descending, then chunk id, then collection ascending
+    (``topk.top_k``, the order of every ranking)."""
+    if not hits:
+        return []
+    order = top_k(np.fromiter((h.score for h in hits), dtype=np.float64, count=len(hits)),
+                  len(hits) if k is None else k,
+                  np.array([h.chunk_id for h in hits]), np.array([h.collection for h in hits]))
+    return [hits[i] for i in order.tolist()]
 
 
 def merge_top_k(per_shard: Iterable[list[Hit]], k: int) -> list[Hit]:
     """The global top-k of per-shard top-k lists (each shard's top-k holds every global top-k member it has)."""
-    return heapq.nsmallest(k, (h for hits in per_shard for h in hits), key=rank_key)
+    return best([h for hits in per_shard for h in hits], k)

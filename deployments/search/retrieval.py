@@ -192,7 +192,7 @@ class Retrieval:
     @staticmethod
     def legs(collection: str, answers: list[tuple[int, ShardAnswer]], depth: int) -> tuple[list[Hit], list[Hit]]:
         """A collection's dense and keyword legs: each shard's answer as hits of this collection, merged to ``depth``."""
-        if len(answers) == 1:  # one shard group: its legs are already merged, ranked (rank_key) and cut
+        if len(answers) == 1:  # one shard group: its legs are already merged, ranked (hits.best) and cut
             ((i, a),) = answers
             return ([Hit(cid, s, i, collection) for cid, s in a.dense[:depth]],
                     [Hit(cid, s, i, collection) for cid, s in a.keyword[:depth]])

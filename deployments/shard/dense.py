@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from deployments.shard.topk import top_k
+
 EXACT_FILTERED_ROWS = 20_000  # a filter leaving at most this many rows is searched exactly (see DenseShard._top)
 
 
@@ -76,11 +78,9 @@ class DenseShard:
         rows = np.arange(self.ntotal) if allowed_rows is None else np.sort(np.asarray(allowed_rows, dtype=np.int64))
         k = min(k, len(rows))
         scores = (np.asarray(self.vectors[rows] if allowed_rows is not None else self.vectors) @ queries.T).T
-        top = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < len(rows) else np.tile(np.arange(len(rows)),
-                                                                                                (len(queries), 1))
-        picked = np.take_along_axis(scores, top, axis=1)
-        order = np.argsort(-picked, axis=1, kind="stable")
-        return np.take_along_axis(picked, order, axis=1), rows[np.take_along_axis(top, order, axis=1)]
+        best = np.stack([top_k(row_scores, k, rows) for row_scores in scores]) if len(rows) else \
+            np.zeros((len(queries), 0), dtype=np.int64)
+        return np.take_along_axis(scores, best, axis=1), rows[best]
 
     def _top(self, queries: np.ndarray, k: int, allowed_rows: np.ndarray | None,
              ann: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -147,7 +147,7 @@ class DenseShard:
                 continue
             order = np.argsort(cand)  # read the memory-mapped rows in file order
             exact = np.asarray(self.vectors[cand[order]]) @ q
-            best = np.argsort(-exact, kind="stable")[:k]
+            best = top_k(exact, k, cand[order])
             out_scores[i, :len(best)] = exact[best]
             out_rows[i, :len(best)] = cand[order][best]
         return out_scores, out_rows

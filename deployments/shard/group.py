@@ -20,6 +20,7 @@ from deployments.shard.filters import FilterError
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.service import ShardService
 from deployments.shard.shares import Share, shard_depth, short_shares
+from deployments.shard.topk import top_k
 
 
 @dataclass
@@ -40,13 +41,13 @@ def _timed(fn, *args) -> LegPart:
 def _best(rows: list[np.ndarray], scores: list[np.ndarray], ranks: list[np.ndarray], ids: list[np.ndarray],
           k: int) -> list[tuple[str, float]]:
     """Top-k of per-shard top-k arrays (chunk-table rows and scores): score descending, then chunk id
-    ascending (``hits.rank_key``). Ties are broken by each row's rank in the group's sorted chunk ids, so
+    ascending (``topk.top_k``). Ties are broken by each row's rank in the group's sorted chunk ids, so
     the sort compares integers, not strings (about 0.5 ms a query less than sorting the ids themselves)."""
     all_scores = np.concatenate(scores) if len(scores) > 1 else scores[0]
     if len(all_scores) == 0 or k <= 0:
         return []
     all_ranks = np.concatenate([rank[r] for rank, r in zip(ranks, rows, strict=True)])
-    order = np.lexsort((all_ranks, -all_scores))[:k]  # the last key sorts first
+    order = top_k(all_scores, k, all_ranks)
     all_ids = np.concatenate([id_array[r] for id_array, r in zip(ids, rows, strict=True)])
     return list(zip(all_ids[order].tolist(), all_scores[order].tolist(), strict=True))
 

@@ -1,0 +1,32 @@
+"""The one top-k of the service, over arrays: a shard's leg, a group's merge of its shards, the fresh segment, the
+router's merge of shard slots and fusion all rank with it, so every ranking breaks ties the same way.
+
+Order: score descending, then each tie key ascending (the chunk id, or its rank among the ids; then the collection),
+as Pyserini's fusion does, so a ranking never depends on dict, set or shard order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Above this many candidates per k, the k best and their ties are cut out first (a partition, linear) before the
+# exact sort; below it one sort of everything costs less.
+PARTITION_FACTOR = 4
+
+
+def top_k(scores: np.ndarray, k: int, *ties: np.ndarray) -> np.ndarray:
+    """Positions of the ``k`` best of ``scores`` (fewer when there are fewer), best first: score descending, then
+    ``ties[0]`` ascending, then ``ties[1]`` ... (each an array as long as ``scores``: integers or strings).
+    NaN scores rank last. An empty input, or ``k <= 0``: an empty array."""
+    scores = np.asarray(scores, dtype=np.float64)
+    n = len(scores)
+    if k <= 0 or n == 0:
+        return np.zeros(0, dtype=np.int64)
+    negated = -np.nan_to_num(scores, nan=-np.inf)
+    if n > PARTITION_FACTOR * k:
+        kth = np.partition(negated, k - 1)[k - 1]
+        candidates = np.flatnonzero(negated <= kth)  # the k best and every score tied with the k-th
+    else:
+        candidates = np.arange(n)
+    keys = [np.asarray(t)[candidates] for t in reversed(ties)] + [negated[candidates]]
+    return candidates[np.lexsort(keys)[:k]]

@@ -63,11 +63,6 @@ def query_id(query: str) -> str:
     return "q" + hashlib.sha256(" ".join(query.lower().split()).encode()).hexdigest()[:12]
 
 
-def doc_of_chunk(chunk_id: str) -> str:
-    """Chunk ids are ``<doc id>#<chunk index>`` (see index_format.chunking)."""
-    return chunk_id.rsplit("#", 1)[0]
-
-
 class JudgmentStore:
     def __init__(self, folder: Path):
         self.folder = Path(folder)

@@ -13,6 +13,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
+from index_format.process import configure_process
+
 from .config import BuildConfig, load_yaml
 
 
@@ -109,6 +111,7 @@ def parse_args(argv: list[str] | None, prog: str = "python -m index_build") -> t
 
 def main(argv: list[str] | None = None) -> int:
     cfg, summary_json = parse_args(argv)
+    configure_process()
     from index_format.manifest import IndexMismatch
 
     from .build import build_index, shutdown_ray

@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from index_format.chunking import Chunking
+
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 
 
@@ -54,9 +56,9 @@ class BuildConfig(BaseModel):
     activate: bool = Field(True, description="Point OUT/ACTIVE at the new version once it is complete.")
 
     # Chunking
-    chunk_size: int = Field(128, ge=8, le=4096, description="Chunk length in words (whitespace tokens).")
-    chunk_overlap: int = Field(24, ge=0, description="Words shared by consecutive chunks of one document.")
-    prepend_title: bool = Field(True, description="Index and embed 'title + text' rather than the text alone.")
+    chunk_size: int = Field(Chunking.chunk_size, ge=8, le=4096, description="Chunk length in words (whitespace tokens).")
+    chunk_overlap: int = Field(Chunking.chunk_overlap, ge=0, description="Words shared by consecutive chunks of one document.")
+    prepend_title: bool = Field(Chunking.prepend_title, description="Index and embed 'title + text' rather than the text alone.")
 
     # Embedding
     encoder: str = Field(
@@ -99,9 +101,9 @@ class BuildConfig(BaseModel):
     # Input handling
     strict: bool = Field(False, description="Fail on the first bad record instead of skipping and counting it.")
     text_fields: tuple[str, ...] = Field(
-        ("text", "contents", "body"), description="Field names tried, in order, for a record's text."
+        Chunking.text_fields, description="Field names tried, in order, for a record's text."
     )
-    id_fields: tuple[str, ...] = Field(("_id", "id", "doc_id", "docid"), description="Field names tried for a record's id.")
+    id_fields: tuple[str, ...] = Field(Chunking.id_fields, description="Field names tried for a record's id.")
 
     # A delta instead of a corpus
     changes: Path | None = Field(

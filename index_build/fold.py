@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from index_format.chunking import chunk_document
+from index_format.chunking import Chunking
 from index_format.manifest import (
     CHUNKS_FILE,
     DOCUMENTS_FILE,
@@ -68,6 +68,7 @@ from index_format.manifest import (
     sha256_file,
     write_json_atomic,
 )
+from index_format.process import configure_process
 from index_format.records import metadata_json, written_document
 from index_format.sharding import shard_of
 from index_format.versions import (
@@ -153,8 +154,7 @@ def prepare_fold(root: str, work: str, after: int, through: int | None, num_shar
     from index_format.encoders import load_encoder
 
     upserts, deletes, last = _log_changes(Path(root), after, through)
-    size, overlap = int(build_config.get("chunk_size", 128)), int(build_config.get("chunk_overlap", 24))
-    prepend = bool(build_config.get("prepend_title", True))
+    chunking = Chunking.of(build_config)
     docs: dict[int, list[dict]] = {}
     chunks: dict[int, list[dict]] = {}
     contents: dict[int, list[str]] = {}
@@ -164,9 +164,9 @@ def prepare_fold(root: str, work: str, after: int, through: int | None, num_shar
         as_json = metadata_json(doc.metadata)
         docs.setdefault(s, []).append({"doc_id": doc.doc_id, "title": doc.title, "text": doc.text, "source": doc.source,
                                        "metadata_json": as_json})
-        for c in chunk_document(doc, size, overlap):
+        for c in chunking.chunks(doc):
             chunks.setdefault(s, []).append(c.row(as_json))
-            contents.setdefault(s, []).append(c.contents(prepend))
+            contents.setdefault(s, []).append(c.contents(chunking.prepend_title))
     texts = [t for s in sorted(contents) for t in contents[s]]
     vectors = load_encoder(encoder, "auto").encode(texts).astype(np.float32) if texts else None
     folder = Path(work)
@@ -559,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--summary-json", type=Path, metavar="FILE", help="Also write the summary to FILE as JSON (what "
                    "a fold started through the API reports).")
     args = p.parse_args(argv)
+    configure_process()
     from .build import shutdown_ray
 
     try:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from index_format.manifest import IndexMismatch
+from index_format.process import configure_process
 from index_format.versions import (
     activate,
     activation_history,
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("root", type=Path, metavar="ROOT", help="the index root")
     p.add_argument("version", nargs="?")
     args = parser.parse_args(argv)
+    configure_process()
     try:
         if args.command == "list":
             live = active_version(args.root)

@@ -34,8 +34,30 @@ class CollectionStats:
         return self.total_terms / self.doc_count if self.doc_count else 0.0
 
     def idf(self, df: int) -> float:
-        """Lucene 9 BM25 idf."""
-        return math.log(1 + (self.doc_count - df + 0.5) / (df + 0.5))
+        """Lucene 9 BM25 idf of a term over this corpus (``lucene_idf``)."""
+        return lucene_idf(self.doc_count, df)
+
+
+# Lucene 9's BM25, as ``org.apache.lucene.search.similarities.BM25Similarity`` computes it (Robertson and
+# Zaragoza, "The Probabilistic Relevance Framework: BM25 and Beyond", 2009, with Lucene's +1 inside the idf's
+# logarithm, so a term in more than half the documents still scores above 0). A term's score in a document is
+# ``boost * idf(df, N) * tf / (tf + length_norm(dl))``; Lucene drops the (k1 + 1) factor of the paper, which
+# changes no ranking.
+
+
+def lucene_idf(doc_count: int, df: int) -> float:
+    """``ln(1 + (N - df + 0.5) / (df + 0.5))``: N documents with the field, df of them holding the term."""
+    return math.log(1 + (doc_count - df + 0.5) / (df + 0.5))
+
+
+def length_norm(k1: float, b: float, doc_length, avgdl: float):
+    """``k1 * (1 - b + b * dl / avgdl)``: the tf saturation's denominator term (a float, or an array of lengths)."""
+    return k1 * (1 - b + b * doc_length / avgdl)
+
+
+def term_score(tf, norm, idf: float, boost: float = 1.0):
+    """``boost * idf * tf / (tf + norm)``, with ``norm`` from ``length_norm`` (floats, or arrays alike)."""
+    return boost * idf * tf / (tf + norm)
 
 
 def merge_shard_stats(shard_stats: list[dict], k1: float, b: float) -> CollectionStats:

@@ -8,9 +8,11 @@ and adjacent chunks can be merged at query time without guessing. A document no 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from index_format.chunk_ids import chunk_id
 from index_format.records import Document, metadata_json
 
 _WORD = re.compile(r"\S+")
@@ -47,8 +49,29 @@ class Chunk:
         return self.text or self.title
 
 
-def chunk_id_for(doc_id: str, chunk_index: int) -> str:
-    return f"{doc_id}#{chunk_index}"
+@dataclass(frozen=True)
+class Chunking:
+    """How documents are cut and read: the build's defaults (``index_build.config.BuildConfig`` takes them from
+    here), and what a version's manifest records (``build_config``), so the API's writes and a fold chunk exactly
+    as the build did."""
+
+    chunk_size: int = 128  # words (whitespace tokens) in a chunk
+    chunk_overlap: int = 24  # words shared by consecutive chunks of one document
+    prepend_title: bool = True  # BM25 and the encoder see "title + text", not the text alone
+    id_fields: tuple[str, ...] = ("_id", "id", "doc_id", "docid")  # tried in order for a record's id
+    text_fields: tuple[str, ...] = ("text", "contents", "body")  # tried in order for a record's text
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> Chunking:
+        """The chunking a build config (a manifest's ``build_config``) names; what it leaves out is the default."""
+        known: dict[str, Any] = {k: config[k] for k in ("chunk_size", "chunk_overlap", "prepend_title") if k in config}
+        for k in ("id_fields", "text_fields"):
+            if k in config:
+                known[k] = tuple(config[k])
+        return cls(**known)
+
+    def chunks(self, doc: Document) -> list[Chunk]:
+        return chunk_document(doc, self.chunk_size, self.chunk_overlap)
 
 
 def _headings(text: str) -> list[tuple[int, str]]:
@@ -89,7 +112,7 @@ def chunk_document(doc: Document, chunk_size: int, chunk_overlap: int) -> list[C
             section = name
         chunks.append(
             Chunk(
-                chunk_id=chunk_id_for(doc.doc_id, i),
+                chunk_id=chunk_id(doc.doc_id, i),
                 doc_id=doc.doc_id,
                 chunk_index=i,
                 char_start=char_start,

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from deployments.cli import renamed_flag
 from deployments.client import SearchClient, SearchServiceError
 from deployments.edge.schemas import SearchRequest, SearchResponse
+from index_format.process import configure_process
 from relevance.metrics import evaluate
 from relevance.qrels import read_qrels
 
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="also write the figures here as JSON")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    configure_process()
 
     queries_path = args.queries or (args.data / "queries.jsonl" if args.data else None)
     qrels_path = args.qrels or (args.data / "qrels" / f"{args.test_split}.tsv" if args.data else None)

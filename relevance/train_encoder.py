@@ -26,6 +26,7 @@ import shutil
 import sys
 import time
 
+from index_format.process import configure_process
 from relevance.training import (
     TRAINING_FILE,
     build_parser,
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> int:
     # 4e-5; bench/README.md, "Learned from judgments").
     ap.set_defaults(lr=4e-5)
     args = ap.parse_args(argv)
+    configure_process()
     import torch
     from datasets import Dataset
     from sentence_transformers import (

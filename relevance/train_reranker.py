@@ -22,6 +22,7 @@ import shutil
 import sys
 import time
 
+from index_format.process import configure_process
 from relevance.training import (
     TRAINING_FILE,
     build_parser,
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> int:
     ap.add_argument("--max-length", type=int, default=256, help="tokens of a (query, document) pair")
     ap.set_defaults(epochs=1, batch_size=16)
     args = ap.parse_args(argv)
+    configure_process()
     import torch
     from datasets import Dataset
     from sentence_transformers.cross_encoder import (

@@ -37,6 +37,7 @@ from tqdm import tqdm
 from deployments.cli import renamed_flag
 from deployments.client import SearchClient, SearchServiceError
 from deployments.edge.schemas import SearchRequest
+from index_format.process import configure_process
 from relevance.evaluate import partial, read_queries
 from relevance.metrics import ndcg_at
 from relevance.qrels import read_qrels
@@ -182,6 +183,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
+    configure_process()
     if sum(x is not None for x in (args.data, args.judgments, args.qrels)) != 1 or (args.qrels and not args.queries):
         ap.error("give exactly one of --data, --judgments, or --queries with --qrels")
     if not 0 < args.held_out_share < 1:

@@ -20,13 +20,8 @@ from dataclasses import dataclass
 
 from deployments.search.fusion import relevance_scores, rrf, weighted
 from deployments.search.hits import Hit
+from index_format.chunk_ids import chunk_id, doc_of
 from relevance.metrics import ndcg_at
-
-CHUNK_SEP = "#"  # index_build's chunk ids are "<doc id>#<chunk number>"
-
-
-def doc_of(chunk_id: str) -> str:
-    return chunk_id.rsplit(CHUNK_SEP, 1)[0]
 
 
 @dataclass(frozen=True)
@@ -125,7 +120,7 @@ def collapse(leg: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...
     seen: dict[str, float] = {}
     for cid, score in leg:
         seen.setdefault(doc_of(cid), score)
-    return tuple((f"{d}{CHUNK_SEP}0", s) for d, s in seen.items())
+    return tuple((chunk_id(d, 0), s) for d, s in seen.items())
 
 
 def doc_ranking(chunks: Iterable[tuple[str, float]], aggregate: str = "max", limit: int = 100) -> list[str]:

@@ -15,12 +15,10 @@ folded into a version (Lucene stores lengths lossily, so not to the last digit).
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -28,27 +26,9 @@ from deployments.documents.log import Change
 from deployments.shard.filters import FilterError, MetadataTable
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.topk import top_k
-from index_format.chunking import chunk_document
+from index_format.bm25_stats import length_norm, lucene_idf, term_score
+from index_format.chunking import Chunking, chunk_document
 from index_format.records import Document, written_document
-
-
-@dataclass(frozen=True)
-class Chunking:
-    """How the version's build chunked documents (its manifest's ``build_config``), so writes chunk the same."""
-
-    chunk_size: int = 128
-    chunk_overlap: int = 24
-    prepend_title: bool = True
-    id_fields: tuple[str, ...] = ("_id", "id", "doc_id", "docid")
-    text_fields: tuple[str, ...] = ("text", "contents", "body")
-
-    @classmethod
-    def of(cls, build_config: dict[str, Any]) -> Chunking:
-        known = {k: build_config[k] for k in ("chunk_size", "chunk_overlap", "prepend_title") if k in build_config}
-        for k in ("id_fields", "text_fields"):
-            if k in build_config:
-                known[k] = tuple(build_config[k])
-        return cls(**known)
 
 
 @dataclass
@@ -232,7 +212,7 @@ class FreshSegment:
         c = self.corpus
         n = c.doc_count + self.live
         avgdl = ((c.avgdl * c.doc_count + float(self.lengths[self.alive].sum())) / n) if n else 1.0
-        norm = c.k1 * (1 - c.b + c.b * self.lengths / avgdl)
+        norm = length_norm(c.k1, c.b, self.lengths, avgdl)
         scores = np.zeros(len(self.rows))
         for term, count in Counter(self.analyze(text)).items():
             if term not in self._postings:
@@ -242,9 +222,7 @@ class FreshSegment:
             rows, tf = rows[held], tf[held]
             if not len(rows):
                 continue
-            df = c.df(term) + len(rows)
-            idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-            scores[rows] += count * idf * tf / (tf + norm[rows])
+            scores[rows] += term_score(tf, norm[rows], lucene_idf(n, c.df(term) + len(rows)), boost=count)
         return scores
 
     async def search(self, query: ShardQuery) -> ShardAnswer:

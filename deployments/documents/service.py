@@ -150,8 +150,9 @@ def new_segment(name: str, version_dir: Path, dimension: int) -> FreshSegment:
     """An empty segment for the version at ``version_dir``: chunking as it was built, scoring with its statistics,
     holding only the log's writes past its ``log_seq``. Lucene's analyzer and the version's term table are loaded
     at first use (a collection never written to costs nothing)."""
-    from deployments.documents.segment import Chunking, Corpus
+    from deployments.documents.segment import Corpus
     from index_format.bm25_stats import read_collection_stats, read_stats
+    from index_format.chunking import Chunking
     from index_format.versions import read_version_manifest
 
     manifest = read_version_manifest(version_dir)

@@ -9,6 +9,7 @@ from typing import Any
 
 from deployments.search.clients import Collection
 from deployments.shard.filters import FilterError, MetadataTable
+from index_format.chunk_ids import chunk_id
 
 CHUNKS_ASKED = 64  # chunk ids asked of the shards at once when a document's chunks are looked up
 
@@ -37,7 +38,7 @@ async def chunk_rows(target: Collection, doc_id: str, timeout_s: float) -> tuple
             return ("api", await fresh.fetch(chunk_ids), seq) if document is not None else ("", [], seq)
     rows: list[dict] = []
     while True:  # the document's chunks are <doc id>#0, #1, ...: ask in pages until one comes back short
-        wanted = [f"{doc_id}#{i}" for i in range(len(rows), len(rows) + CHUNKS_ASKED)]
+        wanted = [chunk_id(doc_id, i) for i in range(len(rows), len(rows) + CHUNKS_ASKED)]
         found = await asyncio.wait_for(asyncio.gather(*(slot.fetch(wanted) for slot in target.shards)), timeout_s)
         page = sorted((r for part in found for r in part), key=lambda r: r["chunk_index"])
         rows += page

@@ -18,6 +18,7 @@ from deployments.search.hits import Hit, merge_top_k
 from deployments.search.stages import SearchContext, Span, gathered, within
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.shares import Share, share_depth, short_shares
+from index_format.chunk_ids import doc_of
 
 
 @dataclass
@@ -30,11 +31,6 @@ class Retrieved:
     answered: int
     depth: int  # the depth searched (the plan's, or twice it when deepened)
     deepened: bool
-
-
-def doc_of(chunk_id: str) -> str:
-    """A chunk id's document id (chunk ids are ``<doc id>#<chunk index>``: ``index_format.chunking``)."""
-    return chunk_id.rsplit("#", 1)[0]
 
 
 def without_documents(answer: ShardAnswer, masked: frozenset[str], seen: set[str]) -> ShardAnswer:

@@ -57,7 +57,7 @@ from deployments.edge.schemas import (
     response_json,
 )
 from deployments.errors import Conflict, Forbidden, InvalidField, NotFound, ServiceError
-from deployments.judgments import JudgmentStore, check_identifier, doc_of_chunk
+from deployments.judgments import JudgmentStore, check_identifier
 from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.clients import Collection
 from deployments.search.pipeline import SearchPipeline
@@ -74,6 +74,7 @@ from deployments.serve.heap import settle_heap
 from deployments.serve.listen import reuse_address_on_bind
 from deployments.serve.specs import CollectionSpec
 from deployments.shard.host import VersionCache
+from index_format.chunk_ids import doc_of
 from index_format.records import BadRecord, record_to_document
 from index_format.versions import resolve_version_dir
 
@@ -347,7 +348,7 @@ class SearchRouter:
         if self.guard.keys_on and body.tenant is not None and body.tenant not in caller.principals:
             raise Forbidden(f"tenant {body.tenant!r} is not one of this API key's principals; leave tenant out "
                                "(a judgment belongs to the key's tenant)")
-        doc_id = body.doc_id or doc_of_chunk(body.chunk_id)
+        doc_id = body.doc_id or doc_of(body.chunk_id)
         if not await self.pipeline.can_see(name, doc_id, body.chunk_id, list(caller.principals)):
             # The same answer for a document that does not exist and one the caller may not see.
             raise NotFound(f"no document {doc_id!r}" + (f" with chunk {body.chunk_id!r}" if body.chunk_id else "")

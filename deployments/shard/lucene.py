@@ -20,22 +20,16 @@ query is built and read clause by clause and hit by hit through pyjnius proxies 
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from index_format.bm25_stats import CollectionStats
+from index_format.bm25_stats import CollectionStats, lucene_idf
 from index_format.lucene import CONTENTS_FIELD, HELPER_CLASS, boot
 
 MAX_CLAUSES = 1024  # Lucene's default BooleanQuery clause limit
-
-
-def lucene_idf(doc_count: int, df: int) -> float:
-    """Lucene 9 ``BM25Similarity.idf``: ln(1 + (N - df + 0.5) / (df + 0.5))."""
-    return math.log(1 + (doc_count - df + 0.5) / (df + 0.5))
 
 
 def shard_bm25_params(k1: float, b: float, avgdl_shard: float, avgdl_corpus: float) -> tuple[float, float]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import multiprocessing as mp
 
 from deployments.edge.errors import status_of
-from deployments.judgments import JudgmentStore, doc_of_chunk, main, query_id
+from deployments.judgments import JudgmentStore, main, query_id
+from index_format.chunk_ids import doc_of
 
 
 def _write_many(folder: str, worker: int, n: int) -> None:
@@ -41,7 +42,7 @@ def test_qrels_take_each_users_latest_label_and_average_across_users(tmp_path):
 
 
 def test_export_writes_a_beir_folder(tmp_path, capsys):
-    JudgmentStore(tmp_path / "root" / "judgments").add("telescope", doc_of_chunk("doc-7#2"), 1)
+    JudgmentStore(tmp_path / "root" / "judgments").add("telescope", doc_of("doc-7#2"), 1)
     assert main(["export", str(tmp_path / "root"), str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "qrels" / "test.tsv").read_text().splitlines() == [
         "query-id\tcorpus-id\tscore", f"{query_id('telescope')}\tdoc-7\t1"]

@@ -28,7 +28,6 @@ import ir_measures
 from ir_measures import RR, R, nDCG
 
 from bench.common import load_beir, machine, served
-from deployments.cli import renamed_flag
 from relevance.evaluate import partial
 
 MEASURES = [nDCG @ 10, R @ 100, RR @ 10]
@@ -114,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", help="an already running service instead of --index")
     parser.add_argument("--port", type=int, default=8400)
     parser.add_argument("--test-split", default="test", metavar="SPLIT", help="the qrels split measured")
-    renamed_flag(parser, "--split", "--test-split")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--reranker", help="deploy this cross-encoder (or minilm-l6-arch) and add rerank rows")
     parser.add_argument("--rerank-depths", type=int, nargs="+", default=[20, 40, 100])

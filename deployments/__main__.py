@@ -72,7 +72,7 @@ def port_is_free(port: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from deployments.cli import FAILURE, USAGE_ERROR, renamed_flag
+    from deployments.cli import FAILURE, USAGE_ERROR
 
     parser = argparse.ArgumentParser(
         prog="python -m deployments",
@@ -87,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-num-replicas", type=int, default=1, metavar="N",
                         help="replicas of each shard group; more than 1 puts the shards in their own deployments "
                              "(default: %(default)s)")
-    renamed_flag(parser, "--shard-replicas", "--shard-num-replicas")
     parser.add_argument("--shard-num-cpus", type=float, default=0.25, metavar="CPUS",
                         help="logical CPUs Ray reserves per shard replica (lower it to fit more replicas; "
                              "default: %(default)s)")
@@ -121,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
                              "takes about 5 s for 40 candidates on 2 CPU cores (default: %(default)s)")
     parser.add_argument("--reranker-num-replicas", type=int, metavar="N",
                         help="with --reranker: exactly N replicas (default: autoscaled between 1 and 2)")
-    renamed_flag(parser, "--reranker-replicas", "--reranker-num-replicas")
     parser.add_argument("--via-proxy", action="store_true",
                         help="answer --port through Serve's HTTP proxy (one more hop per request) instead of the "
                              "router replica's own HTTP server")

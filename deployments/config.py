@@ -6,28 +6,12 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from deployments.edge.schemas import AnnParams, Fusion
-
-
-def renamed_keys(values: Any, renames: dict[str, str], where: str) -> Any:
-    """Accept a key under its old name (with a FutureWarning, which Python shows users by default), so a
-    config written before a rename still loads; both names at once is an error, since one would silently win."""
-    if not isinstance(values, dict):
-        return values
-    values = dict(values)
-    for old, new in renames.items():
-        if old in values:
-            if new in values:
-                raise ValueError(f"{where}: give {new!r} only ({old!r} is its old name)")
-            warnings.warn(f"{where}: {old!r} is now called {new!r}", FutureWarning, stacklevel=2)
-            values[new] = values.pop(old)
-    return values
 
 
 class RouterSettings(BaseModel):
@@ -183,11 +167,6 @@ class SynthesisConfig(BaseModel):
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per replica.")
     num_replicas: int = Field(1, ge=1, description="Replicas of the synthesizer.")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _old_names(cls, values: Any) -> Any:
-        return renamed_keys(values, {"replicas": "num_replicas"}, "synthesis")
-
 
 class SecurityConfig(BaseModel):
     """The router's front door: optional API keys, body size, and load shedding per router replica."""
@@ -327,41 +306,6 @@ class RouterConfig(RouterSettings):
         return RouterSettings.model_validate(self.model_dump(include=set(RouterSettings.model_fields)))
 
 
-# Keys of the flat layout before the config was nested by component, and where each lives now.
-FLAT_KEYS = {
-    **{f"shard_{k}": f"shards.{k}" for k in ("num_replicas", "num_cpus", "num_gpus", "resources", "max_ongoing_requests",
-                                              "max_versions", "search_device", "group_size", "placement",
-                                              "warmup_searches")},
-    "shard_replicas": "shards.num_replicas", "verify_checksums": "shards.verify_checksums",
-    "lucene_heap": "shards.lucene_heap",
-    **{f"encoder_{k}": f"encoder.{k}" for k in ("placement", "backend", "router_threads", "num_replicas", "num_cpus",
-                                                 "num_gpus", "max_batch_size", "batch_wait_s")},
-    "encoder_replicas": "encoder.num_replicas",
-    **{f"router_{k}": f"router.{k}" for k in ("num_replicas", "num_cpus", "resources", "max_queued_requests")},
-    "router_replicas": "router.num_replicas",
-}
-
-
-def nest_flat_keys(values: Any) -> Any:
-    """Load a config written with the old flat keys (``shard_num_replicas: 2``) as the nested one
-    (``shards: {num_replicas: 2}``), with a FutureWarning naming the new place; a key given both ways is an error."""
-    if not isinstance(values, dict) or not any(k in FLAT_KEYS for k in values):
-        return values
-    values = dict(values)
-    for old, new in FLAT_KEYS.items():
-        if old not in values:
-            continue
-        section, key = new.split(".")
-        nested = values.get(section)
-        nested = dict(nested) if isinstance(nested, dict) else ({} if nested is None else nested.model_dump())
-        if key in nested:
-            raise ValueError(f"app config: give {new!r} only ({old!r} is its old name)")
-        warnings.warn(f"app config: {old!r} is now {section}: {{{key}: ...}} ({new})", FutureWarning, stacklevel=2)
-        nested[key] = values.pop(old)
-        values[section] = nested
-    return values
-
-
 class AppConfig(BaseModel):
     """Everything the app builder needs, nested by component; ``index`` is shorthand for one collection named
     ``default``."""
@@ -383,11 +327,6 @@ class AppConfig(BaseModel):
         "route and replica of the request it was written for) or Serve's text lines.")
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)
     synthesis: SynthesisConfig = Field(default_factory=SynthesisConfig)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_names(cls, values: Any) -> Any:
-        return nest_flat_keys(values)
 
     @model_validator(mode="after")
     def _one_way_to_name_indexes(self) -> AppConfig:

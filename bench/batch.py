@@ -1,6 +1,6 @@
 """A batch of 64 searches against the same 64 searches sent one by one: server CPU per query, in one run.
 
-``python -m deployments --index INDEX --no-cache`` is started once; each way is warmed, then run for
+``python -m deployments --index INDEX --router.cache-size 0`` is started once; each way is warmed, then run for
 ``--seconds`` by ``--clients`` closed-loop clients (a batch is one request of 64 searches), alternating
 ``--rounds`` times so drift on a shared machine falls on both. Server CPU is the machine's busy CPU minus
 this process's, per search answered.
@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     queries, _ = load_beir(args.data)
     singles = [{"query": q, "limit": args.limit} for q in queries.values()]
     batches = [{"searches": singles[i:i + BATCH]} for i in range(0, len(singles) - BATCH + 1, BATCH)]
-    cmd = [sys.executable, "-m", "deployments", "--index", str(args.index), "--port", str(args.port), "--no-cache",
-           "--metrics-port", "0", "--max-inflight", "256"]
+    cmd = [sys.executable, "-m", "deployments", "--index", str(args.index), "--port", str(args.port),
+           "--router.cache-size", "0", "--metrics-port", "0", "--security.max-inflight", "256"]
     runs = []
     with service_process(cmd, args.port) as base:
         for r in range(args.rounds):

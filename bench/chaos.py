@@ -19,6 +19,7 @@ from collections import Counter
 import httpx
 
 from bench.common import (
+    RERANKER_CPUS,
     ClosedLoop,
     load_beir,
     machine,
@@ -46,13 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     queries = list(load_beir(args.data / args.dataset)[0].values())
-    extra = ["--no-cache", "--shard-num-replicas", str(args.shard_num_replicas), "--shard-num-cpus", "0.1"]
+    extra = ["--router.cache-size", "0", "--shards.num-replicas", str(args.shard_num_replicas), "--shards.num-cpus", "0.1"]
     body: dict = {"limit": 10}
     if args.reranker:
         from bench.reranker_throughput import ARCH, build_minilm_arch
 
         model = build_minilm_arch(None) if args.reranker == ARCH else args.reranker
-        extra += ["--reranker", model, "--rerank-timeout-s", "10"]
+        extra += ["--reranker.model", model, "--router.rerank-timeout-s", "10", *RERANKER_CPUS]
         body["rerank_depth"] = args.rerank_depth
     kills: list[dict] = []
 

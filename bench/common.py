@@ -18,6 +18,10 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OPENAI_API_KEY", "unused")
 
+# A reranker as python -m deployments deployed one before its flags came from the config (whose defaults reserve
+# one CPU a replica and give it one torch thread): the benches that serve one keep measuring the same thing.
+RERANKER_CPUS = ["--reranker.num-cpus", "0.25", "--reranker.threads", str(os.cpu_count())]
+
 
 def machine() -> dict:
     cpu = "unknown"

@@ -46,7 +46,7 @@ def record(name: str, index: Path, data: Path, depth: int, port: int, out: Path)
     for split in splits:
         queries, _ = load_beir(data / dataset, split)
         texts |= queries
-    with served(index, port, ["--no-cache"]) as base:
+    with served(index, port, ["--router.cache-size", "0"]) as base:
         legs = Service(base, {}, None, workers=2, progress=True).record_legs(texts, depth)
     payload = {q: {"dense": leg.dense, "keyword": leg.keyword} for q, leg in legs.items()}
     out.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                     "share": len(chosen) / len(records), "relevant_written": sum(d in set(relevant) for d in chosen)}
     body = {"limit": 100, "method": "hybrid"}
     with tempfile.TemporaryDirectory() as tmp, served(copy_root(args.index, Path(tmp)), args.port,
-                                                      ["--no-cache", "--metrics-port", str(args.port + 1)],
+                                                      ["--router.cache-size", "0", "--metrics-port", str(args.port + 1)],
                                                       startup_s=1200) as base:
         record["as_built"] = quality(base, queries, qrels, body)
         t0 = time.perf_counter()

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from bench.common import load_beir, machine, write_record
-from deployments.cli import renamed_flag
 from relevance.metrics import evaluate
 
 
@@ -54,7 +53,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--dataset", default="scifact")
     ap.add_argument("--test-split", default="test", metavar="SPLIT", help="the held-out qrels split that judges")
-    renamed_flag(ap, "--split", "--test-split")
     ap.add_argument("--index", action="append", required=True, metavar="LABEL=PATH")
     ap.add_argument("--methods", nargs="*", default=["hybrid"], help="methods scored without a reranker")
     ap.add_argument("--candidates", type=int, nargs="*", default=[0],

@@ -2,7 +2,7 @@
 delete, no longer finds it), while clients search without pause, and what the writes cost the searches.
 
 The served index is a copy of ``--index`` made of hard links (versions never change; the copy's change log is its
-own), served by the default command (``python -m deployments --no-cache``). Two phases of ``--seconds`` each:
+own), served by the default command (``python -m deployments --router.cache-size 0``). Two phases of ``--seconds`` each:
 
 - idle: ``--clients`` closed-loop clients searching (hybrid, ``limit`` 10, the dataset's queries);
 - writes: the same clients, and writers sending ``--rate`` writes a second on a fixed schedule (one new document a
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     record: dict = {"machine": machine(), "index": str(args.index), "clients": args.clients, "rate": args.rate,
                     "seconds": args.seconds, "probe_every": args.probe_every}
     with tempfile.TemporaryDirectory() as tmp, served(copy_root(args.index, Path(tmp)), args.port,
-                                                      ["--no-cache", "--metrics-port", str(args.port + 1)],
+                                                      ["--router.cache-size", "0", "--metrics-port", str(args.port + 1)],
                                                       startup_s=1200) as base:
         phase(base, texts, args.clients, 5)  # warm
         record["idle"] = phase(base, texts, args.clients, args.seconds)

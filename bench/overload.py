@@ -1,6 +1,6 @@
 """Overload: requests arriving at several times what the service can answer.
 
-Starts the service (``python -m deployments --no-cache --max-inflight N``), measures its capacity with
+Starts the service (``python -m deployments --router.cache-size 0 --security.max-inflight N``), measures its capacity with
 ``--capacity-clients`` closed-loop clients (QPS and p99 at capacity), then sends an open-loop stream at
 ``--factor`` times that rate (arrivals do not wait for answers, as real traffic does not) and counts
 answers by status, latency of the answered ones, goodput (answered QPS over capacity), and the resident
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     queries = list(load_beir(args.data / args.dataset)[0].values())
 
-    with served(args.index, args.port, ["--no-cache", "--max-inflight", str(args.max_inflight),
+    with served(args.index, args.port, ["--router.cache-size", "0", "--security.max-inflight", str(args.max_inflight),
                                         *args.serve_args.split()]) as base:
         for _ in range(20):
             httpx.post(f"{base}/search", json={"query": queries[0], "limit": 10}, timeout=60)

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows[peer] = over_http(base, queries, qrels, {}, args.concurrency, args.seconds)
             print(dataset, "langchain", json.dumps(rows[peer]), flush=True)
         if "raysearch" in args.only:
-            with served(Path(indexes[dataset]), args.port, ["--no-cache"]) as base:
+            with served(Path(indexes[dataset]), args.port, ["--router.cache-size", "0"]) as base:
                 rows["raysearch hybrid (HTTP)"] = over_http(base, queries, qrels, {"method": "hybrid"},
                                                             args.concurrency, args.seconds)
             print(dataset, "raysearch", json.dumps(rows["raysearch hybrid (HTTP)"]), flush=True)

@@ -27,8 +27,7 @@ import httpx
 import ir_measures
 from ir_measures import RR, R, nDCG
 
-from bench.common import load_beir, machine, served
-from deployments.cli import renamed_flag
+from bench.common import RERANKER_CPUS, load_beir, machine, served
 from relevance.evaluate import partial
 
 MEASURES = [nDCG @ 10, R @ 100, RR @ 10]
@@ -114,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", help="an already running service instead of --index")
     parser.add_argument("--port", type=int, default=8400)
     parser.add_argument("--test-split", default="test", metavar="SPLIT", help="the qrels split measured")
-    renamed_flag(parser, "--split", "--test-split")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--reranker", help="deploy this cross-encoder (or minilm-l6-arch) and add rerank rows")
     parser.add_argument("--rerank-depths", type=int, nargs="+", default=[20, 40, 100])
@@ -127,14 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_queries:
         queries = dict(list(queries.items())[: args.max_queries])
         qrels = {q: qrels[q] for q in queries}
-    extra = ["--no-cache"]
+    extra = ["--router.cache-size", "0"]
     reranker = args.reranker
     if reranker == "minilm-l6-arch":
         from bench.reranker_throughput import build_minilm_arch
 
         reranker = build_minilm_arch(None)
     if reranker:
-        extra += ["--reranker", reranker, "--rerank-timeout-s", "600"]  # measure it, never fall back
+        extra += ["--reranker.model", reranker, "--router.rerank-timeout-s", "600", *RERANKER_CPUS]  # never fall back
     out = args.out or Path(f"bench/out/quality_{args.dataset}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
 

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 "results": [(x["chunk_id"], x["content"]) for x in body.get("results", [])]}
 
     marks: dict[str, float] = {}
-    extra = ["--no-cache", "--shard-num-replicas", "2", "--shard-num-cpus", "0.1"]
+    extra = ["--router.cache-size", "0", "--shards.num-replicas", "2", "--shards.num-cpus", "0.1"]
     with served(root, args.port, extra) as base, ClosedLoop(base, args.clients, search) as load:
         time.sleep(args.after_s)
         print(f"building {b} into the served root under load ...", flush=True)

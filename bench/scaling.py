@@ -1,6 +1,6 @@
 """Throughput against the number of shard and reranker replicas, on the cores this machine has.
 
-For each configuration the service is started afresh (``--no-cache``) and measured with closed-loop
+For each configuration the service is started afresh (``--router.cache-size 0``) and measured with closed-loop
 clients over HTTP (QPS, p50 / p99, server CPU per query), hybrid search with ``limit: 10``:
 
 - ``shards xR``: every shard deployment with R replicas, no reranker;
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from bench.common import load_beir, machine, served, service_bench_parser, write_record
+from bench.common import RERANKER_CPUS, load_beir, machine, served, service_bench_parser, write_record
 from bench.speed import load_level
 
 
@@ -31,19 +31,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     texts = list(load_beir(args.data / args.dataset)[0].values())
-    configs = [(f"shards x{r}", ["--shard-num-replicas", str(r), "--shard-num-cpus", "0.1"], {})
+    configs = [(f"shards x{r}", ["--shards.num-replicas", str(r), "--shards.num-cpus", "0.1"], {})
                for r in args.shard_num_replicas if r > 0]
     if args.reranker_num_replicas:
         from bench.reranker_throughput import ARCH, build_minilm_arch
 
         model = build_minilm_arch(None) if args.reranker == ARCH else args.reranker
         configs += [(f"rerank x{n} (depth {args.rerank_depth})",
-                     ["--reranker", model, "--reranker-num-replicas", str(n), "--rerank-timeout-s", "60",
-                      "--shard-num-cpus", "0.1"],
+                     ["--reranker.model", model, "--reranker.autoscaling.min-replicas", str(n),
+                      "--reranker.autoscaling.max-replicas", str(n), "--router.rerank-timeout-s", "60",
+                      "--shards.num-cpus", "0.1", *RERANKER_CPUS],
                      {"rerank_depth": args.rerank_depth}) for n in args.reranker_num_replicas]
     rows = []
     for name, extra, body in configs:
-        with served(args.index, args.port, ["--no-cache", *extra]) as base:
+        with served(args.index, args.port, ["--router.cache-size", "0", *extra]) as base:
             load_level(base, texts, {"limit": 10} | body, args.concurrency, 5)  # warm-up
             row = load_level(base, texts, {"limit": 10} | body, args.concurrency, args.seconds)
         rows.append({"config": name} | row)

@@ -5,7 +5,7 @@ Phases, one after another (nothing else should run meanwhile):
 
 1. **In-process**: the pipeline as deployed (one shard group, the ONNX query encoder) called directly,
    without Ray or HTTP, one request at a time: CPU ms per hybrid query at ``limit`` 10.
-2. **This service** (``python -m deployments --no-cache`` from ``--code``, default this checkout):
+2. **This service** (``python -m deployments --router.cache-size 0`` from ``--code``, default this checkout):
    warm-up, then nDCG@10 of every test query at ``limit`` 100 (counting partial answers: degraded
    coverage or a warning), then closed-loop load at ``--clients`` for ``limit`` 100 and 10, and at one
    client for ``limit`` 10: QPS, p50 / p99, partial answers, server CPU per answered request (machine
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-args", default="", help="extra arguments for python -m deployments")
     ap.add_argument("--also", action="append", default=[], metavar="NAME=ARGS",
                     help="measure the service again with these extra arguments, in the same run (repeatable), "
-                         "e.g. --also 'int8=--encoder-backend onnx-int8'")
+                         "e.g. --also 'int8=--encoder.backend onnx-int8'")
     ap.add_argument("--also-code", action="append", default=[], metavar="NAME=DIR",
                     help="measure another checkout's service too, in the same run (repeatable): a worktree of "
                          "the commit before a change gives before and after on one machine in one run")
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def measure(serve_args: str, label: str, profile_too: bool, code: Path = code) -> dict:
         cmd = [sys.executable, "-m", "deployments", "--index", str(args.index.resolve()), "--port", str(args.port),
-               "--no-cache", *serve_args.split()]
+               "--router.cache-size", "0", *serve_args.split()]
         env_cwd = os.getcwd()
         os.chdir(code)
         ours: dict = {"serve_args": serve_args, "code_sha": subprocess.run(

@@ -1,6 +1,6 @@
 """Serving as the index grows: the same service, the same queries, a small and a large index in one run.
 
-For each ``--index NAME=ROOT`` in turn, ``python -m deployments --index ROOT --no-cache`` (the default serving
+For each ``--index NAME=ROOT`` in turn, ``python -m deployments --index ROOT --router.cache-size 0`` (the default serving
 command, the cache off so every request is searched) is started and measured:
 
 - seconds from the command to the first healthy answer (every shard opened, verified and warmed);
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     record: dict = {"machine": machine(), "clients": args.clients, "seconds": args.seconds, "runs": []}
     for spec in args.index:
         name, root = spec.split("=", 1)
-        cmd = [sys.executable, "-m", "deployments", "--index", root, "--port", str(args.port), "--no-cache",
+        cmd = [sys.executable, "-m", "deployments", "--index", root, "--port", str(args.port), "--router.cache-size", "0",
                *args.serve_args.split()]
         t = time.perf_counter()
         with service_process(cmd, args.port, startup_s=1200) as base:

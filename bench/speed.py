@@ -1,7 +1,7 @@
 """Speed over HTTP on loopback: QPS, latency percentiles and CPU per query at rising concurrency,
 next to the in-process cost of the same retrieval work without Ray and HTTP.
 
-The service is started here (``python -m deployments --no-cache``: every request does the full work).
+The service is started here (``python -m deployments --router.cache-size 0``: every request does the full work).
 Each concurrency level runs closed-loop clients for ``--seconds`` after a discarded warm-up. CPU per
 query is the machine's busy CPU time over the level (``/proc/stat``), minus this load generator's own
 CPU time, divided by the requests served. The in-process baseline runs the same pipeline
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     # The in-process baseline first, on a quiet machine (a stopping Ray cluster would still use CPU).
     record["in_process"] = in_process(args.index, texts, body, n=min(300, len(texts)))
     print(json.dumps(record["in_process"]), flush=True)
-    with served(args.index, args.port, ["--no-cache"]) as base:
+    with served(args.index, args.port, ["--router.cache-size", "0"]) as base:
         with httpx.Client(timeout=60) as http:
             for i in range(args.warmup):
                 http.post(f"{base}/search", json={"query": texts[-(i + 1)]} | body)

@@ -71,71 +71,71 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    from deployments.cli import FAILURE, USAGE_ERROR, renamed_flag
+def parser() -> tuple[argparse.ArgumentParser, list[str]]:
+    """The command's flags: one per field of ``AppConfig`` (its paths returned), and the few that only run the
+    process."""
+    from deployments.cli import add_model_arguments
+    from deployments.config import AppConfig
 
-    parser = argparse.ArgumentParser(
+    ap = argparse.ArgumentParser(
         prog="python -m deployments",
-        description="Serve an index built by index_build over HTTP (POST /search, GET /health, /docs) "
-                    "as one Ray Serve application, in the foreground until interrupted.",
+        usage="%(prog)s [--config FILE.yaml] [--index ROOT] [--port PORT] [--SECTION.OPTION VALUE ...]",
+        description="Serve an index built by index_build over HTTP (POST /search, GET /health, /docs) as one Ray\n"
+                    "Serve application, in the foreground until interrupted. Every option of the app's config\n"
+                    "(deployments/config.py; serve_config.yaml's args) is a flag named by its place in the config:\n"
+                    "shards: {num_replicas: 2} is --shards.num-replicas 2. Flags override --config's file.",
+        epilog="examples:\n"
+               "  python -m deployments --index indexes/demo --port 8000 --synthesis.enabled\n"
+               "  python -m deployments --config serve_config.yaml --router.cache-size 0",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--index", type=Path, required=True, metavar="ROOT",
-                        help="index root written by index_build (its ACTIVE version is served) or a version folder")
-    parser.add_argument("--version", help="serve this version instead of the active one")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: %(default)s)")
-    parser.add_argument("--shard-num-replicas", type=int, default=1, metavar="N",
-                        help="replicas of each shard group; more than 1 puts the shards in their own deployments "
-                             "(default: %(default)s)")
-    renamed_flag(parser, "--shard-replicas", "--shard-num-replicas")
-    parser.add_argument("--shard-num-cpus", type=float, default=0.25, metavar="CPUS",
-                        help="logical CPUs Ray reserves per shard replica (lower it to fit more replicas; "
-                             "default: %(default)s)")
-    parser.add_argument("--shard-group-size", type=int, default=0, metavar="N",
-                        help="shards one shard replica serves in one process; 0 (the default): all of them, one "
-                             "call per request")
-    parser.add_argument("--shard-placement", choices=["auto", "router", "deployment"], default="auto",
-                        help="search the shards inside the router (auto with one shard replica: one process per "
-                             "request) or in shard deployments the router calls (auto with --shard-num-replicas > 1)")
-    parser.add_argument("--encoder-placement", choices=["auto", "router", "deployment"], default="auto",
-                        help="embed queries inside the router (auto on CPU) or in a query-encoder deployment")
-    parser.add_argument("--encoder-backend", choices=["onnx", "onnx-int8", "torch"], default="onnx",
-                        help="how queries are embedded on CPU: ONNX Runtime (the default), its int8 variant (about "
-                             "a third of the CPU, an approximation: see bench/README.md), or torch")
-    parser.add_argument("--encoder-router-threads", type=int, default=2, metavar="N",
-                        help="queries a router replica embeds at once, one core each (default: %(default)s)")
-    parser.add_argument("--no-verify", action="store_true", help="skip checking shard files against their checksums")
-    parser.add_argument("--no-cache", action="store_true", help="answer every request afresh (for load tests)")
-    parser.add_argument("--reranker", metavar="MODEL",
-                        help="deploy a cross-encoder reranker (hub name or folder); requests are then reranked "
-                             "unless they say rerank: false")
-    parser.add_argument("--synthesis", action="store_true",
-                        help="deploy the answer writer (extractive: the results' best sentences, each cited, "
-                        "unless --synthesis-model names an instruct model); "
-                             "requests ask for an answer with synthesize: true")
-    parser.add_argument("--synthesis-model", default=None, metavar="MODEL",
-                        help="instruct model for --synthesis: smollm2 (SmolLM2-135M, shipped) or a hub name or folder")
-    parser.add_argument("--llm-rerank", action="store_true", help="with --synthesis: allow rerank_with: llm")
-    parser.add_argument("--rerank-timeout-s", type=float, default=5.0, metavar="SECONDS",
-                        help="past this the fused order is returned (reranked: false); a MiniLM-L6 cross-encoder "
-                             "takes about 5 s for 40 candidates on 2 CPU cores (default: %(default)s)")
-    parser.add_argument("--reranker-num-replicas", type=int, metavar="N",
-                        help="with --reranker: exactly N replicas (default: autoscaled between 1 and 2)")
-    renamed_flag(parser, "--reranker-replicas", "--reranker-num-replicas")
-    parser.add_argument("--via-proxy", action="store_true",
-                        help="answer --port through Serve's HTTP proxy (one more hop per request) instead of the "
-                             "router replica's own HTTP server")
-    parser.add_argument("--max-inflight", type=int, default=64, metavar="N",
-                        help="requests the router works on at once; more are answered 503 with Retry-After "
-                             "(default: %(default)s)")
-    parser.add_argument("--metrics-port", type=int, default=8080, metavar="PORT",
-                        help="where Ray's metrics agent serves Prometheus metrics, /metrics; 0: a free port (default: "
-                             "%(default)s; names in README, 'Metrics')")
-    parser.add_argument("--otlp-endpoint", metavar="URL",
-                        help="send OpenTelemetry traces of searches here (OTLP over HTTP, e.g. "
-                             "http://127.0.0.1:4318/v1/traces); default: tracing off")
-    parser.add_argument("--example", metavar="QUERY", help="once serving, send this query and print the answer")
-    args = parser.parse_args(argv)
+    run = ap.add_argument_group("running the process (not part of the app's config)")
+    run.add_argument("--config", type=Path, metavar="FILE.yaml",
+                     help="the app's config: a YAML mapping of its options, or a Serve config file whose one "
+                          "application of this app gives its args (serve_config.yaml)")
+    run.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    run.add_argument("--port", type=int, default=8000, help="HTTP port (default: %(default)s)")
+    run.add_argument("--via-proxy", action="store_true",
+                     help="answer --port through Serve's HTTP proxy (one more hop per request) instead of the "
+                          "router replica's own HTTP server")
+    run.add_argument("--metrics-port", type=int, default=8080, metavar="PORT",
+                     help="where Ray's metrics agent serves Prometheus metrics, /metrics; 0: a free port (default: "
+                          "%(default)s; names in README, 'Metrics')")
+    run.add_argument("--example", metavar="QUERY", help="once serving, send this query and print the answer")
+    return ap, add_model_arguments(ap, AppConfig, metavars={"index": "ROOT"})
+
+
+def parse_args(argv: list[str] | None = None):
+    """The app's config (``--config``'s file, then the flags given over it) and the process's flags; exits with
+    2 on a bad flag, file or value."""
+    import yaml
+
+    from deployments.cli import USAGE_ERROR, model_from_args
+    from deployments.config import AppConfig, app_args_from_yaml
+
+    ap, paths = parser()
+    args = ap.parse_args(argv)
+    try:
+        values = app_args_from_yaml(args.config) if args.config else {}
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        ap.exit(USAGE_ERROR, f"{ap.prog}: error: --config: {e}\n")
+    return model_from_args(ap, AppConfig, paths, args, values), args
+
+
+def absolute_indexes(cfg):
+    """The config with its index paths absolute, resolved against this process's directory, where they were
+    given: the app is built and served by other processes."""
+    if cfg.index is not None:
+        return cfg.model_copy(update={"index": cfg.index.resolve()})
+    return cfg.model_copy(update={"collections": {name: c.model_copy(update={"index": c.index.resolve()})
+                                                  for name, c in cfg.collections.items()}})
+
+
+def main(argv: list[str] | None = None) -> int:
+    from deployments.cli import FAILURE, USAGE_ERROR
+
+    cfg, args = parse_args(argv)
+    cfg = absolute_indexes(cfg)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -162,44 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import serve
 
-    from deployments.config import (
-        AppConfig,
-        Autoscaling,
-        CollectionConfig,
-        EncoderConfig,
-        RerankerConfig,
-        RouterConfig,
-        SecurityConfig,
-        ShardsConfig,
-        SynthesisConfig,
-    )
     from deployments.serve.app import build_app, logical_cpus_needed
     from index_format.manifest import IndexMismatch
 
-    try:
-        cfg = AppConfig(collections={"default": CollectionConfig(index=args.index.resolve(), version=args.version)},
-                        shards=ShardsConfig(num_replicas=args.shard_num_replicas, num_cpus=args.shard_num_cpus,
-                                            group_size=args.shard_group_size, placement=args.shard_placement,
-                                            verify_checksums=not args.no_verify),
-                        encoder=EncoderConfig(placement=args.encoder_placement, backend=args.encoder_backend,
-                                              router_threads=args.encoder_router_threads),
-                        otlp_endpoint=args.otlp_endpoint,
-                        security=SecurityConfig(max_inflight=args.max_inflight),
-                        router=RouterConfig(cache_size=0 if args.no_cache else 1024,
-                                            rerank_timeout_s=args.rerank_timeout_s),
-                        # Logical CPUs: small reservations so everything fits on a 2-core machine; torch threads
-                        # are set separately.
-                        reranker=RerankerConfig(
-                            model=args.reranker, num_cpus=0.25, threads=os.cpu_count(),
-                            **({"autoscaling": Autoscaling(min_replicas=args.reranker_num_replicas,
-                                                           max_replicas=args.reranker_num_replicas)}
-                               if args.reranker_num_replicas else {})),
-                        synthesis=SynthesisConfig(enabled=args.synthesis, model=args.synthesis_model,
-                                                  llm_rerank=args.llm_rerank, num_cpus=0.25,
-                                                  threads=os.cpu_count()))
-    except ValueError as e:  # options that do not make a valid configuration
-        print(f"error: {e}", file=sys.stderr)
-        return USAGE_ERROR
     try:
         build_app(cfg)  # every check that can fail, before Ray starts
     except (IndexMismatch, ValueError) as e:
@@ -215,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         need = logical_cpus_needed(cfg)
         if need > (os.cpu_count() or 1) + 1e-9:
             print(f"error: these settings reserve {need:g} Ray CPUs to start, and this machine has {os.cpu_count()}: "
-                  "lower --shard-num-cpus, --shard-num-replicas or --reranker-num-replicas",
+                  "lower what a component reserves (--shards.num-cpus, --shards.num-replicas, --reranker.num-cpus, "
+                  "--reranker.autoscaling.min-replicas, --synthesis.num-cpus)",
                   file=sys.stderr)
             return USAGE_ERROR
         if args.metrics_port == 0:
@@ -284,7 +250,8 @@ def _serve(args, cfg, proxy_port: int, ray, serve) -> int:
     if not args.via_proxy and not answers(f"{base}/health"):
         print(f"error: nothing answers on {base} (is port {args.port} taken?); or use --via-proxy", file=sys.stderr)
         return 1
-    print(f"serving {args.index} at {base}  (docs: {base}/docs, console: {base}/console, health: {base}/health); "
+    indexes = ", ".join(str(c.index) for c in cfg.resolved_collections().values())
+    print(f"serving {indexes} at {base}  (docs: {base}/docs, console: {base}/console, health: {base}/health); "
           "Ctrl-C to stop")
     if os.environ.get("RAY_ADDRESS"):
         print("  metrics (Prometheus): /metrics on each node's Ray metrics agent (ray start --metrics-export-port)")
@@ -295,7 +262,7 @@ def _serve(args, cfg, proxy_port: int, ray, serve) -> int:
     print(f"  curl -s {base}/search -H 'content-type: application/json' -d '{{\"query\": \"how to parse arguments\", \"limit\": 3}}'",
           flush=True)
     if args.example:
-        show_example(base, args.example, synthesize=args.synthesis)
+        show_example(base, args.example, synthesize=cfg.synthesis.enabled)
     while not STOPPING.wait(0.5):
         pass
     return 0

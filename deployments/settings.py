@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from deployments.config import RouterSettings
+from deployments.config import BUILDER, RouterSettings
 
 ROUTER = "router"  # the router deployment's name (app.build_app)
 
@@ -49,7 +49,7 @@ def deploy_app(args: dict[str, Any], name: str = "raysearch", route_prefix: str 
 
     client = _client()
     apps = _declared_apps(client)
-    apps[name] = {"name": name, "route_prefix": route_prefix, "import_path": "deployments.serve.app:build_app",
+    apps[name] = {"name": name, "route_prefix": route_prefix, "import_path": BUILDER,
                   "args": args, **({"runtime_env": {"env_vars": env_vars}} if env_vars else {})}
     client.deploy_apps(ServeDeploySchema(applications=list(apps.values())))
     deadline = time.monotonic() + timeout_s

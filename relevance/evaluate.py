@@ -22,7 +22,6 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
-from deployments.cli import renamed_flag
 from deployments.client import SearchClient, SearchServiceError
 from deployments.edge.schemas import SearchRequest, SearchResponse
 from index_format.process import configure_process
@@ -84,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, help="a BEIR folder (queries.jsonl, qrels/SPLIT.tsv)")
     ap.add_argument("--test-split", default="test", metavar="SPLIT",
                     help="with --data: the qrels split measured (default: %(default)s)")
-    renamed_flag(ap, "--split", "--test-split")
     ap.add_argument("--queries", type=Path, help="queries.jsonl (instead of --data)")
     ap.add_argument("--qrels", type=Path, help="qrels TSV (instead of --data)")
     ap.add_argument("--collection", help="search this collection (default: the service's default)")

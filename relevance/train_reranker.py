@@ -1,8 +1,8 @@
-"""Fine-tune a cross-encoder reranker on relevance judgments; write a folder ``--reranker DIR`` serves as it is.
+"""Fine-tune a cross-encoder reranker on relevance judgments; write a folder ``--reranker.model DIR`` serves as it is.
 
     python -m relevance.train_reranker --data ../shared/data/scifact --train-split train \\
         --index bench/out/indexes/scifact-3 --out models/reranker-scifact
-    python -m deployments --index bench/out/indexes/scifact-3 --reranker models/reranker-scifact
+    python -m deployments --index bench/out/indexes/scifact-3 --reranker.model models/reranker-scifact
 
 The same judgments, held-out split and hard negatives as ``relevance.train_encoder`` (see there). The
 model (``--base``: the shipped MiniLM's weights with a new one-logit head, or any model named) reads each

@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployments.cli import renamed_flag
 from deployments.judgments import JudgmentStore
 from relevance.qrels import read_qrels
 
@@ -192,11 +191,9 @@ def build_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
                         help="an index root whose judgments/ POST /feedback wrote")
     ap.add_argument("--train-split", default="train", metavar="SPLIT",
                     help="the qrels split trained on, with --data (default: %(default)s)")
-    renamed_flag(ap, "--split", "--train-split")
     ap.add_argument("--test-split", default="test", metavar="SPLIT",
                     help="the qrels split never trained on, with --data; its queries are dropped from training "
                          "(default: %(default)s)")
-    renamed_flag(ap, "--held-out", "--test-split")
     ap.add_argument("--held-out-share", type=float, default=None, metavar="SHARE",
                     help="with --data whose only split is --train-split: hold out this share of its queries (by a "
                          "stable hash of the query id) instead of another split; their ids go into training.json")

@@ -34,7 +34,6 @@ import httpx
 import yaml
 from tqdm import tqdm
 
-from deployments.cli import renamed_flag
 from deployments.client import SearchClient, SearchServiceError
 from deployments.edge.schemas import SearchRequest
 from index_format.process import configure_process
@@ -155,7 +154,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--test-split", default="test", metavar="SPLIT", help="with --data: the held-out split (default: %(default)s)")
     ap.add_argument("--held-out-share", type=float, default=0.3, metavar="SHARE",
                     help="share of the queries held out when there is no train split (default: %(default)s)")
-    renamed_flag(ap, "--held-out", "--held-out-share")
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="the running service")
     ap.add_argument("--collection", help="the collection to tune (default: the service's default)")
     ap.add_argument("--api-key", help="sent as a bearer token when the service has keys on")

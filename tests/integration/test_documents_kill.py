@@ -30,7 +30,7 @@ ROOT = Path(__file__).parents[2]
 class Service:
     def __init__(self, index: Path):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "deployments", "--index", str(index), "--port", str(PORT), "--no-cache",
+            [sys.executable, "-m", "deployments", "--index", str(index), "--port", str(PORT), "--router.cache-size", "0",
              "--metrics-port", str(PORT + 1)], cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.wait_healthy(240)

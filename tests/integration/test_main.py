@@ -28,8 +28,8 @@ class Running:
     def __init__(self, version_dir: Path):
         root = Path(__file__).parents[2]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "deployments", "--index", str(version_dir), "--port", str(PORT), "--no-cache",
-             "--max-inflight", "2", "--metrics-port", str(METRICS_PORT),
+            [sys.executable, "-m", "deployments", "--index", str(version_dir), "--port", str(PORT), "--router.cache-size", "0",
+             "--security.max-inflight", "2", "--metrics-port", str(METRICS_PORT),
              "--otlp-endpoint", f"http://127.0.0.1:{COLLECTOR_PORT}/v1/traces"], cwd=root, env=os.environ | {"PYTHONPATH": str(root)},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines: list[str] = []
@@ -141,8 +141,8 @@ def test_the_router_answers_on_the_port_itself(service):
 
 
 def test_the_excess_is_refused_before_serve_handles_it(service):
-    """Past --max-inflight a search is refused (503 + Retry-After) by the layer ahead of Serve's request handling
-    (deployments.edge.shedding): Serve's own layer, which tags every response it handles with an
+    """Past --security.max-inflight a search is refused (503 + Retry-After) by the layer ahead of Serve's request
+    handling (deployments.edge.shedding): Serve's own layer, which tags every response it handles with an
     x-request-id, never saw the refused requests."""
     import asyncio
 

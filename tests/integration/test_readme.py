@@ -66,7 +66,7 @@ def demo_served(ray_local, tmp_path_factory):
     summary = build_index(BuildConfig(corpus=corpus, out=tmp_path_factory.mktemp("demo-index"), shards=2,
                                       encoder="hashing:64", progress=False))
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    # As `make demo` serves it (`--synthesis`, no model named): the extractive engine writes the answers.
+    # As `make demo` serves it (`--synthesis.enabled`, no model named): the extractive engine writes the answers.
     # Its index root (not the version folder), so the documents example can write to it.
     deploy_app({"index": str(summary.version_dir.parents[1]), "synthesis": {"enabled": True, "num_cpus": 0.1}}, "readme")
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:

@@ -117,7 +117,7 @@ def test_train_reranker_writes_a_cross_encoder_the_reranker_serves(beir, index, 
                                 "--batch-size", "8", "--no-progress", "--max-length", "64", "--lr", "1e-4"]) == 0
     record = json.loads((out / "training.json").read_text())
     assert record["kind"] == "reranker" and record["examples"] == 22 and record["data"]["held_out"] == "qrels/test.tsv"
-    scorer = CrossEncoderScorer(str(out), device="cpu", max_length=64)  # what --reranker DIR loads
+    scorer = CrossEncoderScorer(str(out), device="cpu", max_length=64)  # what --reranker.model DIR loads
     scores = scorer.score([("telescope galaxy", "a telescope sees a far galaxy"), ("telescope galaxy", "bread")]).tolist()
     assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores) and scores[0] != scores[1]
 

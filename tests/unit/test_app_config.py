@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from deployments.config import AppConfig, CollectionConfig, RerankerConfig, RouterSettings
+from deployments.config import AppConfig, CollectionConfig, RerankerConfig, RouterSettings, app_args_from_yaml
 from deployments.edge.schemas import SearchRequest
 
 
@@ -71,12 +71,31 @@ def test_request_defaults():
 def test_serve_config_yaml_is_a_valid_app_config():
     from pathlib import Path
 
-    import yaml
-
-    spec = yaml.safe_load((Path(__file__).parents[2] / "serve_config.yaml").read_text())
-    cfg = AppConfig.model_validate(spec["applications"][0]["args"])
+    cfg = AppConfig.model_validate(app_args_from_yaml(Path(__file__).parents[2] / "serve_config.yaml"))
     assert cfg.synthesis.enabled and cfg.reranker.model is None  # the demo: answers on, no reranker to deploy
     assert cfg.reranker.autoscaling.max_replicas >= cfg.reranker.autoscaling.min_replicas
+
+
+def test_a_yaml_file_of_args_alone_is_read_as_it_is_and_a_serve_config_must_hold_this_app_once(tmp_path):
+    args = tmp_path / "args.yaml"
+    args.write_text("index: a\nshards: {num_replicas: 2}\n")
+    assert app_args_from_yaml(args) == {"index": "a", "shards": {"num_replicas": 2}}
+    other = tmp_path / "other.yaml"
+    other.write_text("applications: [{name: x, import_path: elsewhere:app, args: {index: a}}]\n")
+    with pytest.raises(ValueError, match="0 applications of deployments.serve.app:build_app"):
+        app_args_from_yaml(other)
+    overrides = tmp_path / "overrides.yaml"
+    overrides.write_text("applications: [{import_path: 'deployments.serve.app:build_app', args: {index: a},\n"
+                         "                deployments: [{name: router, user_config: {rrf_k: 10}}]}]\n")
+    with pytest.raises(ValueError, match="per-deployment overrides"):
+        app_args_from_yaml(overrides)
+
+
+def test_the_index_shorthand_takes_a_version():
+    assert AppConfig(index="a", version="v1").resolved_collections()["default"].version == "v1"
+    assert AppConfig(index="a").resolved_collections()["default"].version is None
+    with pytest.raises(ValidationError, match="'version' goes with 'index'"):
+        AppConfig(collections={"x": {"index": "b"}}, default_collection="x", version="v1")
 
 
 def test_stages_of_a_request_default_off():
@@ -131,20 +150,6 @@ def test_encoder_placement_auto_embeds_in_the_router_unless_on_a_gpu(tmp_path):
     assert AppConfig(index=tmp_path).encoder.in_router
     assert not AppConfig(index=tmp_path, encoder={"num_gpus": 1}).encoder.in_router
     assert not AppConfig(index=tmp_path, encoder={"placement": "deployment"}).encoder.in_router
-
-
-def test_the_flat_keys_of_before_still_load_with_a_note_naming_their_new_place(tmp_path):
-    flat = {"index": str(tmp_path), "shard_num_replicas": 2, "shard_placement": "deployment", "lucene_heap": "1g",
-            "verify_checksums": False, "encoder_backend": "torch", "router_num_replicas": 3,
-            "router_max_queued_requests": 10, "router": {"fusion": "rrf"}}
-    with pytest.warns(FutureWarning, match=r"'shard_num_replicas' is now shards: \{num_replicas: \.\.\.\}"):
-        cfg = AppConfig.model_validate(flat)
-    assert cfg == AppConfig(index=tmp_path, shards={"num_replicas": 2, "placement": "deployment", "lucene_heap": "1g",
-                                                    "verify_checksums": False},
-                            encoder={"backend": "torch"},
-                            router={"num_replicas": 3, "max_queued_requests": 10, "fusion": "rrf"})
-    with pytest.raises(ValidationError, match="give 'shards.num_replicas' only"):
-        AppConfig.model_validate({"index": "a", "shard_num_replicas": 2, "shards": {"num_replicas": 2}})
 
 
 def test_only_the_routers_request_settings_reach_its_user_config():

@@ -1,6 +1,6 @@
 """One vocabulary (README.md, "One vocabulary"): the same thing has the same name in every command and config,
-renamed flags and keys still work under their old names, help says each default once, errors go to stderr
-and usage errors exit with 2."""
+under one spelling (no old names taken), help says each default once, errors go to stderr and usage errors exit
+with 2."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
-from deployments.config import AppConfig, SynthesisConfig
 
 COMMANDS = ["index_build", "index_build.versions", "deployments", "relevance.tune", "relevance.evaluate",
             "relevance.train_encoder", "relevance.train_reranker"]
@@ -55,37 +53,13 @@ def test_the_same_things_have_the_same_flags(helps):
     for module in ("relevance.tune", "relevance.train_encoder", "relevance.train_reranker"):
         assert "--train-split" in helps[module], module
     assert "--test-split" in helps["relevance.evaluate"]
-    assert "--shard-num-replicas" in helps["deployments"] and "--reranker-num-replicas" in helps["deployments"]
+    assert "--shards.num-replicas" in helps["deployments"] and "--synthesis.num-replicas" in helps["deployments"]
     for module in ("deployments", "relevance.train_encoder", "relevance.train_reranker"):
         assert "--index ROOT" in helps[module], module
     assert "--out ROOT" in helps["index_build"]
-    for module, text in helps.items():  # the old names work but are not shown
+    for module, text in helps.items():  # the old names are gone
         for old in ("--shard-replicas", "--reranker-replicas", "--held-out ", "--split "):
             assert old not in text, (module, old)
-
-
-def test_renamed_flags_are_still_taken():
-    from relevance.training import build_parser
-    from relevance.tune import parser as tune_parser
-
-    args = build_parser("train", None).parse_args(["--data", "d", "--index", "i", "--out", "o",
-                                                   "--split", "dev", "--held-out", "test2"])
-    assert (args.train_split, args.test_split) == ("dev", "test2")
-    args = build_parser("train", None).parse_args(["--data", "d", "--index", "i", "--out", "o"])
-    assert (args.train_split, args.test_split, args.held_out_share) == ("train", "test", None)
-    args = tune_parser().parse_args(["--data", "d", "--held-out", "0.4"])
-    assert args.held_out_share == 0.4
-    assert tune_parser().parse_args(["--data", "d"]).held_out_share == 0.3
-
-
-def test_renamed_config_keys_are_still_taken(tmp_path):
-    with pytest.warns(FutureWarning, match=r"'shard_replicas' is now shards: \{num_replicas: \.\.\.\}"):
-        cfg = AppConfig(index=tmp_path, shard_replicas=2, router_replicas=3, encoder_replicas=4)
-    assert (cfg.shards.num_replicas, cfg.router.num_replicas, cfg.encoder.num_replicas) == (2, 3, 4)
-    with pytest.warns(FutureWarning):
-        assert SynthesisConfig(replicas=2).num_replicas == 2
-    with pytest.raises(ValueError, match="give 'shards.num_replicas' only"):
-        AppConfig(index=tmp_path, shard_replicas=2, shard_num_replicas=2)
 
 
 def test_usage_errors_exit_2_and_failures_1_on_stderr(tmp_path):
@@ -95,5 +69,5 @@ def test_usage_errors_exit_2_and_failures_1_on_stderr(tmp_path):
                             capture_output=True, text=True)
     assert failed.returncode == 1 and failed.stderr.startswith("error:") and not failed.stdout
     bad_value = subprocess.run([sys.executable, "-m", "deployments", "--index", str(tmp_path),
-                                "--shard-num-replicas", "0"], capture_output=True, text=True, timeout=120)
+                                "--shards.num-replicas", "0"], capture_output=True, text=True, timeout=120)
     assert bad_value.returncode == 2 and "error:" in bad_value.stderr and not bad_value.stdout

@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+from index_format.process import configure_process
+
 DRAIN_BOUND_S = 45  # a stop waits this long at most for replicas to finish (Serve gives each 20 s)
 APP = "raysearch"  # the Serve application's name, as deployments.settings and relevance.tune --apply name it
 
@@ -137,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg, args = parse_args(argv)
     cfg = absolute_indexes(cfg)
 
+    configure_process()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("OPENAI_API_KEY", "unused")
     # Serve's throughput mode (user code on the replica's own loop, buffered request logs, handle calls over
     # gRPC): read by every Ray process at start, so it is set before Ray starts (export 0 to turn it off).

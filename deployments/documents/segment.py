@@ -1,6 +1,6 @@
 """The fresh segment: documents written through the API since the served version, searchable at once.
 
-A collection's writes land in its change log (``deployments.documents.log``); each router replica reads the log
+A collection's writes land in its change log (``index_format.change_log``); each router replica reads the log
 and keeps what it holds here, in memory: every live document chunked as the build chunks it
 (``index_format.chunking``, with the version's chunk size, overlap and title rule), its chunks embedded by the
 collection's query encoder (the build's model), and their terms analyzed by Lucene's own analyzer. The pipeline
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from deployments.documents.log import Change
 from deployments.shard.filters import FilterError, MetadataTable
 from deployments.shard.service import ShardAnswer
+from index_format.change_log import Change
 from index_format.chunking import chunk_document
 from index_format.records import Document, written_document
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from demo.corpus import iter_demo_documents
 from deployments.config import RouterSettings
 from deployments.edge.schemas import SearchRequest
 from index_build.build import build_index
 from index_build.config import BuildConfig
-from index_build.demo_corpus import iter_demo_documents
 from tests.conftest import write_jsonl
 
 ROOT = Path(__file__).parents[2]

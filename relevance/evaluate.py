@@ -23,7 +23,7 @@ import httpx
 from tqdm import tqdm
 
 from deployments.cli import renamed_flag
-from deployments.client import SearchClient, SearchServiceError
+from deployments.edge.client import SearchClient, SearchServiceError
 from deployments.edge.schemas import SearchRequest, SearchResponse
 from relevance.metrics import evaluate
 from relevance.qrels import read_qrels

@@ -35,7 +35,7 @@ import yaml
 from tqdm import tqdm
 
 from deployments.cli import renamed_flag
-from deployments.client import SearchClient, SearchServiceError
+from deployments.edge.client import SearchClient, SearchServiceError
 from deployments.edge.schemas import SearchRequest
 from relevance.evaluate import partial, read_queries
 from relevance.metrics import ndcg_at

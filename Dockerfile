@@ -20,6 +20,7 @@ COPY deployments deployments
 COPY index_format index_format
 COPY index_build index_build
 COPY relevance relevance
+COPY demo demo
 COPY serve_config.yaml ./
 RUN make setup PYTHON=python3.11 \
     && if [ "$VARIANT" = gpu ]; then \

@@ -33,7 +33,7 @@ setup: $(STAMP)
 DEMO_PORT ?= 8000
 
 demo: setup
-	$(PY) -m index_build.demo --no-search
+	$(PY) -m demo --no-search
 	$(PY) -m deployments --index indexes/demo --port $(DEMO_PORT) --synthesis.enabled --example "how do I parse command line arguments"
 
 # Debian's Chromium for the console's browser test (tests/integration/test_console.py). Installed only

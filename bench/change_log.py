@@ -49,7 +49,8 @@ def read_s(make_reader, repeats: int) -> tuple[float, int]:
 
 
 def old_log_module(commit: str, work: Path):
-    """The change log of ``commit`` (one file, read from its start), loaded as a module of its own."""
+    """The change log of ``commit`` (one file, read from its start), loaded as a module of its own (from where the
+    log lived then: deployments/documents/log.py, before it moved to index_format/change_log.py)."""
     source = subprocess.run(["git", "show", f"{commit}:deployments/documents/log.py"], check=True,
                             capture_output=True, text=True).stdout
     path = work / "log_before.py"
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
 
-    from deployments.documents.log import ChangeLog, segments
+    from index_format.change_log import ChangeLog, segments
 
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)

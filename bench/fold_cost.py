@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-check", action="store_true", help="Skip the full build of the changed corpus.")
     args = p.parse_args(argv)
 
-    from deployments.documents.log import CHANGES_DIR, ChangeLog
+    from index_format.change_log import CHANGES_DIR, ChangeLog
 
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)

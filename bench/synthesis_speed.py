@@ -53,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from deployments.synthesis.core import Source, Synthesizer, cut_text
+    from deployments.synthesis.core import Synthesizer
     from deployments.synthesis.prompts import build_messages
+    from deployments.synthesis.sources import Source, cut_text
     from deployments.synthesis.transformers_engine import TransformersEngine
 
     model = random_model(args.random_weights_from) if args.random_weights_from else args.model

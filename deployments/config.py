@@ -6,13 +6,42 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from deployments.edge.schemas import AnnParams, Fusion
+
+# Two choices the config sets and a request may override: the API's schemas (``deployments.edge.schemas``) take
+# them from here, since the HTTP edge reads the config and never the other way round.
+class Fusion(StrEnum):
+    """How a hybrid search fuses its two legs (``deployments.search.fusion``): RRF, or weighted over min-max
+    normalized scores."""
+
+    rrf = "rrf"
+    weighted = "weighted"
+
+
+class AnnParams(BaseModel):
+    """Search-time options of the approximate dense index; unset ones keep the collection's (then the index's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ef_search: int | None = Field(
+        None, ge=1, le=4096, description="HNSW candidates explored per shard (never fewer than the candidates asked "
+        "for); higher finds more of the exact top-k at more CPU.")
+    nprobe: int | None = Field(
+        None, ge=1, le=65536, description="IVF lists scanned per shard (at most the shard's lists).")
+    exact: bool = Field(False, description="Scan every stored vector instead of the index: the exact answer, at a "
+                        "flat scan's CPU (to check what an approximate index misses).")
+
+    def merged_over(self, base: AnnParams | None) -> dict:
+        """These options over ``base``'s, as the plain dict a shard takes (None when nothing is set)."""
+        out = {k: v for k, v in (base.model_dump() if base else {}).items() if v}
+        out.update({k: v for k, v in self.model_dump().items() if v})
+        return out
 
 
 class RouterSettings(BaseModel):

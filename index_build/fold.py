@@ -1,7 +1,7 @@
 """Folding the documents written through the API (the change log) into a new version, at the cost of the change.
 
 A version is immutable; writes since it live in the serving replicas' fresh segments, read from the change log
-(``deployments.documents.log``). A fold makes the next version hold them, so the segments can let go of them:
+(``index_format.change_log``). A fold makes the next version hold them, so the segments can let go of them:
 
 1. ``prepare_fold`` reads the log past the base version's ``log_seq``, keeps each document's last
    write (an upsert, or a delete), chunks the upserted documents exactly as the build does, embeds them with
@@ -48,6 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from index_format.change_log import CHANGES_DIR, ChangeLog
 from index_format.chunking import Chunking
 from index_format.manifest import (
     CHUNKS_FILE,
@@ -130,8 +131,6 @@ class FoldSummary:
 def _log_changes(root: Path, after: int, through: int | None) -> tuple[dict[str, tuple[int, dict]], set[str], int]:
     """Each document's last write past ``after`` (through ``through``): (upserts: id -> (seq, record), deletes,
     the last seq read)."""
-    from deployments.documents.log import CHANGES_DIR, ChangeLog
-
     upserts: dict[str, tuple[int, dict]] = {}
     deletes: set[str] = set()
     last = after
@@ -445,13 +444,11 @@ def fold(root: Path, through: int | None = None, base: str | None = None, do_act
     """Fold the change log of the index root ``root`` (its writes past the base version's ``log_seq``, through
     ``through`` when given) into a new version on top of ``base`` (default: the active one), publish it and
     activate it. One build or fold at a time per root."""
-    from deployments.documents.log import CHANGES_DIR, ChangeLog
-
     root = Path(root)
     with build_lock(root):
         summary = _fold(root, through, base, do_activate, version, dead_fraction)
         # The log's closed segments keep each document's last write only: every version, folded or not, replays
-        # the same documents from it (deployments.documents.log), and the log stops growing with rewrites.
+        # the same documents from it (index_format.change_log), and the log stops growing with rewrites.
         summary.change_log = dict(ChangeLog(root / CHANGES_DIR).compact().__dict__)
         return summary
 

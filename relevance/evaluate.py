@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
-from deployments.client import SearchClient, SearchServiceError
+from deployments.edge.client import SearchClient, SearchServiceError
 from deployments.edge.schemas import SearchRequest, SearchResponse
 from index_format.process import configure_process
 from relevance.metrics import evaluate

@@ -34,7 +34,7 @@ import httpx
 import yaml
 from tqdm import tqdm
 
-from deployments.client import SearchClient, SearchServiceError
+from deployments.edge.client import SearchClient, SearchServiceError
 from deployments.edge.schemas import SearchRequest
 from index_format.process import configure_process
 from relevance.evaluate import partial, read_queries

@@ -1,6 +1,6 @@
 """The fresh segment: documents written through the API since the served version, searchable at once.
 
-A collection's writes land in its change log (``deployments.documents.log``); each router replica reads the log
+A collection's writes land in its change log (``index_format.change_log``); each router replica reads the log
 and keeps what it holds here, in memory: every live document chunked as the build chunks it
 (``index_format.chunking``, with the version's chunk size, overlap and title rule), its chunks embedded by the
 collection's query encoder (the build's model), and their terms analyzed by Lucene's own analyzer. The pipeline
@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from deployments.documents.log import Change
 from deployments.shard.filters import FilterError, MetadataTable
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.topk import top_k
 from index_format.bm25_stats import length_norm, lucene_idf, term_score
+from index_format.change_log import Change
 from index_format.chunking import Chunking, chunk_document
 from index_format.records import Document, written_document
 

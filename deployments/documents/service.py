@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from deployments.documents.log import CHANGES_DIR, Change, ChangeLog
 from deployments.documents.segment import FreshSegment
 from deployments.search.clients import EncoderClient
+from index_format.change_log import CHANGES_DIR, Change, ChangeLog
 
-__all__ = ["CHANGES_DIR", "POLL_S", "CollectionDocuments", "new_segment", "open_documents"]
+__all__ = ["POLL_S", "CollectionDocuments", "new_segment", "open_documents"]
 
 POLL_S = 0.2  # how often a replica reads the log for other replicas' writes
 GROUP_MAX = 64  # writes stored and embedded together at most (group commit)

@@ -1,8 +1,10 @@
 """The one table from the service's error kinds to HTTP, and the one error body every refusal is answered with.
 
-The cores raise kinds (``deployments.errors``); nothing below the edge names a status code. A kind missing
-here is answered as its nearest listed base class (``status_of`` walks the class's MRO), so a new kind never
-becomes a 500 by accident.
+The cores raise kinds (``deployments.errors``); nothing below the edge names a status code. The change log lives in
+the index format (``index_format.change_log``, read and written by the job too), which never imports the service: it
+raises kinds of its own, answered by this table beside the service's (``ERROR_ROOTS``). A kind missing here is
+answered as its nearest listed base class (``status_of`` walks the class's MRO), so a new kind never becomes a 500
+by accident.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from deployments.errors import (
     StorageFull,
     Unavailable,
 )
+from index_format.change_log import ChangeLogError, LogCorrupt, LogFull, WriteNotStored
 
-HTTP_STATUS: dict[type[ServiceError], int] = {
+ERROR_ROOTS = (ServiceError, ChangeLogError)  # every kind the table answers derives from one of these
+
+HTTP_STATUS: dict[type[Exception], int] = {
     ServiceError: 400,
     InvalidRequest: 400,
     InvalidField: 422,
@@ -31,12 +36,18 @@ HTTP_STATUS: dict[type[ServiceError], int] = {
     Unavailable: 503,
     StorageFull: 507,
     DeadlineExceeded: 504,
+    # The change log's, answered as the service's own for the same cases (Unavailable, StorageFull); a damaged
+    # log is the server's fault.
+    ChangeLogError: 500,
+    WriteNotStored: 503,
+    LogFull: 507,
+    LogCorrupt: 500,
 }
 
 RETRY_AFTER_S = 2  # what a 503 of a stage that is away asks the client to wait
 
 
-def status_of(error: ServiceError) -> int:
+def status_of(error: Exception) -> int:
     """The HTTP status an error kind is answered with."""
     return next(HTTP_STATUS[k] for k in type(error).__mro__ if k in HTTP_STATUS)
 

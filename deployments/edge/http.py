@@ -2,7 +2,8 @@
 
 Every error leaves through one of three handlers here, in the one error body (``ErrorResponse``): a request
 that fails validation (422 with each field and rule), Starlette's own (404 no such route, 405), and the
-service's error kinds, whose status comes from the one table (``deployments.edge.errors.HTTP_STATUS``).
+service's error kinds (and the change log's), whose status comes from the one table
+(``deployments.edge.errors.HTTP_STATUS``).
 The router (``deployments.serve.router``) adds the routes and hands its guard over (``guard.install``).
 """
 
@@ -15,10 +16,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deployments.edge.errors import error_body, retry_headers, status_of
+from deployments.edge.errors import ERROR_ROOTS, error_body, retry_headers, status_of
 from deployments.edge.front_door import FrontDoor
 from deployments.edge.schemas import ErrorResponse
-from deployments.errors import ServiceError
 
 app = FastAPI(
     title="raysearch",
@@ -66,8 +66,11 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     return error_response(request, exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
 
-@app.exception_handler(ServiceError)
-async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-    """Every error a core raises on purpose (``deployments.errors``), answered by the one table."""
+async def _service_error(request: Request, exc: Exception) -> JSONResponse:
+    """Every error a core raises on purpose (``deployments.errors``, the change log's), answered by the one table."""
     status = status_of(exc)
     return error_response(request, status, str(exc), headers=retry_headers(status))
+
+
+for _root in ERROR_ROOTS:
+    app.add_exception_handler(_root, _service_error)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from deployments.config import AnnParams, Fusion
 from deployments.judgments import has_control_character
 
 MAX_QUERY_CHARS = 2000
@@ -74,11 +75,6 @@ class Method(StrEnum):
     hybrid = "hybrid"
 
 
-class Fusion(StrEnum):
-    rrf = "rrf"
-    weighted = "weighted"
-
-
 class Weights(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -102,26 +98,6 @@ class Turn(BaseModel):
 
     role: str = Field("user", max_length=32)
     content: str = Field(max_length=MAX_QUERY_CHARS)
-
-
-class AnnParams(BaseModel):
-    """Search-time options of the approximate dense index; unset ones keep the collection's (then the index's)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    ef_search: int | None = Field(
-        None, ge=1, le=4096, description="HNSW candidates explored per shard (never fewer than the candidates asked "
-        "for); higher finds more of the exact top-k at more CPU.")
-    nprobe: int | None = Field(
-        None, ge=1, le=65536, description="IVF lists scanned per shard (at most the shard's lists).")
-    exact: bool = Field(False, description="Scan every stored vector instead of the index: the exact answer, at a "
-                        "flat scan's CPU (to check what an approximate index misses).")
-
-    def merged_over(self, base: AnnParams | None) -> dict:
-        """These options over ``base``'s, as the plain dict a shard takes (None when nothing is set)."""
-        out = {k: v for k, v in (base.model_dump() if base else {}).items() if v}
-        out.update({k: v for k, v in self.model_dump().items() if v})
-        return out
 
 
 class SearchRequest(RequestBody):

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from deployments.synthesis.citations import quote
-
-if TYPE_CHECKING:
-    from deployments.synthesis.core import Source
+from deployments.synthesis.sources import Source
 
 _YES = ("yes", "Yes", " yes", " Yes")
 _NO = ("no", "No", " no", " No")

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from deployments.synthesis.core import Synthesizer, load_engine, sources_from_results
+from deployments.synthesis.core import Synthesizer, load_engine
+from deployments.synthesis.sources import sources_from_results
 
 if TYPE_CHECKING:
     from deployments.config import SynthesisConfig

@@ -9,10 +9,9 @@ import time
 import httpx
 import pytest
 
-from deployments.documents.log import ChangeLog
-from deployments.documents.service import CHANGES_DIR
 from index_build.build import build_index
 from index_build.config import BuildConfig
+from index_format.change_log import CHANGES_DIR, ChangeLog
 from tests.conftest import make_corpus, write_jsonl
 
 PORT = 18249

@@ -11,12 +11,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from deployments.documents.log import CHANGES_DIR, ChangeLog, segment_name, segments
 from deployments.search.inprocess import LocalIndex
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_build.fold import _log_changes, fold
 from index_format.bm25_stats import read_stats
+from index_format.change_log import CHANGES_DIR, ChangeLog, segment_name, segments
 from index_format.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, FAISS_ROWS_FILE, LUCENE_DIR, TERMS_FILE
 from index_format.versions import active_version, read_version_manifest, verify_version
 from tests.conftest import make_corpus, write_jsonl

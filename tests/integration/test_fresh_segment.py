@@ -8,12 +8,12 @@ import asyncio
 import numpy as np
 import pytest
 
-from deployments.documents.log import Change
 from deployments.documents.service import open_documents
 from deployments.search.inprocess import LocalIndex
 from deployments.shard.query import ShardQuery
 from index_build.build import build_index
 from index_build.config import BuildConfig
+from index_format.change_log import Change
 from index_format.encoders import load_encoder
 from tests.conftest import make_corpus, write_jsonl
 
@@ -115,6 +115,6 @@ def test_writes_arriving_together_are_stored_and_embedded_together_each_with_its
     assert sorted(change.seq for change, _ in answers) == list(range(1, 13)) and all(live for _, live in answers)
     assert len(calls) < 12 and sum(calls) == 12  # the first write alone, the other 11 in one group
     assert {f"g{i}" for i in range(12)} == set(docs.segment.docs)
-    from deployments.documents.log import CHANGES_DIR, ChangeLog
+    from index_format.change_log import CHANGES_DIR, ChangeLog
 
     assert [c.seq for c in ChangeLog(tmp_path / CHANGES_DIR).read_new()] == list(range(1, 13))

@@ -9,9 +9,10 @@ import pytest
 
 from deployments.config import SynthesisConfig
 from deployments.search.attribution import attribute, content_words, split_sentences, support
-from deployments.synthesis.core import Source, Synthesizer
+from deployments.synthesis.core import Synthesizer
 from deployments.synthesis.extractive import ExtractiveEngine, pick
 from deployments.synthesis.service import SynthesisService
+from deployments.synthesis.sources import Source
 
 SOURCES = {
     1: "Gzip compresses files with the DEFLATE algorithm. It writes files ending in .gz.",

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import json
 import multiprocessing
 import os
 import random
 
 import pytest
+from starlette.requests import Request
 
-from deployments.documents.log import LEGACY_NAME, SEGMENT_BYTES, Change, ChangeLog, segments
-from deployments.errors import StorageFull
+from deployments.edge.errors import status_of
+from deployments.edge.http import app
+from index_format.change_log import (
+    LEGACY_NAME,
+    SEGMENT_BYTES,
+    Change,
+    ChangeLog,
+    LogCorrupt,
+    LogFull,
+    WriteNotStored,
+    segments,
+)
 
 
 def doc(i: int) -> dict:
@@ -60,12 +73,44 @@ def test_a_write_that_fails_is_an_error_and_leaves_nothing(tmp_path, monkeypatch
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "pwrite", short_then_full)
-    with pytest.raises(StorageFull, match="not stored"):
+    with pytest.raises(LogFull, match="not stored"):
         log.append([doc(2)], [])
     monkeypatch.setattr(os, "pwrite", real)
     assert log.path.stat().st_size == size  # the 5 bytes written were cut off again
     assert log.append([doc(3)], [])[0].seq == 2
     assert [c.seq for c in ChangeLog(tmp_path).read_new()] == [1, 2]
+
+
+@pytest.mark.parametrize(("code", "kind", "status"), [(errno.ENOSPC, LogFull, 507), (errno.EDQUOT, LogFull, 507),
+                                                      (errno.EIO, WriteNotStored, 503)])
+def test_a_write_not_stored_is_answered_as_the_service_answers_its_own(tmp_path, monkeypatch, code, kind, status):
+    """The log raises its own kinds (the index format never imports the service); the edge's one table answers
+    them as it answers the service's for the same case: 507 for a full disk, 503 and Retry-After for the rest."""
+    log = ChangeLog(tmp_path)
+
+    def refused(fd, data, offset):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "pwrite", refused)
+    with pytest.raises(kind, match="not stored") as err:
+        log.append([doc(1)], [])
+    assert status_of(err.value) == status
+    # As the app answers it: its handler is found the way Starlette finds one, along the error's class's MRO.
+    handler = next(app.exception_handlers[k] for k in type(err.value).__mro__ if k in app.exception_handlers)
+    response = asyncio.run(handler(Request({"type": "http", "headers": []}), err.value))
+    assert response.status_code == status and json.loads(response.body)["error"].startswith("the write was not")
+    assert response.headers.get("retry-after") == ("2" if status == 503 else None)
+
+
+def test_a_log_out_of_order_is_corrupt_and_answered_as_the_servers_fault(tmp_path):
+    (tmp_path / LEGACY_NAME).write_bytes(Change(1, [doc(1)]).line() + Change(3, [doc(3)]).line())
+    reader = ChangeLog(tmp_path)
+    assert [c.seq for c in reader.read_new()] == [1, 3]
+    with open(tmp_path / LEGACY_NAME, "ab") as f:  # a line no writer would write: a seq already given out
+        f.write(Change(2, [doc(2)]).line())
+    with pytest.raises(LogCorrupt, match="sequence 2 after 3: the log is not in order") as err:
+        reader.read_new()
+    assert status_of(err.value) == 500
 
 
 def _write_many(folder, who: str, n: int, go, segment_bytes: int = SEGMENT_BYTES) -> None:
@@ -141,7 +186,7 @@ def test_a_reader_past_a_seq_opens_only_the_segments_holding_later_writes(tmp_pa
     lines[0] = lines[0][:lines[0].index(b",") + 1] + b" not json"
     files[-2][1].write_bytes(b"\n".join(lines))
     assert [c.seq for c in ChangeLog(tmp_path, after=within).read_new()] == list(range(within + 1, 13))
-    with pytest.raises(ValueError):
+    with pytest.raises(LogCorrupt, match="a line that is not a change"):
         ChangeLog(tmp_path).read_new()  # (the broken segments are really there)
 
 

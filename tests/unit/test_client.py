@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import pytest
 
-from deployments.client import AsyncSearchClient, SearchClient, SearchServiceError
+from deployments.edge.client import AsyncSearchClient, SearchClient, SearchServiceError
 
 OK = {"query": "q", "method": "hybrid", "method_used": "hybrid", "results": [], "total": 0, "total_results": 0,
       "index_version": {"default": "v1"}, "timings_ms": {}, "coverage": {"shards_asked": 1, "shards_answered": 1,

@@ -1,10 +1,12 @@
 """The layout's promise: the search, shard and synthesis cores and the offline relevance package run without
-Ray; the service, the job and the format never import the offline relevance work."""
+Ray; the service and the job never import each other, the format neither of them, and none of them the offline
+relevance work or the demo; the packages import one another one way, with no loop."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 CODE = """
@@ -31,7 +33,7 @@ def _modules() -> dict[str, Path]:
     """The project's modules by dotted name, and their files."""
     root = Path(__file__).parents[2]
     modules = {}
-    for package in ("index_format", "index_build", "deployments", "relevance"):
+    for package in ("index_format", "index_build", "deployments", "relevance", "demo"):
         for path in (root / package).rglob("*.py"):
             parts = path.relative_to(root).with_suffix("").parts
             modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -61,12 +63,21 @@ def _imports(top_level_only: bool = False) -> dict[str, set[str]]:
     return graph
 
 
-def test_the_service_never_imports_the_job_and_the_format_imports_neither():
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_the_service_and_the_job_never_import_each_other_and_the_format_imports_neither():
+    """Any import, anywhere in a module (a function's own too): what both sides share is the format, and what uses
+    both (the demo) lives apart from either."""
     graph = _imports()
     assert {(a, b) for a, deps in graph.items() for b in deps
-            if a.startswith("deployments") and b.startswith("index_build")} == set()
+            if _top(a) == "deployments" and _top(b) == "index_build"} == set()
     assert {(a, b) for a, deps in graph.items() for b in deps
-            if a.startswith("index_format") and not b.startswith("index_format")} == set()
+            if _top(a) == "index_build" and _top(b) == "deployments"} == set()
+    assert {(a, b) for a, deps in graph.items() for b in deps
+            if _top(a) == "index_format" and _top(b) != "index_format"} == set()
+    assert {(a, b) for a, deps in graph.items() for b in deps if _top(a) != "demo" and _top(b) == "demo"} == set()
 
 
 def test_the_service_the_job_and_the_format_never_import_the_offline_relevance_work():
@@ -76,9 +87,9 @@ def test_the_service_the_job_and_the_format_never_import_the_offline_relevance_w
             if a.split(".")[0] != "relevance" and b.split(".")[0] == "relevance"} == set()
 
 
-def test_no_module_imports_itself_back_at_module_level():
-    """No cycle among the modules' top-level imports (a cycle breaks as soon as one of them is imported first)."""
-    graph = _imports(top_level_only=True)
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles of a directed graph, each as its nodes with the first repeated at the end (empty: none; one cycle
+    found per back edge of a depth-first search, so not every cycle is listed, but some is while any is left)."""
     seen, stack, cycles = set(), [], []
 
     def visit(n):
@@ -95,7 +106,32 @@ def test_no_module_imports_itself_back_at_module_level():
 
     for n in sorted(graph):
         visit(n)
-    assert cycles == []
+    return cycles
+
+
+def test_no_module_imports_itself_back_at_module_level():
+    """No cycle among the modules' top-level imports (a cycle breaks as soon as one of them is imported first)."""
+    assert _cycles(_imports(top_level_only=True)) == []
+
+
+def test_no_package_imports_itself_back():
+    """The packages (each folder with an ``__init__.py``: ``deployments.search``, ``deployments.shard``,
+    ``deployments.synthesis`` and the root ``deployments``, which holds ``config``, ``errors`` and the rest, each
+    count apart) import one another one way. A imports B when a module of A imports a module of B at its top level;
+    a loop means neither package can be read, tested or moved without the other. Each step of a loop found is
+    shown with one import that makes it."""
+    modules = _modules()
+    package = {m: m if path.name == "__init__.py" else m.rpartition(".")[0] for m, path in modules.items()}
+    why: dict[tuple[str, str], str] = {}
+    for a, deps in sorted(_imports(top_level_only=True).items()):
+        for b in sorted(deps):
+            if package[a] != package[b]:
+                why.setdefault((package[a], package[b]), f"{a} -> {b}")
+    graph = {p: set() for p in set(package.values())}
+    for a, b in why:
+        graph[a].add(b)
+    loops = [[why[step] for step in pairwise(cycle)] for cycle in _cycles(graph)]
+    assert loops == [], "\n".join(", then ".join(loop) for loop in loops)
 
 
 def test_the_edge_is_ray_free_and_the_cores_know_only_its_schemas():

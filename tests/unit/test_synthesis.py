@@ -15,17 +15,9 @@ import pytest
 from deployments.config import SynthesisConfig
 from deployments.synthesis import core
 from deployments.synthesis.citations import parse_citations
-from deployments.synthesis.core import (
-    NOTHING_FOUND,
-    Answer,
-    Source,
-    Synthesizer,
-    choose_engine,
-    cut_text,
-    load_engine,
-    sources_from_results,
-)
+from deployments.synthesis.core import NOTHING_FOUND, Answer, Synthesizer, choose_engine, load_engine
 from deployments.synthesis.prompts import build_messages, single_token_ids, yes_share
+from deployments.synthesis.sources import Source, cut_text, sources_from_results
 from deployments.synthesis.transformers_engine import TransformersEngine, resolve_model
 from deployments.synthesis.vllm_engine import VLLMEngine
 

@@ -26,7 +26,10 @@ would: a document's last write past the start is kept, and one written last at o
 already. So no version, however old, and no full build (``log_seq`` 0) loses a write, while the log stops growing
 with rewrites of the same documents: it holds what the API wrote once per document, plus the newest segment.
 
-This is the log alone (``ChangeLog``); ``deployments.documents.segment`` keeps what it holds searchable.
+This is the log alone (``ChangeLog``), on disk beside the versions, so both sides use it: the service appends the
+API's writes and keeps them searchable (``deployments.documents``), the job folds them into a version and compacts
+the log (``index_build.fold``). What it cannot do it raises as its own kinds (``ChangeLogError``); the service's edge
+answers each with a status (``deployments.edge.errors``).
 """
 
 from __future__ import annotations
@@ -44,7 +47,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployments.errors import StorageFull, Unavailable
 from index_format.versions import fsync_dir
 
 CHANGES_DIR = "changes"  # beside the versions in an index root: <root>/changes/log-<first seq>.jsonl ...
@@ -53,6 +55,24 @@ LOCK_NAME = "lock"  # writers (and compaction) take turns on this file
 SEGMENT_BYTES = 64 << 20  # a segment at or past this size is closed: the next write starts a new one
 _SEGMENT = re.compile(r"log-(\d+)\.jsonl")
 _SEQ_KEY = b'{"seq":'  # how ``Change.line`` starts every line
+
+
+class ChangeLogError(Exception):
+    """What the change log cannot do (the base of the kinds below)."""
+
+
+class WriteNotStored(ChangeLogError):
+    """A write could not be made durable (an I/O error): nothing of it is in the log; the same write can succeed
+    shortly."""
+
+
+class LogFull(WriteNotStored):
+    """A write found no room on disk (ENOSPC, EDQUOT): retrying will not help until space is freed."""
+
+
+class LogCorrupt(ChangeLogError):
+    """The log holds what no writer writes (a line that is not a change, sequence numbers out of order): it was
+    edited or damaged outside the log; an operator must restore it."""
 
 
 def segment_name(first_seq: int) -> str:
@@ -173,12 +193,12 @@ class ChangeLog:
                     if self.last_seq < seq <= self.after:
                         self.last_seq = seq
                         continue
-                change = Change.parse(line)
+                change = _parse(line, self.path)
                 if change.seq <= self.last_seq:
                     if self.offset == 0 and self.last_seq >= self.first:  # a segment read again (compacted, or
                         continue  # the reader placed anew): what was read already is skipped
-                    raise ValueError(f"{self.path}: sequence {change.seq} after {self.last_seq}: the log is not in "
-                                     "order; was it edited by hand?")
+                    raise LogCorrupt(f"{self.path}: sequence {change.seq} after {self.last_seq}: the log is not in "
+                                     "order; was it edited by hand? Restore the changes folder from a copy")
                 self.last_seq = change.seq
                 if change.seq > self.after:
                     out.append(change)
@@ -190,7 +210,7 @@ class ChangeLog:
     def append(self, upserts: Sequence[dict[str, Any]], deletes: Sequence[str], by: str | None = None
                ) -> tuple[Change, list[Change]]:
         """Write one change durably and return it, with every change other writers made since this log's last
-        read (in order, the new one last among all). Raises ``StorageFull`` or ``Unavailable`` when the line
+        read (in order, the new one last among all). Raises ``LogFull`` or ``WriteNotStored`` when the line
         could not be made durable: nothing of it is then acknowledged, and nothing of it stays in the log."""
         changes, seen = self.append_many([(upserts, deletes, by)])
         return changes[0], seen
@@ -243,7 +263,7 @@ class ChangeLog:
                 os.fsync(fd)
             except OSError as e:
                 os.ftruncate(fd, self.offset)  # nothing of a failed write stays to be read
-                kind = StorageFull if e.errno in (errno.ENOSPC, errno.EDQUOT) else Unavailable
+                kind = LogFull if e.errno in (errno.ENOSPC, errno.EDQUOT) else WriteNotStored
                 raise kind(f"the write was not stored (nothing of it was applied): {e.strerror or e}") from None
             self.offset += len(data)
             self.last_seq = changes[-1].seq
@@ -307,10 +327,18 @@ def _changes_in(listed: list[tuple[int, Path]]):
         with open(path, "rb") as f:
             for line in f:
                 if line.strip():
-                    change = Change.parse(line)
+                    change = _parse(line, path)
                     if change.seq > last:
                         last = change.seq
                         yield change
+
+
+def _parse(line: bytes, path: Path) -> Change:
+    try:
+        return Change.parse(line)
+    except (ValueError, KeyError, TypeError) as e:  # (json's errors are ValueErrors)
+        raise LogCorrupt(f"{path}: a line that is not a change ({e!r}): {line[:80]!r}; was it edited by hand? "
+                         "Restore the changes folder from a copy") from None
 
 
 def _compacted(path: Path) -> bool:

@@ -3,7 +3,7 @@
 Requests and answers are the server's own pydantic models (``deployments.edge.schemas``): a typo in a field is a
 ``ValidationError`` here, before anything is sent, and an answer is a ``SearchResponse``, not a dict.
 
-    from deployments.client import SearchClient
+    from deployments.edge.client import SearchClient
 
     with SearchClient("http://127.0.0.1:8000") as client:
         page = client.search("how do I parse arguments", limit=5)

@@ -1,8 +1,8 @@
 """The embedded default, end to end: make the demo corpus, build its index, search it.
 
-``python -m index_build.demo`` writes Python's installed documentation as a corpus (see
-``demo_corpus``), builds a 2-shard index of it with the default encoder (skipped when the active
-version was already built from the same corpus and settings), then runs a few example searches.
+``python -m demo`` writes Python's installed documentation as a corpus (see ``demo.corpus``), builds a
+2-shard index of it with the default encoder (skipped when the active version was already built from the
+same corpus and settings), then runs a few example searches through the serving pipeline, in process.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import os
 import textwrap
 from pathlib import Path
 
+from demo.corpus import write_demo_corpus
+from index_build.config import BuildConfig
+from index_build.corpus import fingerprint
+from index_format.process import configure_process
 from index_format.versions import active_version, read_version_manifest, versions_dir
-
-from .config import BuildConfig
-from .corpus import fingerprint
-from .demo_corpus import write_demo_corpus
 
 EXAMPLES = ("how do I parse command line arguments", "compress a file with gzip", "send an email over smtp")
 
@@ -38,7 +38,7 @@ def show(index, query: str, k: int = 3) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m index_build.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, default=Path("data/demo/corpus.jsonl"))
     parser.add_argument("--out", type=Path, default=Path("indexes/demo"))
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-search", action="store_true", help="build only; skip the in-process example searches")
     parser.add_argument("query", nargs="*", help="queries to run (default: a few examples)")
     args = parser.parse_args(argv)
+    configure_process()
 
     if not args.corpus.exists():
         n = write_demo_corpus(args.corpus)
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if current:
         print(f"index {args.out} is current (version {current}); --rebuild to build again")
     else:
-        from .build import build_index
+        from index_build.build import build_index
 
         print(f"building {args.out} with {cfg.shards} shards, encoder {cfg.encoder} ...")
         print(build_index(cfg).render())

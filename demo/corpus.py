@@ -97,7 +97,7 @@ def write_demo_corpus(out: Path, packages: tuple[str, ...] = DEFAULT_PACKAGES) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m index_build.demo_corpus", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m demo.corpus", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("data/demo/corpus.jsonl"), help="JSONL file to write")
     parser.add_argument("--packages", nargs="*", default=list(DEFAULT_PACKAGES),

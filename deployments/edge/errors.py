@@ -19,6 +19,7 @@ from deployments.errors import (
     ServiceError,
     StorageFull,
     Unavailable,
+    UnknownCollection,
 )
 
 HTTP_STATUS: dict[type[ServiceError], int] = {
@@ -27,6 +28,7 @@ HTTP_STATUS: dict[type[ServiceError], int] = {
     InvalidField: 422,
     Forbidden: 403,
     NotFound: 404,
+    UnknownCollection: 404,
     Conflict: 409,
     Unavailable: 503,
     StorageFull: 507,

@@ -1,5 +1,6 @@
-"""The layout's promise: the search, shard and synthesis cores and the offline relevance package run without
-Ray; the service, the job and the format never import the offline relevance work."""
+"""The layout's promise: the search, shard, documents and synthesis cores, the work of the router's routes
+(admin, feedback, health) and the offline relevance package run without Ray; the service, the job and the format
+never import the offline relevance work."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import importlib, pkgutil, sys
 sys.modules["ray"] = None  # any `import ray` now fails
 import deployments.documents, deployments.edge, deployments.judgments, deployments.search, deployments.shard
 import deployments.synthesis, relevance
+# The routes' work beside the packages: builds (the admin API's), judgments (POST /feedback's), health.
+import deployments.admin, deployments.builds, deployments.feedback, deployments.health
 # Every module of relevance: none needs Ray to be imported (only `relevance.tune --apply` reaches Ray, when it
 # runs, through deployments.settings).
 for pkg in (deployments.documents, deployments.edge, deployments.search, deployments.shard, deployments.synthesis,

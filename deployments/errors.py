@@ -7,6 +7,8 @@ states the value, the rule and the fix.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class ServiceError(Exception):
     """Anything the service refuses or cannot do for a request (the base of every kind below)."""
@@ -27,6 +29,17 @@ class Forbidden(ServiceError):
 
 class NotFound(ServiceError):
     """A collection, version or document that does not exist (or that the caller may not see)."""
+
+
+class UnknownCollection(NotFound):
+    """A collection name this app does not serve; the message lists the ones it does."""
+
+    def __init__(self, name: str, known: Iterable[str]):
+        self.name, self.known = name, sorted(known)
+        super().__init__(f"unknown collection {name!r}; known collections: {', '.join(self.known)}")
+
+    def __reduce__(self):  # pickled (across processes) from what it was made with, not from its message
+        return UnknownCollection, (self.name, self.known)
 
 
 class Conflict(ServiceError):

@@ -21,6 +21,7 @@ from deployments.errors import (
     ServiceError,
     StorageFull,
     Unavailable,
+    UnknownCollection,
 )
 from index_format.change_log import ChangeLogError, LogCorrupt, LogFull, WriteNotStored
 
@@ -32,6 +33,7 @@ HTTP_STATUS: dict[type[Exception], int] = {
     InvalidField: 422,
     Forbidden: 403,
     NotFound: 404,
+    UnknownCollection: 404,
     Conflict: 409,
     Unavailable: 503,
     StorageFull: 507,

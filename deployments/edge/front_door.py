@@ -46,9 +46,7 @@ class FrontDoor:
             if refusal is not None:
                 status[0] = refusal.status
                 return await refuse(refusal, send, headers.get("x-request-id"))
-            caller = guard.caller(headers)
-            state = scope.setdefault("state", {})
-            state["caller"], state["principals"] = caller, list(caller.principals)
+            scope.setdefault("state", {})["caller"] = guard.caller(headers)  # the routes' `current_caller`
             await self.app(scope, receive, send_and_note)
         finally:
             HTTP_REQUESTS.count(route_label(scope, path), scope["method"], status[0])

@@ -9,15 +9,16 @@ The router (``deployments.serve.router``) adds the routes and hands its guard ov
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.edge.errors import ERROR_ROOTS, error_body, retry_headers, status_of
 from deployments.edge.front_door import FrontDoor
+from deployments.edge.guard import Caller
 from deployments.edge.schemas import ErrorResponse
 
 app = FastAPI(
@@ -42,6 +43,17 @@ def request_id(request: Request) -> str | None:
     """The request's id: the caller's ``X-Request-Id``, or the one Serve made for it (Serve puts it in the request's
     headers, returns it in the response's, and writes it in every log line of the request, in every replica)."""
     return request.headers.get("x-request-id")
+
+
+async def current_caller(request: Request) -> Caller:
+    """Who sent the request: the caller the front door knew from its key (``FrontDoor`` puts it in the request's
+    state), or, where no guard checked it, one with every right (keys off). A coroutine: FastAPI runs a plain
+    function's dependency on a thread, a hop for every request."""
+    return getattr(request.state, "caller", None) or Caller()
+
+
+# A route's caller: ``caller: CurrentCaller`` (FastAPI's dependency on ``current_caller``).
+CurrentCaller = Annotated[Caller, Depends(current_caller)]
 
 
 def error_response(request: Request, status: int, message: str, detail: Any = None,

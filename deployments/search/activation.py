@@ -25,7 +25,7 @@ from typing import Any
 
 from deployments.edge.schemas import AnnParams
 from deployments.errors import ActivationError, NotFound, Unavailable
-from deployments.search.clients import Collection, EncoderClient, ShardClient
+from deployments.search.clients import Collection, EncoderClient, ShardClient, collection, fields_of
 from deployments.search.stages import failure
 from index_format.manifest import IndexMismatch, VersionManifest
 from index_format.versions import (
@@ -107,9 +107,7 @@ class VersionSwitch:
         self._locks = {name: asyncio.Lock() for name in deployed}
 
     def _deployed(self, name: str) -> DeployedCollection:
-        deployed = self.deployed.get(name)
-        if deployed is None:
-            raise NotFound(f"unknown collection {name!r}; known: {', '.join(sorted(self.deployed))}")
+        deployed = collection(self.deployed, name)
         if not deployed.follows_active:
             raise ActivationError(f"collection {name!r} is pinned to version {self.collections[name].version!r} in "
                                   "the configuration (a version folder, or 'version' set): edit it and redeploy")
@@ -138,23 +136,19 @@ class VersionSwitch:
             shards = [self.make_shard(slot, handle, version, names) for slot, handle, names in slots]
             t0 = time.perf_counter()
             try:
-                infos = await asyncio.wait_for(asyncio.gather(*(s.info() for s in shards)), self.warm_timeout_s)
+                fields = await asyncio.wait_for(fields_of(shards), self.warm_timeout_s)
             except Exception as exc:
                 reason = f"loading {version!r} on the shards {failure(exc)}: {exc}"[:500]
                 self.state.errors[name] = reason
                 raise Unavailable(reason) from exc
-            fields: dict[str, str] = {}
-            for info in infos:
-                fields.update(info["fields"])
             fresh = current.fresh
             if fresh is not None and self.fresh_for is not None:
                 fresh = await self.fresh_for(name, versions_dir(deployed.root) / version)
             # No await from here: the version and its segment are swapped in one step, so a request sees both
             # old or both new (a folded write is in the new version or in the old segment, never in neither).
-            self.collections[name] = Collection(name=name, version=version, shards=shards, encoder=deployed.encoder,
-                                                fields=fields, rerank=deployed.rerank, ann=deployed.ann,
-                                                documents=manifest.counts.get("docs", 0),
-                                                chunks=manifest.counts.get("chunks", 0), fresh=fresh)
+            self.collections[name] = Collection.at_version(name, version, shards, deployed.encoder, fields=fields,
+                                                           counts=manifest.counts, rerank=deployed.rerank,
+                                                           ann=deployed.ann, fresh=fresh)
             self.state.errors.pop(name, None)
             warm_ms = round((time.perf_counter() - t0) * 1000, 1)
             logger.info(f"collection {name!r}: now serving index version {version!r} (was {current.version!r}; "

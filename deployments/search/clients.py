@@ -4,14 +4,18 @@ tests with in-process shard services (``search/inprocess.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from deployments.edge.schemas import AnnParams
+from deployments.errors import UnknownCollection
 from deployments.shard.query import ShardAnswer, ShardQuery
+
+T = TypeVar("T")
 
 
 class ShardClient(Protocol):
@@ -44,6 +48,24 @@ class SynthesizerClient(Protocol):
     async def relevance(self, query: str, passages: list[str]) -> list[float]: ...
 
 
+def collection(collections: Mapping[str, T], name: str) -> T:
+    """``collections[name]`` (a collection, or what is kept per collection), or ``UnknownCollection`` (a 404 listing
+    the known names): the one lookup of a collection by the name a request gave."""
+    try:
+        return collections[name]
+    except KeyError:
+        raise UnknownCollection(name, collections) from None
+
+
+async def fields_of(shards: Sequence[Any]) -> dict[str, str]:
+    """The metadata fields (name -> kind) of a version's shard slots, asked of each slot's ``info`` (which loads the
+    version on it: asking is also the warm-up of a switch)."""
+    fields: dict[str, str] = {}
+    for info in await asyncio.gather(*(s.info() for s in shards)):
+        fields.update(info["fields"])
+    return fields
+
+
 @dataclass
 class Collection:
     name: str
@@ -58,6 +80,19 @@ class Collection:
     # Documents written through the API since the version (``deployments.documents.segment.FreshSegment``): searched
     # as one more shard after the version's, and masking the version's copies of the documents it holds.
     fresh: Any = None
+
+    @classmethod
+    def at_version(cls, name: str, version: str, shards: Sequence[ShardClient], encoder: EncoderClient, *,
+                   fields: Mapping[str, str] | None = None, counts: Mapping[str, int] | None = None,
+                   rerank: bool = True, ann: AnnParams | None = None, fresh: Any = None) -> Collection:
+        """The collection as searched at ``version``: its shard clients pinned to it, the metadata fields they hold
+        (``fields_of``), the version manifest's ``counts`` (docs, chunks), and the fresh segment of the writes that
+        version lacks. Made whole, once: a switch to another version makes another (requests that began on this
+        one finish on it)."""
+        counts = counts or {}
+        return cls(name=name, version=version, shards=list(shards), encoder=encoder, fields=dict(fields or {}),
+                   rerank=rerank, ann=ann, documents=counts.get("docs", 0), chunks=counts.get("chunks", 0),
+                   fresh=fresh)
 
     def slot(self, i: int) -> ShardClient:
         """The shard client a hit's ``shard`` names: a shard slot of the version, or (past them) the fresh segment."""

@@ -78,8 +78,9 @@ def open_collection(name: str, index: Path, version: str | None = None, threaded
     fields: dict[str, str] = {}
     for g in groups:
         fields.update(g.fields())
-    return Collection(name, manifest.version, [InProcessShard(g, threaded) for g in groups],
-                      InProcessEncoder(manifest.encoder, encoder_backend), fields)
+    return Collection.at_version(name, manifest.version, [InProcessShard(g, threaded) for g in groups],
+                                 InProcessEncoder(manifest.encoder, encoder_backend), fields=fields,
+                                 counts=manifest.counts)
 
 
 def inprocess_pipeline(collections: dict[str, Path], settings: RouterSettings | None = None,

@@ -34,11 +34,16 @@ from deployments.errors import (
     DeadlineExceeded,
     InvalidField,
     InvalidRequest,
-    NotFound,
     ServiceError,
     Unavailable,
 )
-from deployments.search.clients import Collection, EncoderClient, RerankerClient, SynthesizerClient
+from deployments.search.clients import (
+    Collection,
+    EncoderClient,
+    RerankerClient,
+    SynthesizerClient,
+    collection,
+)
 from deployments.search.fusion import is_flat
 from deployments.search.lookup import chunk_rows, document_body, visible
 from deployments.search.paging import page_offset
@@ -88,12 +93,7 @@ class SearchPipeline:
     # ------------------------------------------------------------------ helpers
 
     def _targets(self, req: SearchRequest) -> list[Collection]:
-        names = req.collections or [self.default_collection]
-        unknown = [n for n in names if n not in self.collections]
-        if unknown:
-            raise NotFound(f"unknown collection {unknown[0]!r}; known collections: "
-                               f"{', '.join(sorted(self.collections))}")
-        targets = [self.collections[n] for n in names]
+        targets = [collection(self.collections, n) for n in req.collections or [self.default_collection]]
         if req.filters:
             for name, condition in req.filters.items():
                 if not any(name in c.fields or (c.fresh is not None and name in c.fresh.metadata.fields())

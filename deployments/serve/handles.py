@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict
+from pathlib import Path
 
 from ray.exceptions import RayActorError
 
-from deployments.serve.specs import HeldSlot
+from deployments.search.activation import DeployedCollection
+from deployments.serve.specs import CollectionSpec, HeldSlot
 from deployments.shard.host import LocalShard, ShardHost, SlotClient, VersionCache
 from deployments.shard.query import ShardAnswer, ShardQuery
 
@@ -68,6 +70,30 @@ def held_slot(target):
     return target
 
 
+def deployed_collections(specs: dict[str, CollectionSpec]) -> dict[str, DeployedCollection]:
+    """Each collection as the app builder deployed it, with the router's clients of its shard slots and of its query
+    encoder (one encoder a model embedded in the router, shared by the collections that use it)."""
+    local: dict[str, LocalEncoder] = {}
+    deployed = {}
+    for name, spec in specs.items():
+        if spec.encoder is not None:
+            encoder = HandleEncoder(spec.encoder)
+        else:
+            if spec.encoder_model not in local:
+                local[spec.encoder_model] = LocalEncoder(spec.encoder_model, spec.encoder_backend, spec.encoder_threads)
+            encoder = local[spec.encoder_model]
+        deployed[name] = DeployedCollection(
+            name=name, root=Path(spec.root) if spec.root else None, encoder_model=spec.encoder_model,
+            dimension=spec.dimension, slots=[(slot.name, held_slot(slot.target), slot.shards) for slot in spec.slots],
+            encoder=encoder, rerank=spec.rerank, ann=spec.ann)
+    return deployed
+
+
+def held_hosts(deployed: dict[str, DeployedCollection]) -> list[ShardHost]:
+    """The shard hosts this process holds (``shards.placement: router``): its health is theirs too."""
+    return [handle.host for d in deployed.values() for _, handle, _ in d.slots if isinstance(handle, VersionCache)]
+
+
 class HandleEncoder:
     def __init__(self, handle):
         self.handle = handle
@@ -114,6 +140,9 @@ class HandleReranker:
     async def score(self, query: str, passages: list[str]) -> list[float]:
         return await self.handle.score.remote(query, passages)
 
+    async def info(self) -> dict:  # the health check's
+        return await self.handle.info.remote()
+
 
 class HandleSynthesizer:
     def __init__(self, handle, llm_rerank: bool):
@@ -127,3 +156,6 @@ class HandleSynthesizer:
 
     async def relevance(self, query, passages):
         return await self.handle.relevance.remote(query, passages)
+
+    async def info(self) -> dict:  # the health check's
+        return await self.handle.info.remote()

@@ -8,24 +8,19 @@ before it, so a rollback is instant) and loads a newly activated one when the ro
 failing that, on its first call. Loading happens off the event loop, so the replica keeps answering
 the version it already holds meanwhile.
 
-The versions themselves are opened by ``deployments.shard.host.ShardHost`` (also what the router uses
+The versions themselves are opened and closed by ``deployments.shard.host.ShardHost`` (also what the router uses
 when it holds the shards itself, ``shards.placement: router``).
 """
 
 from __future__ import annotations
-
-import contextlib
-import threading
 
 import numpy as np
 from ray import serve
 
 from deployments.serve.heap import settle_heap
 from deployments.shard.group import ShardGroup
-from deployments.shard.host import ShardHost
+from deployments.shard.host import MultiplexedVersion, ShardHost
 from deployments.shard.query import ShardAnswer, ShardQuery
-
-CLOSE_GRACE_S = 30.0  # an evicted version is closed this long after eviction
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32, health_check_period_s=10)
@@ -36,30 +31,16 @@ class ShardRetriever:
         self.host = ShardHost(index_root, version_dir, shards, expect, verify_checksums, lucene_heap, search_device,
                               warmup_searches)
 
-        host = self.host
+        async def load(version: str) -> MultiplexedVersion:  # a plain function: Serve sets attributes on it
+            return await MultiplexedVersion.load(self.host, version)
 
-        class LoadedVersion(ShardGroup):
-            """A version as Serve's multiplexing holds it: Serve calls ``__del__`` when it evicts one (and
-            Python again when it is collected), which closes it once, after a grace period for requests
-            already pinned to it, on the index thread."""
-
-            def __del__(self):
-                if getattr(self, "_closing", True):  # closing already, or never fully made
-                    return
-                self._closing = True
-                with contextlib.suppress(RuntimeError):  # raised while the interpreter shuts down: nothing to close
-                    threading.Timer(CLOSE_GRACE_S, host.worker.submit, (host.close_version, self.version, self)).start()
-
-        async def load(version: str) -> ShardGroup:  # a plain function: Serve sets attributes on it
-            group = await self.host.load(version)
-            group.__class__, group.version, group._closing = LoadedVersion, version, False
-            return group
-
-        self._service_for = serve.multiplexed(max_num_models_per_replica=max_versions)(load)
+        # Serve's multiplexing is this deployment's cache of versions (it also tells Serve's router which replicas
+        # hold which): the host loads them, and closes those it evicts (deployments.shard.host).
+        self._version = serve.multiplexed(max_num_models_per_replica=max_versions)(load)
         settle_heap()
 
     async def _service(self) -> ShardGroup:
-        return await self._service_for(serve.get_multiplexed_model_id() or self.host.initial_version)
+        return (await self._version(serve.get_multiplexed_model_id() or self.host.initial_version)).group
 
     async def search(self, query: ShardQuery) -> ShardAnswer:
         return await self.host.search(await self._service(), query)

@@ -5,6 +5,11 @@ request is pinned to. The shard deployment wraps a host (Serve's model multiplex
 and routes each call to a replica holding the version); so does the router when it holds the shards
 itself (``shards.placement: router``), keeping its versions in ``VersionCache``.
 
+A version's life is here, whichever cache keeps it: ``ShardHost.load`` opens it (once, however many callers ask
+and whether or not they wait), a cache keeps the few most recently used, and ``ShardHost.close_later`` closes one
+the cache let go, after a grace period for the requests already pinned to it. The two caches (``VersionCache``, and
+Serve's multiplexing through ``MultiplexedVersion``) only choose what to keep.
+
 A host's Lucene calls run on one thread: pyjnius keeps per-method state that is not thread-safe. A large
 group's dense leg runs meanwhile on a thread of its own (FAISS releases the GIL, and so do pyjnius's calls into
 Java): at a million chunks in 4 shards the two legs cost about 5 and 9 ms, and one after another on one thread
@@ -22,12 +27,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import OrderedDict
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from deployments.bounded import BoundedCache
 from deployments.shard.group import ShardGroup
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.service import ShardService, corpus_df_map
@@ -37,6 +43,9 @@ from index_format.versions import list_versions, pin_version, versions_dir
 
 # A group holding at least this many chunks searches its two legs side by side (see the module).
 LEGS_APART_MIN_CHUNKS = 100_000
+# An evicted version is closed this long after its eviction: longer than a request pinned to it takes (a request's
+# deadline, router.request_timeout_s, is 10 s by default).
+CLOSE_GRACE_S = 30.0
 
 
 class ShardHost:
@@ -53,6 +62,7 @@ class ShardHost:
         self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-load")
         self.opened: dict[str, ShardGroup] = {}  # every version this host has open, until it is closed
         self._loads: dict[str, asyncio.Future] = {}  # versions being loaded, or loaded and not yet taken (``load``)
+        self._closing: set[asyncio.Task] = set()  # closes waiting out their grace period (kept referenced)
         self.sick: str | None = None  # why this slot should leave rotation (a JVM error), once seen
         initial = Path(version_dir)
         self.initial_version = initial.name
@@ -99,10 +109,17 @@ class ShardHost:
             del self.opened[version]
         group.close()
 
-    async def close_later(self, version: str, group: ShardGroup, grace_s: float = 30.0) -> None:
-        """Close an evicted version once requests that were already pinned to it have had time to finish."""
-        await asyncio.sleep(grace_s)
-        await self.run(self.close_version, version, group)
+    def close_later(self, version: str, group: ShardGroup, grace_s: float = CLOSE_GRACE_S) -> asyncio.Task:
+        """The one closer of an evicted version (either cache's): closed ``grace_s`` from now, once requests that were
+        already pinned to it have had time to finish, on the index thread after the searches queued there."""
+        async def close() -> None:
+            await asyncio.sleep(grace_s)
+            await self.run(self.close_version, version, group)
+
+        task = asyncio.get_running_loop().create_task(close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        return task
 
     def _open(self, version_dir: Path, warm: bool = True) -> ShardGroup:
         stats, terms = read_stats(version_dir / "bm25")
@@ -153,38 +170,48 @@ class ShardHost:
 
 
 class VersionCache:
-    """At most ``max_versions`` opened versions of one host, least recently used dropped first; one load
-    per version at a time (what Serve's multiplexing does for a shard deployment)."""
+    """At most ``max_versions`` opened versions of one host, least recently used let go first (to the host's closer):
+    the router's cache of the slots it holds (``shards.placement: router``). Loads are the host's (one per version)."""
 
-    def __init__(self, host: ShardHost, max_versions: int = 2, close_grace_s: float = 30.0):
+    def __init__(self, host: ShardHost, max_versions: int = 2, close_grace_s: float = CLOSE_GRACE_S):
         self.host, self.max_versions, self.close_grace_s = host, max_versions, close_grace_s
-        self._groups: OrderedDict[str, ShardGroup] = OrderedDict()
-        self._loading: dict[str, asyncio.Future] = {}
-        self._closing: set[asyncio.Task] = set()
+        self._groups: BoundedCache[str, ShardGroup] = BoundedCache(max_versions, on_evict=self._let_go_of)
+        self._let_go: weakref.WeakSet[ShardGroup] = weakref.WeakSet()  # evicted: closing, never kept again
+
+    def _let_go_of(self, version: str, group: ShardGroup) -> None:
+        self._let_go.add(group)
+        self.host.close_later(version, group, self.close_grace_s)
 
     async def get(self, version: str) -> ShardGroup:
         group = self._groups.get(version)
         if group is not None:
-            self._groups.move_to_end(version)
             return group
-        pending = self._loading.get(version)
-        if pending is None:
-            pending = self._loading[version] = asyncio.ensure_future(self._load(version))
-        # Shielded: a request that gives up (its deadline) does not cancel a load others wait for.
-        return await asyncio.shield(pending)
-
-    async def _load(self, version: str) -> ShardGroup:
-        try:
-            group = await self.host.load(version)
-        finally:
-            self._loading.pop(version, None)
-        self._groups[version] = group
-        while len(self._groups) > self.max_versions:
-            evicted, old = self._groups.popitem(last=False)
-            task = asyncio.ensure_future(self.host.close_later(evicted, old, self.close_grace_s))
-            self._closing.add(task)  # kept referenced until done
-            task.add_done_callback(self._closing.discard)
+        group = await self.host.load(version)
+        # Every caller that waited on the one load gets the same group: the first one back keeps it, unless it was let
+        # go meanwhile (a late caller still uses it, within the grace period; the next one loads the version again).
+        if version not in self._groups and group not in self._let_go:
+            self._groups.put(version, group)
         return group
+
+
+class MultiplexedVersion:
+    """A version as a shard deployment's Serve multiplexing keeps it (``serve.multiplexed``, its cache there): the
+    group, let go to the host's closer when Serve evicts it.
+
+    Serve evicts by awaiting the kept object's ``__del__`` (``ray.serve.multiplex``): here an attribute of the
+    instance, so Python's garbage collector (which looks ``__del__`` up on the class) never calls it a second time."""
+
+    def __init__(self, host: ShardHost, version: str, group: ShardGroup, grace_s: float = CLOSE_GRACE_S):
+        self.version, self.group = version, group
+
+        async def evicted() -> None:
+            host.close_later(version, group, grace_s)
+
+        self.__del__ = evicted
+
+    @classmethod
+    async def load(cls, host: ShardHost, version: str, grace_s: float = CLOSE_GRACE_S) -> MultiplexedVersion:
+        return cls(host, version, await host.load(version), grace_s)
 
 
 class SlotClient:

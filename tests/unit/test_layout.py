@@ -1,6 +1,7 @@
-"""The layout's promise: the search, shard and synthesis cores and the offline relevance package run without
-Ray; the service and the job never import each other, the format neither of them, and none of them the offline
-relevance work or the demo; the packages import one another one way, with no loop."""
+"""The layout's promise: the search, shard, documents and synthesis cores, the work of the router's routes
+(deployments.api) and the offline relevance package run without Ray; the service and the job never import
+each other, the format neither of them, and none of them the offline relevance work or the demo; the packages import
+one another one way, with no loop."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from pathlib import Path
 CODE = """
 import importlib, pkgutil, sys
 sys.modules["ray"] = None  # any `import ray` now fails
-import deployments.documents, deployments.edge, deployments.judgments, deployments.search, deployments.shard
-import deployments.synthesis, relevance
+import deployments.api, deployments.documents, deployments.edge, deployments.judgments, deployments.search
+import deployments.shard, deployments.synthesis, relevance
+# Beside the packages: builds (the admin API's jobs) and the one bounded cache.
+import deployments.builds, deployments.bounded
 # Every module of relevance: none needs Ray to be imported (only `relevance.tune --apply` reaches Ray, when it
 # runs, through deployments.settings).
-for pkg in (deployments.documents, deployments.edge, deployments.search, deployments.shard, deployments.synthesis,
-            relevance):
+for pkg in (deployments.api, deployments.documents, deployments.edge, deployments.search, deployments.shard,
+            deployments.synthesis, relevance):
     for m in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"{pkg.__name__}.{m.name}")
 print("ok")

@@ -12,6 +12,7 @@ from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.clients import Collection
 from index_format.versions import activate, active_version, versions_dir
 from tests.conftest import fake_version
+from tests.waiting import until
 
 
 def _publish(root, name, shards=2, encoder="hashing:64", dimension=64):
@@ -65,8 +66,7 @@ def test_every_shard_loads_the_version_before_the_one_swap(setup, tmp_path):
         GATE["open"] = False
         try:
             task = asyncio.create_task(switch.activate("docs", "v2"))
-            while len(log) < 2:  # both shards asked to load v2, neither done
-                await asyncio.sleep(0)
+            await until(lambda: len(log) >= 2, 5, "both shards asked to load v2")  # neither done
             assert collections["docs"] is before  # still warming: requests keep the old version
         finally:
             GATE["open"] = True

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from deployments.shard.host import ShardHost, VersionCache
+from tests.waiting import until
 
 
 class CountingHost:
@@ -18,7 +19,7 @@ class CountingHost:
     when the test says its grace period is over. Events, not sleeps: the order is the test's, on any machine."""
 
     def __init__(self, gated: bool = False):
-        self.opened, self.closed, self.graces = [], [], []
+        self.asked, self.opened, self.closed, self.graces = [], [], [], []
         self.loads_may_finish = asyncio.Event()
         if not gated:
             self.loads_may_finish.set()
@@ -26,6 +27,7 @@ class CountingHost:
         self.closed_one = asyncio.Event()
 
     async def load(self, version: str) -> str:
+        self.asked.append(version)
         await self.loads_may_finish.wait()
         if version == "broken":
             raise FileNotFoundError(version)
@@ -43,7 +45,8 @@ def test_concurrent_requests_for_a_version_load_it_once():
     async def run():
         cache = VersionCache(CountingHost(gated=True), max_versions=2)
         waiting = [asyncio.create_task(cache.get("v1")) for _ in range(5)]
-        await asyncio.sleep(0)  # every request is now waiting on the one load
+        # The one load is a task the first request started, run after all five asked: once it runs, all five wait.
+        await until(lambda: cache.host.asked == ["v1"], 5, "the load of v1 started")
         cache.host.loads_may_finish.set()
         got = await asyncio.gather(*waiting)
         assert got == ["group of v1"] * 5 and cache.host.opened == ["v1"]
@@ -84,7 +87,7 @@ def test_an_evicted_version_is_closed_after_the_grace_period():
         cache = VersionCache(CountingHost(), max_versions=1, close_grace_s=0.05)
         await cache.get("v1")
         await cache.get("v2")  # evicts v1
-        await asyncio.sleep(0)
+        await until(lambda: cache.host.graces, 5, "v1's close scheduled")
         assert cache.host.graces == [0.05] and cache.host.closed == []  # pinned requests may still be at work
         cache.host.grace_over.set()
         await asyncio.wait_for(cache.host.closed_one.wait(), 5)

@@ -89,6 +89,12 @@ async def _replica_gone(request: Request, exc: RayActorError) -> JSONResponse:
                           headers={"Retry-After": "2"})
 
 
+def _log_write(collection: str, seq: int, upserted: int = 0, deleted: int = 0) -> None:
+    """One line an acknowledged write, as one a search: Serve adds its request id and the replica that took it."""
+    logger.info("write", extra={"event": "write", "collection": collection, "seq": seq, "upserted": upserted,
+                                "deleted": deleted})
+
+
 async def _ndjson(events):
     async for event in events:
         yield json.dumps(event) + "\n"
@@ -420,6 +426,7 @@ class SearchRouter:
             self._may_write(caller, f"documents[{i}]", doc.metadata)
             records.append({"id": doc.doc_id, "title": doc.title, "text": doc.text, "metadata": doc.metadata})
         change, live = await docs.write(records, [], caller.key_id)
+        _log_write(collection, change.seq, upserted=len(records))
         return WriteResponse(collection=collection, seq=change.seq, upserted=len(records), searchable=live)
 
     async def _delete(self, collection: str, ids: list[str], request: Request) -> WriteResponse:
@@ -434,6 +441,7 @@ class SearchRouter:
                 raise NotFound(f"no document {doc_id!r} in collection {collection!r}; nothing was deleted")
             self._may_write(caller, f"document {doc_id!r}", found["metadata"])
         change, live = await docs.write([], list(dict.fromkeys(ids)), caller.key_id)
+        _log_write(collection, change.seq, deleted=len(set(ids)))
         return WriteResponse(collection=collection, seq=change.seq, deleted=len(set(ids)), searchable=live)
 
     @app.delete("/collections/{collection}/documents/{doc_id}", response_model=WriteResponse,

@@ -93,6 +93,7 @@ class DocumentWrites:
         docs = self.writable(name)
         records = checked_records(raw, docs.segment.chunking, caller, self.pipeline.acl_field)
         change, live = await docs.write(records, [], caller.key_id)
+        _log_write(name, change.seq, upserted=len(records))
         return WriteResponse(collection=name, seq=change.seq, upserted=len(records), searchable=live)
 
     async def delete(self, name: str, ids: list[str], caller: Caller) -> WriteResponse:
@@ -105,6 +106,7 @@ class DocumentWrites:
                 raise NotFound(f"no document {doc_id!r} in collection {name!r}; nothing was deleted")
             may_write(caller, self.pipeline.acl_field, f"document {doc_id!r}", found["metadata"])
         change, live = await docs.write([], list(dict.fromkeys(ids)), caller.key_id)
+        _log_write(name, change.seq, deleted=len(set(ids)))
         return WriteResponse(collection=name, seq=change.seq, deleted=len(set(ids)), searchable=live)
 
     async def get(self, name: str, doc_id: str, caller: Caller) -> DocumentResponse:
@@ -148,3 +150,10 @@ class DocumentWrites:
                     pass  # a build or another replica's fold is writing into the root; the next try comes
             except Exception:  # noqa: BLE001 - a follower that died would stop every later write showing up
                 logger.exception("following the change log of %s", docs.name)
+
+
+def _log_write(collection: str, seq: int, upserted: int = 0, deleted: int = 0) -> None:
+    """One line an acknowledged write, as one a search (``api.observe``): in a replica, Serve's logger adds the
+    request id and the replica that took it."""
+    logger.info("write", extra={"event": "write", "collection": collection, "seq": seq, "upserted": upserted,
+                                "deleted": deleted})

@@ -20,6 +20,7 @@ from index_build.config import BuildConfig
 from index_format.versions import active_version, rollback
 from tests.conftest import make_corpus, write_jsonl
 from tests.integration.conftest import ENCODER
+from tests.waiting import wait_until
 
 PORT = 18233
 ADMIN_KEY, ADMIN_DIGEST = new_key()
@@ -108,13 +109,9 @@ class Load:
 
 
 def _wait_serving(client, version: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    while time.monotonic() < deadline:
-        if client.get("/admin/versions", headers=admin).json()["collections"]["default"]["serving"] == version:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"still not serving {version} after {timeout_s} s")
+    wait_until(lambda: client.get("/admin/versions", headers=admin).json()["collections"]["default"]["serving"]
+               == version, timeout_s, f"{version} served", every_s=0.1)
 
 
 def test_admin_routes_need_an_admin_key(served):

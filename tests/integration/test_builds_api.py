@@ -6,15 +6,17 @@ searches running across the switch always find the written document, once."""
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest
+from deployments.documents.log import ChangeLog
 
+from deployments.documents.service import CHANGES_DIR
 from deployments.edge.guard import new_key
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import make_corpus, write_jsonl
+from tests.waiting import wait_until
 
 PORT = 18251
 ENCODER = "hashing:64"
@@ -45,29 +47,31 @@ def served(ray_local, tmp_path_factory):
 
 
 def _wait_for_job(client, job_id: str, timeout_s: float = 180) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def finished() -> dict | None:
         r = client.get(f"/admin/builds/{job_id}")
         assert r.status_code == 200, r.text
-        if r.json()["state"] != "running":
-            return r.json()
-        time.sleep(0.3)
-    raise AssertionError(f"build {job_id} still running after {timeout_s} s")
+        return r.json() if r.json()["state"] != "running" else None
+
+    return wait_until(finished, timeout_s, f"build {job_id} finished", every_s=0.3)
+
+
+def _serving(client) -> str:
+    return client.get("/admin/versions").json()["collections"]["default"]["serving"]
 
 
 def _wait_serving(client, version: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if client.get("/admin/versions").json()["collections"]["default"]["serving"] == version:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not serving {version} after {timeout_s} s")
+    wait_until(lambda: _serving(client) == version, timeout_s, f"{version} served", every_s=0.2)
+
+
+def _answer(client, query: str) -> tuple[str, list[str]]:
+    """(the version that answered, the documents found)."""
+    r = client.post("/search", json={"query": query, "method": "keyword", "limit": 10})
+    assert r.status_code == 200, r.text
+    return r.json()["index_version"]["default"], [x["doc_id"] for x in r.json()["results"]]
 
 
 def _hits(client, query: str) -> list[str]:
-    r = client.post("/search", json={"query": query, "method": "keyword", "limit": 10})
-    assert r.status_code == 200, r.text
-    return [x["doc_id"] for x in r.json()["results"]]
+    return _answer(client, query)[1]
 
 
 def test_a_fold_through_the_api_serves_the_writes_from_the_new_version_and_loses_none_across_the_switch(served):
@@ -76,18 +80,19 @@ def test_a_fold_through_the_api_serves_the_writes_from_the_new_version_and_loses
     assert client.put("/collections/default/documents", json={"documents": [record]}).status_code == 200
     assert client.get("/collections/default/documents/w-1").json()["source"] == "api"
 
-    seen: list[list[str]] = []
+    seen: list[tuple[str, list[str]]] = []  # (the version that answered, its hits), one per search
     stop = threading.Event()
 
     def search_meanwhile():
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60,
                           headers={"Authorization": f"Bearer {SEARCH_KEY}"}) as searcher:
             while not stop.is_set():
-                seen.append(_hits(searcher, "qwertyuiop quokka"))
+                seen.append(_answer(searcher, "qwertyuiop quokka"))
 
     thread = threading.Thread(target=search_meanwhile)
     thread.start()
     try:
+        wait_until(lambda: seen, 30, "a search answered before the fold")
         r = client.post("/admin/builds", json={"kind": "fold"})
         assert r.status_code == 202, r.text
         job = r.json()
@@ -99,11 +104,13 @@ def test_a_fold_through_the_api_serves_the_writes_from_the_new_version_and_loses
         summary = done["summary"]
         assert summary["log_seq"] == 1 and summary["upserted"] == 1 and summary["activated"]
         _wait_serving(client, summary["version"])
-        time.sleep(0.5)  # searches on the new version too
+        wait_until(lambda: sum(version == summary["version"] for version, _ in seen) >= 3, 30,
+                   f"3 searches answered by the new version {summary['version']}")
     finally:
         stop.set()
         thread.join()
-    assert len(seen) > 10 and all(hits.count("w-1") == 1 and hits[0] == "w-1" for hits in seen)
+    assert {version for version, _ in seen} == {"v1", summary["version"]}  # searches ran across the switch
+    assert all(hits.count("w-1") == 1 and hits[0] == "w-1" for _, hits in seen)
     doc = client.get("/collections/default/documents/w-1").json()
     assert doc["source"] == "index" and doc["chunk_ids"] == ["w-1#0"]  # the version holds it; the segment let go
     listed = client.get("/admin/builds").json()["builds"]
@@ -138,22 +145,29 @@ def test_a_build_through_the_api_reports_its_summary_and_bad_requests_are_4xx(se
     assert client.post("/admin/builds", json={"kind": "fold"}, headers=searcher).status_code == 403
 
 
+def _auto_folds(client) -> list[dict]:
+    return [j for j in client.get("/admin/builds").json()["builds"] if j["by"] == "auto"]
+
+
 def test_a_replica_folds_on_its_own_once_its_segment_holds_fold_after_documents(served):
-    client, _ = served
-    serving = client.get("/admin/versions").json()["collections"]["default"]["serving"]
+    client, folder = served
+    serving = _serving(client)
     records = [{"id": f"auto-{i}", "title": "", "text": f"zxcvbnm{i} auto fold words", "metadata": {}} for i in range(3)]
     assert client.put("/collections/default/documents", json={"documents": records[:2]}).status_code == 200
-    time.sleep(1.5)  # two documents held, fewer than router.fold_after_documents: no fold
-    assert client.get("/admin/versions").json()["collections"]["default"]["serving"] == serving
+    # Two documents held, fewer than router.fold_after_documents: the replica's watcher goes round and starts no
+    # fold. Each round reads the log first, then decides on a fold: two changes of another writer (as a second
+    # replica's would be, rewriting auto-1), the second read after the first, mean a whole round saw two documents.
+    log = ChangeLog(folder / "index" / CHANGES_DIR)
+    for text in ("zxcvbnm1 written again", "zxcvbnm1 written a third time"):
+        seq = log.append([records[1] | {"text": text}], [])[0].seq
+        wait_until(lambda seq=seq: client.get("/collections/default/documents/auto-1").json()["seq"] == seq, 30,
+                   f"the replica reading another writer's change {seq}")
+    assert _auto_folds(client) == [] and _serving(client) == serving
     assert client.put("/collections/default/documents", json={"documents": records[2:]}).status_code == 200
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        jobs = [j for j in client.get("/admin/builds").json()["builds"] if j["by"] == "auto"]
-        if jobs and jobs[0]["state"] != "running":
-            break
-        time.sleep(0.3)
-    assert jobs and jobs[0]["state"] == "succeeded" and jobs[0]["kind"] == "fold", jobs
-    _wait_serving(client, jobs[0]["summary"]["version"])
+    job = wait_until(lambda: next((j for j in _auto_folds(client) if j["state"] != "running"), None), 120,
+                     "a fold the replica started itself (by: auto) finished", every_s=0.3)
+    assert job["state"] == "succeeded" and job["kind"] == "fold" and len(_auto_folds(client)) == 1, job
+    _wait_serving(client, job["summary"]["version"])
     for record in records:
         assert client.get(f"/collections/default/documents/{record['id']}").json()["source"] == "index"
     assert _hits(client, "zxcvbnm2")[0] == "auto-2"

@@ -21,6 +21,7 @@ from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_format.change_log import CHANGES_DIR, ChangeLog
 from tests.conftest import make_corpus, write_jsonl
+from tests.waiting import wait_until
 
 PORT = 8801
 ROOT = Path(__file__).parents[2]
@@ -35,16 +36,17 @@ class Service:
         self.wait_healthy(240)
 
     def wait_healthy(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
             try:
-                if httpx.get(f"http://127.0.0.1:{PORT}/health", timeout=2).status_code == 200:
-                    return
+                return httpx.get(f"http://127.0.0.1:{PORT}/health", timeout=2).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.kill()
-        pytest.fail("python -m deployments did not come up")
+                return False
+
+        try:
+            wait_until(healthy, seconds, "python -m deployments answering /health", every_s=0.3)
+        except AssertionError as e:
+            self.kill()
+            pytest.fail(str(e))
 
     def router_replica(self) -> psutil.Process:
         for p in psutil.Process(self.proc.pid).children(recursive=True):
@@ -90,10 +92,9 @@ class Writers:
         return sum(1 for _, seq in self.batches if seq is not None)
 
     def wait_for(self, more: int, seconds: float = 120) -> None:
-        target, deadline = self.acknowledged() + more, time.monotonic() + seconds
-        while self.acknowledged() < target:
-            assert time.monotonic() < deadline, "the writes stopped being acknowledged"
-            time.sleep(0.05)
+        target = self.acknowledged() + more
+        wait_until(lambda: self.acknowledged() >= target, seconds,
+                   lambda: f"{more} more writes acknowledged: {target - self.acknowledged()} still missing")
 
 
 @pytest.fixture(scope="module")

@@ -204,7 +204,6 @@ def test_tune_command_tunes_writes_and_applies_settings_in_place(served, corpus,
     """python -m relevance.tune end to end: judgments -> replay -> held-out check -> settings file ->
     applied through the router's user_config, with the router replicas kept (no restart)."""
     import json
-    import time
 
     import yaml
     from ray.serve.context import _connect
@@ -212,6 +211,7 @@ def test_tune_command_tunes_writes_and_applies_settings_in_place(served, corpus,
     from deployments.settings import apply_router_settings, current_router_settings
     from relevance.tune import main as tune_main
     from tests.conftest import TOPICS
+    from tests.waiting import wait_until
 
     client, _ = served
     _, docs = corpus
@@ -224,6 +224,11 @@ def test_tune_command_tunes_writes_and_applies_settings_in_place(served, corpus,
             qrels += [f"{qid}\t{d['_id']}\t1" for d in docs if d["metadata"]["topic"] == topic]
     (tmp_path / "q.jsonl").write_text("\n".join(queries) + "\n")
     (tmp_path / "qrels.tsv").write_text("\n".join(qrels) + "\n")
+
+    def searched_with() -> tuple[str, int]:
+        """(fusion, candidate depth) a search is answered with now."""
+        debug = client.post("/search", json={"query": "telescope galaxy", "debug": True}).json()["debug"]
+        return debug["fusion"]["method"], debug["candidate_depth"]
 
     def router_replicas():
         details = _connect().get_serve_details()["applications"]["raysearch"]["deployments"]["router"]
@@ -249,25 +254,15 @@ def test_tune_command_tunes_writes_and_applies_settings_in_place(served, corpus,
         assert top[0]["setting"].startswith(f"{how}, {tuned['candidate_base']} candidates")
         assert "held-out" in capsys.readouterr().out
         # Applied in place: the settings are live, the replicas are the same ones.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            debug = client.post("/search", json={"query": "telescope galaxy", "debug": True}).json()["debug"]
-            if debug["fusion"]["method"] == tuned["fusion"] and debug["candidate_depth"] == tuned["candidate_base"]:
-                break
-            time.sleep(0.5)
-        else:
-            raise AssertionError(f"the tuned settings did not take effect: {debug['fusion']}, {debug['candidate_depth']}")
+        wait_until(lambda: searched_with() == (tuned["fusion"], tuned["candidate_base"]), 60,
+                   lambda: f"the tuned settings in effect: a search used {searched_with()}", every_s=0.5)
         assert {k: current_router_settings()[k] for k in tuned} == tuned
         assert router_replicas() == replicas
     finally:
         apply_router_settings(original)
         # Live again before the next test (Serve reconfigures replicas in the background).
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            debug = client.post("/search", json={"query": "telescope galaxy", "debug": True}).json()["debug"]
-            if (debug["fusion"]["method"], debug["candidate_depth"]) == (original["fusion"], original["candidate_base"]):
-                break
-            time.sleep(0.5)
+        wait_until(lambda: searched_with() == (original["fusion"], original["candidate_base"]), 60,
+                   lambda: f"the original settings in effect again: a search used {searched_with()}", every_s=0.5)
     with pytest.raises(ValueError, match="rrf_k"):
         apply_router_settings({"rrf_k": 0})  # refused before anything changes
 

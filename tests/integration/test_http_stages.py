@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 
 import httpx
 import pytest
 
 from deployments.edge.guard import new_key
+from tests.waiting import wait_until
 
 PORT = 18232
 KEY, DIGEST = new_key()
@@ -95,10 +95,8 @@ def test_a_killed_reranker_replica_means_fused_order_not_an_error(served):
     body = r.json()
     assert not body["reranked"] and body["warnings"][0].startswith("reranking ")
     assert [x["chunk_id"] for x in body["results"]] == [x["chunk_id"] for x in fused["results"]]
-    deadline = time.time() + 120  # Serve starts a new replica by itself
-    while time.time() < deadline and not client.post("/search", json={"query": "comet", "limit": 2}).json()["reranked"]:
-        time.sleep(2)
-    assert client.post("/search", json={"query": "comet", "limit": 2}).json()["reranked"]
+    wait_until(lambda: client.post("/search", json={"query": "comet", "limit": 2}).json()["reranked"], 120,
+               "a reranked search again: Serve starts a new reranker replica by itself", every_s=2)
 
 
 def test_answer_cites_only_returned_results(served):

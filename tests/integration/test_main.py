@@ -16,6 +16,8 @@ import httpx
 import psutil
 import pytest
 
+from tests.waiting import wait_until
+
 PORT = 8791
 METRICS_PORT = 8792
 COLLECTOR_PORT = 8793
@@ -39,28 +41,36 @@ class Running:
         self.processes = psutil.Process(self.proc.pid).children(recursive=True)
 
     def _wait_for_health(self, seconds: float) -> float:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < seconds and self.proc.poll() is None:
+        def healthy() -> bool:
             try:
-                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
-                    return time.monotonic() - t0
+                return httpx.get(f"{self.base}/health", timeout=2).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.kill()
-        pytest.fail(f"python -m deployments did not come up: {self.output[-3000:]}")
+                return False
+
+        t0 = time.monotonic()
+        try:
+            self.wait_while_running(healthy, seconds, "python -m deployments answering /health", every_s=0.3)
+        except AssertionError as e:
+            self.kill()
+            pytest.fail(str(e))
+        return time.monotonic() - t0
+
+    def wait_while_running(self, predicate, seconds: float, what: str, every_s: float = 0.05) -> None:
+        """``tests.waiting.wait_until``, given up at once if the command exits; a failure shows what it printed."""
+        def done() -> bool:
+            return predicate() or self.proc.poll() is not None
+
+        wait_until(done, seconds, lambda: f"{what}: {self.output[-3000:]}", every_s)
+        assert predicate(), f"python -m deployments exited ({self.proc.poll()}) before {what}: {self.output[-3000:]}"
 
     @property
     def output(self) -> str:
         return "".join(self.lines)
 
-    def printed(self, text: str, seconds: float = 30) -> bool:
-        """Whether ``text`` shows in the output within ``seconds``: the service prints its banner after its own
-        health check, which may come after ours."""
-        deadline = time.monotonic() + seconds
-        while text not in self.output and time.monotonic() < deadline and self.proc.poll() is None:
-            time.sleep(0.05)
-        return text in self.output
+    def wait_printed(self, text: str, seconds: float = 30) -> None:
+        """Until ``text`` shows in the output: the service prints its banner after its own health check, which may
+        come after ours."""
+        self.wait_while_running(lambda: text in self.output, seconds, f"{text!r} printed")
 
     def stop(self, sig: int) -> int:
         self.proc.send_signal(sig)
@@ -178,14 +188,16 @@ def scrape() -> dict:
     return out
 
 
-def wait_for(done, seconds: float = 60) -> dict:
-    """Scrape until ``done(scrape)``, or the last scrape after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while True:
-        metrics = scrape()
-        if done(metrics) or time.monotonic() > deadline:
-            return metrics
-        time.sleep(1)
+def wait_for(done, what, seconds: float = 60) -> dict:
+    """Scrape until ``done(scrape)`` and return that scrape; ``what(last scrape)`` says what never showed."""
+    scrapes = [{}]
+
+    def scraped() -> bool:
+        scrapes[-1] = scrape()
+        return done(scrapes[-1])
+
+    wait_until(scraped, seconds, lambda: what(scrapes[-1]), every_s=1)
+    return scrapes[-1]
 
 
 def readme_metric_names() -> set[str]:
@@ -206,13 +218,14 @@ def test_every_request_is_counted_once_by_route_method_and_outcome(service, buil
     import asyncio
 
     base, running = service
-    assert running.printed(f"metrics (Prometheus): http://127.0.0.1:{METRICS_PORT}/metrics"), running.output[-3000:]
+    running.wait_printed(f"metrics (Prometheus): http://127.0.0.1:{METRICS_PORT}/metrics")
     # Ray reports a process's counters every few seconds, all of them at once: once a marker request shows, the
     # scrape holds every request answered before it (the earlier tests' too).
     marker = ("/openapi.json", "GET", "ok")
     seen = http_count(scrape(), *marker)
     assert httpx.get(f"{base}/openapi.json").status_code == 200
-    before = wait_for(lambda m: http_count(m, *marker) == seen + 1)
+    before = wait_for(lambda m: http_count(m, *marker) == seen + 1,
+                      lambda m: f"the marker request counted (the count is {http_count(m, *marker)}, was {seen})")
     sent = {("/search", "POST", "ok"): 3, ("/search", "POST", "422"): 2, ("/search", "POST", "404"): 1,
             ("other", "GET", "404"): 1, ("/health", "GET", "ok"): 1}
     for _ in range(3):
@@ -235,8 +248,8 @@ def test_every_request_is_counted_once_by_route_method_and_outcome(service, buil
 
     expected = {k: float(v) for k, v in sent.items()}
     moved = lambda m: {key: http_count(m, *key) - http_count(before, *key) for key in sent}  # noqa: E731
-    after = wait_for(lambda m: moved(m) == expected)
-    assert moved(after) == expected
+    after = wait_for(lambda m: moved(m) == expected,
+                     lambda m: f"every request counted once: {moved(m)} counted, {expected} sent")
     _, summary = built[3]
     version = summary.version_dir.name
     index = {name: v for (name, labels), v in after.items() if name.startswith("ray_search_index_")
@@ -274,14 +287,14 @@ def test_the_request_id_is_in_every_log_line_and_error_body_and_queries_are_reda
     nowhere = httpx.get(f"{base}/nowhere")  # Starlette's own 404, in the app's error body
     assert nowhere.status_code == 404 and nowhere.json() == {"error": "Not Found", "detail": None,
                                                              "request_id": nowhere.headers["x-request-id"]}
-    deadline = time.monotonic() + 30
-    while True:
+
+    def logged() -> list[dict] | None:
         lines = serve_logs(running)
-        mine = [r for r in lines if r.get("request_id") == "rid-ok-1"]
-        if any(r.get("event") == "search" for r in mine) or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    (search,) = [r for r in mine if r.get("event") == "search"]
+        searches = {r.get("request_id") for r in lines if r.get("event") == "search"}
+        return lines if {"rid-ok-1", "rid-404-1"} <= searches else None
+
+    lines = wait_until(logged, 30, "the 'search' log lines of requests rid-ok-1 and rid-404-1", every_s=0.2)
+    (search,) = [r for r in lines if r.get("request_id") == "rid-ok-1" and r.get("event") == "search"]
     assert search["route"] == "/search" and search["deployment"] == "raysearch_router" and search["outcome"] == "ok"
     assert search["query"].startswith("<redacted sha256:") and search["method"] == "hybrid"
     assert not [r for r in lines if "confidential-words" in json.dumps(r)]
@@ -300,19 +313,23 @@ def test_a_served_search_is_one_trace_exported_by_otlp_with_its_stages(service, 
     r = httpx.post(f"{base}/search", json={"query": "telescope galaxy", "limit": 3},
                    headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01", "X-Request-Id": "rid-otlp-1"})
     assert r.status_code == 200
-    deadline = time.monotonic() + 30  # spans are sent in batches, every few seconds
-    while time.monotonic() < deadline and not any(s.trace_id.hex() == trace_id and s.name == "search"
-                                                  for s in collector.spans):
-        time.sleep(0.5)
-    time.sleep(1)
-    mine = [s for s in collector.spans if s.trace_id.hex() == trace_id]
+    stages = {"embed", "retrieve", "fuse", "fetch"}
+
+    def exported() -> list | None:
+        """The trace's spans once the root, its stages and a shard span are all in (sent in batches, every few
+        seconds: the stages may come in an earlier batch than the root)."""
+        mine = [s for s in collector.spans if s.trace_id.hex() == trace_id]
+        roots = {s.span_id for s in mine if s.name == "search"}
+        children = {s.name for s in mine if s.parent_span_id in roots}
+        return mine if roots and stages <= children and any(s.name.startswith("shards default/") for s in mine) else None
+
+    mine = wait_until(exported, 30, lambda: f"the search's spans, its stages {sorted(stages)} and a shard's: got "
+                      f"{sorted(s.name for s in collector.spans if s.trace_id.hex() == trace_id)}", every_s=0.2)
     (root,) = [s for s in mine if s.name == "search"]
     assert root.parent_span_id.hex() == "b7ad6b7169203331"
     attributes = {a.key: a.value for a in root.attributes}
     assert attributes["request.id"].string_value == "rid-otlp-1"
-    children = {s.name for s in mine if s.parent_span_id == root.span_id}
-    assert {"embed", "retrieve", "fuse", "fetch"} <= children
-    assert any(s.name.startswith("shards default/") for s in mine)
+    assert stages <= {s.name for s in mine if s.parent_span_id == root.span_id}
 
 
 def time_wait_sockets(port: int) -> int:

@@ -12,6 +12,7 @@ from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.clients import Collection
 from index_format.versions import activate, active_version, versions_dir
 from tests.conftest import fake_version
+from tests.waiting import until
 
 
 def _publish(root, name, shards=2, encoder="hashing:64", dimension=64):
@@ -20,7 +21,7 @@ def _publish(root, name, shards=2, encoder="hashing:64", dimension=64):
 
 # Closed, a slot's ``info`` waits until a test opens it again (a flag polled by yielding to the loop, not a
 # timer: the order is the test's own on any machine).
-GATE = {"open": True}
+GATE: dict[str, asyncio.Event | None] = {"closed": None}  # a test's closed gate: slots wait until it is set
 
 
 class Slot:
@@ -32,8 +33,8 @@ class Slot:
 
     async def info(self):
         self.log.append((self.name, self.version))
-        while not GATE["open"]:
-            await asyncio.sleep(0)
+        if GATE["closed"] is not None:
+            await GATE["closed"].wait()
         if self.version in self.broken:
             raise OSError("checksum mismatch")
         return {"fields": {f"field-of-{self.version}": "keyword"}}
@@ -62,15 +63,17 @@ def test_every_shard_loads_the_version_before_the_one_swap(setup, tmp_path):
     before = collections["docs"]
 
     async def run():
-        GATE["open"] = False
+        GATE["closed"] = asyncio.Event()
         try:
             task = asyncio.create_task(switch.activate("docs", "v2"))
-            while len(log) < 2:  # both shards asked to load v2, neither done
-                await asyncio.sleep(0)
+            await until(lambda: len(log) >= 2, 5, "both shards asked to load v2")  # neither done
             assert collections["docs"] is before  # still warming: requests keep the old version
         finally:
-            GATE["open"] = True
-        return await task
+            GATE["closed"].set()
+        try:
+            return await task
+        finally:
+            GATE["closed"] = None
 
     result = asyncio.run(run())
     assert result["previous"] == "v1" and result["version"] == "v2"

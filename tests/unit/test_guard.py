@@ -122,6 +122,7 @@ def test_the_layer_ahead_of_serve_counts_each_request_once_and_the_app_door_coun
 
     from deployments.edge.front_door import FrontDoor
     from deployments.edge.shedding import COUNTED_KEY, ShedFirst
+    from tests.waiting import until
 
     guard = Guard(max_inflight=2, retry_after_s=4)
     monkeypatch.setattr("deployments.edge.guard._installed", guard)
@@ -145,9 +146,8 @@ def test_the_layer_ahead_of_serve_counts_each_request_once_and_the_app_door_coun
         release["now"] = asyncio.Event()
         calls = [call(layer, p) for p in paths]
         tasks = [asyncio.ensure_future(c[2]) for c in calls]
-        # Until every request is either in the app (held) or refused: an event of the test's own, not a timer.
-        while sum(1 for _, sent, _ in calls if sent) + sum(1 for p, _ in seen if isinstance(p, str)) < len(calls):
-            await asyncio.sleep(0)
+        await until(lambda: sum(1 for _, sent, _ in calls if sent) + sum(1 for p, _ in seen if isinstance(p, str))
+                    >= len(calls), 5, "every request either in the app (held) or refused")
         seen.append(("held", guard.inflight))
         release["now"].set()
         await asyncio.gather(*tasks)

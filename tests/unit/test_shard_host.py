@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from deployments.shard.host import MultiplexedVersion, ShardHost, VersionCache
+from tests.waiting import until
 
 
 class Group:
@@ -61,7 +62,7 @@ def test_concurrent_requests_for_a_version_load_it_once():
         opened, may_open = [], threading.Event()
         cache = VersionCache(_host_opening_when_let(opened, may_open), max_versions=2)
         waiting = [asyncio.create_task(cache.get("v1")) for _ in range(5)]
-        await asyncio.sleep(0)  # every request is now waiting on the one load
+        await until(lambda: "v1" in cache.host._loads, 5, "the one load of v1 started")
         may_open.set()
         got = await asyncio.gather(*waiting)
         assert len({id(g) for g in got}) == 1 and got[0].version == "v1" and opened == ["v1"]

@@ -9,7 +9,7 @@ import threading
 
 import httpx
 import pytest
-from deployments.documents.log import ChangeLog
+from index_format.change_log import ChangeLog
 
 from deployments.documents.service import CHANGES_DIR
 from deployments.edge.guard import new_key

@@ -9,12 +9,11 @@ import threading
 
 import httpx
 import pytest
-from index_format.change_log import ChangeLog
 
-from deployments.documents.service import CHANGES_DIR
 from deployments.edge.guard import new_key
 from index_build.build import build_index
 from index_build.config import BuildConfig
+from index_format.change_log import CHANGES_DIR, ChangeLog
 from tests.conftest import make_corpus, write_jsonl
 from tests.waiting import wait_until
 

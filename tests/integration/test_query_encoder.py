@@ -81,7 +81,7 @@ def test_the_routers_encoder_embeds_queries_at_once_on_its_threads():
     import asyncio
     import threading
 
-    from deployments.serve.router import LocalEncoder
+    from deployments.serve.handles import LocalEncoder
 
     local = LocalEncoder("all-MiniLM-L6-v2", "onnx", threads=2)
     queries = [f"{t} {i}" for i in range(12) for t in TEXTS[:4]]

@@ -24,7 +24,7 @@ import numpy as np
 
 from deployments.shard.filters import FilterError, MetadataTable
 from deployments.shard.query import ShardAnswer, ShardQuery
-from deployments.shard.topk import top_k
+from deployments.shard.topk import contenders, top_k
 from index_format.bm25_stats import length_norm, lucene_idf, term_score
 from index_format.change_log import Change
 from index_format.chunking import Chunking, chunk_document
@@ -260,6 +260,8 @@ class FreshSegment:
 
     def _top(self, rows: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[str, float]]:
         """The k best (chunk id, score) of these rows, score descending then chunk id ascending (``topk.top_k``)."""
-        ids = np.array([self.rows[r]["chunk_id"] for r in rows.tolist()], dtype=object)
-        order = top_k(scores, k, ids.astype(str) if len(ids) else ids)
-        return list(zip(ids[order].tolist(), scores[order].astype(float).tolist(), strict=True))
+        kept = contenders(scores, k)  # chunk ids are read for these only
+        rows, scores = rows[kept], scores[kept]
+        ids = [self.rows[r]["chunk_id"] for r in rows.tolist()]
+        order = top_k(scores, k, np.array(ids, dtype=str)) if ids else np.zeros(0, dtype=np.int64)
+        return [(ids[i], float(scores[i])) for i in order.tolist()]

@@ -23,10 +23,19 @@ def top_k(scores: np.ndarray, k: int, *ties: np.ndarray) -> np.ndarray:
     if k <= 0 or n == 0:
         return np.zeros(0, dtype=np.int64)
     negated = -np.nan_to_num(scores, nan=-np.inf)
-    if n > PARTITION_FACTOR * k:
-        kth = np.partition(negated, k - 1)[k - 1]
-        candidates = np.flatnonzero(negated <= kth)  # the k best and every score tied with the k-th
-    else:
-        candidates = np.arange(n)
-    keys = [np.asarray(t)[candidates] for t in reversed(ties)] + [negated[candidates]]
-    return candidates[np.lexsort(keys)[:k]]
+    kept = contenders(scores, k)
+    keys = [np.asarray(t)[kept] for t in reversed(ties)] + [negated[kept]]
+    return kept[np.lexsort(keys)[:k]]
+
+
+def contenders(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions that may be among the ``k`` best: every one when they are few, else the k best and every score tied
+    with the k-th (a partition, linear). A caller whose tie keys cost something to build (chunk ids read row by row)
+    builds them for these only, then ranks them with ``top_k``."""
+    scores = np.asarray(scores, dtype=np.float64)
+    n = len(scores)
+    if k <= 0 or n <= PARTITION_FACTOR * k:
+        return np.arange(n)
+    negated = -np.nan_to_num(scores, nan=-np.inf)
+    kth = np.partition(negated, k - 1)[k - 1]
+    return np.flatnonzero(negated <= kth)

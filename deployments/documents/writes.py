@@ -22,8 +22,8 @@ from deployments.search.clients import collection
 from index_format.records import BadRecord, record_to_document
 
 if TYPE_CHECKING:
-    from deployments.documents.segment import Chunking
     from deployments.search.pipeline import SearchPipeline
+    from index_format.chunking import Chunking
 
 logger = logging.getLogger("ray.serve")
 FOLD_RETRY_S = 60.0  # a replica tries to start a due fold of a collection at most this often

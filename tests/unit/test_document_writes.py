@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from deployments.documents.segment import Chunking
 from deployments.documents.writes import DocumentWrites, checked_records, fold_due, may_write
 from deployments.edge.errors import status_of
 from deployments.edge.guard import Caller
 from deployments.errors import Forbidden, InvalidField, ServiceError
+from index_format.chunking import Chunking
 
 SEARCH_KEY = Caller("k-search", ("t1",), admin=False, writer=False)
 TENANT_WRITER = Caller("k-t1", ("t1", "staff"), admin=False, writer=True)

@@ -11,6 +11,10 @@ Layout::
 
 A version folder appears under ``versions/`` only by one ``rename`` of a finished staging folder, so
 a reader never sees a half-built version. Older versions stay until ``remove_version``.
+
+A root may also be a URL in object storage (``s3://bucket/prefix``): each function here then does the same
+through ``index_format.remote_root`` (its layout is described there), and a version to read is first fetched
+into the node's cache.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .manifest import MANIFEST, IndexMismatch, VersionManifest, counts_agree
+from .store import is_remote
 
 ACTIVE = "ACTIVE"
 ACTIVATIONS = "activations.jsonl"
@@ -38,7 +43,16 @@ def staging_dir(root: Path, build_key: str) -> Path:
     return Path(root) / "staging" / build_key
 
 
+def remote(root: str | Path, cache_dir: Path | None = None):
+    """The ``RemoteRoot`` of a root in object storage."""
+    from .remote_root import RemoteRoot
+
+    return RemoteRoot(str(root), cache_dir)
+
+
 def list_versions(root: Path) -> list[str]:
+    if is_remote(root):
+        return remote(root).versions()
     folder = versions_dir(root)
     if not folder.is_dir():
         return []
@@ -46,6 +60,8 @@ def list_versions(root: Path) -> list[str]:
 
 
 def active_version(root: Path) -> str | None:
+    if is_remote(root):
+        return remote(root).active()
     try:
         name = (Path(root) / ACTIVE).read_text().strip()
     except FileNotFoundError:
@@ -53,8 +69,21 @@ def active_version(root: Path) -> str | None:
     return name or None
 
 
-def resolve_version_dir(path: Path, version: str | None = None) -> Path:
-    """A version folder from an index root (its ACTIVE one, or ``version``) or a version folder itself."""
+def resolve_version_dir(path: Path, version: str | None = None, shards: list[str] | None = None,
+                        cache_dir: Path | None = None) -> Path:
+    """A version folder from an index root (its ACTIVE one, or ``version``) or a version folder itself. For a root
+    in object storage, the version's folder in the node's cache (``cache_dir``), fetched first with the files of
+    ``shards`` (all when None)."""
+    if is_remote(path):
+        root = remote(path, cache_dir)
+        name = version or root.active()
+        if name is None:
+            known = root.versions()
+            hint = f"; versions there: {', '.join(known)} (activate one)" if known else ""
+            raise IndexMismatch(f"{path} has no active index version{hint}")
+        if name not in root.versions():
+            raise IndexMismatch(f"index version {name!r} not found under {root.url}/versions")
+        return root.fetch(name, shards)[0]
     path = Path(path)
     if (path / MANIFEST).is_file() and (path / "shards").is_dir():
         return path
@@ -119,6 +148,8 @@ def activate(root: Path, name: str, by: str = "cli", verify: bool = True) -> str
     into a path unchecked, since it may come from an HTTP request. The version is verified first
     (checksums and counts, ``verify_version``): a corrupted version is never made active.
     """
+    if is_remote(root):
+        return remote(root).activate(name, by=by)
     root = Path(root)
     if name not in list_versions(root):
         raise IndexMismatch(f"cannot activate {name!r}: no such version under {versions_dir(root)}")
@@ -145,6 +176,8 @@ def activate(root: Path, name: str, by: str = "cli", verify: bool = True) -> str
 
 
 def activation_history(root: Path) -> list[dict]:
+    if is_remote(root):
+        return remote(root).history()
     try:
         lines = (Path(root) / ACTIVATIONS).read_text().splitlines()
     except FileNotFoundError:
@@ -167,15 +200,17 @@ def rollback(root: Path, by: str = "cli") -> tuple[str, str]:
     if target is None:
         raise IndexMismatch(f"{root}: no earlier activation to roll back to")
     if target not in list_versions(root):
-        raise IndexMismatch(f"cannot roll back to {target!r}: it was removed from {versions_dir(root)}")
+        raise IndexMismatch(f"cannot roll back to {target!r}: it was removed from {root}")
     return activate(root, target, by=by), target
 
 
 @contextlib.contextmanager
 def build_lock(root: Path) -> Iterator[None]:
     """Held by the one build writing into ``root``: a second build into the same root is refused with the
-    holder's pid and start time (an flock, so a killed build leaves no stale lock)."""
-    root = Path(root)
+    holder's pid and start time (an flock, so a killed build leaves no stale lock). For a root in object storage
+    the lock is this node's (its copy of the root in the cache): builds on two nodes may both publish, and the
+    compare-and-swap of ACTIVE lets one of them activate."""
+    root = remote(root).local_root() if is_remote(root) else Path(root)
     root.mkdir(parents=True, exist_ok=True)
     fd = os.open(root / ".build.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -208,6 +243,11 @@ def pin_version(version_dir: Path) -> None:
 
 
 def remove_version(root: Path, name: str) -> None:
+    """Delete a version (not the active one). In a local root, not one a running app serves either (its pin); in
+    object storage, replicas serving it keep their node's copy, and the blobs other versions share stay."""
+    if is_remote(root):
+        remote(root).remove(name)
+        return
     if active_version(root) == name:
         raise ValueError(f"{name!r} is the active version; activate another one before removing it")
     folder = versions_dir(root) / name

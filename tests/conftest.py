@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,18 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("OPENAI_API_KEY", "unused")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# The S3-compatible server tests use (``s3_server``), named before Ray starts so its workers inherit it.
+S3_PORT = _free_port()
+os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{S3_PORT}", AWS_ACCESS_KEY_ID="test",
+                  AWS_SECRET_ACCESS_KEY="test", AWS_REGION="us-east-1")
 
 TOPICS = {
     "astronomy": "star planet orbit telescope galaxy comet nebula gravity moon solar",
@@ -52,6 +65,33 @@ def write_jsonl(path: Path, records: list) -> Path:
 @pytest.fixture
 def corpus_file(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "corpus.jsonl", make_corpus())
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A local S3-compatible server (moto's) on ``AWS_ENDPOINT_URL``, for the whole run."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=S3_PORT, verbose=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+_BUCKETS = iter(range(10**6))
+
+
+@pytest.fixture
+def s3_root(s3_server) -> str:
+    """``s3://<a new bucket>/idx`` on the local server."""
+    import boto3
+
+    bucket = f"test-{os.getpid()}-{next(_BUCKETS)}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/idx"
 
 
 @pytest.fixture(scope="session")

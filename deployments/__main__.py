@@ -127,9 +127,11 @@ def parse_args(argv: list[str] | None = None):
 def absolute_indexes(cfg):
     """The config with its index paths absolute, resolved against this process's directory, where they were
     given: the app is built and served by other processes."""
+    from index_format.versions import absolute_root
+
     if cfg.index is not None:
-        return cfg.model_copy(update={"index": cfg.index.resolve()})
-    return cfg.model_copy(update={"collections": {name: c.model_copy(update={"index": c.index.resolve()})
+        return cfg.model_copy(update={"index": absolute_root(cfg.index)})
+    return cfg.model_copy(update={"collections": {name: c.model_copy(update={"index": absolute_root(c.index)})
                                                   for name, c in cfg.collections.items()}})
 
 

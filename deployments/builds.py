@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.errors import Conflict, InvalidField, NotFound
+from index_format.versions import state_dir
 
 BUILDS_DIR = "builds"  # beside the versions in an index root: <root>/builds/<id>.json, <id>.log
 RECORD_EVERY_S = 1.0  # how often a running job's record is written while its progress moves
@@ -53,10 +54,10 @@ def read_progress(text: str) -> dict[str, Any] | None:
     return last
 
 
-def record_path(root: Path, job_id: str) -> Path:
+def record_path(root: str | Path, job_id: str) -> Path:
     if not _ID.match(job_id):
         raise NotFound(f"no build {job_id!r}")
-    return Path(root) / BUILDS_DIR / f"{job_id}.json"
+    return state_dir(root) / BUILDS_DIR / f"{job_id}.json"
 
 
 def _iso(t: float) -> str:
@@ -87,7 +88,7 @@ def settled(record: dict[str, Any], path: Path | None = None, now: float | None 
     return record
 
 
-def read_record(roots: list[Path], job_id: str) -> dict[str, Any]:
+def read_record(roots: list[str], job_id: str) -> dict[str, Any]:
     """A job's record, looked up in these index roots."""
     for root in roots:
         path = record_path(root, job_id)
@@ -96,11 +97,11 @@ def read_record(roots: list[Path], job_id: str) -> dict[str, Any]:
     raise NotFound(f"no build {job_id!r}")
 
 
-def list_records(roots: list[Path], limit: int = 50) -> list[dict[str, Any]]:
+def list_records(roots: list[str], limit: int = 50) -> list[dict[str, Any]]:
     """The latest jobs of these roots, newest first."""
     out = []
     for root in roots:
-        folder = Path(root) / BUILDS_DIR
+        folder = state_dir(root) / BUILDS_DIR
         if folder.is_dir():
             for path in folder.glob("*.json"):
                 if not _ID.match(path.stem):  # a job's summary file, written by the job, read by its runner
@@ -118,9 +119,9 @@ def _write_json(path: Path, body: dict) -> None:
     os.replace(tmp, path)
 
 
-def root_is_building(root: Path) -> str | None:
+def root_is_building(root: str | Path) -> str | None:
     """Who holds the root's build lock (``build_lock``), or None when no build or fold is writing into it."""
-    lock = Path(root) / ".build.lock"
+    lock = state_dir(root) / ".build.lock"
     if not lock.exists():
         return None
     fd = os.open(lock, os.O_RDWR)
@@ -135,7 +136,7 @@ def root_is_building(root: Path) -> str | None:
         os.close(fd)
 
 
-def command_for(kind: str, root: Path, options: dict[str, Any], summary: Path) -> list[str]:
+def command_for(kind: str, root: str | Path, options: dict[str, Any], summary: Path) -> list[str]:
     """The job's command line: ``index_build`` with ``--out ROOT`` and one flag per option, or the fold."""
     if kind == "fold":
         cmd = [sys.executable, "-m", "index_build.fold", "--index", str(root)]
@@ -164,19 +165,18 @@ class BuildRunner:
     def start(self, root: str, kind: str, options: dict[str, Any], by: str | None = None,
               collection: str | None = None) -> dict[str, Any]:
         """Start a build or fold of ``root``; its record (``state: running``). Refused when one is writing there."""
-        root_path = Path(root)
         with self._lock:
             if root in self.running:
                 raise Conflict(f"build {self.running[root]} is still running in {root}; wait for it, or follow it at "
                                f"GET /admin/builds/{self.running[root]}")
-            holder = root_is_building(root_path)
+            holder = root_is_building(root)
             if holder is not None:
                 raise Conflict(f"another build is writing into {root} ({holder}); wait for it to finish")
             job_id = f"{kind}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}"
-            folder = root_path / BUILDS_DIR
+            folder = state_dir(root) / BUILDS_DIR
             folder.mkdir(parents=True, exist_ok=True)
             summary = folder / f"{job_id}.summary.json"
-            cmd = command_for(kind, root_path, options, summary)
+            cmd = command_for(kind, root, options, summary)
             now = _iso(time.time())
             record = {"id": job_id, "kind": kind, "collection": collection, "root": root, "options": options,
                       "command": cmd[1:], "state": "running", "started": now, "alive": now, "finished": None,

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+# An index root: a folder (``indexes/scifact``) or a URL in object storage (``s3://bucket/prefix``).
+IndexRoot = Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, Path) else v)]
 
 
 # Two choices the config sets and a request may override: the API's schemas (``deployments.edge.schemas``) take
@@ -109,7 +112,8 @@ class RouterSettings(BaseModel):
 class CollectionConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    index: Path = Field(description="Index root written by index_build (its ACTIVE version is served) or a version folder.")
+    index: IndexRoot = Field(description="Index root written by index_build (its ACTIVE version is served), a folder or "
+                             "s3://bucket/prefix, or a version folder.")
     version: str | None = Field(None, description="Serve this version instead of the active one.")
     rerank: bool = Field(True, description="Rerank this collection's results by default (when a reranker is deployed); "
                          "turn off for a collection where reranking does not help. Requests can still ask.")
@@ -282,6 +286,10 @@ class ShardsConfig(BaseModel):
         2000, ge=0, description="BM25 searches of random terms each shard replica runs when it opens an index "
         "version, so the JVM has compiled Lucene's hot paths before the first real query (0: none).")
     verify_checksums: bool = Field(True, description="Check every shard file against its manifest when it opens.")
+    cache_dir: Path | None = Field(
+        None, description="Node-local disk where replicas keep the files of an index root in object storage "
+        "(downloaded once per node, checked against their checksums; $RAYSEARCH_CACHE/index when unset, else "
+        "~/.cache/raysearch/index).")
     lucene_heap: str = Field("512m", pattern=r"^\d+[mMgG]$", description="JVM heap of each process that holds shards.")
 
     @property
@@ -349,8 +357,9 @@ class AppConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    index: Path | None = Field(
-        None, description="An index root written by index_build (its ACTIVE version is served) or a version folder, "
+    index: IndexRoot | None = Field(
+        None, description="An index root written by index_build (its ACTIVE version is served: a folder, or "
+        "s3://bucket/prefix with AWS_ENDPOINT_URL and the AWS credentials in the environment) or a version folder, "
         "served as the one collection, named default_collection: shorthand for collections.")
     version: str | None = Field(
         None, description="With index: serve this version of it instead of its active one (null: the active one).")
@@ -359,6 +368,10 @@ class AppConfig(BaseModel):
         "instead of index.")
     default_collection: str = Field("default", description="Collection used when a request names none.")
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
+    state_dir: Path | None = Field(
+        None, description="Durable node-local volume where a collection whose root is in object storage keeps the "
+        "documents API's change log, its judgments and build records ($RAYSEARCH_STATE when unset, else "
+        "~/.local/state/raysearch). A write is acknowledged once it is there.")
     encoder: EncoderConfig = Field(default_factory=EncoderConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)

@@ -73,14 +73,17 @@ from index_format.process import configure_process
 from index_format.records import metadata_json, written_document
 from index_format.sharding import shard_of
 from index_format.versions import (
-    activate,
+    activate_after,
+    active_tagged,
     active_version,
     build_lock,
-    publish,
+    publish_to,
     read_version_manifest,
     staging_dir,
+    state_dir,
     verify_version,
-    versions_dir,
+    version_dir,
+    work_root,
 )
 
 from .reuse import link_shard
@@ -104,6 +107,7 @@ class FoldSummary:
     activated: bool = False
     shard_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # each changed shard's task, by step
     change_log: dict = field(default_factory=dict)  # its compaction after the fold (segments, bytes before/after)
+    upload: dict = field(default_factory=dict)  # into object storage: files, bytes, bytes_uploaded, seconds
 
     def render(self) -> str:
         compacted = ""
@@ -118,6 +122,10 @@ class FoldSummary:
                  f"documents      {self.upserted:,} upserted, {self.deleted:,} deleted",
                  f"shards         {len(self.shards_changed)} changed, {len(self.shards_linked)} linked unchanged"
                  + (f"; FAISS rebuilt in {', '.join(self.rebuilt_faiss)}" if self.rebuilt_faiss else "")]
+        if self.upload:
+            u = self.upload
+            lines.append(f"uploaded       {u['bytes_uploaded']:,} of the version's {u['bytes']:,} bytes (the rest were "
+                         f"in the store already) in {u['seconds']:.2f}s")
         lines.append("time           " + ", ".join(f"{k} {v:.2f}s" for k, v in self.seconds.items()))
         return "\n".join(lines) + compacted
 
@@ -443,17 +451,18 @@ def fold(root: Path, through: int | None = None, base: str | None = None, do_act
          version: str | None = None, dead_fraction: float = DEAD_FRACTION) -> FoldSummary:
     """Fold the change log of the index root ``root`` (its writes past the base version's ``log_seq``, through
     ``through`` when given) into a new version on top of ``base`` (default: the active one), publish it and
-    activate it. One build or fold at a time per root."""
-    root = Path(root)
+    activate it. One build or fold at a time per root. A root in object storage is folded on this node: its base
+    version fetched to the node's cache, its change log read from the node's state folder (``state_dir``), the new
+    version uploaded (only the shards the writes touched are new bytes) and activated by compare-and-swap."""
     with build_lock(root):
         summary = _fold(root, through, base, do_activate, version, dead_fraction)
         # The log's closed segments keep each document's last write only: every version, folded or not, replays
         # the same documents from it (index_format.change_log), and the log stops growing with rewrites.
-        summary.change_log = dict(ChangeLog(root / CHANGES_DIR).compact().__dict__)
+        summary.change_log = dict(ChangeLog(state_dir(root) / CHANGES_DIR).compact().__dict__)
         return summary
 
 
-def _fold(root: Path, through: int | None, base: str | None, do_activate: bool, version: str | None,
+def _fold(root: str | Path, through: int | None, base: str | None, do_activate: bool, version: str | None,
           dead_fraction: float) -> FoldSummary:
     import ray
 
@@ -462,13 +471,14 @@ def _fold(root: Path, through: int | None, base: str | None, do_activate: bool, 
 
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
-    base = base or active_version(root)
+    seen = active_tagged(root)
+    base = base or (seen[0] if seen else active_version(root))
     if base is None:
         raise IndexMismatch(f"{root} has no active version to fold the change log into; build one first")
-    base_dir = versions_dir(root) / base
+    base_dir = version_dir(root, base, shards=None)
     manifest = read_version_manifest(base_dir)
     key = f"fold-{base}-{time.time_ns()}"
-    staging = staging_dir(root, key)
+    staging = staging_dir(work_root(root), key)
     work = staging / "_work"
     # A fold that died (killed, or failed) left its staging folder; this one holds the root's build lock, so no
     # other fold is writing any: they are removed (a fold has nothing to resume: it starts from its base again).
@@ -483,7 +493,7 @@ def _fold(root: Path, through: int | None, base: str | None, do_activate: bool, 
     workers = fold_workers(max(1, min(manifest.num_shards, cpus // SHARD_THREADS)))
     t = time.perf_counter()
     prepared = ray.get(workers[0].prepare.remote(
-        str(root), str(work), manifest.log_seq, through, manifest.num_shards, manifest.build_config, manifest.encoder))
+        str(state_dir(root)), str(work), manifest.log_seq, through, manifest.num_shards, manifest.build_config, manifest.encoder))
     seconds["read+embed"] = time.perf_counter() - t
     summary = FoldSummary(None, base, prepared["log_seq"], prepared["upserted"], prepared["deleted"])
     if prepared["log_seq"] == manifest.log_seq:
@@ -529,9 +539,9 @@ def _fold(root: Path, through: int | None, base: str | None, do_activate: bool, 
     write_json_atomic(staging / MANIFEST, VersionManifest(**body.model_dump()).model_dump(mode="json"))
     verify_version(staging, checksums=False)  # the counts add up; written files were checksummed as written
     shutil.rmtree(work)
-    publish(staging, root, name)
+    _, summary.upload = publish_to(staging, root, name)
     if do_activate:
-        activate(root, name, by="fold", verify=False)
+        activate_after(root, name, seen, by="fold")
     summary.version, summary.activated = name, do_activate
     seconds["publish"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
@@ -546,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
                     "only the shards they touch are changed (Lucene updated in place, FAISS appended where "
                     "approximate), the rest linked; the version is published and activated, and serving replicas "
                     "then drop what it holds from their fresh segments.")
-    p.add_argument("--index", required=True, type=Path, help="Index root (the folder holding versions/ and changes/).")
+    p.add_argument("--index", required=True, help="Index root: the folder holding versions/ and changes/, or "
+                   "s3://bucket/prefix (its change log then in this node's state folder, $RAYSEARCH_STATE).")
     p.add_argument("--through", type=int, default=None, help="Fold the writes up to this sequence number only "
                    "(default: all of them).")
     p.add_argument("--base", default=None, help="Version to fold into (default: the active one).")

@@ -38,12 +38,28 @@ ACTIVE = "ACTIVE"
 FILES = "files.json"
 BLOBS = "blobs"
 CACHE_ENV = "RAYSEARCH_CACHE"
+CACHE_DIR_ENV = "RAYSEARCH_INDEX_CACHE"  # shards.cache_dir, as the app tells its replicas
+STATE_ENV = "RAYSEARCH_STATE"
 TRANSFERS = 8  # files moved at once: object storage is fast per connection only with several in flight
 
 
 def default_cache_dir() -> Path:
-    """``$RAYSEARCH_CACHE/index`` (default ``~/.cache/raysearch/index``): a node-local disk."""
+    """``$RAYSEARCH_INDEX_CACHE`` (the app's ``shards.cache_dir``), else ``$RAYSEARCH_CACHE/index`` (default
+    ``~/.cache/raysearch/index``): a node-local disk."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "raysearch") / "index"
+
+
+def default_state_dir() -> Path:
+    """``$RAYSEARCH_STATE`` (default ``~/.local/state/raysearch``): a durable node-local volume."""
+    return Path(os.environ.get(STATE_ENV) or Path.home() / ".local" / "state" / "raysearch")
+
+
+def root_slug(url: str) -> str:
+    """A folder name for a root's URL: readable, and unique by a digest of the whole URL."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", url.rstrip("/").split("://", 1)[1])[:80]
+    return f"{slug}-{hashlib.sha256(url.rstrip('/').encode()).hexdigest()[:8]}"
 
 
 class RemoteRoot:
@@ -84,6 +100,29 @@ class RemoteRoot:
         if text is None:
             raise IndexMismatch(f"index version {name!r} not found under {self.url}/versions")
         return json.loads(text)
+
+    def verify(self, name: str) -> VersionManifest:
+        """The version's manifest, once its file table holds every file its shard manifests list, under the same
+        checksums, and the shards' counts add up (the bytes are checked as they are downloaded)."""
+        from .manifest import ShardManifest, counts_agree
+
+        manifest, files = self.manifest(name), self.files(name)
+        chunks = 0
+        for shard in manifest.shards:
+            entry = files.get(f"shards/{shard}/{MANIFEST}")
+            if entry is None:
+                raise IndexMismatch(f"{self.url}/versions/{name}: shard {shard} has no manifest")
+            m = ShardManifest.model_validate_json(self.store.get(f"{BLOBS}/{entry['sha256']}"))
+            wrong = sorted(rel for rel, sha in m.checksums.items()
+                           if files.get(f"shards/{shard}/{rel}", {}).get("sha256") != sha)
+            if wrong:
+                raise IndexMismatch(f"{self.url}/versions/{name}/{shard}: files missing or not as built: {wrong[:5]}")
+            if (m.encoder, m.dimension) != (manifest.encoder, manifest.dimension) or not counts_agree(m.counts):
+                raise IndexMismatch(f"{self.url}/versions/{name}/{shard}: its manifest disagrees with the version's")
+            chunks += m.counts["chunks"]
+        if chunks != manifest.counts["chunks"]:
+            raise IndexMismatch(f"{name}: its shards hold {chunks} chunks, its manifest says {manifest.counts['chunks']}")
+        return manifest
 
     def history(self) -> list[dict]:
         keys = sorted(self.store.list("activations/"))
@@ -169,8 +208,7 @@ class RemoteRoot:
 
     def local_root(self) -> Path:
         """This root's folder in the node's cache: laid out as a local root (``versions/<name>/...``)."""
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", self.url.split("://", 1)[1])[:80]
-        return self.cache_dir / "roots" / f"{slug}-{hashlib.sha256(self.url.encode()).hexdigest()[:8]}"
+        return self.cache_dir / "roots" / root_slug(self.url)
 
     def fetch(self, name: str, shards: Iterable[str] | None = None) -> tuple[Path, dict]:
         """The version's folder in the node's cache, with its top-level files and the files of ``shards`` (all

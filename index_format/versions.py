@@ -50,6 +50,22 @@ def remote(root: str | Path, cache_dir: Path | None = None):
     return RemoteRoot(str(root), cache_dir)
 
 
+def state_dir(root: str | Path) -> Path:
+    """Where the node keeps a root's mutable state (the API's change log, judgments, build records, the build lock):
+    the root itself when it is a folder. For a root in object storage, ``$RAYSEARCH_STATE/roots/<slug>`` (default
+    ``~/.local/state/raysearch``), which must be a durable volume: the change log is acknowledged there."""
+    if is_remote(root):
+        from .remote_root import default_state_dir, root_slug
+
+        return default_state_dir() / "roots" / root_slug(str(root))
+    return Path(root)
+
+
+def absolute_root(root: str | Path) -> str:
+    """A root as other processes must be told it: a URL as it is, a path made absolute."""
+    return str(root) if is_remote(root) else str(Path(root).resolve())
+
+
 def list_versions(root: Path) -> list[str]:
     if is_remote(root):
         return remote(root).versions()
@@ -98,6 +114,22 @@ def resolve_version_dir(path: Path, version: str | None = None, shards: list[str
     return folder
 
 
+def version_dir(root: str | Path, name: str, shards: list[str] | None = (), cache_dir: Path | None = None) -> Path:
+    """The folder of published version ``name`` of ``root``. In object storage: its copy in the node's cache, with
+    the version's own files (manifest, BM25 statistics) and those of ``shards`` (none by default; all: None)."""
+    if is_remote(root):
+        return remote(root, cache_dir).fetch(name, shards)[0]
+    return versions_dir(Path(root)) / name
+
+
+def verify_published(root: str | Path, name: str) -> VersionManifest:
+    """``verify_version`` of a published version. In object storage, without downloading its shards: every shard
+    file its shard manifests list is in the version's file table under that checksum (downloads verify the bytes)."""
+    if is_remote(root):
+        return remote(root).verify(name)
+    return verify_version(versions_dir(Path(root)) / name)
+
+
 def read_version_manifest(version_dir: Path) -> VersionManifest:
     path = Path(version_dir) / MANIFEST
     try:
@@ -106,6 +138,39 @@ def read_version_manifest(version_dir: Path) -> VersionManifest:
         raise IndexMismatch(f"{version_dir}: no {MANIFEST}: not an index version") from None
     except ValueError as e:
         raise IndexMismatch(f"{path}: not a valid version manifest: {e}") from None
+
+
+def work_root(root: str | Path) -> Path:
+    """Where a job writing into ``root`` stages its version on this node: the root itself when it is a folder, its
+    copy in the node's cache for a root in object storage (so a rerun resumes there too)."""
+    return remote(root).local_root() if is_remote(root) else Path(root)
+
+
+def publish_to(staging: Path, root: str | Path, name: str) -> tuple[str, dict]:
+    """Publish a finished staging folder as version ``name`` of ``root``: renamed into a folder root, uploaded
+    (the blobs the store does not hold yet, the manifest last) to a root in object storage, the staging folder
+    then removed. Returns where the version is and what moved (``files``, ``bytes``, ``bytes_uploaded``)."""
+    if is_remote(root):
+        sent = remote(root).publish(staging, name)
+        shutil.rmtree(staging, ignore_errors=True)
+        return f"{str(root).rstrip('/')}/versions/{name}", sent
+    target = publish(staging, Path(root), name)
+    return str(target), {}
+
+
+def activate_after(root: str | Path, name: str, seen: tuple[str | None, str | None] | None, by: str) -> str | None:
+    """Activate a version a job just published. In object storage, a compare-and-swap on what ``ACTIVE`` was when
+    the job started (``seen``, from ``active_tagged``): a job that another activation overtook fails, its version
+    published but not active, instead of undoing that activation. In a folder root, as ``activate`` (the build lock
+    keeps jobs apart there)."""
+    if is_remote(root):
+        return remote(root).activate(name, by=by, expect=seen)
+    return activate(root, name, by=by, verify=False)
+
+
+def active_tagged(root: str | Path) -> tuple[str | None, str | None] | None:
+    """What a job reads of ``ACTIVE`` when it starts, for ``activate_after`` (None for a folder root)."""
+    return remote(root).active_tagged() if is_remote(root) else None
 
 
 def publish(staging: Path, root: Path, name: str) -> Path:
@@ -208,9 +273,9 @@ def rollback(root: Path, by: str = "cli") -> tuple[str, str]:
 def build_lock(root: Path) -> Iterator[None]:
     """Held by the one build writing into ``root``: a second build into the same root is refused with the
     holder's pid and start time (an flock, so a killed build leaves no stale lock). For a root in object storage
-    the lock is this node's (its copy of the root in the cache): builds on two nodes may both publish, and the
+    the lock is this node's (in the root's ``state_dir``): builds on two nodes may both publish, and the
     compare-and-swap of ACTIVE lets one of them activate."""
-    root = remote(root).local_root() if is_remote(root) else Path(root)
+    root = state_dir(root)
     root.mkdir(parents=True, exist_ok=True)
     fd = os.open(root / ".build.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:

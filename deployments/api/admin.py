@@ -54,15 +54,15 @@ class Builds:
     def __init__(self, deployed: Mapping[str, DeployedCollection], default_collection: str, start_job: StartJob):
         self.deployed, self.default_collection, self.start_job = deployed, default_collection, start_job
 
-    def root_of(self, name: str) -> Path:
+    def root_of(self, name: str) -> str:
         """The index root a collection builds into (``Conflict`` for one serving a pinned version: it has none)."""
         root = collection(self.deployed, name).root
         if root is None:
             raise Conflict(f"collection {name!r} serves a pinned index version (a version folder, or 'version' "
                            "set): it has no index root to build into")
-        return Path(root)
+        return root
 
-    def roots(self) -> list[Path]:
+    def roots(self) -> list[str]:
         return sorted({d.root for d in self.deployed.values() if d.root is not None})
 
     async def start(self, body: BuildRequest, by: str | None) -> BuildJob:

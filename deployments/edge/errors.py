@@ -24,8 +24,10 @@ from deployments.errors import (
     UnknownCollection,
 )
 from index_format.change_log import ChangeLogError, LogCorrupt, LogFull, WriteNotStored
+from index_format.store import Conflict as StoreConflict
+from index_format.store import StoreError
 
-ERROR_ROOTS = (ServiceError, ChangeLogError)  # every kind the table answers derives from one of these
+ERROR_ROOTS = (ServiceError, ChangeLogError, StoreError)  # every kind the table answers derives from one of these
 
 HTTP_STATUS: dict[type[Exception], int] = {
     ServiceError: 400,
@@ -44,6 +46,9 @@ HTTP_STATUS: dict[type[Exception], int] = {
     WriteNotStored: 503,
     LogFull: 507,
     LogCorrupt: 500,
+    # The index store's (object storage): away is the service's Unavailable; a lost compare-and-swap, a Conflict.
+    StoreError: 503,
+    StoreConflict: 409,
 }
 
 RETRY_AFTER_S = 2  # what a 503 of a stage that is away asks the client to wait

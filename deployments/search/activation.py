@@ -34,8 +34,8 @@ from index_format.versions import (
     list_versions,
     previous_version,
     read_version_manifest,
-    verify_version,
-    versions_dir,
+    verify_published,
+    version_dir,
 )
 
 logger = logging.getLogger("ray.serve")
@@ -46,7 +46,7 @@ class DeployedCollection:
     """What a collection was deployed with; fixed until the next deploy."""
 
     name: str
-    root: Path | None  # None: the config named a version folder or pinned a version, so it never moves
+    root: str | None  # a folder or a URL; None: the config named a version folder or pinned a version: it never moves
     encoder_model: str
     dimension: int
     slots: list[tuple[str, Any, list[str]]]  # (slot name, handle of its deployment, the shards it serves)
@@ -119,7 +119,7 @@ class VersionSwitch:
             raise NotFound(f"no index version {version!r} under {deployed.name!r}; published: "
                                   f"{', '.join(list_versions(deployed.root)) or 'none'}")
         try:
-            manifest = read_version_manifest(versions_dir(deployed.root) / version)
+            manifest = read_version_manifest(version_dir(deployed.root, version))
         except IndexMismatch as e:
             raise ActivationError(str(e)) from None
         return manifest, check_switchable(deployed, manifest)
@@ -143,7 +143,7 @@ class VersionSwitch:
                 raise Unavailable(reason) from exc
             fresh = current.fresh
             if fresh is not None and self.fresh_for is not None:
-                fresh = await self.fresh_for(name, versions_dir(deployed.root) / version)
+                fresh = await self.fresh_for(name, await asyncio.to_thread(version_dir, deployed.root, version))
             # No await from here: the version and its segment are swapped in one step, so a request sees both
             # old or both new (a folded write is in the new version or in the old segment, never in neither).
             self.collections[name] = Collection.at_version(name, version, shards, deployed.encoder, fields=fields,
@@ -160,7 +160,7 @@ class VersionSwitch:
         deployed = self._deployed(name)
         self._manifest(deployed, version)
         try:  # every file against its checksum, off the event loop: a corrupted version is never switched to
-            await asyncio.to_thread(verify_version, versions_dir(deployed.root) / version)
+            await asyncio.to_thread(verify_published, deployed.root, version)
         except IndexMismatch as e:
             raise ActivationError(f"not activating {version!r}: {e}") from None
         result = await self.switch(name, version)

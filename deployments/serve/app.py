@@ -16,13 +16,16 @@ from ray.serve import Application
 
 from deployments.config import AppConfig, RerankerConfig, SynthesisConfig
 from deployments.serve.query_encoder import QueryEncoder
+from deployments.serve.reach import check_nodes_reach
 from deployments.serve.reranker import Reranker
 from deployments.serve.router import SearchRouter
 from deployments.serve.shard_group import ShardRetriever
 from deployments.serve.specs import CollectionSpec, HeldSlot, HostSpec, SlotSpec
 from deployments.serve.synthesis import Synthesis
-from index_format.manifest import MANIFEST
-from index_format.versions import read_version_manifest, resolve_version_dir
+from index_format.manifest import MANIFEST, IndexMismatch, VersionManifest
+from index_format.remote_root import CACHE_DIR_ENV, STATE_ENV
+from index_format.store import is_remote
+from index_format.versions import absolute_root, read_version_manifest, remote, resolve_version_dir, state_dir
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 
@@ -66,11 +69,42 @@ def synthesis_deployment(cfg: SynthesisConfig, logs: dict[str, Any] | None = Non
     ).bind(cfg.model_dump(mode="json"))
 
 
-def judgments_root(index: Path, version_dir: Path) -> Path:
-    """The index root a collection's judgments live in, also when the config names a version folder."""
-    if index != version_dir:
-        return index
+def judgments_root(index: str, version_dir: Path | None) -> Path:
+    """The folder a collection's judgments live in: beside the versions of a folder root (also when the config
+    names a version folder), in the node's state folder for a root in object storage."""
+    if is_remote(index) or version_dir is None or Path(index) != version_dir:
+        return state_dir(index)
     return version_dir.parent.parent if version_dir.parent.name == "versions" else version_dir
+
+
+def served_version(index: str, version: str | None) -> tuple[VersionManifest, Path | None]:
+    """The manifest of the version a collection starts on, and its folder (None for a root in object storage:
+    each replica fetches the files it serves to its own node; nothing is downloaded here)."""
+    if not is_remote(index):
+        folder = resolve_version_dir(Path(index), version)
+        return read_version_manifest(folder), folder
+    root = remote(index)
+    name = version or root.active()
+    if name is None:
+        known = root.versions()
+        hint = f"; versions there: {', '.join(known)} (activate one)" if known else ""
+        raise IndexMismatch(f"{index} has no active index version{hint}")
+    return root.manifest(name), None
+
+
+def node_env(cfg: AppConfig) -> dict[str, str]:
+    """What every replica that opens an index root is told of its node's disks (``shards.cache_dir``,
+    ``state_dir``), as Ray's runtime environment."""
+    env = {}
+    if cfg.shards.cache_dir is not None:
+        env[CACHE_DIR_ENV] = str(Path(cfg.shards.cache_dir).expanduser().resolve())
+    if cfg.state_dir is not None:
+        env[STATE_ENV] = str(Path(cfg.state_dir).expanduser().resolve())
+    return env
+
+
+def with_env(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    return options | {"runtime_env": {"env_vars": env}} if env else options
 
 
 def shard_groups(shards: list[str], group_size: int) -> list[list[str]]:
@@ -87,8 +121,7 @@ def slot_name(collection: str, group: list[str], index: int) -> str:
 def logical_cpus_needed(cfg: AppConfig) -> float:
     """Ray CPUs the app reserves to start (the reranker at its initial replicas), so a machine too small
     for it is told so instead of leaving replicas unscheduled forever."""
-    manifests = [read_version_manifest(resolve_version_dir(Path(c.index).resolve(), c.version))
-                 for c in cfg.resolved_collections().values()]
+    manifests = [served_version(absolute_root(c.index), c.version)[0] for c in cfg.resolved_collections().values()]
     groups = sum(len(shard_groups(list(m.shards), cfg.shards.group_size)) for m in manifests)
     need = 0 if cfg.shards.in_router else groups * cfg.shards.num_replicas * cfg.shards.num_cpus
     if not cfg.encoder.in_router:
@@ -134,7 +167,8 @@ def shard_slots(cfg: AppConfig, collection: str, host: HostSpec) -> list[SlotSpe
             name=name,
             num_replicas=s.num_replicas,
             max_ongoing_requests=s.max_ongoing_requests,
-            ray_actor_options={"num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "resources": dict(s.resources)},
+            ray_actor_options=with_env({"num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "resources": dict(s.resources)},
+                                       node_env(cfg)),
             logging_config=logging_config(cfg),
         ).bind(max_versions=s.max_versions, **asdict(group_host)), group))
     return slots
@@ -142,20 +176,23 @@ def shard_slots(cfg: AppConfig, collection: str, host: HostSpec) -> list[SlotSpe
 
 def build_app(args: dict[str, Any] | AppConfig) -> Application:
     cfg = args if isinstance(args, AppConfig) else AppConfig.model_validate(args)
+    check_nodes_reach(sorted({absolute_root(c.index) for c in cfg.resolved_collections().values()}))
     encoders: dict[str, Any] = {}
     collections: dict[str, CollectionSpec] = {}
     for name, coll in cfg.resolved_collections().items():
         if not _NAME.match(name):
             raise ValueError(f"collection name {name!r}: use 1-48 letters, digits, '-' or '_'")
-        index = Path(coll.index).resolve()
-        version_dir = resolve_version_dir(index, coll.version)
-        manifest = read_version_manifest(version_dir)
-        # An index root without a pinned version follows its ACTIVE pointer; a version folder never moves.
-        follows = coll.version is None and not (index / MANIFEST).is_file()
+        index = absolute_root(coll.index)
+        manifest, version_dir = served_version(index, coll.version)
+        # An index root without a pinned version follows its ACTIVE pointer; a version folder never moves. A root in
+        # object storage is named to the hosts either way: they fetch their files from it.
+        follows = coll.version is None and (is_remote(index) or not (Path(index) / MANIFEST).is_file())
+        host_root = index if follows or is_remote(index) else None
         if manifest.encoder not in encoders:
             encoders[manifest.encoder] = (None if cfg.encoder.in_router
                                           else encoder_deployment(cfg, manifest.encoder, len(encoders)))
-        host = HostSpec(index_root=str(index) if follows else None, version_dir=str(version_dir),
+        host = HostSpec(index_root=host_root, version_dir=str(version_dir) if version_dir else None,
+                        version=manifest.version,
                         shards=list(manifest.shards),
                         expect={"encoder": manifest.encoder, "dimension": manifest.dimension},
                         verify_checksums=cfg.shards.verify_checksums, lucene_heap=cfg.shards.lucene_heap,
@@ -175,7 +212,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
     return SearchRouter.options(
         name="router",
         num_replicas=r.num_replicas,
-        ray_actor_options={"num_cpus": r.num_cpus, "resources": dict(r.resources)},
+        ray_actor_options=with_env({"num_cpus": r.num_cpus, "resources": dict(r.resources)}, node_env(cfg)),
         max_queued_requests=r.max_queued_requests,
         user_config=r.settings().model_dump(mode="json"),
         logging_config=logging_config(cfg),

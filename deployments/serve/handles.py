@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict
-from pathlib import Path
 
 from ray.exceptions import RayActorError
 
@@ -83,7 +82,7 @@ def deployed_collections(specs: dict[str, CollectionSpec]) -> dict[str, Deployed
                 local[spec.encoder_model] = LocalEncoder(spec.encoder_model, spec.encoder_backend, spec.encoder_threads)
             encoder = local[spec.encoder_model]
         deployed[name] = DeployedCollection(
-            name=name, root=Path(spec.root) if spec.root else None, encoder_model=spec.encoder_model,
+            name=name, root=spec.root or None, encoder_model=spec.encoder_model,
             dimension=spec.dimension, slots=[(slot.name, held_slot(slot.target), slot.shards) for slot in spec.slots],
             encoder=encoder, rerank=spec.rerank, ann=spec.ann)
     return deployed

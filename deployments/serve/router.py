@@ -56,7 +56,7 @@ from deployments.serve.handles import (
 from deployments.serve.heap import settle_heap
 from deployments.serve.listen import reuse_address_on_bind
 from deployments.serve.specs import CollectionSpec
-from index_format.versions import resolve_version_dir
+from index_format.versions import version_dir
 
 logger = logging.getLogger("ray.serve")
 
@@ -92,7 +92,7 @@ class SearchRouter:
         self.held_hosts = held_hosts(deployed)
         # Documents written through the API, per collection that follows an index root (a pinned version is
         # read-only): their change log beside the versions, and the fresh segment searched beside the version.
-        documents = {name: open_documents(name, d.root, resolve_version_dir(d.root, collections[name].version),
+        documents = {name: open_documents(name, d.root, version_dir(d.root, collections[name].version),
                                          d.encoder, d.dimension) for name, d in deployed.items() if d.root is not None}
         shards = {name: [shard_client(slot, handle, collections[name].version, names) for slot, handle, names in d.slots]
                   for name, d in deployed.items()}

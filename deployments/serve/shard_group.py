@@ -25,11 +25,11 @@ from deployments.shard.query import ShardAnswer, ShardQuery
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32, health_check_period_s=10)
 class ShardRetriever:
-    def __init__(self, index_root: str | None, version_dir: str, shards: list[str] | str, expect: dict,
+    def __init__(self, index_root: str | None, version_dir: str | None, shards: list[str] | str, expect: dict,
                  verify_checksums: bool = True, lucene_heap: str = "512m", max_versions: int = 2,
-                 search_device: str = "cpu", warmup_searches: int = 0):
+                 search_device: str = "cpu", warmup_searches: int = 0, version: str | None = None):
         self.host = ShardHost(index_root, version_dir, shards, expect, verify_checksums, lucene_heap, search_device,
-                              warmup_searches)
+                              warmup_searches, version)
 
         async def load(version: str) -> MultiplexedVersion:  # a plain function: Serve sets attributes on it
             return await MultiplexedVersion.load(self.host, version)

@@ -17,14 +17,15 @@ from deployments.edge.schemas import AnnParams
 class HostSpec:
     """What a process that holds shards opens: a group of one version's shards (``ShardHost``'s arguments)."""
 
-    index_root: str | None  # None: a pinned version, never followed
-    version_dir: str
+    index_root: str | None  # None: a pinned version folder, never followed
+    version_dir: str | None  # the version to open first; None: fetch ``version`` of a root in object storage
     shards: list[str]
     expect: dict[str, Any]  # the encoder and dimension every shard's manifest must name
     verify_checksums: bool = True
     lucene_heap: str = "512m"
     search_device: str = "cpu"
     warmup_searches: int = 2000
+    version: str | None = None  # the first version's name
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.service import ShardService, corpus_df_map
 from index_format.bm25_stats import read_stats
 from index_format.manifest import IndexMismatch
-from index_format.versions import list_versions, pin_version, versions_dir
+from index_format.store import is_remote
+from index_format.versions import list_versions, pin_version, version_dir
 
 # A group holding at least this many chunks searches its two legs side by side (see the module).
 LEGS_APART_MIN_CHUNKS = 100_000
@@ -49,11 +50,13 @@ CLOSE_GRACE_S = 30.0
 
 
 class ShardHost:
-    def __init__(self, index_root: str | None, version_dir: str, shards: Sequence[str] | str, expect: dict,
+    def __init__(self, index_root: str | None, version_dir: str | None, shards: Sequence[str] | str, expect: dict,
                  verify_checksums: bool = True, lucene_heap: str = "512m", search_device: str = "cpu",
-                 warmup_searches: int = 0):
+                 warmup_searches: int = 0, version: str | None = None):
+        """``version_dir``: the version to open first; None for a root in object storage, whose ``version`` this
+        host fetches to its node (its shards' files only) before opening it."""
         os.environ["LUCENE_JVM_HEAP"] = lucene_heap  # read when this process starts its JVM
-        self.root = Path(index_root) if index_root else None  # None: pinned to one version folder
+        self.root = index_root or None  # a folder or a URL; None: pinned to one version folder
         self.shards = [shards] if isinstance(shards, str) else list(shards)
         self.expect, self.verify_checksums = dict(expect), verify_checksums
         self.search_device, self.warmup_searches = search_device, warmup_searches
@@ -64,7 +67,7 @@ class ShardHost:
         self._loads: dict[str, asyncio.Future] = {}  # versions being loaded, or loaded and not yet taken (``load``)
         self._closing: set[asyncio.Task] = set()  # closes waiting out their grace period (kept referenced)
         self.sick: str | None = None  # why this slot should leave rotation (a JVM error), once seen
-        initial = Path(version_dir)
+        initial = Path(version_dir) if version_dir else self._fetch(version)
         self.initial_version = initial.name
         # Opened now, so a broken index fails the deployment instead of its first request.
         self._preloaded: dict[str, ShardGroup] = {initial.name: self._open(initial)}
@@ -146,7 +149,16 @@ class ShardHost:
         # The name came over the wire: only a published version's folder is ever opened.
         if self.root is None or version not in list_versions(self.root):
             raise IndexMismatch(f"index version {version!r} is not published here")
-        return self._open(versions_dir(self.root) / version, warm)
+        return self._open(self._fetch(version), warm)
+
+    def _fetch(self, version: str) -> Path:
+        """The version's folder on this node: in a root in object storage, its copy in the node's cache, downloaded
+        (what is not there yet) for this host's shards only, before the version is opened."""
+        if self.root is None or not version:
+            raise IndexMismatch("a shard host needs a version folder, or an index root and a version")
+        if is_remote(self.root):
+            return version_dir(self.root, version, shards=self.shards)
+        return version_dir(self.root, version)
 
     async def load(self, version: str) -> ShardGroup:
         """Open on the loading thread, warm up on the search thread (see the module). One load of a version at a

@@ -1,6 +1,7 @@
 """Nothing acknowledged is ever lost: ``python -m deployments`` taking a stream of document writes while its router
 replica is killed (SIGKILL; Serve starts another) and then the whole service is (SIGKILL to every process), then
-started again on the same index root."""
+started again on the same index root: a folder, and a root in object storage (a local S3-compatible server), whose
+change log is on the node's state volume (``state_dir``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_format.change_log import CHANGES_DIR, ChangeLog
+from index_format.remote_root import RemoteRoot, root_slug
 from tests.conftest import make_corpus, write_jsonl
 from tests.waiting import wait_until
 
@@ -28,10 +30,11 @@ ROOT = Path(__file__).parents[2]
 
 
 class Service:
-    def __init__(self, index: Path):
+    def __init__(self, index: Path | str, state: Path):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "deployments", "--index", str(index), "--port", str(PORT), "--router.cache-size", "0",
-             "--metrics-port", str(PORT + 1)], cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
+             "--metrics-port", str(PORT + 1), "--state-dir", str(state)], cwd=ROOT,
+            env=os.environ | {"PYTHONPATH": str(ROOT)},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.wait_healthy(240)
 
@@ -97,17 +100,28 @@ class Writers:
                    lambda: f"{more} more writes acknowledged: {target - self.acknowledged()} still missing")
 
 
-@pytest.fixture(scope="module")
-def index(ray_local, tmp_path_factory):
+@pytest.fixture(scope="module", params=["folder", "s3"])
+def index(ray_local, tmp_path_factory, request):
+    """(the index root, the state folder the service is given)."""
     folder = tmp_path_factory.mktemp("kill")
     corpus = write_jsonl(folder / "corpus.jsonl", make_corpus(20))
-    build_index(BuildConfig(corpus=corpus, out=folder / "index", shards=2, encoder="hashing:64", chunk_size=40,
-                            chunk_overlap=8, progress=False))
-    return folder / "index"
+    summary = build_index(BuildConfig(corpus=corpus, out=folder / "index", shards=2, encoder="hashing:64", chunk_size=40,
+                                      chunk_overlap=8, progress=False))
+    if request.param == "folder":
+        return folder / "index", folder / "state"
+    import boto3
+
+    request.getfixturevalue("s3_server")
+    boto3.client("s3").create_bucket(Bucket="kill-test")
+    root = RemoteRoot("s3://kill-test/idx", cache_dir=folder / "cache")
+    root.publish(summary.version_dir, summary.version)
+    root.activate(summary.version)
+    return root.url, folder / "state"
 
 
 def test_every_acknowledged_write_survives_kills_once_and_no_batch_is_half_applied(index):
-    service = Service(index)
+    index, state = index
+    service = Service(index, state)
     writers = Writers()
     for t in writers.threads:
         t.start()
@@ -120,7 +134,7 @@ def test_every_acknowledged_write_survives_kills_once_and_no_batch_is_half_appli
         writers.stop.set()
         for t in writers.threads:
             t.join()
-    service = Service(index)
+    service = Service(index, state)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=30) as client:
             acked = [(ids, seq) for ids, seq in writers.batches if seq is not None]
@@ -140,7 +154,9 @@ def test_every_acknowledged_write_survives_kills_once_and_no_batch_is_half_appli
                 assert hits["results"][0]["doc_id"] == ids[0], (token, hits["results"][:1])
     finally:
         service.kill()
-    changes = ChangeLog(index / CHANGES_DIR).read_new()
+    log = state / "roots" / root_slug(index) if isinstance(index, str) else index  # state_dir of the root
+    changes = ChangeLog(log / CHANGES_DIR).read_new()
+    assert changes
     assert [c.seq for c in changes] == list(range(1, len(changes) + 1))  # each write once, in order
     written = [d["id"] for c in changes for d in c.upserts]
     assert len(written) == len(set(written))  # no batch stored twice

@@ -24,7 +24,7 @@ def test_the_manifests_serve_config_is_this_apps_config():
     module, _, name = app["import_path"].partition(":")
     assert callable(getattr(importlib.import_module(module), name))
     cfg = AppConfig.model_validate(app["args"])  # every field known and valid, as the app checks it at start
-    assert cfg.index == Path("/indexes/docs") and cfg.shards.resources == {"search_node": 1}
+    assert cfg.index == "/indexes/docs" and cfg.shards.resources == {"search_node": 1}
     groups = {g["groupName"]: g for g in manifest()["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
     assert groups["search"]["rayStartParams"]["resources"] == '"{\\"search_node\\": 8}"'
 

@@ -159,7 +159,8 @@ def test_a_bad_key_in_the_file_is_named_as_the_file_names_it(tmp_path, capsys):
 
 def test_index_paths_are_made_absolute_where_they_were_given(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert absolute_indexes(parse_args(["--index", "idx"])[0]).index == tmp_path / "idx"
+    assert absolute_indexes(parse_args(["--index", "idx"])[0]).index == str(tmp_path / "idx")
     cfg = absolute_indexes(parse_args(["--collections", "{a: {index: idx, version: v1}}", "--default-collection",
                                        "a"])[0])
-    assert cfg.collections["a"].index == tmp_path / "idx" and cfg.collections["a"].version == "v1"
+    assert cfg.collections["a"].index == str(tmp_path / "idx") and cfg.collections["a"].version == "v1"
+    assert absolute_indexes(parse_args(["--index", "s3://bucket/idx"])[0]).index == "s3://bucket/idx"  # a URL as it is

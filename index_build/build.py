@@ -10,6 +10,10 @@ the remaining rows block by block, each block's vectors saved in the shard's wor
 shard's last block is embedded its FAISS index is built, and its Lucene index is built as soon as its chunk
 table exists. A shard is committed by its manifest. A rerun with the same corpus and settings finds the
 staging folder by its build key and keeps every committed shard whose checksums still match.
+
+The root may be in object storage (``s3://bucket/prefix``): the build then stages in this node's mirror of it,
+each shard's task uploads the shard once committed, and the version is published and activated there
+(``target``); a corpus or a delta's files named by a URL are downloaded first (``inputs``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -34,10 +38,9 @@ from index_format.manifest import (
     write_json_atomic,
 )
 from index_format.sharding import shard_name, shard_of
+from index_format.store import is_remote
 from index_format.versions import (
-    activate,
     build_lock,
-    publish,
     read_version_manifest,
     staging_dir,
     verify_version,
@@ -48,9 +51,11 @@ from .corpus import BadRecord, CorpusError, corpus_files, fingerprint, resolve_c
 from .faiss_index import FaissSpec
 from .reuse import ReusePlan, find_sources, task_sources
 from .splits import DEFAULT_SPLIT_BYTES, Split, plan_splits
+from .target import Target
 
 CRASH_ENV = "INDEX_BUILD_CRASH_AFTER_SHARDS"  # fault injection: exit like a kill after N shard commits
 SUMMARY_BAD_RECORDS = 100  # bad records a summary keeps in memory; all of them go to bad_records.jsonl
+INPUTS = "_inputs"  # staging/_inputs: inputs named by a URL, downloaded for the build (never a build key: those are hex)
 
 
 @dataclass
@@ -68,6 +73,8 @@ class BuildSummary:
     delta: dict = field(default_factory=dict)  # a delta build: its base, documents replaced, added, deleted
     bad_count: int = 0
     read: dict = field(default_factory=dict)  # files and read tasks
+    publish: dict = field(default_factory=dict)  # a root in object storage: what was uploaded (Target.publish)
+    fetched: dict = field(default_factory=dict)  # versions of a root in object storage fetched to reuse or apply to
 
     @property
     def total_s(self) -> float:
@@ -79,15 +86,17 @@ class BuildSummary:
                 "docs": self.docs, "chunks": self.chunks, "shards": self.shards, "reused_shards": self.reused_shards,
                 "bad_records": self.bad_count, "first_bad_records": [str(r) for r in self.bad_records],
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "reuse": self.reuse,
-                "delta": self.delta}
+                "delta": self.delta, "publish": self.publish, "fetched": self.fetched}
 
     def render(self) -> str:
         t = max(self.total_s, 1e-9)
         reused = f" ({self.reused_shards} reused from an interrupted build)" if self.reused_shards else ""
         bad_count = max(self.bad_count, len(self.bad_records))
+        where = (f"{self.publish['root']}/versions/{self.version}  (this node's copy: {self.version_dir})"
+                 if self.publish else str(self.version_dir))
         lines = [
             f"index version  {self.version}{' (active)' if self.active else ''}",
-            f"location       {self.version_dir}",
+            f"location       {where}",
             f"documents      {self.docs:,}   chunks {self.chunks:,}   shards {self.shards}{reused}",
             f"bad records    {bad_count:,} skipped" if bad_count else "bad records    none",
         ]
@@ -104,6 +113,15 @@ class BuildSummary:
             origin = ", ".join(f"{n:,} from {v}" for v, n in r["reused_from"].items())
             lines.append(f"embedded       {r['chunks_embedded']:,} chunks   reused {r['chunks_reused']:,}"
                          f"{f' ({origin})' if origin else ''}{linked}")
+        if self.fetched:
+            f = self.fetched
+            lines.append(f"fetched        {', '.join(f['versions'])}: {_mb(f['bytes_downloaded'])} downloaded in "
+                         f"{f['seconds']:.1f}s")
+        if self.publish:
+            p = self.publish
+            lines.append(f"published      {p['files']:,} files, {_mb(p['bytes'])}: {_mb(p['bytes_uploaded'])} uploaded "
+                         f"({_mb(p['bytes_uploaded_by_shards'])} by the shard tasks in {p['shard_upload_seconds']:.1f}s "
+                         f"summed, the rest in {p['seconds']:.1f}s)")
         lines += [f"  {r}" for r in self.bad_records[:10]]
         if bad_count > 10:
             lines.append(f"  ... and {bad_count - 10:,} more (all listed in the version's bad_records.jsonl)")
@@ -111,6 +129,10 @@ class BuildSummary:
         lines.append(f"time           {self.total_s:.1f}s  ({stages})")
         lines.append(f"throughput     {self.docs / t:,.1f} docs/s   {self.chunks / t:,.1f} chunks/s")
         return "\n".join(lines)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.2f} MB"
 
 
 def _progress(total: int | None, desc: str, unit: str, enabled: bool):
@@ -164,9 +186,13 @@ def ensure_ray() -> None:
 
 def build_index(cfg: BuildConfig) -> BuildSummary:
     """Build, verify, publish and (by default) activate one version of ``cfg.corpus`` under ``cfg.out``;
-    one build at a time per root."""
-    with build_lock(Path(cfg.out)):
-        return _build_index(cfg)
+    one build at a time per root (per node, for a root in object storage: see ``versions.build_lock``)."""
+    with build_lock(cfg.out):
+        target = Target.open(cfg.out)  # a root in object storage: ACTIVE and its tag, read as the build starts
+        try:
+            return _build_index(cfg, target)
+        finally:
+            shutil.rmtree(staging_dir(target.local, INPUTS), ignore_errors=True)
 
 
 @dataclass
@@ -178,40 +204,77 @@ class _Plan:
     splits: list[Split] = field(default_factory=list)  # a corpus; empty for a delta
     files: int = 0
     delta: dict | None = None  # a delta: {"base": name, "base_dir": Path, "changes": path, "deletes": path}
+    fetched: dict | None = None  # a delta on a root in object storage: what fetching its base downloaded
 
 
-def _plan(cfg: BuildConfig) -> _Plan:
+def _local(location: str, scratch: Path) -> tuple[Path, dict[str, str]]:
+    """A local path to read ``location`` from, and the URL of each file downloaded for it (none for a path)."""
+    if not is_remote(location):
+        return Path(location), {}
+    from .inputs import download
+
+    return download(location, scratch)
+
+
+def _plan(cfg: BuildConfig, inputs: Path) -> _Plan:
+    """The corpus's splits and fingerprint, or the delta's base and files; inputs named by a URL are downloaded
+    into ``inputs`` first, and recorded by their URL."""
     if not cfg.is_delta:
-        files = corpus_files(cfg.corpus)
+        corpus, urls = _local(cfg.corpus, inputs / "corpus")
+        files = corpus_files(corpus)
         splits, shas = plan_splits(files, cfg.read_split_mb * 2**20 if cfg.read_split_mb else DEFAULT_SPLIT_BYTES)
+        if urls:
+            splits = [replace(s, source=urls[s.file]) for s in splits]
         if len(files) == 1:
             sha = shas[str(files[0])]
-            return _Plan({"path": str(files[0].resolve()), "sha256": sha, "format": files[0].suffix.lstrip(".")}, sha,
-                         splits, 1)
+            return _Plan({"path": urls.get(str(files[0])) or str(files[0].resolve()), "sha256": sha,
+                          "format": files[0].suffix.lstrip(".")}, sha, splits, 1)
         sha = hashlib.sha256(json.dumps(shas, sort_keys=True).encode()).hexdigest()
+        if urls:
+            return _Plan({"path": cfg.corpus, "files": {urls[f]: h for f, h in shas.items()}, "sha256": sha,
+                          "format": "files"}, sha, splits, len(files))
         return _Plan({"path": str(Path(cfg.corpus).resolve()) if Path(cfg.corpus).exists() else str(cfg.corpus),
                       "files": shas, "sha256": sha, "format": "files"}, sha, splits, len(files))
-    from index_format.versions import active_version, versions_dir
-
-    root = Path(cfg.reuse_from or cfg.out)
-    base = cfg.base or active_version(root)
-    if base is None or not (versions_dir(root) / base / MANIFEST).is_file():
-        raise IndexMismatch(f"no version {base!r} under {root} to apply the delta to" if base else
-                            f"{root} has no active version to apply the delta to; name one with --base")
-    base_manifest = read_version_manifest(versions_dir(root) / base)
+    base, base_dir, fetched = _delta_base(cfg)
+    base_manifest = read_version_manifest(base_dir)
     parts = {"base": base, "base_build_key": base_manifest.build_key}
-    paths = {}
+    paths, names = {}, {}
     for name in ("changes", "deletes"):
-        path = getattr(cfg, name)
-        if path is not None:
+        location = getattr(cfg, name)
+        if location is not None:
+            path, urls = _local(location, inputs / name)
             path = resolve_corpus_file(path) if name == "changes" else Path(path)
             if not path.is_file():
-                raise CorpusError(f"--{name} {path}: no such file")
-            parts[name] = {"path": str(path.resolve()), "sha256": fingerprint(path)}
+                raise CorpusError(f"--{name} {location}: no such file")
+            parts[name] = {"path": urls.get(str(path)) or str(path.resolve()), "sha256": fingerprint(path)}
             paths[name] = str(path)
+            if urls:
+                names[name] = urls[str(path)]
     sha = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
     return _Plan({"delta": parts, "sha256": sha, "format": "delta"}, sha,
-                 delta={"base": base, "base_dir": versions_dir(root) / base, "manifest": base_manifest} | paths)
+                 delta={"base": base, "base_dir": base_dir, "manifest": base_manifest, "names": names} | paths,
+                 fetched=fetched)
+
+
+def _delta_base(cfg: BuildConfig) -> tuple[str, Path, dict | None]:
+    """The version a delta applies to, its folder, and (a root in object storage) what fetching it downloaded."""
+    from index_format.versions import active_version, list_versions, remote, versions_dir
+
+    root = cfg.reuse_from or cfg.out
+    base = cfg.base or active_version(root)
+    if is_remote(root):
+        where = f"{remote(root).url}/versions"
+        known = base is not None and base in list_versions(root)
+    else:
+        where = str(versions_dir(root))
+        known = base is not None and (versions_dir(root) / base / MANIFEST).is_file()
+    if not known:
+        raise IndexMismatch(f"no version {base!r} under {where} to apply the delta to" if base else
+                            f"{root} has no active version to apply the delta to; name one with --base")
+    if is_remote(root):
+        folder, fetched = remote(root).fetch(base)
+        return base, folder, fetched
+    return base, versions_dir(root) / base, None
 
 
 class _BadRecords:
@@ -241,15 +304,14 @@ class _BadRecords:
         os.unlink(self._read.name)
 
 
-def _build_index(cfg: BuildConfig) -> BuildSummary:
+def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
     import ray
 
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
-    plan = _plan(cfg)
+    plan = _plan(cfg, staging_dir(target.local, INPUTS))
     build_key = cfg.build_key(plan.sha256)
-    root = Path(cfg.out)
-    staging = staging_dir(root, build_key)
+    staging = staging_dir(target.local, build_key)
     work = staging / "_work"
     shutil.rmtree(work / "fragments", ignore_errors=True)
     shutil.rmtree(work / "delta", ignore_errors=True)
@@ -267,12 +329,13 @@ def _build_index(cfg: BuildConfig) -> BuildSummary:
     shard_dirs = [staging / "shards" / shard_name(s) for s in range(cfg.shards)]
     reuse_plan = ReusePlan()
     if cfg.reuse:
-        reuse_plan.sources = find_sources(Path(cfg.reuse_from or cfg.out), cfg.encoder, cfg.chunk_size, cfg.chunk_overlap)
+        reuse_plan.sources = find_sources(cfg.reuse_from or cfg.out, cfg.encoder, cfg.chunk_size, cfg.chunk_overlap)
     sources = task_sources(reuse_plan.sources) if cfg.reuse else None
     assemble = ray.remote(num_cpus=1)(_task("assemble_shard"))
     refs = [assemble.remote(s, str(shard_dirs[s]), str(work), build_key, cfg.shards, cfg.prepend_title, cfg.strict,
-                            sources, cfg.content_key()) for s in range(cfg.shards)]
+                            sources, cfg.content_key(), target.upload_to) for s in range(cfg.shards)]
     shards = [_get(ref) for ref in refs]
+    uploads = [r["upload"] for r in shards if r.get("upload")]
     bad.finish([r["bad"] for r in shards])
     if cfg.strict and bad.count:
         raise CorpusError(f"{bad.first[0]} (strict mode; drop --strict to skip and count bad records)")
@@ -291,7 +354,7 @@ def _build_index(cfg: BuildConfig) -> BuildSummary:
     seconds["assemble shards"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    dimension, lucene_seconds = _embed_and_index(cfg, build_key, shards, shard_dirs, work)
+    dimension, lucene_seconds = _embed_and_index(cfg, build_key, shards, shard_dirs, work, target.upload_to, uploads)
     seconds["embed+index"] = time.perf_counter() - t
     seconds["lucene (sum of shard tasks)"] = lucene_seconds
 
@@ -328,15 +391,26 @@ def _build_index(cfg: BuildConfig) -> BuildSummary:
                                 f"{r['docs']} and {r['chunks']}")
     verify_version(staging, checksums=False)  # the counts add up (the files were checked just above)
     shutil.rmtree(work)
-    version_dir = publish(staging, root, name)
+    version_dir, published = target.publish(staging, name, uploads)
     if cfg.activate:
-        activate(root, name, by="index_build", verify=False)  # verified just above
+        target.activate(name)  # verified just above
     seconds["publish"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
     return BuildSummary(name, version_dir, cfg.activate, total_docs, total_chunks, cfg.shards,
                         sum(r["resumed"] for r in shards), bad.first, seconds,
                         reuse_plan.describe() if cfg.reuse else {}, delta_report, bad.count,
-                        {"files": plan.files, "tasks": len(plan.splits)} if plan.splits else {})
+                        {"files": plan.files, "tasks": len(plan.splits)} if plan.splits else {}, published,
+                        _fetched(plan, reuse_plan.sources))
+
+
+def _fetched(plan: _Plan, sources: list) -> dict:
+    """What fetching versions of a root in object storage downloaded: the delta's base, the reuse sources."""
+    got = ([(plan.delta["base"], plan.fetched)] if plan.fetched else []) + [(s.name, s.fetched) for s in sources
+                                                                             if s.fetched]
+    if not got:
+        return {}
+    return {"versions": sorted({name for name, _ in got}), "bytes_downloaded": sum(f["bytes_downloaded"] for _, f in got),
+            "seconds": round(sum(f["seconds"] for _, f in got), 3)}
 
 
 def _task(name: str):
@@ -378,7 +452,7 @@ def _read(cfg: BuildConfig, plan: _Plan, work: Path, bad: _BadRecords) -> dict:
 
     d = plan.delta
     parsed = _get(ray.remote(num_cpus=1)(parse_delta).remote(d.get("changes"), d.get("deletes"), str(work),
-                                                              cfg.id_fields, cfg.text_fields))
+                                                              cfg.id_fields, cfg.text_fields, d["names"]))
     bad.add_read(-1, parsed["bad"])
     if cfg.strict and parsed["bad"]:
         file, line, reason = parsed["bad"][0]
@@ -395,9 +469,10 @@ def _read(cfg: BuildConfig, plan: _Plan, work: Path, bad: _BadRecords) -> dict:
 
 
 def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard_dirs: list[Path],
-                     work: Path) -> tuple[int, float]:
+                     work: Path, upload_to: str | None, uploads: list[dict]) -> tuple[int, float]:
     """Embed what each shard still needs and build its FAISS and Lucene indexes, committing each shard as
-    soon as both are done. Returns the embedding dimension and the summed seconds of the Lucene tasks."""
+    soon as both are done (and uploading it to ``upload_to``: what each upload sent is added to ``uploads``).
+    Returns the embedding dimension and the summed seconds of the Lucene tasks."""
     import ray
     import ray.data
 
@@ -497,6 +572,8 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
             if part == "faiss":
                 dimension = dimension or results[s][part]["dimension"]
             if part == "commit":
+                if results[s][part]["upload"]:
+                    uploads.append(results[s][part]["upload"])
                 committed += 1
                 bar.update(1)
                 if crash_after and committed >= crash_after:
@@ -514,5 +591,5 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
                     "lucene": results[s]["lucene"]["stats"], "build_config": content_key,
                 }
                 pending[commit_task.remote(str(shard_dirs[s]), manifest, faiss_info,
-                                           results[s]["lucene"]["stats"])] = (s, "commit")
+                                           results[s]["lucene"]["stats"], upload_to)] = (s, "commit")
     return dimension, lucene_seconds

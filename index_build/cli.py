@@ -41,12 +41,13 @@ def add_model_arguments(parser: argparse.ArgumentParser, model: type[BaseModel])
             kwargs["choices"] = [m.value for m in annotation]
         elif annotation in (int, float):
             kwargs["type"] = annotation
-        elif annotation is Path:
+        elif annotation is Path or name in METAVARS:
             kwargs["metavar"] = METAVARS.get(name, "PATH")
         parser.add_argument(_flag(name), **kwargs)
 
 
-METAVARS = {"out": "ROOT", "reuse_from": "ROOT"}  # README, "One vocabulary"
+# README, "One vocabulary"; a ROOT or a corpus file may be a URL (``config.Location``).
+METAVARS = {"out": "ROOT", "reuse_from": "ROOT", "corpus": "PATH|URL", "changes": "PATH|URL", "deletes": "PATH|URL"}
 
 
 def _help(description: str, default: Any) -> str:
@@ -80,12 +81,17 @@ def parse_args(argv: list[str] | None, prog: str = "python -m index_build") -> t
             "Reads a BEIR folder, a JSONL or Parquet file, or a folder or glob of them (in parallel); chunks,\n"
             "embeds with a Ray Data actor pool, builds each shard's FAISS and Lucene index in parallel Ray\n"
             "tasks, and publishes the\n"
-            "result atomically as OUT/versions/<version> (OUT/ACTIVE names the live version)."
+            "result atomically as OUT/versions/<version> (OUT/ACTIVE names the live version).\n"
+            "OUT (and the corpus) may be a URL in object storage, s3://bucket/prefix: the build stages on this\n"
+            "node, uploads each shard as it is committed, publishes the version, and activates it only if no one\n"
+            "else activated a version since it started (endpoint and keys: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,\n"
+            "AWS_SECRET_ACCESS_KEY, AWS_REGION)."
         ),
         epilog=(
             "examples:\n"
             "  python -m index_build --corpus data/scifact --out indexes/scifact --shards 4\n"
             "  python -m index_build --config build.yaml --shards 2     # flags override the file\n"
+            "  python -m index_build --corpus s3://data/scifact/corpus.jsonl --out s3://indexes/scifact\n"
             "  python -m index_build.versions list indexes/scifact\n\n"
             "A killed build resumes when rerun with the same corpus and options: finished shards are kept.\n"
             "A build into a root with earlier versions embeds only new or changed chunks and links unchanged\n"
@@ -113,13 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg, summary_json = parse_args(argv)
     configure_process()
     from index_format.manifest import IndexMismatch
+    from index_format.store import StoreError
 
     from .build import build_index, shutdown_ray
     from .corpus import CorpusError
 
     try:
         summary = build_index(cfg)
-    except (CorpusError, IndexMismatch, FileExistsError) as e:
+    except (CorpusError, IndexMismatch, FileExistsError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:

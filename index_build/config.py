@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from index_format.chunking import Chunking
+from index_format.store import is_remote
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
+
+# A path or a URL in object storage (s3://bucket/prefix), kept as text: a Path would fold "s3://" into "s3:/".
+Location = Annotated[str, BeforeValidator(lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v)]
 
 
 class FaissIndexType(StrEnum):
@@ -42,11 +47,13 @@ class BuildConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    corpus: Path | None = Field(
+    corpus: Location | None = Field(
         None, description="The whole corpus: a BEIR folder (with corpus.jsonl), a .jsonl or .parquet file, or several: "
-        "a folder of them or a glob ('data/part-*.parquet'), read in parallel, in name order. Or give --changes "
-        "and/or --deletes instead, applied to a version already built.")
-    out: Path = Field(description="Index root: versions are written under OUT/versions, OUT/ACTIVE names the live one.")
+        "a folder of them or a glob ('data/part-*.parquet'), read in parallel, in name order; any of them may be a URL "
+        "in object storage (s3://bucket/corpus.jsonl, s3://bucket/parts/). Or give --changes and/or --deletes "
+        "instead, applied to a version already built.")
+    out: Location = Field(description="Index root, a folder or a URL in object storage (s3://bucket/prefix): versions "
+                          "are written under OUT/versions, OUT/ACTIVE names the live one.")
     shards: int = Field(1, ge=1, le=1024, description="Number of shards; a document's chunks all go to one shard.")
     version: str | None = Field(
         None,
@@ -106,11 +113,12 @@ class BuildConfig(BaseModel):
     id_fields: tuple[str, ...] = Field(Chunking.id_fields, description="Field names tried for a record's id.")
 
     # A delta instead of a corpus
-    changes: Path | None = Field(
-        None, description="Documents to add or replace (any corpus format), applied to --base: the new version is "
-        "what the full corpus with these changes would build.")
-    deletes: Path | None = Field(
-        None, description="Ids of documents to remove from --base, one per line (a bare id or a JSON object).")
+    changes: Location | None = Field(
+        None, description="Documents to add or replace (any corpus format; a path or an s3:// URL), applied to --base: "
+        "the new version is what the full corpus with these changes would build.")
+    deletes: Location | None = Field(
+        None, description="Ids of documents to remove from --base, one per line (a bare id or a JSON object); a path "
+        "or an s3:// URL.")
     base: str | None = Field(
         None, description="The version --changes and --deletes apply to (default: the active version of --out, "
         "or of --reuse-from).")
@@ -120,8 +128,9 @@ class BuildConfig(BaseModel):
         True, description="Take what did not change from versions already built: whole shards whose chunks are "
         "identical (linked, not rebuilt) and the vector of every chunk whose text as embedded, chunking and "
         "encoder are unchanged; only new or changed chunks are embedded. The result equals a full build.")
-    reuse_from: Path | None = Field(
-        None, description="Index root to reuse from instead of --out (e.g. another copy of the index).")
+    reuse_from: Location | None = Field(
+        None, description="Index root (a folder or a URL) to reuse from instead of --out (e.g. another copy of the "
+        "index).")
 
     read_split_mb: int = Field(
         32, ge=1, le=4096, description="Size of the piece of a corpus file each read task parses and chunks: a "
@@ -160,12 +169,17 @@ class BuildConfig(BaseModel):
         skip = {"out", "version", "activate", "progress", "embed_actors", "lucene_heap", "strict", "embed_batch_size",
                 "reuse", "reuse_from", "read_split_mb"}
         data = self.model_dump(mode="json", exclude=skip | {"changes", "deletes", "base"})
-        data["corpus"] = str(Path(self.corpus).resolve()) if self.corpus is not None else None  # a glob stays a glob
+        data["corpus"] = _absolute(self.corpus) if self.corpus is not None else None
         return data
 
     def build_key(self, corpus_fingerprint: str) -> str:
         blob = json.dumps({"config": self.content_key(), "corpus": corpus_fingerprint}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _absolute(location: str) -> str:
+    """A path made absolute (a glob stays a glob); a URL as it is."""
+    return location if is_remote(location) else str(Path(location).resolve())
 
 
 def load_yaml(path: Path) -> dict[str, Any]:

@@ -68,7 +68,7 @@ def fingerprint(path: Path) -> str:
     return sha256_file(path)
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[Any, int] | BadRecord]:
+def _iter_jsonl(path: Path, name: str | None = None) -> Iterator[tuple[Any, int] | BadRecord]:
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -76,14 +76,14 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[Any, int] | BadRecord]:
             try:
                 yield json.loads(raw), line_no
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                yield BadRecord(str(path), line_no, f"malformed JSON: {e}")
+                yield BadRecord(name or str(path), line_no, f"malformed JSON: {e}")
 
 
-def _iter_parquet(path: Path) -> Iterator[tuple[Any, int] | BadRecord]:
+def _iter_parquet(path: Path, name: str | None = None) -> Iterator[tuple[Any, int] | BadRecord]:
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises several types for a corrupt file
-        raise CorpusError(f"cannot read parquet file {path}: {e}") from e
+        raise CorpusError(f"cannot read parquet file {name or path}: {e}") from e
     row = 0
     for batch in pf.iter_batches(batch_size=4096):
         for record in batch.to_pylist():
@@ -95,12 +95,14 @@ def iter_documents(
     path: Path,
     id_fields: tuple[str, ...] = ("_id", "id", "doc_id", "docid"),
     text_fields: tuple[str, ...] = ("text", "contents", "body"),
+    name: str | None = None,
 ) -> Iterator[Document | BadRecord]:
-    """Every record of the corpus as a Document or a BadRecord; duplicate ids after the first are bad."""
+    """Every record of the corpus as a Document or a BadRecord; duplicate ids after the first are bad. Records
+    name their file ``name`` (default: its path; a URL the file was downloaded from)."""
     file = resolve_corpus_file(path)
-    rows = _iter_parquet(file) if file.suffix.lower() in (".parquet", ".pq") else _iter_jsonl(file)
+    rows = _iter_parquet(file, name) if file.suffix.lower() in (".parquet", ".pq") else _iter_jsonl(file, name)
     seen: dict[str, int] = {}
-    name = os.fspath(file)
+    name = name or os.fspath(file)
     for item in rows:
         if isinstance(item, BadRecord):
             yield item

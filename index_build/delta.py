@@ -30,8 +30,10 @@ from .corpus import BadRecord, Document, iter_documents, resolve_corpus_file
 from .splits import FRAGMENT_DOCS, FragmentWriter
 
 
-def read_delete_ids(path: Path, id_fields: tuple[str, ...]) -> Iterator[tuple[str, int] | BadRecord]:
-    """Ids to delete, one per line: a bare id, or a JSON object or string holding one."""
+def read_delete_ids(path: Path, id_fields: tuple[str, ...], name: str | None = None) -> Iterator[tuple[str, int] | BadRecord]:
+    """Ids to delete, one per line: a bare id, or a JSON object or string holding one. Bad records name the file
+    ``name`` (default: its path)."""
+    name = name or str(path)
     with open(path, encoding="utf-8", errors="replace") as f:
         for line_no, raw in enumerate(f, start=1):
             text = raw.strip()
@@ -41,12 +43,12 @@ def read_delete_ids(path: Path, id_fields: tuple[str, ...]) -> Iterator[tuple[st
                 try:
                     value = json.loads(text)
                 except json.JSONDecodeError as e:
-                    yield BadRecord(str(path), line_no, f"malformed JSON: {e}")
+                    yield BadRecord(name, line_no, f"malformed JSON: {e}")
                     continue
                 if isinstance(value, dict):
                     value = next((value[k] for k in id_fields if k in value), None)
                 if not isinstance(value, str | int) or isinstance(value, bool) or not str(value).strip():
-                    yield BadRecord(str(path), line_no, f"no id (looked for {', '.join(id_fields)})")
+                    yield BadRecord(name, line_no, f"no id (looked for {', '.join(id_fields)})")
                     continue
                 text = str(value).strip()
             yield text, line_no
@@ -57,16 +59,19 @@ def _delta_dir(work: Path) -> Path:
 
 
 def parse_delta(changes: str | None, deletes: str | None, work: str, id_fields: tuple[str, ...],
-                text_fields: tuple[str, ...]) -> dict:
+                text_fields: tuple[str, ...], names: dict[str, str] | None = None) -> dict:
     """Ray task: the changes file parsed (its bad records and repeated ids reported) and the ids to delete,
-    both kept in the work folder for the tasks that apply them. Returns the bad records, in file order."""
+    both kept in the work folder for the tasks that apply them. Returns the bad records, in file order.
+    ``names``: what records call the "changes" and "deletes" files, when not their paths (the URLs they were
+    downloaded from)."""
+    names = names or {}
     folder = _delta_dir(Path(work))
     folder.mkdir(parents=True, exist_ok=True)
     bad: list[tuple[str, int, str]] = []
     rows: dict[str, list] = {name: [] for name in FRAGMENT_DOCS.names}
     upserts: set[str] = set()
     if changes is not None:
-        for item in iter_documents(resolve_corpus_file(Path(changes)), id_fields, text_fields):
+        for item in iter_documents(resolve_corpus_file(Path(changes)), id_fields, text_fields, names.get("changes")):
             if isinstance(item, BadRecord):
                 bad.append((item.file, item.line, item.reason))
                 continue
@@ -78,15 +83,16 @@ def parse_delta(changes: str | None, deletes: str | None, work: str, id_fields: 
     pq.write_table(pa.table(rows, schema=FRAGMENT_DOCS), folder / "changes.parquet")
     doomed: dict[str, list] = {"doc_id": [], "file": [], "line": []}
     if deletes is not None:  # its existence was checked when the build fingerprinted it
-        for item in read_delete_ids(Path(deletes), id_fields):
+        deletes_name = names.get("deletes") or str(deletes)
+        for item in read_delete_ids(Path(deletes), id_fields, deletes_name):
             if isinstance(item, BadRecord):
                 bad.append((item.file, item.line, item.reason))
                 continue
             doc_id, line = item
             if doc_id in upserts:
-                bad.append((str(deletes), line, f"id {doc_id!r} is both changed and deleted; kept the change"))
+                bad.append((deletes_name, line, f"id {doc_id!r} is both changed and deleted; kept the change"))
                 continue
-            for name, value in (("doc_id", doc_id), ("file", str(deletes)), ("line", line)):
+            for name, value in (("doc_id", doc_id), ("file", deletes_name), ("line", line)):
                 doomed[name].append(value)
     pq.write_table(pa.table(doomed, schema=pa.schema([("doc_id", pa.string()), ("file", pa.string()),
                                                        ("line", pa.int64())])), folder / "deletes.parquet")

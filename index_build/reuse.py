@@ -15,6 +15,13 @@ Two levels, both checked against the content, never assumed from a name or a dat
 The versions searched are those of the output root (the active one first, then the newest), or of a
 ``--reuse-from`` root; ``--no-reuse`` turns both off. Both checks run in each shard's own task
 (``shard_tasks.assemble_shard``), which holds its own chunks' text keys, never a source's.
+
+A root in object storage is read through this node's cache: the one version searched (the active one, else the
+newest that fits) is fetched there first (``RemoteRoot.fetch``: only the blobs the node lacks), then read like a
+local version. One, not four: each version fetched may cost a download of its size on a fresh node, and the live
+version holds what a new build most likely shares with it (a rebuild, a delta on it). Since blobs are
+content-addressed, a shard linked from it is published as references to blobs already there: nothing is uploaded
+again.
 """
 
 from __future__ import annotations
@@ -26,9 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from index_format.manifest import MANIFEST, IndexMismatch, VersionManifest
+from index_format.store import is_remote
 from index_format.versions import active_version, list_versions, read_version_manifest, versions_dir
 
 MAX_SOURCES = 4  # versions searched for vectors: the active one and the newest others
+REMOTE_SOURCES = 1  # versions of a root in object storage fetched to be searched (see the module's docstring)
 
 
 def text_key(contents: str) -> bytes:
@@ -44,6 +53,7 @@ class SourceVersion:
     name: str
     folder: Path
     manifest: VersionManifest
+    fetched: dict | None = None  # from a root in object storage: what fetching it downloaded (RemoteRoot.fetch)
 
 
 @dataclass
@@ -62,8 +72,11 @@ class ReusePlan:
                 "reused_from": dict(self.vectors_from)}
 
 
-def find_sources(root: Path, encoder: str, chunk_size: int, chunk_overlap: int) -> list[SourceVersion]:
-    """Published versions under ``root`` whose vectors a build with these options may reuse, best first."""
+def find_sources(root: str | Path, encoder: str, chunk_size: int, chunk_overlap: int) -> list[SourceVersion]:
+    """Published versions under ``root`` whose vectors a build with these options may reuse, best first; those of a
+    root in object storage fetched into this node's cache first."""
+    if is_remote(root):
+        return _remote_sources(str(root), (encoder, chunk_size, chunk_overlap))
     found = []
     for name in list_versions(root):
         folder = versions_dir(root) / name
@@ -71,13 +84,50 @@ def find_sources(root: Path, encoder: str, chunk_size: int, chunk_overlap: int) 
             manifest = read_version_manifest(folder)
         except IndexMismatch:
             continue
-        cfg = manifest.build_config
-        if (manifest.encoder, cfg.get("chunk_size"), cfg.get("chunk_overlap")) == (encoder, chunk_size, chunk_overlap):
+        if _fits(manifest, (encoder, chunk_size, chunk_overlap)):
             found.append(SourceVersion(name, folder, manifest))
-    live = active_version(root)
+    return _best_first(found, active_version(root))[:MAX_SOURCES]
+
+
+def _fits(manifest: VersionManifest, options: tuple[str, int, int]) -> bool:
+    """Built with this encoder, chunk size and overlap (the options a reused vector depends on)."""
+    cfg = manifest.build_config
+    return (manifest.encoder, cfg.get("chunk_size"), cfg.get("chunk_overlap")) == options
+
+
+def _best_first(found: list[SourceVersion], live: str | None) -> list[SourceVersion]:
+    """The active version, then the others newest first."""
     active = [s for s in found if s.name == live]
-    others = sorted((s for s in found if s.name != live), key=lambda s: s.manifest.created, reverse=True)
-    return (active + others)[:MAX_SOURCES]
+    return active + sorted((s for s in found if s.name != live), key=lambda s: s.manifest.created, reverse=True)
+
+
+def _remote_sources(url: str, options: tuple[str, int, int]) -> list[SourceVersion]:
+    """The best REMOTE_SOURCES versions of a root in object storage, fetched: the active one when it fits (its
+    manifest alone is read), else the newest that fits."""
+    from index_format.remote_root import RemoteRoot
+
+    root = RemoteRoot(url)
+    names, live = root.versions(), root.active()
+
+    def fitting(candidates: list[str]) -> list[SourceVersion]:
+        found = []
+        for name in candidates:
+            try:
+                manifest = root.manifest(name)
+            except IndexMismatch:
+                continue
+            if _fits(manifest, options):
+                found.append(SourceVersion(name, Path(), manifest))
+        return found
+
+    chosen = fitting([live]) if live in names else []
+    if len(chosen) < REMOTE_SOURCES:
+        chosen = _best_first(chosen + fitting([n for n in names if n != live]), live)
+    out = []
+    for source in chosen[:REMOTE_SOURCES]:
+        folder, fetched = root.fetch(source.name)
+        out.append(SourceVersion(source.name, folder, source.manifest, fetched))
+    return out
 
 
 def task_sources(sources: list[SourceVersion]) -> list[dict]:

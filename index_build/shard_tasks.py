@@ -10,7 +10,9 @@ text or vector of the corpus passes through it:
 2. ``EmbedBlocks`` (a Ray Data actor pool): one block of rows to embed, its vectors saved beside it.
 3. ``finish_dense``: the stored and the new vectors into ``embeddings.npy``, then the FAISS index.
 4. ``build_lucene_shard``: the BM25 index and the shard's term statistics, from ``chunks.parquet``.
-5. ``commit_shard``: counts checked, checksums taken, the manifest written: the shard is committed.
+5. ``commit_shard``: counts checked, checksums taken, the manifest written: the shard is committed. For a root
+   in object storage the same task then uploads the shard's files (``upload_shard``), from the node that built
+   them, so the driver publishes only the top-level files and the manifests.
 """
 
 from __future__ import annotations
@@ -163,9 +165,10 @@ def _find_vectors(keys: list[bytes], sources: list[dict], work: Path) -> tuple[i
 
 
 def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_shards: int, prepend_title: bool,
-                   strict: bool, sources: list[dict] | None, content_key: dict) -> dict:
+                   strict: bool, sources: list[dict] | None, content_key: dict, upload_to: str | None = None) -> dict:
     """Ray task: step 1 of the module. ``sources``: the versions to reuse from (None: reuse is off), each
-    as ``reuse.task_sources`` gives them."""
+    as ``reuse.task_sources`` gives them. A shard that needs no more work (committed by an interrupted run, or
+    linked whole) is uploaded here when the root is in object storage (``upload_to``)."""
     folder, mine = Path(shard_dir), work_dir(Path(work), Path(shard_dir).name)
     fragments = fragments_of(Path(work), shard)
     result = {"shard": shard, "resumed": False, "linked": None, "todo": 0, "blocks": 0, "reused": 0,
@@ -174,7 +177,7 @@ def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_sh
     if committed is not None:  # an interrupted run of this build finished it; find its duplicates again
         _, _, bad = _write_tables(shard, num_shards, fragments, None, strict)
         return result | {"resumed": True, "docs": committed.counts["docs"], "chunks": committed.counts["chunks"],
-                         "dimension": committed.dimension, "bad": bad}
+                         "dimension": committed.dimension, "bad": bad, "upload": upload_shard(shard_dir, upload_to)}
     shutil.rmtree(folder, ignore_errors=True)
     shutil.rmtree(mine, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -193,7 +196,7 @@ def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_sh
                 "build_key": build_key, "build_config": content_key, "code_version": code_version(),
                 "created": now_iso()}).model_dump(mode="json"))  # its files are verified before publishing
             return result | {"linked": donor["name"], "reused": chunks, "reused_from": {donor["name"]: chunks},
-                             "dimension": old.dimension}
+                             "dimension": old.dimension, "upload": upload_shard(shard_dir, upload_to)}
     todo = list(range(chunks))
     if sources and chunks:
         reused, by_version, dimension, todo = _find_vectors(list(_text_keys(folder, prepend_title)), sources, mine)
@@ -314,9 +317,11 @@ def build_lucene_shard(shard_dir: str, prepend_title: bool, heap: str) -> dict:
     return {"stats": stats, "seconds": time.perf_counter() - t0}
 
 
-def commit_shard(shard_dir: str, manifest: dict, faiss_info: dict, lucene_stats: dict) -> dict:
+def commit_shard(shard_dir: str, manifest: dict, faiss_info: dict, lucene_stats: dict,
+                 upload_to: str | None = None) -> dict:
     """Ray task: the shard's counts checked against each other, its files' checksums taken, its manifest
-    written (which commits it). Returns the manifest's counts."""
+    written (which commits it), then its files uploaded when the root is in object storage (``upload_to``).
+    Returns the manifest's counts and what was uploaded (``upload_shard``)."""
     folder = Path(shard_dir)
     chunks = manifest["counts"]["chunks"]
     if not (faiss_info["ntotal"] == chunks == lucene_stats["documents"]):
@@ -324,7 +329,29 @@ def commit_shard(shard_dir: str, manifest: dict, faiss_info: dict, lucene_stats:
                             f"Lucene {lucene_stats['documents']} documents")
     body = ShardManifest(**manifest, checksums=checksum_tree(folder), code_version=code_version(), created=now_iso())
     write_json_atomic(folder / MANIFEST, body.model_dump(mode="json"))
-    return body.counts
+    return {"counts": body.counts, "upload": upload_shard(shard_dir, upload_to)}
+
+
+def upload_shard(shard_dir: str, upload_to: str | None) -> dict | None:
+    """A committed shard's files into the ``blobs/`` of the root at ``upload_to`` (those not there yet; None: a
+    local root, nothing to do). Checks that the bytes sent are those its manifest's checksums name: a file changed
+    since the commit would otherwise be published under the wrong checksum. Returns the file table under the
+    version's paths (``shards/<shard>/<file>``), the bytes uploaded and the seconds."""
+    if upload_to is None:
+        return None
+    from index_format.remote_root import RemoteRoot
+
+    t = time.perf_counter()
+    folder = Path(shard_dir)
+    files, sent = RemoteRoot(upload_to).upload_files(folder)
+    checksums = read_shard_manifest(folder).checksums
+    sent_sums = {rel: f["sha256"] for rel, f in files.items() if rel != MANIFEST}
+    if sent_sums != checksums:
+        changed = sorted(rel for rel in set(sent_sums) | set(checksums) if sent_sums.get(rel) != checksums.get(rel))
+        raise IndexMismatch(f"{folder.name}: files changed since the shard was committed {changed[:5]}; rerun the "
+                            "build (the shard is then built again)")
+    return {"files": {f"shards/{folder.name}/{rel}": f for rel, f in files.items()}, "bytes_uploaded": sent,
+            "seconds": time.perf_counter() - t}
 
 
 def verify_shard_files(shard_dir: str, expect: dict) -> dict:

@@ -56,6 +56,11 @@ class Split:
     start: int
     end: int
     first_line: int
+    source: str = ""  # the file's name in records and bad records, when not ``file`` (a URL it was downloaded from)
+
+    @property
+    def name(self) -> str:
+        return self.source or self.file
 
 
 def _is_parquet(path: Path) -> bool:
@@ -150,7 +155,7 @@ def _records(split: Split) -> Iterator[tuple[Any, int] | BadRecord]:
                 try:
                     yield json.loads(raw), line
                 except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    yield BadRecord(split.file, line, f"malformed JSON: {e}")
+                    yield BadRecord(split.name, line, f"malformed JSON: {e}")
             line += 1
 
 
@@ -216,7 +221,7 @@ def read_split(split: Split, work: str, num_shards: int, chunk_size: int, chunk_
             line = item.line
         else:
             record, line = item
-            doc = record_to_document(record, (split.file, line), id_fields, text_fields)
+            doc = record_to_document(record, (split.name, line), id_fields, text_fields)
         if isinstance(doc, BadRecord):
             if strict:
                 raise CorpusError(f"{doc} (strict mode; drop --strict to skip and count bad records)")

@@ -1,24 +1,32 @@
 """``python -m index_build.versions``: list, activate, roll back, remove or verify the index versions under a
-root (the versions themselves: ``index_format.versions``)."""
+root, a folder or a URL in object storage (the versions themselves: ``index_format.versions``)."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from index_format.manifest import IndexMismatch
+from index_format.manifest import IndexMismatch, VersionManifest
 from index_format.process import configure_process
+from index_format.store import StoreError, is_remote
 from index_format.versions import (
     activate,
     activation_history,
     active_version,
     list_versions,
     read_version_manifest,
+    remote,
     remove_version,
     resolve_version_dir,
     rollback,
     versions_dir,
 )
+
+ROOT_HELP = "the index root: a folder, or a URL in object storage (s3://bucket/prefix)"
+
+
+def version_manifest(root: str, name: str) -> VersionManifest:
+    """A published version's manifest; from a root in object storage, read there (nothing is fetched)."""
+    return remote(root).manifest(name) if is_remote(root) else read_version_manifest(versions_dir(root) / name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,18 +38,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m index_build.versions", description=main.__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="versions under ROOT, the active one marked with *")
-    p.add_argument("root", type=Path, metavar="ROOT", help="the index root")
+    p.add_argument("root", metavar="ROOT", help=ROOT_HELP)
     for name, text in (("activate", "point ROOT/ACTIVE at VERSION (atomic); running services follow it"),
                        ("remove", "delete VERSION (not the active one, nor one a running app serves)")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("root", type=Path, metavar="ROOT", help="the index root")
+        p.add_argument("root", metavar="ROOT", help=ROOT_HELP)
         p.add_argument("version")
     p = sub.add_parser("rollback", help="activate the version that was active before the current one")
-    p.add_argument("root", type=Path, metavar="ROOT", help="the index root")
+    p.add_argument("root", metavar="ROOT", help=ROOT_HELP)
     p = sub.add_parser("history", help="past activations, oldest first")
-    p.add_argument("root", type=Path, metavar="ROOT", help="the index root")
-    p = sub.add_parser("verify", help="check every shard's files against its manifest")
-    p.add_argument("root", type=Path, metavar="ROOT", help="the index root")
+    p.add_argument("root", metavar="ROOT", help=ROOT_HELP)
+    p = sub.add_parser("verify", help="check every shard's files against its manifest (a version in object storage: "
+                       "fetched into this node's cache first)")
+    p.add_argument("root", metavar="ROOT", help=ROOT_HELP)
     p.add_argument("version", nargs="?")
     args = parser.parse_args(argv)
     configure_process()
@@ -49,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list":
             live = active_version(args.root)
             for name in list_versions(args.root):
-                m = read_version_manifest(versions_dir(args.root) / name)
+                m = version_manifest(args.root, name)
                 print(f"{'*' if name == live else ' '} {name}  {m.counts['docs']:>9,} docs {m.counts['chunks']:>10,} chunks"
                       f"  {m.num_shards} shards  {m.encoder}  {m.created}")
         elif args.command == "activate":
@@ -74,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             for shard in m.shards:
                 verify_shard(folder / "shards" / shard, expect={"encoder": m.encoder, "dimension": m.dimension})
             print(f"{folder.name}: {len(m.shards)} shards verified")
-    except (IndexMismatch, ValueError) as e:
+    except (IndexMismatch, ValueError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -152,15 +153,18 @@ class RemoteRoot:
             done = list(pool.map(one, paths))
         return {rel: entry for rel, entry, _ in done}, sum(sent for *_, sent in done)
 
-    def publish(self, version_dir: Path, name: str) -> dict:
+    def publish(self, version_dir: Path, name: str, uploaded: dict[str, dict] | None = None) -> dict:
         """Upload a finished local version folder as ``name``: its blobs, its file table, its manifest last.
-        Refuses a name already published. Returns what was sent (files, bytes, seconds)."""
+        ``uploaded``: files already in ``blobs/`` (relative path -> sha256 and size, as ``upload_files`` gives them:
+        a build's shard tasks upload their shards), neither read nor sent again. Refuses a name already published.
+        Returns what this call sent (files, bytes, bytes uploaded, seconds)."""
         _checked(name)
         started = time.perf_counter()
         if self.store.exists(f"versions/{name}/{MANIFEST}"):
             raise FileExistsError(f"index version {name!r} already exists under {self.url}/versions; pick another "
                                   "--version")
-        files, sent = self.upload_files(version_dir)
+        files, sent = self.upload_files(version_dir, skip=uploaded or {})
+        files.update(uploaded or {})
         self.store.put(f"versions/{name}/{FILES}", json.dumps(files, indent=1, sort_keys=True).encode())
         try:
             self.store.put_if(f"versions/{name}/{MANIFEST}", (Path(version_dir) / MANIFEST).read_bytes(), None)
@@ -244,6 +248,28 @@ class RemoteRoot:
                 os.link(blobs / files[MANIFEST]["sha256"], manifest)
         return target, {"files": len(chosen), "bytes": sum(f["size"] for f in chosen.values()),
                         "bytes_downloaded": got, "seconds": time.perf_counter() - started}
+
+    def keep(self, version_dir: Path, name: str) -> Path:
+        """A version this node has just published from ``version_dir`` (a folder on the cache's disk: a build's
+        staging folder in ``local_root()``): the folder becomes the cache's copy of it (moved to
+        ``local_root()/versions/<name>``, its files linked into the cache's blobs), so that fetching it on this node,
+        to serve it or to reuse it in the next build, downloads nothing."""
+        files = self.files(name)
+        blobs = self.cache_dir / BLOBS
+        blobs.mkdir(parents=True, exist_ok=True)
+        for rel, f in files.items():
+            blob = blobs / f["sha256"]
+            if not blob.exists():
+                with contextlib.suppress(FileExistsError):
+                    os.link(Path(version_dir) / rel, blob)
+        target = self.local_root() / "versions" / name
+        if target.exists():  # a copy of an earlier version of that name, removed since: it is stale
+            stale = target.with_name(f".removing-{name}-{time.monotonic_ns()}")
+            os.replace(target, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(version_dir, target)
+        return target
 
     def _download_blob(self, sha: str, blob: Path) -> int:
         tmp = blob.with_name(f".{sha}.{os.getpid()}.{time.monotonic_ns()}.part")

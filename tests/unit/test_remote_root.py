@@ -124,3 +124,26 @@ def test_versions_functions_take_a_url(root, tmp_path):
     assert versions.read_version_manifest(folder).version == "v1"
     versions.remove_version(url, "v2")
     assert versions.list_versions(url) == ["v1"]
+
+
+def test_publish_neither_reads_nor_sends_what_the_shard_tasks_uploaded(root, tmp_path):
+    src = local_version(tmp_path / "v1", "v1")
+    shard = src / "shards" / "shard-000"
+    files, sent = root.upload_files(shard)  # what a shard task does once it commits
+    rest = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and shard not in p.parents)
+    original = (shard / "chunks.parquet").read_bytes()
+    (shard / "chunks.parquet").write_bytes(b"not read by publish")  # (the driver may not even see a shard's files)
+    sent_now = root.publish(src, "v1", {f"shards/shard-000/{rel}": f for rel, f in files.items()})
+    assert sent > 0 and sent_now["bytes_uploaded"] == rest and sent_now["bytes"] == rest + sent
+    (shard / "chunks.parquet").write_bytes(original)
+    folder, _ = RemoteRoot(root.url, cache_dir=tmp_path / "fresh").fetch("v1")  # and the version has every file
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file()) == \
+        sorted(p.relative_to(src) for p in src.rglob("*") if p.is_file())
+
+
+def test_a_version_published_from_this_node_is_its_cached_copy(root):
+    staged = local_version(root.local_root() / "staging" / "key", "v1")
+    root.publish(staged, "v1")
+    folder = root.keep(staged, "v1")
+    assert folder == root.local_root() / "versions" / "v1" and not staged.exists()
+    assert root.fetch("v1")[1]["bytes_downloaded"] == 0  # serving it, or reusing it, downloads nothing here

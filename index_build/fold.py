@@ -73,21 +73,18 @@ from index_format.process import configure_process
 from index_format.records import metadata_json, written_document
 from index_format.sharding import shard_of
 from index_format.versions import (
-    activate_after,
-    active_tagged,
     active_version,
     build_lock,
-    publish_to,
     read_version_manifest,
     staging_dir,
     state_dir,
     verify_version,
     version_dir,
-    work_root,
 )
 
 from .reuse import link_shard
 from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, ROW_GROUP
+from .target import Target
 
 DEAD_FRACTION = 0.1  # an approximate index with more dead vectors than this share is rebuilt, not appended to
 SHARD_THREADS = 2  # threads writing one shard's files at once
@@ -471,14 +468,14 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
 
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
-    seen = active_tagged(root)
-    base = base or (seen[0] if seen else active_version(root))
+    dest = Target.open(root)
+    base = base or (dest.active_at_start[0] if dest.remote else active_version(root))
     if base is None:
         raise IndexMismatch(f"{root} has no active version to fold the change log into; build one first")
     base_dir = version_dir(root, base, shards=None)
     manifest = read_version_manifest(base_dir)
     key = f"fold-{base}-{time.time_ns()}"
-    staging = staging_dir(work_root(root), key)
+    staging = staging_dir(dest.local, key)
     work = staging / "_work"
     # A fold that died (killed, or failed) left its staging folder; this one holds the root's build lock, so no
     # other fold is writing any: they are removed (a fold has nothing to resume: it starts from its base again).
@@ -539,9 +536,9 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
     write_json_atomic(staging / MANIFEST, VersionManifest(**body.model_dump()).model_dump(mode="json"))
     verify_version(staging, checksums=False)  # the counts add up; written files were checksummed as written
     shutil.rmtree(work)
-    _, summary.upload = publish_to(staging, root, name)
+    _, summary.upload = dest.publish(staging, name, [])
     if do_activate:
-        activate_after(root, name, seen, by="fold")
+        dest.activate(name, by="fold")
     summary.version, summary.activated = name, do_activate
     seconds["publish"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start

@@ -68,13 +68,13 @@ class Target:
                         "seconds": round(time.perf_counter() - t, 3),
                         "shard_upload_seconds": round(sum(u["seconds"] for u in shard_uploads), 3)}
 
-    def activate(self, name: str) -> None:
+    def activate(self, name: str, by: str = "index_build") -> None:
         """Point ``ACTIVE`` at ``name``; in object storage only if it still names what it named at the start."""
         if self.remote is None:
-            activate(self.local, name, by="index_build", verify=False)  # the build verified it
+            activate(self.local, name, by=by, verify=False)  # the job verified it
             return
         try:
-            self.remote.activate(name, by="index_build", expect=self.active_at_start)
+            self.remote.activate(name, by=by, expect=self.active_at_start)
         except Conflict:
             was, now = self.active_at_start[0], self.remote.active()
             raise ActivationRefused(

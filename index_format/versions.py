@@ -140,39 +140,6 @@ def read_version_manifest(version_dir: Path) -> VersionManifest:
         raise IndexMismatch(f"{path}: not a valid version manifest: {e}") from None
 
 
-def work_root(root: str | Path) -> Path:
-    """Where a job writing into ``root`` stages its version on this node: the root itself when it is a folder, its
-    copy in the node's cache for a root in object storage (so a rerun resumes there too)."""
-    return remote(root).local_root() if is_remote(root) else Path(root)
-
-
-def publish_to(staging: Path, root: str | Path, name: str) -> tuple[str, dict]:
-    """Publish a finished staging folder as version ``name`` of ``root``: renamed into a folder root, uploaded
-    (the blobs the store does not hold yet, the manifest last) to a root in object storage, the staging folder
-    then removed. Returns where the version is and what moved (``files``, ``bytes``, ``bytes_uploaded``)."""
-    if is_remote(root):
-        sent = remote(root).publish(staging, name)
-        shutil.rmtree(staging, ignore_errors=True)
-        return f"{str(root).rstrip('/')}/versions/{name}", sent
-    target = publish(staging, Path(root), name)
-    return str(target), {}
-
-
-def activate_after(root: str | Path, name: str, seen: tuple[str | None, str | None] | None, by: str) -> str | None:
-    """Activate a version a job just published. In object storage, a compare-and-swap on what ``ACTIVE`` was when
-    the job started (``seen``, from ``active_tagged``): a job that another activation overtook fails, its version
-    published but not active, instead of undoing that activation. In a folder root, as ``activate`` (the build lock
-    keeps jobs apart there)."""
-    if is_remote(root):
-        return remote(root).activate(name, by=by, expect=seen)
-    return activate(root, name, by=by, verify=False)
-
-
-def active_tagged(root: str | Path) -> tuple[str | None, str | None] | None:
-    """What a job reads of ``ACTIVE`` when it starts, for ``activate_after`` (None for a folder root)."""
-    return remote(root).active_tagged() if is_remote(root) else None
-
-
 def publish(staging: Path, root: Path, name: str) -> Path:
     """Move a finished staging folder into place under ``versions/<name>`` with one rename."""
     target = versions_dir(root) / name

@@ -166,10 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deployments.judgments", description=main.__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("export", help="write OUT/queries.jsonl and OUT/qrels/test.tsv from ROOT/judgments")
-    p.add_argument("root", type=Path, help="the collection's index root")
+    p.add_argument("root", help="the collection's index root (a folder; for s3://..., run it on the node that served "
+                   "it: its judgments are in that node's state folder, $RAYSEARCH_STATE)")
     p.add_argument("out", type=Path)
     args = parser.parse_args(argv)
-    store = JudgmentStore(args.root / "judgments")
+    from index_format.versions import state_dir
+
+    store = JudgmentStore(state_dir(args.root) / "judgments")
     texts, qrels = store.qrels()
     store.write_beir(args.out)
     print(f"{sum(len(d) for d in qrels.values())} judgments of {len(texts)} queries -> {args.out}")

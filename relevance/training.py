@@ -103,7 +103,9 @@ def beir_judgments_of(folder: Path, qrels: dict[str, dict[str, int]], source: st
 
 def service_judgments(root: Path, held_out_ids: Iterable[str] = ()) -> Judged:
     """What ``POST /feedback`` stored under ``ROOT/judgments`` (every tenant's: an operator's export)."""
-    texts, qrels = JudgmentStore(Path(root) / "judgments").qrels()
+    from index_format.versions import state_dir
+
+    texts, qrels = JudgmentStore(state_dir(root) / "judgments").qrels()
     held = set(held_out_ids)
     dropped = len(set(qrels) & held)
     qrels = {q: d for q, d in qrels.items() if q not in held}
@@ -124,8 +126,9 @@ def mine_negatives(pairs: list[Pair], index: Path, corpus: dict[str, str], judge
     from deployments.config import RouterSettings
     from deployments.edge.schemas import SearchRequest
     from deployments.search.inprocess import inprocess_pipeline
+    from index_format.versions import resolve_version_dir
 
-    pipeline = inprocess_pipeline({"default": Path(index)}, RouterSettings(cache_size=0))
+    pipeline = inprocess_pipeline({"default": resolve_version_dir(index)}, RouterSettings(cache_size=0))
     negatives_of: dict[str, list[str]] = {}
 
     async def mine(qids: list[str]) -> None:
@@ -155,7 +158,7 @@ def index_documents(index: Path) -> dict[str, str]:
     from index_format.manifest import DOCUMENTS_FILE
     from index_format.versions import resolve_version_dir
 
-    version_dir = resolve_version_dir(Path(index), None)
+    version_dir = resolve_version_dir(index, None)  # a root in object storage: its copy in the node's cache
     out: dict[str, str] = {}
     for shard in sorted((version_dir / "shards").iterdir()):
         if (shard / DOCUMENTS_FILE).is_file():
@@ -187,7 +190,7 @@ def build_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", type=Path, help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)")
-    source.add_argument("--judgments", type=Path, metavar="ROOT",
+    source.add_argument("--judgments", metavar="ROOT",
                         help="an index root whose judgments/ POST /feedback wrote")
     ap.add_argument("--train-split", default="train", metavar="SPLIT",
                     help="the qrels split trained on, with --data (default: %(default)s)")
@@ -197,7 +200,7 @@ def build_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     ap.add_argument("--held-out-share", type=float, default=None, metavar="SHARE",
                     help="with --data whose only split is --train-split: hold out this share of its queries (by a "
                          "stable hash of the query id) instead of another split; their ids go into training.json")
-    ap.add_argument("--index", type=Path, required=True, metavar="ROOT",
+    ap.add_argument("--index", required=True, metavar="ROOT",
                     help="the index whose hybrid candidates give the hard negatives (root or version folder)")
     ap.add_argument("--out", type=Path, required=True, help="the folder the trained model is written to")
     ap.add_argument("--epochs", type=float, default=2)

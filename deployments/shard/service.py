@@ -194,7 +194,7 @@ def corpus_df_map(terms) -> dict[str, int]:
 
 def open_version(path: Path, version: str | None = None):
     """(version folder, its manifest, corpus BM25 stats, df per term, what every shard must match)."""
-    version_dir = resolve_version_dir(Path(path), version)
+    version_dir = resolve_version_dir(path, version)  # a URL: its copy in the node cache
     manifest = read_version_manifest(version_dir)
     stats, terms = read_stats(version_dir / "bm25")
     expect = {"encoder": manifest.encoder, "dimension": manifest.dimension}

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from index_format.versions import fsync_dir
+from index_format.store import fsync_dir
 
 CHANGES_DIR = "changes"  # beside the versions in an index root: <root>/changes/log-<first seq>.jsonl ...
 LEGACY_NAME = "log.jsonl"  # the one file of a log written before segments: its first segment

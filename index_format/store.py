@@ -97,7 +97,7 @@ class FolderStore(Store):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
     def put_if(self, key: str, data: bytes, tag: str | None) -> str:
         with self._locked(key):
@@ -252,7 +252,8 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a folder's entries (a new or renamed file's name) durable."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .manifest import MANIFEST, IndexMismatch, VersionManifest, counts_agree
-from .store import is_remote
+from .store import fsync_dir, is_remote
 
 ACTIVE = "ACTIVE"
 ACTIVATIONS = "activations.jsonl"
@@ -299,12 +299,3 @@ def remove_version(root: Path, name: str) -> None:
     doomed = folder.with_name(f".removing-{name}")
     os.replace(folder, doomed)
     shutil.rmtree(doomed)
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a folder's entries (a new or renamed file's name) durable."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

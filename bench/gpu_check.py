@@ -792,8 +792,7 @@ def section_training(run: Run, clock: Clock, out: dict) -> None:
              ("cross-encoder", s.reranker_batches_gpu, s.reranker_batch_cpu)]
     for kind, gpu_batches, cpu_batch in plans:
         sides = [(run.device, run.label, b, None) for b in gpu_batches]
-        if run.device == "cuda":
-            sides.append(("cuda", run.label, max(gpu_batches), torch.bfloat16))
+        sides.append((run.device, run.label, max(gpu_batches), torch.bfloat16))
         sides.append(("cpu", "cpu", cpu_batch, None))
         for device, label, batch, autocast in sides:
             dtype = "bfloat16 autocast" if autocast else "float32"

@@ -17,7 +17,7 @@ export TOKENIZERS_PARALLELISM := false
 # pip 23 prints a harmless warning per missing local index folder; keep real errors visible.
 PIP_QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: setup demo test test-slow lint browser bench-build bench-peers clean-demo
+.PHONY: setup demo test test-slow lint browser bench-build bench-peers gpu-check-pack gpu-check clean-demo
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,18 @@ bench-peers: setup
 	$(PY) -m pip install -q --disable-pip-version-check -r bench/requirements-peers.txt $(PIP_QUIET)
 	$(PY) -m bench.peers --data $(DATA) --datasets scifact cranfield \
 		--index scifact=bench/out/indexes/scifact-4 --index cranfield=bench/out/indexes/cranfield-4
+
+# The GPU check (bench/gpu_check.py): pack MiniLM at float16 here, carry .gpu_carry/ with the tree to a GPU
+# machine, run `make gpu-check` there (no venv: python3 with torch, transformers, sentence-transformers,
+# onnxruntime). OUT, when the environment sets it, is where the JSON and the table go.
+GPU_CARRY := .gpu_carry/minilm-fp16
+OUT ?= bench/results/gpu_check
+gpu-check-pack: setup
+	$(PY) -m bench.gpu_check --pack $(GPU_CARRY)
+	du -sh $(GPU_CARRY)
+
+gpu-check:
+	PYTHONPATH=. $(PYTHON) -m bench.gpu_check --model $(GPU_CARRY) --out $(OUT)
 
 clean-demo:
 	rm -rf indexes/demo data/demo

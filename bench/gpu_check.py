@@ -65,7 +65,7 @@ class Sizes:
     chunks_gpu: int = 8192
     chunks_cpu: int = 384
     batch_sizes: tuple[int, ...] = (64, 128, 256, 512, 1024)
-    cpu_batch_sizes: tuple[int, ...] = (64,)
+    cpu_batch_sizes: tuple[int, ...] = (64, 128)
     query_batches: tuple[int, ...] = (1, 32)
     latency_calls: int = 50
     warmup_calls: int = 5
@@ -577,13 +577,13 @@ def scorer_rows(scorer, requests, device: str, dtype: str, gathered: tuple[int, 
     return out
 
 
-def unit_rows(n: int, seed: int, threads: int = 16) -> np.ndarray:
+def unit_rows(n: int, seed: int) -> np.ndarray:
     """``n`` random unit vectors (float32, seeded), drawn in parallel blocks (numpy's generators release the
     GIL): 10M x 384 in seconds rather than a minute."""
     from concurrent.futures import ThreadPoolExecutor
 
     out = np.empty((n, DIM), dtype=np.float32)
-    edges = np.linspace(0, n, max(1, min(threads, n // 4096)) + 1).astype(int)
+    edges = np.linspace(0, n, max(1, min(os.cpu_count() or 1, n // 4096)) + 1).astype(int)
     streams = np.random.SeedSequence(seed).spawn(len(edges) - 1)
 
     def fill(i: int) -> None:
@@ -686,15 +686,16 @@ def dense_scale(run: Run, n: int, clock: Clock) -> tuple[list[dict], list[dict]]
                  lambda shard, q, k: rescored_top(shard, q, k, exact_rows=vectors)))
     for name, fn in variants:
         try:
-            fn(gpu, queries[:1], s.dense_k)
-            took = timed_calls(lambda fn=fn, gpu=gpu: fn(gpu, queries[:1], s.dense_k), s.dense_calls_gpu, clock,
-                               share=0.1)
-            rows.append(row(f"{what}, {name}", run.label, dtype, 1, latency_ms(took)["median_ms"], "ms/query",
-                            **latency_ms(took)))
+            for b in s.dense_batches:
+                fn(gpu, queries[:b], s.dense_k)
+                took = timed_calls(lambda fn=fn, gpu=gpu, b=b: fn(gpu, queries[:b], s.dense_k),
+                                   s.dense_calls_gpu if b == 1 else max(2, s.dense_calls_gpu // 5), clock, share=0.05)
+                stats = latency_ms(took)
+                rows.append(row(f"{what}, {name}", run.label, dtype, b, stats["median_ms"] / b, "ms/query", **stats))
             top, found = fn(gpu, queries, s.dense_k)
             answers[name] = list(zip(found, top, strict=True))
         except Exception as e:  # out_dtype is CUDA-only and recent: record it, keep the section
-            rows.append(row(f"{what}, {name} (failed)", run.label, dtype, 1, 0, "ms/query",
+            rows.append(row(f"{what}, {name} (failed)", run.label, dtype, None, 0, "ms/query",
                             error=f"{type(e).__name__}: {e}"[:300]))
     del gpu
     if run.device == "cuda":

@@ -974,8 +974,8 @@ def verdict(record: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0],
-                                 epilog="See the module docstring for the pack / carry / run steps.")
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pack", type=Path, metavar="DIR",
                     help="only write MiniLM with float16 weights to DIR (to carry to a GPU machine), then exit")
     ap.add_argument("--model", type=Path, help="the MiniLM folder to measure (a --pack output or a float32 "

@@ -156,15 +156,23 @@ def _pooling_of(folder: Path) -> tuple[str, int]:
                              "use the torch backend for this model")
         path = next(m["path"] for m in json.loads(modules.read_text()) if m["type"].endswith("Pooling"))
         config = json.loads((folder / path / "config.json").read_text())
-        if config.get("pooling_mode_cls_token"):
-            pooling = "cls"
-        elif not config.get("pooling_mode_mean_tokens", True):
-            raise ValueError(f"{folder}: only mean or CLS pooling runs on ONNX; use the torch backend")
-    max_length = 512
+        # sentence-transformers 6 writes one "pooling_mode"; earlier versions one flag per mode.
+        mode = config.get("pooling_mode") or ("cls" if config.get("pooling_mode_cls_token") else
+                                               "mean" if config.get("pooling_mode_mean_tokens", True) else "other")
+        if mode not in ("mean", "cls"):
+            raise ValueError(f"{folder}: pooling {mode!r}: only mean or CLS pooling runs on ONNX; use the torch backend")
+        pooling = mode
+    # The model's own limit, where each version of sentence-transformers keeps it: sentence_bert_config.json
+    # (up to 5), else the tokenizer's model_max_length (what version 6 saves and loads back).
+    max_length = None
     st_config = folder / "sentence_bert_config.json"
     if st_config.is_file():
-        max_length = int(json.loads(st_config.read_text()).get("max_seq_length") or max_length)
-    return pooling, max_length
+        max_length = json.loads(st_config.read_text()).get("max_seq_length")
+    tok_config = folder / "tokenizer_config.json"
+    if not max_length and tok_config.is_file():
+        limit = json.loads(tok_config.read_text()).get("model_max_length")
+        max_length = limit if isinstance(limit, int) and 0 < limit <= 100_000 else None
+    return pooling, int(max_length or 512)
 
 
 def export_onnx(folder: Path) -> Path:

@@ -101,3 +101,18 @@ def test_the_routers_encoder_embeds_queries_at_once_on_its_threads():
     assert np.abs(np.stack(asyncio.run(together())) - alone).max() < 1e-6
     assert len(threads) == 2
     assert LocalEncoder("all-MiniLM-L6-v2", "torch", threads=2).worker._max_workers == 1
+
+
+def test_a_folder_saved_by_this_sentence_transformers_encodes_as_torch(encoders, tmp_path, monkeypatch):
+    """What relevance.train_encoder writes (``model.save``): its pooling and length limit are kept where this
+    sentence-transformers keeps them (one ``pooling_mode``; the tokenizer's model_max_length), so ONNX truncates
+    and pools as torch does, also for a text past the limit."""
+    from index_format.encoders import _pooling_of
+
+    _, torch_encoder, _ = encoders
+    saved = tmp_path / "saved"
+    torch_encoder.model.save(str(saved))
+    assert _pooling_of(saved) == ("mean", torch_encoder.model.max_seq_length)
+    monkeypatch.setenv("RAYSEARCH_CACHE", str(tmp_path / "cache"))
+    onnx = load_encoder(str(saved), backend="onnx")
+    assert (onnx.encode(TEXTS) * torch_encoder.encode(TEXTS)).sum(axis=1).min() > 0.99999

@@ -122,10 +122,9 @@ def one_index(name: str, folder_root: Path, repeats: int, fold_docs: int, scratc
 def fold_through_store(url: str, manifest, docs: int, scratch: Path, env: dict) -> dict:
     """Fold ``docs`` new documents that all land in shard 0; what the fold uploaded against that shard's bytes."""
     from index_build.fold import fold
-    from index_format.change_log import CHANGES_DIR, ChangeLog
+    from index_format.change_log import open_change_log
     from index_format.remote_root import RemoteRoot
     from index_format.sharding import shard_of
-    from index_format.versions import state_dir
 
     os.environ.update(env)
     ids, i = [], 0
@@ -133,7 +132,7 @@ def fold_through_store(url: str, manifest, docs: int, scratch: Path, env: dict) 
         if shard_of(f"bench-fold-{i}", manifest.num_shards) == 0:
             ids.append(f"bench-fold-{i}")
         i += 1
-    log = ChangeLog(state_dir(url) / CHANGES_DIR)
+    log = open_change_log(url)
     log.append([{"id": d, "title": "", "text": f"a folded document {d} about quokkas and marmots", "metadata": {}}
                 for d in ids], [])
     summary = fold(url)

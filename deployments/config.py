@@ -369,9 +369,9 @@ class AppConfig(BaseModel):
     default_collection: str = Field("default", description="Collection used when a request names none.")
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
     state_dir: Path | None = Field(
-        None, description="Durable node-local volume where a collection whose root is in object storage keeps the "
-        "documents API's change log, its judgments and build records ($RAYSEARCH_STATE when unset, else "
-        "~/.local/state/raysearch). A write is acknowledged once it is there.")
+        None, description="Durable node-local volume where a collection whose root is in object storage keeps its "
+        "judgments and build records ($RAYSEARCH_STATE when unset, else ~/.local/state/raysearch); its documents' "
+        "change log is in the store itself.")
     encoder: EncoderConfig = Field(default_factory=EncoderConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)

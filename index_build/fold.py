@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from index_format.change_log import CHANGES_DIR, ChangeLog
+from index_format.change_log import open_change_log
 from index_format.chunking import Chunking
 from index_format.manifest import (
     CHUNKS_FILE,
@@ -73,11 +73,11 @@ from index_format.process import configure_process
 from index_format.records import metadata_json, written_document
 from index_format.sharding import shard_of
 from index_format.versions import (
+    absolute_root,
     active_version,
     build_lock,
     read_version_manifest,
     staging_dir,
-    state_dir,
     verify_version,
     version_dir,
 )
@@ -133,13 +133,13 @@ class FoldSummary:
 # ---------------------------------------------------------------- step 1: the log's changes, chunked and embedded
 
 
-def _log_changes(root: Path, after: int, through: int | None) -> tuple[dict[str, tuple[int, dict]], set[str], int]:
+def _log_changes(root: str, after: int, through: int | None) -> tuple[dict[str, tuple[int, dict]], set[str], int]:
     """Each document's last write past ``after`` (through ``through``): (upserts: id -> (seq, record), deletes,
     the last seq read)."""
     upserts: dict[str, tuple[int, dict]] = {}
     deletes: set[str] = set()
     last = after
-    for change in ChangeLog(root / CHANGES_DIR, after=after).read_new():  # the segments past the base's only
+    for change in open_change_log(root, after=after).read_new():  # the segments past the base's only
         if through is not None and change.seq > through:
             break
         for doc_id in change.deletes:
@@ -157,7 +157,7 @@ def prepare_fold(root: str, work: str, after: int, through: int | None, num_shar
     """Step 1: the writes past ``after`` as each shard's documents, chunks and vectors in ``work``."""
     from index_format.encoders import load_encoder
 
-    upserts, deletes, last = _log_changes(Path(root), after, through)
+    upserts, deletes, last = _log_changes(root, after, through)
     chunking = Chunking.of(build_config)
     docs: dict[int, list[dict]] = {}
     chunks: dict[int, list[dict]] = {}
@@ -449,13 +449,13 @@ def fold(root: Path, through: int | None = None, base: str | None = None, do_act
     """Fold the change log of the index root ``root`` (its writes past the base version's ``log_seq``, through
     ``through`` when given) into a new version on top of ``base`` (default: the active one), publish it and
     activate it. One build or fold at a time per root. A root in object storage is folded on this node: its base
-    version fetched to the node's cache, its change log read from the node's state folder (``state_dir``), the new
+    version fetched to the node's cache, its change log read from the store (``index_format.store_log``), the new
     version uploaded (only the shards the writes touched are new bytes) and activated by compare-and-swap."""
     with build_lock(root):
         summary = _fold(root, through, base, do_activate, version, dead_fraction)
         # The log's closed segments keep each document's last write only: every version, folded or not, replays
         # the same documents from it (index_format.change_log), and the log stops growing with rewrites.
-        summary.change_log = dict(ChangeLog(state_dir(root) / CHANGES_DIR).compact().__dict__)
+        summary.change_log = dict(open_change_log(root).compact().__dict__)
         return summary
 
 
@@ -490,7 +490,7 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
     workers = fold_workers(max(1, min(manifest.num_shards, cpus // SHARD_THREADS)))
     t = time.perf_counter()
     prepared = ray.get(workers[0].prepare.remote(
-        str(state_dir(root)), str(work), manifest.log_seq, through, manifest.num_shards, manifest.build_config, manifest.encoder))
+        absolute_root(root), str(work), manifest.log_seq, through, manifest.num_shards, manifest.build_config, manifest.encoder))
     seconds["read+embed"] = time.perf_counter() - t
     summary = FoldSummary(None, base, prepared["log_seq"], prepared["upserted"], prepared["deleted"])
     if prepared["log_seq"] == manifest.log_seq:
@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
                     "approximate), the rest linked; the version is published and activated, and serving replicas "
                     "then drop what it holds from their fresh segments.")
     p.add_argument("--index", required=True, help="Index root: the folder holding versions/ and changes/, or "
-                   "s3://bucket/prefix (its change log then in this node's state folder, $RAYSEARCH_STATE).")
+                   "s3://bucket/prefix (its change log then in the store beside the versions).")
     p.add_argument("--through", type=int, default=None, help="Fold the writes up to this sequence number only "
                    "(default: all of them).")
     p.add_argument("--base", default=None, help="Version to fold into (default: the active one).")

@@ -26,6 +26,9 @@ would: a document's last write past the start is kept, and one written last at o
 already. So no version, however old, and no full build (``log_seq`` 0) loses a write, while the log stops growing
 with rewrites of the same documents: it holds what the API wrote once per document, plus the newest segment.
 
+A root in object storage keeps its log in the store instead (``index_format.store_log``: no node's disk, ordered by
+conditional creates); ``open_change_log`` gives a root's log, either kind, with the same methods.
+
 This is the log alone (``ChangeLog``), on disk beside the versions, so both sides use it: the service appends the
 API's writes and keeps them searchable (``deployments.documents``), the job folds them into a version and compacts
 the log (``index_build.fold``). What it cannot do it raises as its own kinds (``ChangeLogError``); the service's edge
@@ -73,6 +76,20 @@ class LogFull(WriteNotStored):
 class LogCorrupt(ChangeLogError):
     """The log holds what no writer writes (a line that is not a change, sequence numbers out of order): it was
     edited or damaged outside the log; an operator must restore it."""
+
+
+def open_change_log(root: str | Path, after: int = 0):
+    """The change log of an index root's documents, read past ``after``: in the store for a root in object
+    storage (``StoreChangeLog``), else the segments in ``<root>/changes`` (``ChangeLog``)."""
+    from index_format.store import is_remote
+
+    if is_remote(root):
+        from index_format.store_log import StoreChangeLog, import_folder_log
+        from index_format.versions import state_dir
+
+        import_folder_log(str(root), state_dir(root) / CHANGES_DIR)  # a log kept on the node by an earlier release
+        return StoreChangeLog(str(root), after)
+    return ChangeLog(Path(root) / CHANGES_DIR, after=after)
 
 
 def segment_name(first_seq: int) -> str:
@@ -235,11 +252,21 @@ class ChangeLog:
             os.close(fd)  # closing releases the lock
 
     def _append(self, writes) -> tuple[list[Change], list[Change]]:
+        seen: list[Change] = []
+        while True:
+            written = self._append_once(writes, seen)
+            if written is not None:
+                return written, seen
+
+    def _append_once(self, writes, seen: list[Change]) -> list[Change] | None:
+        """Append after what this writer reads; None when another writer started the segment this one was about
+        to start (its listing was stale: a lock the file system does not honour across machines), to read on and
+        try again. A segment is only ever created exclusively, so no writer opens one another has written in."""
         if not segments(self.folder):
-            fd = os.open(self.folder / segment_name(1), os.O_RDWR | os.O_CREAT, 0o644)
-            os.close(fd)
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(self.folder / segment_name(1), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644))
             fsync_dir(self.folder)  # the file's name is durable too
-        seen = self._read()  # to the end of the newest segment (no other writer can start one meanwhile)
+        seen.extend(self._read())  # to the end of the newest segment (no other writer can start one meanwhile)
         fd = os.open(self.path, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
@@ -249,7 +276,10 @@ class ChangeLog:
                 os.close(fd)
                 fd = -1
                 path = self.folder / segment_name(self.last_seq + 1)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    return None
                 fsync_dir(self.folder)
                 self.first, self.path, self.inode, self.offset = self.last_seq + 1, path, os.fstat(fd).st_ino, 0
             now = time.time()
@@ -267,7 +297,7 @@ class ChangeLog:
                 raise kind(f"the write was not stored (nothing of it was applied): {e.strerror or e}") from None
             self.offset += len(data)
             self.last_seq = changes[-1].seq
-            return changes, seen
+            return changes
         finally:
             if fd >= 0:
                 os.close(fd)

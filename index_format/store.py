@@ -57,7 +57,10 @@ class Store:
     def put(self, key: str, data: bytes) -> None: ...
     def put_if(self, key: str, data: bytes, tag: str | None) -> str: ...
     def exists(self, key: str) -> bool: ...
-    def list(self, prefix: str = "") -> dict[str, int]: ...
+    def list(self, prefix: str = "", offset: str | None = None) -> dict[str, int]:
+        """Key -> size of the keys under ``prefix`` (past ``offset``, when given: the keys that sort after it)."""
+        ...
+
     def upload(self, path: Path, key: str) -> None: ...
     def download(self, key: str, path: Path) -> None: ...
     def delete(self, keys: list[str]) -> None: ...
@@ -121,15 +124,16 @@ class FolderStore(Store):
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def list(self, prefix: str = "") -> dict[str, int]:
+    def list(self, prefix: str = "", offset: str | None = None) -> dict[str, int]:
         base = self._path(prefix) if prefix else self.folder
         if base.is_file():
             return {prefix: base.stat().st_size}
         out = {}
         for folder, _, files in os.walk(base):
             for name in files:
-                path = Path(folder) / name
-                out[path.relative_to(self.folder).as_posix()] = path.stat().st_size
+                key = (Path(folder) / name).relative_to(self.folder).as_posix()
+                if offset is None or key > offset:
+                    out[key] = (Path(folder) / name).stat().st_size
         return dict(sorted(out.items()))
 
     def upload(self, path: Path, key: str) -> None:
@@ -213,12 +217,12 @@ class ObjectStore(Store):
             return False
         return True
 
-    def list(self, prefix: str = "") -> dict[str, int]:
+    def list(self, prefix: str = "", offset: str | None = None) -> dict[str, int]:
         import obstore
 
         def listing(store):
             out = {}
-            for batch in obstore.list(store, prefix or None):
+            for batch in obstore.list(store, prefix or None, offset=offset):
                 for meta in batch:
                     out[meta["path"]] = int(meta["size"])
             return out

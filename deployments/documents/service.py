@@ -19,8 +19,7 @@ import numpy as np
 
 from deployments.documents.segment import FreshSegment
 from deployments.search.clients import EncoderClient
-from index_format.change_log import CHANGES_DIR, Change, ChangeLog
-from index_format.versions import state_dir
+from index_format.change_log import Change, open_change_log
 
 __all__ = ["POLL_S", "CollectionDocuments", "new_segment", "open_documents"]
 
@@ -34,9 +33,8 @@ log = logging.getLogger(__name__)
 class CollectionDocuments:
     def __init__(self, name: str, root: str | Path, segment: FreshSegment, encoder: EncoderClient):
         self.name, self.root, self.segment, self.encoder = name, root, segment, encoder
-        # Beside the versions of a folder root; on the node's durable state volume for a root in object storage.
-        self.changes = state_dir(root) / CHANGES_DIR
-        self.log = ChangeLog(self.changes, after=segment.log_seq)  # the version holds the rest
+        # Beside the versions of a folder root; in the store for a root in object storage (any node writes it).
+        self.log = open_change_log(root, after=segment.log_seq)  # the version holds the rest
         self.pending: list[Change] = []
         self._lock = asyncio.Lock()
         self._queue: list[tuple] = []  # writes waiting for the group being stored (group commit)
@@ -78,7 +76,7 @@ class CollectionDocuments:
             if segment.log_seq >= self.segment.log_seq:
                 self.segment.carry_to(segment)
             else:
-                changes = await asyncio.to_thread(ChangeLog(self.changes, after=segment.log_seq).read_new)
+                changes = await asyncio.to_thread(open_change_log(self.root, after=segment.log_seq).read_new)
                 # up to what the current segment applied; past it, the usual reads apply the rest
                 await self._apply_all(segment, [c for c in changes if c.seq <= self.segment.applied_seq])
                 segment.applied_seq = max(segment.applied_seq, self.segment.applied_seq)

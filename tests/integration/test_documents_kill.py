@@ -1,7 +1,7 @@
 """Nothing acknowledged is ever lost: ``python -m deployments`` taking a stream of document writes while its router
 replica is killed (SIGKILL; Serve starts another) and then the whole service is (SIGKILL to every process), then
 started again on the same index root: a folder, and a root in object storage (a local S3-compatible server), whose
-change log is on the node's state volume (``state_dir``)."""
+change log is in the store itself (``index_format.store_log``)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import pytest
 
 from index_build.build import build_index
 from index_build.config import BuildConfig
-from index_format.change_log import CHANGES_DIR, ChangeLog
-from index_format.remote_root import RemoteRoot, root_slug
+from index_format.change_log import open_change_log
+from index_format.remote_root import RemoteRoot
 from tests.conftest import make_corpus, write_jsonl
 from tests.waiting import wait_until
 
@@ -154,8 +154,7 @@ def test_every_acknowledged_write_survives_kills_once_and_no_batch_is_half_appli
                 assert hits["results"][0]["doc_id"] == ids[0], (token, hits["results"][:1])
     finally:
         service.kill()
-    log = state / "roots" / root_slug(index) if isinstance(index, str) else index  # state_dir of the root
-    changes = ChangeLog(log / CHANGES_DIR).read_new()
+    changes = open_change_log(index).read_new()
     assert changes
     assert [c.seq for c in changes] == list(range(1, len(changes) + 1))  # each write once, in order
     written = [d["id"] for c in changes for d in c.upserts]

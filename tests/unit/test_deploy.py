@@ -151,10 +151,9 @@ def test_the_pods_have_what_the_config_names():
         assert env.get(CACHE_DIR_ENV) == cache and env.get(STATE_ENV) == state, g.name
         assert {"secretRef": {"name": "raysearch-s3"}} in c.get("envFrom", []), f"{g.name}: no store credentials"
         mounted = mounts(g.pod, c)
-        if g.offers.get("search_node") or g.offers.get("router_node") or g.name == "head":
-            assert "emptyDir" in (volume_under(mounted, cache) or {}), f"{g.name}: {cache} is not on the node's disk"
-        if g.offers.get("search_node") or g.offers.get("router_node"):
-            assert "hostPath" in (volume_under(mounted, state) or {}), f"{g.name}: {state} is not durable on the node"
+        # On every pod: a replica, a build's or a fold's worker (0-CPU actors) may be placed on any node.
+        assert "emptyDir" in (volume_under(mounted, cache) or {}), f"{g.name}: {cache} is not on the node's disk"
+        assert "hostPath" in (volume_under(mounted, state) or {}), f"{g.name}: {state} is not durable on the node"
         if g.name == "head" or g.offers["GPU"]:
             # The head builds the app (its check that the reranker's folder exists runs there) and the GPU pods load
             # it: the folder is copied in before Ray starts, by an init container from the store.

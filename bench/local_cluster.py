@@ -210,3 +210,33 @@ def _quote(arg: str) -> str:
     import shlex
 
     return shlex.quote(arg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.local_cluster", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=2, help="worker nodes beside the head (default: %(default)s)")
+    ap.add_argument("--cpus", type=float, default=1, help="Ray CPUs of each worker node (default: %(default)s)")
+    ap.add_argument("--head-cpus", type=float, default=1, help="Ray CPUs of the head (default: %(default)s)")
+    ap.add_argument("--resources", default="{}", help='extra custom resources by node, as JSON: '
+                    '\'{"node_head": {"router": 1}, "node_1": {"router": 1}}\'')
+    ap.add_argument("--workdir", type=Path, default=Path("local-cluster"), help="logs go here (default: %(default)s)")
+    args = ap.parse_args(argv)
+    cluster = LocalCluster(args.workdir, workers=args.workers, cpus=args.cpus, head_cpus=args.head_cpus,
+                           resources=json.loads(args.resources))
+    cluster.start()
+    print(f"cluster up: head and {args.workers} worker nodes, each worker with a private {cluster.private}")
+    print(f"  export RAY_ADDRESS={cluster.address}   # then python -m index_build / python -m deployments --via-proxy")
+    print(f"  logs in {cluster.logs}; Ctrl-C stops every node")
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

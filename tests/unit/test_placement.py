@@ -173,6 +173,14 @@ def test_groups_reserve_memory_from_their_files_and_take_labels(root):
     assert (g0["num_replicas"], g1["num_replicas"]) == (1, 3)
 
 
+def test_cpus_needed_to_start_count_each_groups_own_replicas(root):
+    from deployments.serve.app import logical_cpus_needed
+
+    cfg = AppConfig(index=root, router={"num_cpus": 0.25},
+                    shards={"group_size": 1, "num_cpus": 0.25, "groups": {1: {"num_replicas": 3}}})
+    assert logical_cpus_needed(cfg) == pytest.approx((1 + 3 + 1) * 0.25 + 0.25)
+
+
 def test_a_group_no_collection_has_is_refused(root):
     cfg = AppConfig(index=root, shards={"group_size": 2, "groups": {2: {"resources": {"node_c": 1}}}})
     with pytest.raises(ValueError, match=r"places group\(s\) \[2\] but collection 'default' has 2 group\(s\)"):

@@ -40,18 +40,21 @@ def actor_options(num_cpus: float, num_gpus: float = 0, resources: Mapping[str, 
     return options
 
 
+def per_node(max_replicas_per_node: int | None) -> dict[str, Any]:
+    """Serve's ``max_replicas_per_node`` option when one is set (Serve's default, no limit, when not)."""
+    return {"max_replicas_per_node": max_replicas_per_node} if max_replicas_per_node is not None else {}
+
+
 def group_options(shards: ShardsConfig, index: int, group_bytes: int) -> dict[str, Any]:
     """The deployment options of shard group ``index`` (``.options(**these)``): its replicas, what each reserves and
     where it may run, from ``shards`` with the group's own entry of ``shards.groups`` over it."""
     group = shards.group(index)
-    options: dict[str, Any] = {
+    return {
         "num_replicas": group.num_replicas,
         "ray_actor_options": actor_options(shards.num_cpus, shards.num_gpus, group.resources, group.label_selector,
                                            replica_memory(shards, group_bytes)),
+        **per_node(shards.max_replicas_per_node),
     }
-    if shards.max_replicas_per_node is not None:
-        options["max_replicas_per_node"] = shards.max_replicas_per_node
-    return options
 
 
 def check_groups_exist(collection: str, shards: ShardsConfig, groups: int) -> None:

@@ -22,6 +22,7 @@ from deployments.placement import (
     check_groups_exist,
     group_need,
     group_options,
+    per_node,
     unplaceable,
 )
 from deployments.serve.query_encoder import QueryEncoder
@@ -65,7 +66,7 @@ def reranker_deployment(cfg: RerankerConfig, logs: dict[str, Any] | None = None)
         name="reranker",
         max_ongoing_requests=cfg.max_ongoing_requests,
         ray_actor_options=actor_options(cfg.num_cpus, cfg.num_gpus, cfg.resources),
-        **({"max_replicas_per_node": cfg.max_replicas_per_node} if cfg.max_replicas_per_node else {}),
+        **per_node(cfg.max_replicas_per_node),
         autoscaling_config={"min_replicas": a.min_replicas, "max_replicas": a.max_replicas,
                             "initial_replicas": max(1, a.min_replicas),
                             "target_ongoing_requests": a.target_ongoing_requests,
@@ -170,7 +171,7 @@ def encoder_deployment(cfg: AppConfig, model: str, index: int):
         name=f"encoder-{index}",
         num_replicas=e.num_replicas,
         ray_actor_options=actor_options(e.num_cpus, e.num_gpus, e.resources),
-        **({"max_replicas_per_node": e.max_replicas_per_node} if e.max_replicas_per_node else {}),
+        **per_node(e.max_replicas_per_node),
         logging_config=logging_config(cfg),
     ).bind(model, e.max_batch_size, e.batch_wait_s, max(1, int(e.num_cpus)), "cuda" if e.num_gpus else "cpu",
            e.backend)

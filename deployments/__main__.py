@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import serve
 
-    from deployments.serve.app import build_app, logical_cpus_needed
+    from deployments.serve.app import build_app, logical_cpus_needed, placement_warnings
     from index_format.manifest import IndexMismatch
 
     try:
@@ -197,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             return USAGE_ERROR
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=512 * 2**20,
                  log_to_driver=False, _metrics_export_port=args.metrics_port)
+    # Shard groups no node can hold stay pending (never packed onto too small a node); said here, where it is seen.
+    for warning in placement_warnings(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
     # SIGTERM (a supervisor, `kill`) stops it like Ctrl-C, also while it is still starting.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)

@@ -11,7 +11,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ByteSize,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 
 # An index root: a folder (``indexes/scifact``) or a URL in object storage (``s3://bucket/prefix``).
 IndexRoot = Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, Path) else v)]
@@ -109,17 +120,11 @@ class RouterSettings(BaseModel):
         600.0, ge=0, description="... or once the oldest write it holds is this many seconds old (0: never by age).")
 
 
-class CollectionConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    index: IndexRoot = Field(description="Index root written by index_build (its ACTIVE version is served), a folder or "
-                             "s3://bucket/prefix, or a version folder.")
-    version: str | None = Field(None, description="Serve this version instead of the active one.")
-    rerank: bool = Field(True, description="Rerank this collection's results by default (when a reranker is deployed); "
-                         "turn off for a collection where reranking does not help. Requests can still ask.")
-    ann: AnnParams | None = Field(
-        None, description="Approximate dense search options for this collection (ef_search, nprobe), over what its "
-        "index was built with; a request's own `ann` wins.")
+def max_replicas_per_node_field() -> Any:
+    """Serve's ``max_replicas_per_node``, as every deployment that offers it names it (Serve allows 1 to 100)."""
+    return Field(None, ge=1, le=100, description="At most this many replicas of the deployment on one node (Serve's "
+                 "max_replicas_per_node): 1 puts each replica on its own node, so losing a node costs one copy. "
+                 "null: no limit.")
 
 
 class Autoscaling(BaseModel):
@@ -169,7 +174,10 @@ class RerankerConfig(BaseModel):
     num_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves per replica.")
     threads: int | None = Field(None, ge=1, description="torch threads per replica (default: num_cpus, at least 1).")
     num_gpus: float = Field(0, ge=0, description="GPUs per replica: 1 on GPU nodes, 0 on CPU machines.")
-    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per replica.")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources per replica, to put the reranker on chosen nodes (e.g. "
+        "{gpu_node: 1} with `ray start --resources='{\"gpu_node\": 1}'` on the GPU nodes).")
+    max_replicas_per_node: int | None = max_replicas_per_node_field()
     max_ongoing_requests: int = Field(64, ge=1, description="Requests one replica works on at once (Serve's "
                                       "max_ongoing_requests); more wait for a free replica.")
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, description="How many replicas, following the load.")
@@ -253,6 +261,20 @@ class SecurityConfig(BaseModel):
         return v
 
 
+class GroupPlacement(BaseModel):
+    """Where one shard group's replicas go (``shards.groups``); a field left out keeps the shards block's value."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    resources: dict[str, float] | None = Field(
+        None, description="Custom Ray resources each replica of this group needs, instead of shards.resources (e.g. "
+        "{shard_group_0: 1} with `ray start --resources='{\"shard_group_0\": 1}'` on the nodes meant for group 0).")
+    label_selector: dict[str, str] | None = Field(
+        None, description="Node labels this group's nodes must have, instead of shards.label_selector (e.g. "
+        "{shard-group: '0'} with `ray start --labels shard-group=0`).")
+    num_replicas: int | None = Field(None, ge=1, description="Replicas of this group, instead of shards.num_replicas.")
+
+
 class ShardsConfig(BaseModel):
     """The shard retrievers (``shards:``): where a collection's shards are searched and what each holder gets."""
 
@@ -291,13 +313,97 @@ class ShardsConfig(BaseModel):
         "(downloaded once per node, checked against their checksums; $RAYSEARCH_CACHE/index when unset, else "
         "~/.cache/raysearch/index).")
     lucene_heap: str = Field("512m", pattern=r"^\d+[mMgG]$", description="JVM heap of each process that holds shards.")
+    label_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels each shard replica's node must have (Ray's label selector: "
+        "{zone: us-east-1a}; a value may be 'in(a,b)', '!a', '!in(a,b)'), with `ray start --labels zone=us-east-1a`.")
+    groups: dict[Annotated[int, Field(ge=0)], GroupPlacement] = Field(
+        default_factory=dict, description="Shard group number (0, 1, ... in shard order; group_size shards each) -> "
+        "where that group's replicas go: {resources, label_selector, num_replicas}, each replacing this block's "
+        "value for that group alone, so group i can live on node set i and an index is split across nodes (e.g. "
+        "{0: {resources: {shard_group_0: 1}}, 1: {resources: {shard_group_1: 1}}}). A group named here must exist "
+        "in every collection the block applies to.")
+    max_replicas_per_node: int | None = max_replicas_per_node_field()
+    memory_per_replica: Literal["auto"] | ByteSize | None = Field(
+        None, description="Memory Ray reserves for each shard replica (ray_actor_options.memory), so a group is only "
+        "placed on a node that can hold it and stays pending, never packed, when none can: bytes ('12GiB' or an "
+        "integer), or auto: memory_base + memory_factor x max_versions x the bytes of the group's shard files in "
+        "the served version (from the version folder, or the file table of a root in object storage). null: none "
+        "reserved.")
+    memory_factor: float = Field(
+        1.0, gt=0, description="auto memory: bytes of memory per byte of a group's shard files, per version held. 1.0 "
+        "is an estimate, not a measurement against file sizes: a replica reads its FAISS index whole and decodes its "
+        "chunk table, and Lucene's files are paged in, while the stored vectors are memory-mapped (bench/README.md, "
+        "'Serving a million chunks': 3.7 KB of memory a chunk). Compare a replica's resident memory and adjust.")
+    memory_base: ByteSize = Field(
+        ByteSize(2**30), description="auto memory: what a shard replica needs besides its index (Python and its "
+        "libraries, the JVM with its lucene_heap): about 650 MB measured with the default heap.")
+
+    @model_validator(mode="after")
+    def _placed_only_in_deployments(self) -> ShardsConfig:
+        placing = [name for name in PLACING if getattr(self, name)]
+        if self.placement == "router" and placing:
+            raise ValueError(f"placement: router searches the shards inside the router replicas (placed by "
+                             f"router.resources), so {', '.join(placing)} would be ignored: use placement: deployment "
+                             "(or auto)")
+        return self
 
     @property
     def in_router(self) -> bool:
         """Whether shards are searched inside the router replicas (``placement``, with ``auto`` resolved)."""
         if self.placement == "auto":
-            return self.group_size == 0 and self.num_replicas == 1 and self.num_gpus == 0 and not self.resources
+            return (self.group_size == 0 and self.num_replicas == 1 and self.num_gpus == 0
+                    and not any(getattr(self, name) for name in PLACING))
         return self.placement == "router"
+
+    def group(self, index: int) -> GroupPlacement:
+        """Where group ``index``'s replicas go: its entry of ``groups`` over this block's values."""
+        own = self.groups.get(index, GroupPlacement())
+        return GroupPlacement(
+            resources=self.resources if own.resources is None else own.resources,
+            label_selector=self.label_selector if own.label_selector is None else own.label_selector,
+            num_replicas=own.num_replicas or self.num_replicas)
+
+    def overridden(self, override: ShardsOverride | None) -> ShardsConfig:
+        """This block with what a collection's own ``shards`` sets (validated together: a rule that joins two
+        fields sees the result)."""
+        if override is None:
+            return self
+        return ShardsConfig.model_validate(self.model_dump() | override.model_dump(exclude_none=True))
+
+
+# The fields that place shard replicas on nodes: asking for any of them makes ``placement: auto`` a deployment.
+PLACING = ("resources", "label_selector", "groups", "max_replicas_per_node", "memory_per_replica")
+
+
+def _overrides(model: type[BaseModel], name: str, doc: str, leave_out: tuple[str, ...] = ()) -> type[BaseModel]:
+    """A model of ``model``'s fields, each optional with no default (unset: keep the enclosing block's value): the
+    same names, bounds and descriptions as the block it overrides, written once. Unset is None rather than
+    pydantic's fields-set, so a dump that drops defaults (how ``python -m deployments`` hands Serve its config)
+    keeps a value set back to the block's default."""
+    fields = {n: (info.annotation | None, FieldInfo.merge_field_infos(info, default=None, default_factory=None))
+              for n, info in model.model_fields.items() if n not in leave_out}
+    return create_model(name, __config__=model.model_config, __doc__=doc, **fields)
+
+
+ShardsOverride = _overrides(ShardsConfig, "ShardsOverride", "A collection's own values of shards fields.",
+                            leave_out=("cache_dir",))
+
+
+class CollectionConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: IndexRoot = Field(description="Index root written by index_build (its ACTIVE version is served), a folder or "
+                             "s3://bucket/prefix, or a version folder.")
+    version: str | None = Field(None, description="Serve this version instead of the active one.")
+    rerank: bool = Field(True, description="Rerank this collection's results by default (when a reranker is deployed); "
+                         "turn off for a collection where reranking does not help. Requests can still ask.")
+    ann: AnnParams | None = Field(
+        None, description="Approximate dense search options for this collection (ef_search, nprobe), over what its "
+        "index was built with; a request's own `ann` wins.")
+    shards: ShardsOverride | None = Field(
+        None, description="This collection's own values of any field of the top-level shards block but cache_dir (a "
+        "node's cache serves every collection), e.g. {group_size: 4, groups: {...}}; what it leaves out is the "
+        "top-level block's. A groups map given here replaces the top-level one whole.")
 
 
 class EncoderConfig(BaseModel):
@@ -308,7 +414,8 @@ class EncoderConfig(BaseModel):
     placement: Literal["auto", "router", "deployment"] = Field(
         "auto", description="Where queries are embedded. router: inside each router replica (no extra hop; CPU "
         "nodes). deployment: a batching query-encoder deployment (GPU nodes, or to scale embedding apart from "
-        "routing). auto: deployment when num_gpus > 0, else router.")
+        "routing). auto: deployment when num_gpus > 0 or the replicas are placed (resources, max_replicas_per_node), "
+        "else router.")
     backend: Literal["onnx", "onnx-int8", "torch"] = Field(
         "onnx", description="onnx: ONNX Runtime on CPU, exported from the model's weights at first use and cached "
         "(about half torch's CPU per query; same vectors within float rounding). onnx-int8: the same with int8 "
@@ -321,6 +428,10 @@ class EncoderConfig(BaseModel):
     num_replicas: int = Field(1, ge=1, description="Replicas of the query encoder (deployment placement).")
     num_cpus: float = Field(0.5, gt=0, description="CPUs reserved per query-encoder replica.")
     num_gpus: float = Field(0, ge=0, description="GPUs per query-encoder replica (0 on CPU machines).")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources each query-encoder replica needs, to put it on chosen "
+        "nodes (e.g. {gpu_node: 1} on the GPU nodes); implies placement: deployment under auto.")
+    max_replicas_per_node: int | None = max_replicas_per_node_field()
     max_batch_size: int = Field(32, ge=1, description="Queries embedded in one forward pass.")
     batch_wait_s: float = Field(0.003, ge=0, description="How long a batch waits to fill.")
 
@@ -328,8 +439,15 @@ class EncoderConfig(BaseModel):
     def in_router(self) -> bool:
         """Whether queries are embedded inside the router replicas (``placement``, with ``auto`` resolved)."""
         if self.placement == "auto":
-            return self.num_gpus == 0
+            return self.num_gpus == 0 and not self.resources and self.max_replicas_per_node is None
         return self.placement == "router"
+
+    @model_validator(mode="after")
+    def _placed_only_as_a_deployment(self) -> EncoderConfig:
+        if self.placement == "router" and (self.resources or self.max_replicas_per_node is not None):
+            raise ValueError("encoder placement: router embeds inside the router replicas, so resources and "
+                             "max_replicas_per_node would be ignored: use placement: deployment (or auto)")
+        return self
 
 
 class RouterConfig(RouterSettings):
@@ -364,10 +482,12 @@ class AppConfig(BaseModel):
     version: str | None = Field(
         None, description="With index: serve this version of it instead of its active one (null: the active one).")
     collections: dict[str, CollectionConfig] = Field(
-        default_factory=dict, description="name -> {index: ROOT, version, rerank, ann}: several collections, "
+        default_factory=dict, description="name -> {index: ROOT, version, rerank, ann, shards}: several collections, "
         "instead of index.")
     default_collection: str = Field("default", description="Collection used when a request names none.")
-    shards: ShardsConfig = Field(default_factory=ShardsConfig)
+    shards: ShardsConfig = Field(
+        default_factory=ShardsConfig, description="The shard retrievers of every collection (a collection's own "
+        "shards block overrides fields of it).")
     state_dir: Path | None = Field(
         None, description="Durable node-local volume where a collection whose root is in object storage keeps its "
         "judgments and build records ($RAYSEARCH_STATE when unset, else ~/.local/state/raysearch); its documents' "
@@ -396,7 +516,19 @@ class AppConfig(BaseModel):
             raise ValueError(
                 f"default_collection {self.default_collection!r} is not one of {sorted(self.collections)}"
             )
+        for name in self.collections:
+            try:
+                self.shards_of(name)
+            except ValidationError as e:
+                problems = "; ".join(".".join(map(str, ("collections", name, "shards", *err["loc"]))) + ": "
+                                     + err["msg"].removeprefix("Value error, ") for err in e.errors())
+                raise ValueError(f"{problems} (with the top-level shards block)") from None
         return self
+
+    def shards_of(self, collection: str) -> ShardsConfig:
+        """The shards block that applies to ``collection``: the top-level one with the collection's own fields."""
+        own = self.collections.get(collection)
+        return self.shards.overridden(own.shards if own is not None else None)
 
     def resolved_collections(self) -> dict[str, CollectionConfig]:
         if self.index is not None:

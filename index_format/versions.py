@@ -119,6 +119,25 @@ def version_dir(root: str | Path, name: str, shards: list[str] | None = (), cach
     return versions_dir(Path(root)) / name
 
 
+def shard_bytes(root: str | Path, version: str | None = None) -> dict[str, int]:
+    """Shard folder name -> the bytes of its files (its manifest aside) in a version of ``root``: ``version``, else
+    the active one (``root`` may also be a version folder). For a root in object storage, from the version's file
+    table, so nothing is downloaded. What serving sizes a shard replica's memory by."""
+    if is_remote(root):
+        store = remote(root)
+        name = version or store.active()
+        if name is None:
+            raise IndexMismatch(f"{root} has no active index version (activate one)")
+        sizes = [(rel.split("/")[1:], f["size"]) for rel, f in store.files(name).items() if rel.startswith("shards/")]
+    else:
+        folder = resolve_version_dir(Path(root), version) / "shards"
+        sizes = [(p.relative_to(folder).parts, p.stat().st_size) for p in folder.rglob("*") if p.is_file()]
+    out: dict[str, int] = {}
+    for (shard, *rest), size in sizes:
+        out[shard] = out.get(shard, 0) + (size if rest != [MANIFEST] else 0)
+    return out
+
+
 def verify_published(root: str | Path, name: str) -> VersionManifest:
     """``verify_version`` of a published version. In object storage, without downloading its shards: every shard
     file its shard manifests list is in the version's file table under that checksum (downloads verify the bytes)."""

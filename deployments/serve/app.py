@@ -6,15 +6,25 @@ is filled by ``python -m deployments``. Everything is validated before any repli
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ray.serve import Application
 
-from deployments.config import AppConfig, RerankerConfig, SynthesisConfig
+from deployments.config import AppConfig, RerankerConfig, ShardsConfig, SynthesisConfig
+from deployments.placement import (
+    GroupNeed,
+    actor_options,
+    check_groups_exist,
+    group_need,
+    group_options,
+    per_node,
+    unplaceable,
+)
 from deployments.serve.query_encoder import QueryEncoder
 from deployments.serve.reach import check_nodes_reach
 from deployments.serve.reranker import Reranker
@@ -31,10 +41,12 @@ from index_format.versions import (
     read_version_manifest,
     remote,
     resolve_version_dir,
+    shard_bytes,
     state_dir,
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
+logger = logging.getLogger("ray.serve")
 
 
 def check_model_available(model: str, what: str) -> None:
@@ -54,7 +66,8 @@ def reranker_deployment(cfg: RerankerConfig, logs: dict[str, Any] | None = None)
     return Reranker.options(
         name="reranker",
         max_ongoing_requests=cfg.max_ongoing_requests,
-        ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "resources": dict(cfg.resources)},
+        ray_actor_options=actor_options(cfg.num_cpus, cfg.num_gpus, cfg.resources),
+        **per_node(cfg.max_replicas_per_node),
         autoscaling_config={"min_replicas": a.min_replicas, "max_replicas": a.max_replicas,
                             "initial_replicas": max(1, a.min_replicas),
                             "target_ongoing_requests": a.target_ongoing_requests,
@@ -122,9 +135,13 @@ def slot_name(collection: str, group: list[str], index: int) -> str:
 def logical_cpus_needed(cfg: AppConfig) -> float:
     """Ray CPUs the app reserves to start (the reranker at its initial replicas), so a machine too small
     for it is told so instead of leaving replicas unscheduled forever."""
-    manifests = [served_version(absolute_root(c.index), c.version)[0] for c in cfg.resolved_collections().values()]
-    groups = sum(len(shard_groups(list(m.shards), cfg.shards.group_size)) for m in manifests)
-    need = 0 if cfg.shards.in_router else groups * cfg.shards.num_replicas * cfg.shards.num_cpus
+    need, manifests = 0.0, []
+    for name, c in cfg.resolved_collections().items():
+        manifests.append(served_version(absolute_root(c.index), c.version)[0])
+        s = cfg.shards_of(name)
+        if not s.in_router:
+            groups = len(shard_groups(list(manifests[-1].shards), s.group_size))
+            need += sum(s.group(i).num_replicas for i in range(groups)) * s.num_cpus
     if not cfg.encoder.in_router:
         need += len({m.encoder for m in manifests}) * cfg.encoder.num_replicas * cfg.encoder.num_cpus
     need += cfg.router.num_replicas * cfg.router.num_cpus
@@ -148,31 +165,81 @@ def encoder_deployment(cfg: AppConfig, model: str, index: int):
     return QueryEncoder.options(
         name=f"encoder-{index}",
         num_replicas=e.num_replicas,
-        ray_actor_options={"num_cpus": e.num_cpus, "num_gpus": e.num_gpus},
+        ray_actor_options=actor_options(e.num_cpus, e.num_gpus, e.resources),
+        **per_node(e.max_replicas_per_node),
         logging_config=logging_config(cfg),
     ).bind(model, e.max_batch_size, e.batch_wait_s, max(1, int(e.num_cpus)), "cuda" if e.num_gpus else "cpu",
            e.backend)
 
 
-def shard_slots(cfg: AppConfig, collection: str, host: HostSpec) -> list[SlotSpec]:
+@dataclass(frozen=True)
+class PlacedGroup:
+    """One shard group of a collection as the app starts it: its shards, and its deployment's options (None: it is
+    searched inside the router) and what a replica of it asks of a node."""
+
+    index: int
+    shards: list[str]
+    options: dict[str, Any] | None
+    need: GroupNeed | None
+
+
+def placed_groups(shards: ShardsConfig, collection: str, index: str, manifest: VersionManifest) -> list[PlacedGroup]:
+    """Each group of the served version's shards, placed by ``shards`` (``deployments.placement``); the bytes of
+    its files are read (``index_format.versions.shard_bytes``) only when its memory is sized by them."""
+    groups = shard_groups(list(manifest.shards), shards.group_size)
+    check_groups_exist(collection, shards, len(groups))
+    if shards.in_router:
+        return [PlacedGroup(i, group, None, None) for i, group in enumerate(groups)]
+    sizes = shard_bytes(index, manifest.version) if shards.memory_per_replica == "auto" else {}
+    placed = []
+    for i, group in enumerate(groups):
+        group_bytes = sum(sizes.get(shard, 0) for shard in group)
+        options = group_options(shards, i, group_bytes)
+        placed.append(PlacedGroup(i, group, options, group_need(collection, i, group, options, group_bytes)))
+    return placed
+
+
+def shard_slots(cfg: AppConfig, collection: str, host: HostSpec, groups: list[PlacedGroup]) -> list[SlotSpec]:
     """One slot per group of shards: slot i serves group i of whichever version a request is pinned to, from a
     shard deployment or from inside the router (``shards.placement``)."""
-    s = cfg.shards
+    s = cfg.shards_of(collection)
     slots = []
-    for i, group in enumerate(shard_groups(host.shards, s.group_size)):
-        name, group_host = slot_name(collection, group, i), replace(host, shards=group)
-        if s.in_router:
-            slots.append(SlotSpec(name, HeldSlot(group_host, s.max_versions), group))
+    for g in groups:
+        name, group_host = slot_name(collection, g.shards, g.index), replace(host, shards=g.shards)
+        if g.options is None:
+            slots.append(SlotSpec(name, HeldSlot(group_host, s.max_versions), g.shards))
             continue
+        options = g.options | {"ray_actor_options": with_env(g.options["ray_actor_options"], node_env(cfg))}
         slots.append(SlotSpec(name, ShardRetriever.options(
             name=name,
-            num_replicas=s.num_replicas,
             max_ongoing_requests=s.max_ongoing_requests,
-            ray_actor_options=with_env({"num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "resources": dict(s.resources)},
-                                       node_env(cfg)),
             logging_config=logging_config(cfg),
-        ).bind(max_versions=s.max_versions, **asdict(group_host)), group))
+            **options,
+        ).bind(max_versions=s.max_versions, **asdict(group_host)), g.shards))
     return slots
+
+
+def cluster_nodes() -> list[dict[str, float]] | None:
+    """Each alive node's total resources (CPU, GPU, memory, custom ones) when Ray runs in this process; else None."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+
+
+def placement_warnings(cfg: AppConfig, nodes: list[dict[str, float]] | None = None) -> list[str]:
+    """The shard groups no node of the cluster (``nodes``, default: the running one's) can hold a replica of, each as
+    one line; none before Ray runs. ``python -m deployments`` prints them; ``build_app`` logs its own."""
+    nodes = cluster_nodes() if nodes is None else nodes
+    if not nodes:
+        return []
+    needs = []
+    for name, coll in cfg.resolved_collections().items():
+        index = absolute_root(coll.index)
+        needs += [g.need for g in placed_groups(cfg.shards_of(name), name, index, served_version(index, coll.version)[0])
+                  if g.need is not None]
+    return unplaceable(needs, nodes)
 
 
 def build_app(args: dict[str, Any] | AppConfig) -> Application:
@@ -180,6 +247,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
     check_nodes_reach(sorted({absolute_root(c.index) for c in cfg.resolved_collections().values()}))
     encoders: dict[str, Any] = {}
     collections: dict[str, CollectionSpec] = {}
+    needs: list[GroupNeed] = []
     for name, coll in cfg.resolved_collections().items():
         if not _NAME.match(name):
             raise ValueError(f"collection name {name!r}: use 1-48 letters, digits, '-' or '_'")
@@ -192,20 +260,27 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
         if manifest.encoder not in encoders:
             encoders[manifest.encoder] = (None if cfg.encoder.in_router
                                           else encoder_deployment(cfg, manifest.encoder, len(encoders)))
+        s = cfg.shards_of(name)
         host = HostSpec(index_root=host_root, version_dir=str(version_dir) if version_dir else None,
                         version=manifest.version,
                         shards=list(manifest.shards),
                         expect={"encoder": manifest.encoder, "dimension": manifest.dimension},
-                        verify_checksums=cfg.shards.verify_checksums, lucene_heap=cfg.shards.lucene_heap,
-                        search_device=cfg.shards.search_device, warmup_searches=cfg.shards.warmup_searches)
+                        verify_checksums=s.verify_checksums, lucene_heap=s.lucene_heap,
+                        search_device=s.search_device, warmup_searches=s.warmup_searches)
+        groups = placed_groups(s, name, index, manifest)
+        needs += [g.need for g in groups if g.need is not None]
         collections[name] = CollectionSpec(
-            name=name, version=manifest.version, slots=shard_slots(cfg, name, host),
+            name=name, version=manifest.version, slots=shard_slots(cfg, name, host, groups),
             encoder_model=manifest.encoder, dimension=manifest.dimension,
             # Beside the versions, so judgments outlive restarts and reindexing.
             judgments=str(judgments_root(index, version_dir) / "judgments"),
             encoder=encoders[manifest.encoder], encoder_backend=cfg.encoder.backend,
             encoder_threads=cfg.encoder.router_threads, root=str(index) if follows else None,
             rerank=coll.rerank, ann=coll.ann, counts=dict(manifest.counts))
+    # Never a failure: a node that can hold the group may join later. Ray keeps its replicas pending meanwhile.
+    nodes = cluster_nodes()
+    for warning in unplaceable(needs, nodes) if nodes else []:
+        logger.warning("shard placement: %s", warning)
     default = cfg.default_collection if cfg.collections else next(iter(collections))
     reranker = reranker_deployment(cfg.reranker, logging_config(cfg)) if cfg.reranker.model else None
     synthesis = synthesis_deployment(cfg.synthesis, logging_config(cfg)) if cfg.synthesis.enabled else None

@@ -15,8 +15,8 @@ import importlib, pkgutil, sys
 sys.modules["ray"] = None  # any `import ray` now fails
 import deployments.api, deployments.documents, deployments.edge, deployments.judgments, deployments.search
 import deployments.shard, deployments.synthesis, relevance
-# Beside the packages: builds (the admin API's jobs) and the one bounded cache.
-import deployments.builds, deployments.bounded
+# Beside the packages: builds (the admin API's jobs), the one bounded cache, and where shard groups are placed.
+import deployments.builds, deployments.bounded, deployments.placement
 # Every module of relevance: none needs Ray to be imported (only `relevance.tune --apply` reaches Ray, when it
 # runs, through deployments.settings).
 for pkg in (deployments.api, deployments.documents, deployments.edge, deployments.search, deployments.shard,

@@ -47,10 +47,12 @@ def get(cfg: BaseModel, path: str):
     return cfg
 
 
-# Values the rule in other_value cannot make: the digests' format, a dict of lists, a pattern.
+# Values the rule in other_value cannot make: the digests' format, a dict of lists, a pattern, sizes, groups.
 OTHER = {"security.api_key_digests": [DIGEST], "security.admin_key_digests": [DIGEST],
          "security.write_key_digests": [DIGEST], "security.key_principals": {DIGEST: ["tenant-a"]},
-         "router.synonyms": {"gzip": ["deflate"]}, "shards.lucene_heap": "1g"}
+         "router.synonyms": {"gzip": ["deflate"]}, "shards.lucene_heap": "1g",
+         "shards.label_selector": {"zone": "a"}, "shards.groups": {0: {"resources": {"node_b": 1.0}}},
+         "shards.memory_per_replica": "auto", "shards.memory_base": "2GiB"}
 
 
 def other_value(path: str, info):

@@ -282,22 +282,6 @@ def build(cluster: LocalCluster, corpus_url: str, out: str, shards: int, encoder
             "docs_per_s": round(summary["docs"] / total, 1), "shards": shards}
 
 
-def local_s3() -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    endpoint = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            httpx.get(endpoint, timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                      AWS_REGION="us-east-1")
-    return proc, endpoint
-
-
 def read_queries(path: Path, n: int) -> list[str]:
     out = []
     with open(path) as f:
@@ -323,7 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import boto3
 
+    from bench.object_store import local_s3
+
     s3, endpoint = local_s3()
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+                      AWS_REGION="us-east-1")
     record = {"command": " ".join(["python -m bench.cluster", *(argv or sys.argv[1:])]),
               "commit": _commit(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "encoder": args.encoder,

@@ -14,21 +14,11 @@ from index_format import change_log, store_log
 from index_format.change_log import ChangeLog, WriteNotStored, open_change_log, segment_name, segments
 from index_format.store import open_store
 from index_format.store_log import COMPACTED_PREFIX, LOG_PREFIX, StoreChangeLog, object_name
+from tests.unit.test_change_log import _state as replay  # each document's final text, as replaying leaves it
 
 
 def doc(i: int | str, text: str = "") -> dict:
     return {"id": f"d{i}", "title": "", "text": text or f"text {i}", "metadata": {}}
-
-
-def replay(changes) -> dict[str, str | None]:
-    """Each document's final text (None: deleted), as applying the changes in order leaves it."""
-    out: dict[str, str | None] = {}
-    for change in changes:
-        for d in change.deletes:
-            out[d] = None
-        for r in change.upserts:
-            out[r["id"]] = r["text"]
-    return out
 
 
 def test_writers_that_read_nothing_get_the_next_seq_and_see_what_came_first(s3_root):

@@ -100,7 +100,9 @@ class Writers:
                    lambda: f"{more} more writes acknowledged: {target - self.acknowledged()} still missing")
 
 
-@pytest.fixture(scope="module", params=["folder", "s3"])
+# The s3 variant is `make test-slow`: the multi-node tests (test_cluster.py) kill a node under writes to a log in the
+# store in the default run.
+@pytest.fixture(scope="module", params=["folder", pytest.param("s3", marks=pytest.mark.slow)])
 def index(ray_local, tmp_path_factory, request):
     """(the index root, the state folder the service is given)."""
     folder = tmp_path_factory.mktemp("kill")

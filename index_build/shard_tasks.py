@@ -56,7 +56,7 @@ from index_format.manifest import (
 from index_format.sharding import shard_of
 
 from .faiss_index import FaissSpec
-from .splits import fragments_of
+from .splits import fragment_table, fragments_of
 from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, RowGroupWriter, contents_of
 
 EMBED_BLOCK = 1024  # rows of a shard embedded as one Ray Data item
@@ -90,7 +90,7 @@ def _fragment_tables(work: Path, shard: int, refs: list | None):
     for split, ref in refs:
         fragment = ray.get(ref)
         if fragment is not None:
-            yield split, *fragment
+            yield split, fragment_table(fragment[0]), fragment_table(fragment[1])
 
 
 def _write_tables(shard: int, num_shards: int, fragments, folder: Path | None, strict: bool,

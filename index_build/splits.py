@@ -6,7 +6,7 @@ is read by many tasks), a Parquet file at row-group boundaries. Each split knows
 row) it starts at, so a task reports every record as ``file:line`` exactly as a single reader would.
 
 A read task (``read_split_fragments``, what the build runs) parses its records, chunks them and returns, for
-every shard, the split's documents and chunks as two Arrow tables through Ray's object store (one return value
+every shard, the split's documents and chunks as two Parquet blobs through Ray's object store (one return value
 per shard, so each shard's task fetches only its own, from whichever node it runs on), with the per-shard counts
 the driver checks the assembled shards against. ``read_split`` writes the same fragments as Parquet files under
 a work folder instead (a delta's tasks, tests and benchmarks on one node). The shard tasks then put a shard
@@ -250,7 +250,21 @@ def read_split(split: Split, work: str, num_shards: int, chunk_size: int, chunk_
 def read_split_fragments(split: Split, num_shards: int, chunk_size: int, chunk_overlap: int,
                          id_fields: tuple[str, ...], text_fields: tuple[str, ...], strict: bool) -> tuple:
     """Ray task with ``num_returns=1 + num_shards``: ``read_split`` with no files. Returns its summary (the counts
-    per shard, the bad records), then each shard's fragment ((documents, chunks) Arrow tables, or None): each a
-    separate object in Ray's object store, fetched by that shard's task on whatever node it runs."""
+    per shard, the bad records), then each shard's fragment ((documents, chunks) as Parquet bytes, or None): each a
+    separate object in Ray's object store, fetched by that shard's task on whatever node it runs. Parquet, not
+    Arrow tables: compressed as the fragment files were, so the object store (what it spills to disk, what crosses
+    the network) holds about what the files held, at the same cost to write and read."""
     writer, bad = _read_into(split, num_shards, chunk_size, chunk_overlap, id_fields, text_fields, strict)
-    return ({"split": split.index, "shards": writer.counts(), "bad": bad}, *writer.tables())
+    return ({"split": split.index, "shards": writer.counts(), "bad": bad},
+            *[None if f is None else (_parquet(f[0]), _parquet(f[1])) for f in writer.tables()])
+
+
+def _parquet(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def fragment_table(data: bytes) -> pa.Table:
+    """A fragment's table from the bytes ``read_split_fragments`` returned."""
+    return pq.read_table(pa.BufferReader(data))

@@ -1,15 +1,29 @@
-"""The build job: plan -> read+chunk (Ray tasks) -> assemble shards (tasks) -> embed (Ray Data actor pool)
--> FAISS + Lucene (tasks) -> commit -> publish.
+"""The build job: plan -> read+chunk (Ray tasks) -> assemble shards (tasks) -> embed (actors per node)
+-> FAISS + Lucene (tasks) -> commit -> verify -> publish.
 
 The driver plans and schedules; it never holds the corpus. It cuts the corpus into read splits in one
-streaming pass over the bytes (which also fingerprints it), and from then on only passes folder names and
-small results: counts, bad records, statistics. Read tasks parse and chunk their split into per-shard
-fragments; one task per shard puts its fragments together in corpus order and decides what earlier
-versions can give (a whole shard, or the vectors of texts embedded before); a Ray Data actor pool embeds
-the remaining rows block by block, each block's vectors saved in the shard's work folder; as soon as a
-shard's last block is embedded its FAISS index is built, and its Lucene index is built as soon as its chunk
-table exists. A shard is committed by its manifest. A rerun with the same corpus and settings finds the
-staging folder by its build key and keeps every committed shard whose checksums still match.
+streaming pass over the bytes (which also fingerprints it), and from then on only passes folder names, object
+references and small results: counts, bad records, statistics. Read tasks parse and chunk their split into
+per-shard fragments, returned through Ray's object store; one task per shard puts its fragments together in
+corpus order and decides what earlier versions can give (a whole shard, or the vectors of texts embedded
+before); embedding actors on that shard's node embed the remaining rows block by block, each block's vectors
+saved in the shard's work folder; as soon as a shard's last block is embedded its FAISS index is built, and its
+Lucene index is built as soon as its chunk table exists. A shard is committed by its manifest. A rerun with the
+same corpus and settings finds the staging folder by its build key and keeps every committed shard whose
+checksums still match (on the node that committed it; a shard whose node is gone is built again).
+
+Where each task runs (nodes share no disk; only files a task's own node wrote are read):
+
+- read tasks (``splits.read_split_fragments``; a delta's ``delta.*`` tasks): the driver's node, which holds the
+  corpus (or the files downloaded from its URL) and, for a delta, the fetched base;
+- ``assemble_shard``: a root in object storage: any node (spread); a local root, or a delta (whose fragments are
+  files): the driver's node. It returns its node's id: every later task of that shard (``EmbedBlocks`` actors,
+  ``finish_dense``, ``build_lucene_shard``, ``commit_shard``, ``verify_shard_files``) is pinned there;
+- ``merge_bm25_returned``: the driver's node, from the statistics the verify tasks returned; the driver's staging
+  then holds only the top-level files, which ``Target.publish`` sends (each shard task uploaded its shard).
+
+The driver sums what the read tasks gave each shard and fails the build (``IndexMismatch``) when a shard was
+assembled from other counts: a fragment lost on the way is never published as a smaller index.
 
 The root may be in object storage (``s3://bucket/prefix``): the build then stages in this node's mirror of it,
 each shard's task uploads the shard once committed, and the version is published and activated there
@@ -42,6 +56,7 @@ from index_format.store import is_remote
 from index_format.versions import (
     build_lock,
     read_version_manifest,
+    remote,
     staging_dir,
     verify_version,
 )
@@ -195,6 +210,72 @@ def build_index(cfg: BuildConfig) -> BuildSummary:
             shutil.rmtree(staging_dir(target.local, INPUTS), ignore_errors=True)
 
 
+def _driver_node() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def _on(node: str | None, soft: bool = False) -> dict:
+    """Ray options placing a task on ``node`` (never elsewhere; ``soft``: there if it can run there), or spreading
+    such tasks when None."""
+    if node is None:
+        return {"scheduling_strategy": "SPREAD"}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=soft)}
+
+
+NODES = "nodes.json"  # staging/_work/nodes.json: shard -> the node that built it, for a rerun to resume there
+
+
+def _assemble_on(where: str | None, work: Path, shards: int) -> list[dict]:
+    """Each shard's ``assemble_shard`` placement: on ``where`` when given; else (spread over the cluster) on the node
+    an interrupted run built it on, when that node is still up and has room, since only that node's disk holds what
+    the run committed (a shard placed elsewhere is built again)."""
+    import ray
+
+    if where is not None:
+        return [_on(where)] * shards
+    try:
+        last = json.loads((work / NODES).read_text())
+    except (FileNotFoundError, ValueError):
+        last = {}
+    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    return [_on(last[str(s)], soft=True) if last.get(str(s)) in alive else _on(None) for s in range(shards)]
+
+
+@dataclass
+class _Fragments:
+    """What the read tasks gave each shard: (split, ObjectRef) of each fragment in split order (None: files in
+    the work folder, a delta's), and the documents and chunks they counted for it."""
+
+    refs: list[list] | None
+    counts: list[dict[str, int]]
+
+    @classmethod
+    def empty(cls, shards: int) -> _Fragments:
+        return cls(None, [{"docs": 0, "chunks": 0} for _ in range(shards)])
+
+    def add_counts(self, per_shard: list[dict[str, int]]) -> None:
+        for mine, theirs in zip(self.counts, per_shard, strict=True):
+            mine["docs"] += theirs["docs"]
+            mine["chunks"] += theirs["chunks"]
+
+    def of(self, shard: int) -> list | None:
+        return None if self.refs is None else self.refs[shard]
+
+
+def _check_received(shards: list[dict], fragments: _Fragments) -> None:
+    """Each shard was assembled from what the read tasks gave it, or the build fails naming the shard."""
+    for r, sent in zip(shards, fragments.counts, strict=True):
+        got = r["received"]
+        if (got["docs"], got["chunks"]) != (sent["docs"], sent["chunks"]):
+            raise IndexMismatch(f"{shard_name(r['shard'])}: the read tasks gave it {sent['docs']} documents and "
+                                f"{sent['chunks']} chunks, it was assembled from {got['docs']} and {got['chunks']} "
+                                "(a fragment was lost between the nodes); rerun the build")
+
+
 @dataclass
 class _Plan:
     """What the driver knows of the corpus before any task runs."""
@@ -320,9 +401,10 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
     write_json_atomic(staging / "build.json", {"build_key": build_key, "config": cfg.model_dump(mode="json")})
     ensure_ray()
 
+    home = _driver_node()
     t = time.perf_counter()
     bad = _BadRecords(staging / "bad_records.jsonl")
-    delta_report = _read(cfg, plan, work, bad)
+    delta_report, fragments = _read(cfg, plan, work, bad, home)
     seconds["read+chunk"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -331,10 +413,19 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
     if cfg.reuse:
         reuse_plan.sources = find_sources(cfg.reuse_from or cfg.out, cfg.encoder, cfg.chunk_size, cfg.chunk_overlap)
     sources = task_sources(reuse_plan.sources) if cfg.reuse else None
+    reuse_root = cfg.reuse_from or cfg.out
+    sources_from = remote(reuse_root).url if sources and is_remote(reuse_root) else None
+    # A local root is one node's folder, and a delta's fragments are files on the driver's node: their shards
+    # are built there. A root in object storage: the shards spread over the cluster.
+    where = home if target.remote is None or fragments.refs is None else None
     assemble = ray.remote(num_cpus=1)(_task("assemble_shard"))
-    refs = [assemble.remote(s, str(shard_dirs[s]), str(work), build_key, cfg.shards, cfg.prepend_title, cfg.strict,
-                            sources, cfg.content_key(), target.upload_to) for s in range(cfg.shards)]
+    refs = [assemble.options(**placed).remote(s, str(shard_dirs[s]), str(work), build_key, cfg.shards, cfg.prepend_title, cfg.strict,
+                            sources, cfg.content_key(), target.upload_to, _shard_fragments(fragments, s),
+                            sources_from) for s, placed in enumerate(_assemble_on(where, work, cfg.shards))]
     shards = [_get(ref) for ref in refs]
+    write_json_atomic(work / NODES, {str(r["shard"]): r["node"] for r in shards})
+    refs, fragments.refs = [], None  # the fragments leave the object store once no reference holds them
+    _check_received(shards, fragments)
     uploads = [r["upload"] for r in shards if r.get("upload")]
     bad.finish([r["bad"] for r in shards])
     if cfg.strict and bad.count:
@@ -359,8 +450,20 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
     seconds["lucene (sum of shard tasks)"] = lucene_seconds
 
     t = time.perf_counter()
-    bm25 = _get(ray.remote(num_cpus=1)(_task("merge_bm25")).remote(str(staging), [str(d) for d in shard_dirs],
-                                                                   cfg.bm25_k1, cfg.bm25_b))
+    # Every file against its checksum and the counts, in the shards' own tasks on their nodes, before anyone can
+    # see it; their statistics come back as values, summed on this node.
+    verify = ray.remote(num_cpus=0.5, num_returns=2)(_task("verify_shard_files"))
+    verified = [verify.options(**_on(r["node"])).remote(str(d), {"encoder": cfg.encoder, "dimension": dimension})
+                for d, r in zip(shard_dirs, shards, strict=True)]
+    counts = [_get(ref) for ref, _ in verified]
+    for d, c, r in zip(shard_dirs, counts, shards, strict=True):
+        if (c["counts"]["docs"], c["counts"]["chunks"]) != (r["docs"], r["chunks"]):
+            raise IndexMismatch(f"{d.name}: holds {c['counts']['docs']} documents and {c['counts']['chunks']} chunks, "
+                                f"its fragments gave {r['docs']} and {r['chunks']}")
+    merge = ray.remote(num_cpus=1)(_task("merge_bm25_returned")).options(**_on(home))
+    bm25 = _get(merge.remote(str(staging), [c["lucene"] for c in counts], cfg.bm25_k1, cfg.bm25_b,
+                             *[terms for _, terms in verified]))
+    del verified
     name = cfg.version or f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{build_key[:8]}"
     manifest = VersionManifest(
         version=name,
@@ -381,15 +484,11 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
         log_seq=plan.delta["manifest"].log_seq if plan.delta else 0,
     )
     write_json_atomic(staging / MANIFEST, manifest.model_dump(mode="json"))
-    # Every file against its checksum and the counts, in the shards' own tasks, before anyone can see it.
-    verify = ray.remote(num_cpus=0.5)(_task("verify_shard_files"))
-    counts = [_get(ref) for ref in [verify.remote(str(d), {"encoder": cfg.encoder, "dimension": dimension})
-                                    for d in shard_dirs]]
-    for d, c, r in zip(shard_dirs, counts, shards, strict=True):
-        if (c["docs"], c["chunks"]) != (r["docs"], r["chunks"]):
-            raise IndexMismatch(f"{d.name}: holds {c['docs']} documents and {c['chunks']} chunks, its fragments gave "
-                                f"{r['docs']} and {r['chunks']}")
-    verify_version(staging, checksums=False)  # the counts add up (the files were checked just above)
+    if target.remote is None:  # one node: the counts add up (the files were checked just above)
+        verify_version(staging, checksums=False)
+    elif sum(c["counts"]["chunks"] for c in counts) != total_chunks:
+        raise IndexMismatch(f"{name}: its shards hold {sum(c['counts']['chunks'] for c in counts)} chunks, its "
+                            f"manifest says {total_chunks}")
     shutil.rmtree(work)
     version_dir, published = target.publish(staging, name, uploads)
     if cfg.activate:
@@ -432,71 +531,123 @@ def _get(ref):
         raise
 
 
-def _read(cfg: BuildConfig, plan: _Plan, work: Path, bad: _BadRecords) -> dict:
-    """Run the read tasks (a corpus: one per split; a delta: one per base shard and one for the additions);
-    their fragments land in ``work``, their bad records in ``bad``. Returns what a delta did."""
+def _read(cfg: BuildConfig, plan: _Plan, work: Path, bad: _BadRecords, home: str) -> tuple[dict, _Fragments]:
+    """Run the read tasks on the driver's node ``home``, which holds the corpus (a corpus: one per split; a delta:
+    one per base shard and one for the additions); their bad records go to ``bad``. Returns what a delta did, and
+    the fragments: a corpus's in the object store, a delta's as files in ``work``."""
     import ray
 
-    from .splits import read_split
+    from .splits import read_split_fragments
 
+    fragments = _Fragments.empty(cfg.shards)
     if plan.delta is None:
-        read = ray.remote(num_cpus=1)(read_split)
-        refs = [read.remote(split, str(work), cfg.shards, cfg.chunk_size, cfg.chunk_overlap, cfg.id_fields,
-                            cfg.text_fields, cfg.strict) for split in plan.splits]
+        read = ray.remote(num_cpus=1, num_returns=1 + cfg.shards)(read_split_fragments).options(**_on(home))
+        refs = [read.remote(split, cfg.shards, cfg.chunk_size, cfg.chunk_overlap, cfg.id_fields, cfg.text_fields,
+                            cfg.strict) for split in plan.splits]
+        fragments.refs = [[] for _ in range(cfg.shards)]
         with _progress(len(refs), "read+chunk", "split", cfg.progress) as bar:
-            for split, ref in zip(plan.splits, refs, strict=True):
-                bad.add_read(split.index, _get(ref)["bad"])
+            for split, (summary, *parts) in zip(plan.splits, refs, strict=True):
+                result = _get(summary)
+                bad.add_read(split.index, result["bad"])
+                fragments.add_counts(result["shards"])
+                for shard, (part, counted) in enumerate(zip(parts, result["shards"], strict=True)):
+                    if counted["docs"]:  # an empty shard's None is dropped with its reference
+                        fragments.refs[shard].append((split.index, part))
                 bar.update(1)
-        return {}
+        return {}, fragments
     from .delta import add_new_documents, apply_to_base_shard, parse_delta
 
     d = plan.delta
-    parsed = _get(ray.remote(num_cpus=1)(parse_delta).remote(d.get("changes"), d.get("deletes"), str(work),
-                                                              cfg.id_fields, cfg.text_fields, d["names"]))
+    # A delta's tasks share files in ``work``: all on this node.
+    parse = ray.remote(num_cpus=1)(parse_delta).options(**_on(home))
+    parsed = _get(parse.remote(d.get("changes"), d.get("deletes"), str(work), cfg.id_fields, cfg.text_fields,
+                               d["names"]))
     bad.add_read(-1, parsed["bad"])
     if cfg.strict and parsed["bad"]:
         file, line, reason = parsed["bad"][0]
         raise CorpusError(f"{BadRecord(file, line, reason)} (strict mode; drop --strict to skip and count bad records)")
-    apply = ray.remote(num_cpus=1)(apply_to_base_shard)
+    apply = ray.remote(num_cpus=1)(apply_to_base_shard).options(**_on(home))
     base_shards = [str(d["base_dir"] / "shards" / shard) for shard in d["manifest"].shards]
     results = [_get(ref) for ref in [apply.remote(folder, str(work), i, cfg.shards, cfg.chunk_size, cfg.chunk_overlap)
                                      for i, folder in enumerate(base_shards)]]
-    added = _get(ray.remote(num_cpus=1)(add_new_documents).remote(str(work), len(base_shards), cfg.shards,
-                                                                  cfg.chunk_size, cfg.chunk_overlap))
+    added = _get(ray.remote(num_cpus=1)(add_new_documents).options(**_on(home)).remote(
+        str(work), len(base_shards), cfg.shards, cfg.chunk_size, cfg.chunk_overlap))
     bad.add_read(len(base_shards), added["bad"])
-    return {"base": d["base"], "replaced": sum(r["replaced"] for r in results), "added": added["added"],
-            "deleted": sum(r["deleted"] for r in results)}
+    for r in [*results, added]:
+        fragments.add_counts(r["shards"])
+    return ({"base": d["base"], "replaced": sum(r["replaced"] for r in results), "added": added["added"],
+             "deleted": sum(r["deleted"] for r in results)}, fragments)
+
+
+def _shard_fragments(fragments: _Fragments, shard: int) -> list | None:
+    """The fragments shard ``shard``'s task is given (its own, in split order; a test drops one here)."""
+    return fragments.of(shard)
+
+
+@dataclass(frozen=True)
+class _Node:
+    """A node's share of the embedding: how many actors, on which device, with how many torch threads each."""
+
+    cpus: int
+    gpus: int
+    device: str  # "cuda" | "cpu": what the encoder runs on there
+    actors: int
+    threads: int  # torch threads of a CPU actor (0: leave torch's default)
+
+
+def _nodes(cfg: BuildConfig) -> dict[str, _Node]:
+    """Each live node's embedding plan, from the cluster's resources (never from the driver's own torch): device
+    ``auto`` embeds on CUDA on a node with a GPU, ``cuda`` asks for one on every node, ``cpu`` never does.
+    ``embed_actors`` actors a node at most, one a GPU."""
+    import ray
+
+    plans = {}
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        res = node.get("Resources", {})
+        cpus, gpus = int(res.get("CPU", 0)), int(res.get("GPU", 0))
+        on_gpu = not cfg.encoder.startswith("hashing:") and cfg.device.value != "cpu" and (
+            gpus > 0 or cfg.device.value == "cuda")
+        actors = max(1, min(cfg.embed_actors, gpus if on_gpu and gpus else max(cpus, 1)))
+        plans[node["NodeID"]] = _Node(cpus, gpus, "cuda" if on_gpu else "cpu", actors,
+                                      0 if on_gpu else max(1, cpus // actors))
+    return plans
 
 
 def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard_dirs: list[Path],
                      work: Path, upload_to: str | None, uploads: list[dict]) -> tuple[int, float]:
-    """Embed what each shard still needs and build its FAISS and Lucene indexes, committing each shard as
-    soon as both are done (and uploading it to ``upload_to``: what each upload sent is added to ``uploads``).
-    Returns the embedding dimension and the summed seconds of the Lucene tasks."""
+    """Embed what each shard still needs and build its FAISS and Lucene indexes, every task of a shard on the
+    node its ``assemble_shard`` ran on, committing each shard as soon as both are done (and uploading it to
+    ``upload_to``: what each upload sent is added to ``uploads``). Returns the embedding dimension and the summed
+    seconds of the Lucene tasks."""
     import ray
-    import ray.data
-
-    from index_format.encoders import resolve_device
 
     from .shard_tasks import EmbedBlocks, work_dir
 
-    device = resolve_device(cfg.device.value) if not cfg.encoder.startswith("hashing:") else "cpu"
-    gpus = int(ray.cluster_resources().get("GPU", 0))
-    faiss_gpu = gpus > 0 and cfg.device.value != "cpu"
-    spec = FaissSpec(cfg.faiss_index.value, cfg.hnsw_m, cfg.hnsw_ef_construction, cfg.ivf_nlist,
-                     cfg.device.value if faiss_gpu else "cpu", cfg.hnsw_ef_search, cfg.ivf_nprobe, cfg.pq_m, cfg.refine)
+    nodes = _nodes(cfg)
     todo = [r for r in shards if not r["resumed"] and not r["linked"]]
     dimension = max([r["dimension"] for r in shards] + [0])
     if not todo:
         return dimension, 0.0
+    for r in todo:
+        if r["blocks"] and nodes[r["node"]].device == "cuda" and not nodes[r["node"]].gpus:
+            raise RuntimeError(f"device=cuda was asked for but node {r['node']} (building {shard_name(r['shard'])}) "
+                               "has no GPU; use device=auto or cpu")
+
+    def spec_on(node: str) -> FaissSpec:
+        gpu = nodes[node].gpus > 0 and cfg.device.value != "cpu"
+        return FaissSpec(cfg.faiss_index.value, cfg.hnsw_m, cfg.hnsw_ef_construction, cfg.ivf_nlist,
+                         cfg.device.value if gpu else "cpu", cfg.hnsw_ef_search, cfg.ivf_nprobe, cfg.pq_m, cfg.refine)
+
     # An indexing JVM keeps about one core busy. Lucene builds start at once (they need no vectors)
     # but only on the CPUs the embedding actors leave free, topped up as they finish.
     lucene_task = ray.remote(num_cpus=1)(_task("build_lucene_shard"))
-    dense_task = ray.remote(num_cpus=0.25, num_gpus=1 if faiss_gpu else 0)(_task("finish_dense"))
+    dense_task = ray.remote(num_cpus=0.25)(_task("finish_dense"))
     commit_task = ray.remote(num_cpus=0.25)(_task("commit_shard"))
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    embedding = any(r["blocks"] for r in todo)
-    slots = {"lucene": max(1, cpus - (0 if device == "cuda" or not embedding else cfg.embed_actors))}
+    embed_on = sorted({r["node"] for r in todo if r["blocks"]})
+    slots = {"lucene": max(1, cpus - sum(nodes[n].actors for n in embed_on if nodes[n].device == "cpu"))}
     lucene_queue = [r["shard"] for r in todo]
     pending: dict = {}
     by_shard = {r["shard"]: r for r in todo}
@@ -510,44 +661,54 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
         running = len(refs) - len(ready)
         while lucene_queue and running < slots["lucene"]:
             s = lucene_queue.pop(0)
-            pending[lucene_task.remote(str(shard_dirs[s]), cfg.prepend_title, cfg.lucene_heap)] = (s, "lucene")
+            pending[lucene_task.options(**_on(by_shard[s]["node"])).remote(
+                str(shard_dirs[s]), cfg.prepend_title, cfg.lucene_heap)] = (s, "lucene")
             running += 1
 
     def start_dense(s: int) -> None:
         r = by_shard[s]
-        pending[dense_task.remote(str(shard_dirs[s]), work_of(s), r["chunks"], r["blocks"], dimension, spec)] = \
-            (s, "faiss")
+        gpu = nodes[r["node"]].gpus > 0 and cfg.device.value != "cpu"
+        pending[dense_task.options(num_gpus=1 if gpu else 0, **_on(r["node"])).remote(
+            str(shard_dirs[s]), work_of(s), r["chunks"], r["blocks"], dimension, spec_on(r["node"]))] = (s, "faiss")
 
     top_up_lucene()
     for r in todo:  # every vector reused: the shard's dense side can be built at once
         if r["chunks"] and not r["blocks"]:
             start_dense(r["shard"])
-    items = [{"shard": r["shard"], "work": work_of(r["shard"]), "block": b} for r in todo for b in range(r["blocks"])]
     left = {r["shard"]: r["blocks"] for r in todo}
-    if items:
-        on_gpu = device == "cuda"
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False
-        ctx.print_on_execution_start = False
-        threads = 0 if on_gpu else max(1, (os.cpu_count() or 1) // cfg.embed_actors)
-        ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            EmbedBlocks,
-            fn_constructor_kwargs={"encoder": cfg.encoder, "device": device, "batch_size": cfg.embed_batch_size,
-                                   "threads": threads},
-            compute=ray.data.ActorPoolStrategy(size=cfg.embed_actors),
-            batch_size=1,
-            num_cpus=1,
-            num_gpus=1 if on_gpu else 0,
-        )
+    if embed_on:
+        embed_class = ray.remote(EmbedBlocks)
+        actors = {}  # node -> its actors, each pinned there; a shard's blocks go to its node's, in turn
+        for n in embed_on:
+            plan = nodes[n]
+            actors[n] = [embed_class.options(num_cpus=1, num_gpus=1 if plan.device == "cuda" else 0, **_on(n)).remote(
+                cfg.encoder, plan.device, cfg.embed_batch_size, plan.threads) for _ in range(plan.actors)]
+        embedding: dict = {}
+        turn = dict.fromkeys(embed_on, 0)
+        for r in todo:
+            for block in range(r["blocks"]):
+                n = r["node"]
+                actor = actors[n][turn[n] % len(actors[n])]
+                turn[n] += 1
+                embedding[actor.embed.remote(work_of(r["shard"]), block)] = r["shard"]
         with _progress(sum(r["todo"] for r in todo), "embed", "chunk", cfg.progress) as bar:
-            for row in ds.iter_rows():
-                s = int(row["shard"])
-                dimension = dimension or int(row["dimension"])
-                left[s] -= 1
-                if left[s] == 0:
-                    start_dense(s)
-                bar.update(int(row["rows"]))
+            while embedding:
+                done, _ = ray.wait(list(embedding), num_returns=1, timeout=1.0)
+                for ref in done:
+                    s = embedding.pop(ref)
+                    try:
+                        rows, dim = ray.get(ref)
+                    except ray.exceptions.RayTaskError as e:
+                        raise RuntimeError(f"embedding of {shard_name(s)} failed: {e}") from None
+                    dimension = dimension or dim
+                    left[s] -= 1
+                    if left[s] == 0:
+                        start_dense(s)
+                    bar.update(rows)
                 top_up_lucene()
+        for group in actors.values():
+            for actor in group:
+                ray.kill(actor)
     slots["lucene"] = cpus  # the embedding actors are gone: Lucene builds may take every CPU
     for r in todo:  # a shard with no chunks has nothing to embed
         if r["chunks"] == 0:
@@ -590,6 +751,6 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
                                "lucene_docs": results[s]["lucene"]["stats"]["documents"]},
                     "lucene": results[s]["lucene"]["stats"], "build_config": content_key,
                 }
-                pending[commit_task.remote(str(shard_dirs[s]), manifest, faiss_info,
-                                           results[s]["lucene"]["stats"], upload_to)] = (s, "commit")
+                pending[commit_task.options(**_on(by_shard[s]["node"])).remote(
+                    str(shard_dirs[s]), manifest, faiss_info, results[s]["lucene"]["stats"], upload_to)] = (s, "commit")
     return dimension, lucene_seconds

@@ -12,6 +12,11 @@ hold, or one both changed and deleted, is reported as a bad record too, never dr
 
 It runs as read tasks like any corpus: one task parses the changes and deletes, one task per base shard
 applies them to that shard's documents, and a last one adds the new documents; the driver holds none.
+These tasks pass files to each other in the build's work folder (the parsed changes, the ids used, the
+fragments) and read the base version fetched on the driver's node: ``build`` runs them all there, and the
+shards' tasks of a delta build too (they read the fragment files). A delta build is one node's work, safe on a
+cluster whose nodes share no disk but not spread over it; a corpus build's fragments travel through Ray's
+object store instead (``splits.read_split_fragments``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ A version is immutable; writes since it live in the serving replicas' fresh segm
      base's, the replaced chunks are deleted (a new live-docs file) and the new ones added as a new segment;
    - the shard's term statistics: the base's, less the terms of what left and plus those of what came.
 
-Both run in ``FoldWorker`` actors, kept up between folds on a cluster.
+Both run in ``FoldWorker`` actors, kept up between folds on a cluster, all on the driver's node (``fold_workers``):
+they share the work folder and the base version's folder there, so a fold is one node's work, safe on a cluster
+whose nodes share no disk but not spread over it (what a build's shards are: ``build``).
 
 3. The corpus-wide BM25 statistics are summed from the shards', the version is checked, published with
    ``log_seq`` (the last write it holds) and activated. What it holds equals a full build of the same documents:
@@ -417,9 +419,12 @@ WORKER_NAMESPACE = "raysearch"
 
 
 def fold_workers(count: int) -> list:
-    """``count`` fold workers, started where none runs yet. A worker is named after the code it runs (a digest of
-    the fold's modules), so a fold after an upgrade starts new workers, and takes down those left by the old code."""
+    """``count`` fold workers on this (the driver's) node, started where none runs yet. A worker is named after the
+    code it runs (a digest of the fold's modules) and its node, so a fold after an upgrade starts new workers, and
+    takes down those left by the old code. Pinned to the driver's node: the workers share the fold's work folder and
+    the base version's folder there (nodes share no disk)."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     code = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in _worker_modules())).hexdigest()[:10]
     prefix = "raysearch-fold-"
@@ -428,9 +433,11 @@ def fold_workers(count: int) -> list:
                 not stale["name"].startswith(f"{prefix}{code}-"):
             with contextlib.suppress(ValueError):  # gone meanwhile
                 ray.kill(ray.get_actor(stale["name"], namespace=WORKER_NAMESPACE))
+    node = ray.get_runtime_context().get_node_id()
     actor = ray.remote(num_cpus=0)(FoldWorker)
-    return [actor.options(name=f"{prefix}{code}-{i}", namespace=WORKER_NAMESPACE, lifetime="detached",
-                          get_if_exists=True).remote() for i in range(count)]
+    return [actor.options(name=f"{prefix}{code}-{node[:12]}-{i}", namespace=WORKER_NAMESPACE, lifetime="detached",
+                          get_if_exists=True, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+            .remote() for i in range(count)]
 
 
 def _worker_modules() -> list:

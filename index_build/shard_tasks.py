@@ -1,18 +1,25 @@
 """The work of one shard, each step a Ray task or actor that reads and writes the shard's own files.
 
-The driver of a build only passes folder names and small results between these steps; no document, chunk
-text or vector of the corpus passes through it:
+Every step of a shard runs on one node: ``assemble_shard`` runs wherever Ray puts it and returns its node's id,
+and the build pins every later step of that shard there (``NodeAffinitySchedulingStrategy``, hard), so no step
+reads a file a task on another node wrote. The driver of a build only passes folder names, object references and
+small results between these steps; no document, chunk text or vector of the corpus passes through it:
 
-1. ``assemble_shard``: the shard's fragments (written by the read tasks) put together in corpus order, a
-   repeated id dropped and reported, ``documents.parquet`` and ``chunks.parquet`` written; then what can be
-   reused from earlier versions (the whole shard, or the vector of each chunk whose text was embedded
-   before), and the rows still to embed written to the work folder in blocks.
-2. ``EmbedBlocks`` (a Ray Data actor pool): one block of rows to embed, its vectors saved beside it.
+1. ``assemble_shard``: the shard's fragments (objects in Ray's object store, returned by the read tasks; a
+   delta's: files in the work folder on the driver's node) put together in corpus order, a repeated id dropped
+   and reported, ``documents.parquet`` and ``chunks.parquet`` written; then what can be reused from earlier
+   versions (the whole shard, or the vector of each chunk whose text was embedded before; a root in object
+   storage: fetched into this node's cache first), and the rows still to embed written to the work folder in
+   blocks. Returns how many rows its fragments held, which the driver checks against the read tasks' counts.
+2. ``EmbedBlocks`` (actors, one set per node that holds shards to embed): one block of rows to embed, its
+   vectors saved beside it.
 3. ``finish_dense``: the stored and the new vectors into ``embeddings.npy``, then the FAISS index.
 4. ``build_lucene_shard``: the BM25 index and the shard's term statistics, from ``chunks.parquet``.
 5. ``commit_shard``: counts checked, checksums taken, the manifest written: the shard is committed. For a root
    in object storage the same task then uploads the shard's files (``upload_shard``), from the node that built
-   them, so the driver publishes only the top-level files and the manifests.
+   them, so the driver publishes only the top-level files.
+6. ``verify_shard_files``: every file against its checksum; returns the counts, the Lucene statistics and the
+   term table, from which ``merge_bm25_returned`` (on the driver's node) writes the corpus-wide statistics.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from index_format.manifest import (
 from index_format.sharding import shard_of
 
 from .faiss_index import FaissSpec
-from .splits import fragments_of
+from .splits import fragment_table, fragments_of
 from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, RowGroupWriter, contents_of
 
 EMBED_BLOCK = 1024  # rows of a shard embedded as one Ray Data item
@@ -71,10 +78,26 @@ def _committed(folder: Path, build_key: str) -> ShardManifest | None:
         return None
 
 
-def _write_tables(shard: int, num_shards: int, fragments: list[tuple[Path, Path]], folder: Path | None,
-                  strict: bool) -> tuple[int, int, list[tuple[int, int, str, int, str]]]:
-    """Stream the fragments into the shard's two tables (``folder`` None: only find the duplicates, and count
-    no chunks). Returns (documents, chunks, duplicates as (split, position, file, line, reason))."""
+def _fragment_tables(work: Path, shard: int, refs: list | None):
+    """(split, documents, chunks) of each of the shard's fragments in split order, one in memory at a time:
+    from the object store (``refs``: (split, ObjectRef) pairs), or from the work folder's files (None)."""
+    if refs is None:
+        for docs_file, chunks_file in fragments_of(work, shard):
+            yield int(docs_file.name.split(".")[0]), pq.read_table(docs_file), pq.read_table(chunks_file)
+        return
+    import ray
+
+    for split, ref in refs:
+        fragment = ray.get(ref)
+        if fragment is not None:
+            yield split, fragment_table(fragment[0]), fragment_table(fragment[1])
+
+
+def _write_tables(shard: int, num_shards: int, fragments, folder: Path | None, strict: bool,
+                  received: dict[str, int]) -> tuple[int, int, list[tuple[int, int, str, int, str]]]:
+    """Stream the fragments ((split, documents, chunks) tables, ``_fragment_tables``) into the shard's two tables
+    (``folder`` None: only find the duplicates, and count no chunks); ``received`` counts the rows the fragments
+    held. Returns (documents, chunks, duplicates as (split, position, file, line, reason))."""
     from .corpus import CorpusError
 
     first_seen: dict[str, tuple[int, int, str]] = {}  # doc id -> (split, position, source) of its first record
@@ -83,9 +106,9 @@ def _write_tables(shard: int, num_shards: int, fragments: list[tuple[Path, Path]
     writers = (RowGroupWriter(folder / DOCUMENTS_FILE, DOCUMENT_SCHEMA),
                RowGroupWriter(folder / CHUNKS_FILE, CHUNK_SCHEMA)) if folder is not None else None
     try:
-        for docs_file, chunks_file in fragments:
-            split = int(docs_file.name.split(".")[0])
-            table = pq.read_table(docs_file)
+        for split, table, chunk_table in fragments:
+            received["docs"] += table.num_rows
+            received["chunks"] += chunk_table.num_rows
             ids, sources = table["doc_id"].to_pylist(), table["source"].to_pylist()
             positions = table["position"].to_pylist()
             keep, dropped = [], set()
@@ -107,7 +130,6 @@ def _write_tables(shard: int, num_shards: int, fragments: list[tuple[Path, Path]
             if writers is None:
                 continue
             writers[0].write(table.filter(pa.array(keep)) if dropped else table)
-            chunk_table = pq.read_table(chunks_file)
             if dropped:
                 chunk_table = chunk_table.filter(pc.invert(pc.is_in(chunk_table["position"], pa.array(sorted(dropped)))))
             writers[1].write(chunk_table)
@@ -165,25 +187,35 @@ def _find_vectors(keys: list[bytes], sources: list[dict], work: Path) -> tuple[i
 
 
 def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_shards: int, prepend_title: bool,
-                   strict: bool, sources: list[dict] | None, content_key: dict, upload_to: str | None = None) -> dict:
-    """Ray task: step 1 of the module. ``sources``: the versions to reuse from (None: reuse is off), each
-    as ``reuse.task_sources`` gives them. A shard that needs no more work (committed by an interrupted run, or
-    linked whole) is uploaded here when the root is in object storage (``upload_to``)."""
+                   strict: bool, sources: list[dict] | None, content_key: dict, upload_to: str | None = None,
+                   fragments: list | None = None, sources_from: str | None = None) -> dict:
+    """Ray task: step 1 of the module. ``fragments``: (split, ObjectRef) of each read task's fragment of this
+    shard, in split order (None: fragment files in ``work``, a delta's). ``sources``: the versions to reuse from
+    (None: reuse is off), each as ``reuse.task_sources`` gives them; ``sources_from``: the root in object storage
+    they are fetched from into this node's cache (None: a local root, read where they are). A shard that needs no
+    more work (committed by an interrupted run on this node, or linked whole) is uploaded here when the root is in
+    object storage (``upload_to``). Returns, besides the shard's counts, ``node`` (where every later step of the
+    shard must run) and ``received`` (the rows its fragments held, duplicates included)."""
+    import ray
+
     folder, mine = Path(shard_dir), work_dir(Path(work), Path(shard_dir).name)
-    fragments = fragments_of(Path(work), shard)
+    tables = _fragment_tables(Path(work), shard, fragments)
+    received = {"docs": 0, "chunks": 0}
     result = {"shard": shard, "resumed": False, "linked": None, "todo": 0, "blocks": 0, "reused": 0,
-              "reused_from": {}, "dimension": 0}
+              "reused_from": {}, "dimension": 0, "node": ray.get_runtime_context().get_node_id(),
+              "received": received}
     committed = _committed(folder, build_key)
     if committed is not None:  # an interrupted run of this build finished it; find its duplicates again
-        _, _, bad = _write_tables(shard, num_shards, fragments, None, strict)
+        _, _, bad = _write_tables(shard, num_shards, tables, None, strict, received)
         return result | {"resumed": True, "docs": committed.counts["docs"], "chunks": committed.counts["chunks"],
                          "dimension": committed.dimension, "bad": bad, "upload": upload_shard(shard_dir, upload_to)}
     shutil.rmtree(folder, ignore_errors=True)
     shutil.rmtree(mine, ignore_errors=True)
     folder.mkdir(parents=True)
     mine.mkdir(parents=True)
-    docs, chunks, bad = _write_tables(shard, num_shards, fragments, folder, strict)
+    docs, chunks, bad = _write_tables(shard, num_shards, tables, folder, strict, received)
     result |= {"docs": docs, "chunks": chunks, "bad": bad}
+    sources = _sources_here(sources, sources_from)
     if sources:
         from .reuse import link_shard, shard_donor_of
 
@@ -206,6 +238,34 @@ def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_sh
     return result | {"todo": len(todo), "blocks": -(-len(todo) // EMBED_BLOCK)}
 
 
+def _sources_here(sources: list[dict] | None, root: str | None) -> list[dict] | None:
+    """The reuse sources with their folders on this node: a root in object storage's versions fetched into this
+    node's cache (each blob downloaded once per node; nothing on the driver's node, which fetched them to plan)."""
+    if not sources or root is None:
+        return sources
+    from index_format.remote_root import RemoteRoot
+
+    remote = RemoteRoot(root)
+    here = []
+    for source in sources:
+        if _whole(source):  # this node holds it (the driver's, which fetched it to plan)
+            here.append(source)
+            continue
+        folder, _ = remote.fetch(source["name"])
+        here.append(source | {"folder": str(folder),
+                              "shards": [str(folder / "shards" / Path(p).name) for p in source["shards"]]})
+    return here
+
+
+def _whole(source: dict) -> bool:
+    """Every file of every shard of a reuse source is in its folder on this node."""
+    try:
+        return all((Path(shard) / rel).is_file() for shard in source["shards"]
+                   for rel in read_shard_manifest(Path(shard)).checksums)
+    except (IndexMismatch, OSError):
+        return False
+
+
 def _write_todo(folder: Path, mine: Path, todo: list[int], prepend_title: bool) -> None:
     """The rows to embed and their contents, in blocks of EMBED_BLOCK rows (one Parquet row group each)."""
     schema = pa.schema([("row", pa.int64()), ("contents", pa.string())])
@@ -224,8 +284,8 @@ def _write_todo(folder: Path, mine: Path, todo: list[int], prepend_title: bool) 
 
 
 class EmbedBlocks:
-    """Ray Data actor: loads the encoder once; for each item (a block of a shard's rows to embed) reads the
-    contents from the work folder, embeds them and saves the vectors beside them."""
+    """Ray actor, pinned to one node: loads the encoder once; for each call (a block of the rows of a shard built
+    on this node) reads the contents from the work folder, embeds them and saves the vectors beside them."""
 
     def __init__(self, encoder: str, device: str, batch_size: int, threads: int):
         if threads:
@@ -237,18 +297,14 @@ class EmbedBlocks:
         self.encoder = load_encoder(encoder, device)
         self.batch_size = batch_size
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows, dims = [], []
-        for folder, block in zip(batch["work"], batch["block"], strict=True):
-            todo = pq.ParquetFile(Path(str(folder)) / TODO_FILE).read_row_group(int(block), columns=["contents"])
-            vectors = self.encoder.encode(todo["contents"].to_pylist(), self.batch_size).astype(np.float32)
-            out = Path(str(folder)) / f"embedded-{int(block):06d}.npy"
-            np.save(out.with_suffix(".tmp.npy"), vectors)
-            os.replace(out.with_suffix(".tmp.npy"), out)
-            rows.append(len(vectors))
-            dims.append(vectors.shape[1] if vectors.ndim == 2 else 0)
-        return {"shard": batch["shard"], "block": batch["block"], "rows": np.asarray(rows),
-                "dimension": np.asarray(dims)}
+    def embed(self, work: str, block: int) -> tuple[int, int]:
+        """Block ``block`` of the work folder ``work`` embedded; returns (rows, dimension)."""
+        todo = pq.ParquetFile(Path(work) / TODO_FILE).read_row_group(block, columns=["contents"])
+        vectors = self.encoder.encode(todo["contents"].to_pylist(), self.batch_size).astype(np.float32)
+        out = Path(work) / f"embedded-{block:06d}.npy"
+        np.save(out.with_suffix(".tmp.npy"), vectors)
+        os.replace(out.with_suffix(".tmp.npy"), out)
+        return len(vectors), vectors.shape[1] if vectors.ndim == 2 else 0
 
 
 def finish_dense(shard_dir: str, work: str, rows: int, blocks: int, dimension: int, spec: FaissSpec) -> dict:
@@ -354,21 +410,29 @@ def upload_shard(shard_dir: str, upload_to: str | None) -> dict | None:
             "seconds": time.perf_counter() - t}
 
 
-def verify_shard_files(shard_dir: str, expect: dict) -> dict:
-    """Ray task: every file of a shard against its checksum; its counts."""
+def verify_shard_files(shard_dir: str, expect: dict) -> tuple[dict, pa.Table]:
+    """Ray task (``num_returns=2``, on the shard's node): every file of a shard against its checksum. Returns its
+    counts and Lucene statistics, and its term table (``merge_bm25_returned`` sums them on the driver's node)."""
     m = verify_shard(Path(shard_dir), expect=expect)
     if not counts_agree(m.counts):
         raise IndexMismatch(f"{Path(shard_dir).name}: counts disagree: {m.counts}")
-    return m.counts
+    return {"counts": m.counts, "lucene": m.lucene}, pq.read_table(Path(shard_dir) / TERMS_FILE)
 
 
 def merge_bm25(staging: str, shard_dirs: list[str], k1: float, b: float) -> dict:
-    """Ray task: corpus-wide BM25 statistics, summed from the shards' own (``bm25/``)."""
+    """Corpus-wide BM25 statistics, summed from the shards' own (``bm25/``), read from the shard folders (one node:
+    a fold)."""
+    return merge_bm25_returned(staging, [read_shard_manifest(Path(d)).lucene for d in shard_dirs], k1, b,
+                               *[pq.read_table(Path(d) / TERMS_FILE) for d in shard_dirs])
+
+
+def merge_bm25_returned(staging: str, lucene: list[dict], k1: float, b: float, *terms: pa.Table) -> dict:
+    """Ray task, on the driver's node (it writes ``staging/bm25``): corpus-wide BM25 statistics, summed from each
+    shard's Lucene statistics and term table as ``verify_shard_files`` returned them (no shard folder is read)."""
     from index_format.bm25_stats import merge_shard_stats, merge_term_tables, write_stats
 
-    manifests = [read_shard_manifest(Path(d)) for d in shard_dirs]
-    stats = merge_shard_stats([m.lucene for m in manifests], k1, b)
-    terms = merge_term_tables([pq.read_table(Path(d) / TERMS_FILE) for d in shard_dirs])
+    stats = merge_shard_stats(lucene, k1, b)
+    terms = merge_term_tables(list(terms))
     write_stats(Path(staging) / "bm25", stats, terms)
     return {"doc_count": stats.doc_count, "total_terms": stats.total_terms, "avgdl": stats.avgdl,
             "unique_terms": terms.num_rows}

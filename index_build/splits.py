@@ -5,9 +5,12 @@ fingerprints each file: a JSONL file is cut at line starts about every ``split_b
 is read by many tasks), a Parquet file at row-group boundaries. Each split knows the corpus line (or
 row) it starts at, so a task reports every record as ``file:line`` exactly as a single reader would.
 
-A read task (``read_split``) parses its records, chunks them and writes, for every shard, the split's
-documents and chunks as two small Parquet fragments under the build's work folder. The shard tasks
-then put a shard together from its fragments in split order, which is corpus order.
+A read task (``read_split_fragments``, what the build runs) parses its records, chunks them and returns, for
+every shard, the split's documents and chunks as two Parquet blobs through Ray's object store (one return value
+per shard, so each shard's task fetches only its own, from whichever node it runs on), with the per-shard counts
+the driver checks the assembled shards against. ``read_split`` writes the same fragments as Parquet files under
+a work folder instead (a delta's tasks, tests and benchmarks on one node). The shard tasks then put a shard
+together from its fragments in split order, which is corpus order.
 """
 
 from __future__ import annotations
@@ -180,20 +183,26 @@ class FragmentWriter:
                 c[name].append(value)
             c["position"].append(position)
 
+    def counts(self) -> list[dict[str, int]]:
+        """Per shard {"docs": n, "chunks": n}: what the split gave each shard."""
+        return [{"docs": len(d["doc_id"]), "chunks": len(c["chunk_id"])} for d, c in zip(self.docs, self.chunks,
+                                                                                        strict=True)]
+
+    def tables(self) -> list[tuple[pa.Table, pa.Table] | None]:
+        """Per shard its (documents, chunks) fragment as Arrow tables; None for a shard that received no rows."""
+        return [(pa.table(d, schema=FRAGMENT_DOCS), pa.table(c, schema=FRAGMENT_CHUNKS)) if d["doc_id"] else None
+                for d, c in zip(self.docs, self.chunks, strict=True)]
+
     def write(self, work: Path, split_index: int) -> list[dict[str, int]]:
         """Two files per shard that received rows; returns per shard {"docs": n, "chunks": n}."""
-        counts = []
-        for shard in range(self.num_shards):
-            n_docs, n_chunks = len(self.docs[shard]["doc_id"]), len(self.chunks[shard]["chunk_id"])
-            counts.append({"docs": n_docs, "chunks": n_chunks})
-            if not n_docs:
+        for shard, fragment in enumerate(self.tables()):
+            if fragment is None:
                 continue
             folder = fragment_dir(work, shard)
             folder.mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.table(self.docs[shard], schema=FRAGMENT_DOCS), folder / f"{split_index:06d}.docs.parquet")
-            pq.write_table(pa.table(self.chunks[shard], schema=FRAGMENT_CHUNKS),
-                           folder / f"{split_index:06d}.chunks.parquet")
-        return counts
+            pq.write_table(fragment[0], folder / f"{split_index:06d}.docs.parquet")
+            pq.write_table(fragment[1], folder / f"{split_index:06d}.chunks.parquet")
+        return self.counts()
 
 
 def fragment_dir(work: Path, shard: int) -> Path:
@@ -209,10 +218,9 @@ def fragments_of(work: Path, shard: int) -> list[tuple[Path, Path]]:
     return [(d, d.with_name(d.name.replace(".docs.", ".chunks."))) for d in docs]
 
 
-def read_split(split: Split, work: str, num_shards: int, chunk_size: int, chunk_overlap: int,
-               id_fields: tuple[str, ...], text_fields: tuple[str, ...], strict: bool) -> dict:
-    """Ray task: parse and chunk one split into per-shard fragments. Returns the counts per shard and the
-    split's bad records. Duplicate ids are found later, per shard (an id always hashes to the same shard)."""
+def _read_into(split: Split, num_shards: int, chunk_size: int, chunk_overlap: int, id_fields: tuple[str, ...],
+               text_fields: tuple[str, ...], strict: bool) -> tuple[FragmentWriter, list[tuple[str, int, str]]]:
+    """The split parsed and chunked: its rows per shard, and its bad records as (file, line, reason)."""
     writer = FragmentWriter(num_shards, chunk_size, chunk_overlap)
     bad: list[tuple[str, int, str]] = []
     for item in _records(split):
@@ -228,4 +236,35 @@ def read_split(split: Split, work: str, num_shards: int, chunk_size: int, chunk_
             bad.append((doc.file, doc.line, doc.reason))
             continue
         writer.add(doc, line)
+    return writer, bad
+
+
+def read_split(split: Split, work: str, num_shards: int, chunk_size: int, chunk_overlap: int,
+               id_fields: tuple[str, ...], text_fields: tuple[str, ...], strict: bool) -> dict:
+    """Parse and chunk one split into per-shard fragment files under ``work``. Returns the counts per shard and
+    the split's bad records. Duplicate ids are found later, per shard (an id always hashes to the same shard)."""
+    writer, bad = _read_into(split, num_shards, chunk_size, chunk_overlap, id_fields, text_fields, strict)
     return {"split": split.index, "shards": writer.write(Path(work), split.index), "bad": bad}
+
+
+def read_split_fragments(split: Split, num_shards: int, chunk_size: int, chunk_overlap: int,
+                         id_fields: tuple[str, ...], text_fields: tuple[str, ...], strict: bool) -> tuple:
+    """Ray task with ``num_returns=1 + num_shards``: ``read_split`` with no files. Returns its summary (the counts
+    per shard, the bad records), then each shard's fragment ((documents, chunks) as Parquet bytes, or None): each a
+    separate object in Ray's object store, fetched by that shard's task on whatever node it runs. Parquet, not
+    Arrow tables: compressed as the fragment files were, so the object store (what it spills to disk, what crosses
+    the network) holds about what the files held, at the same cost to write and read."""
+    writer, bad = _read_into(split, num_shards, chunk_size, chunk_overlap, id_fields, text_fields, strict)
+    return ({"split": split.index, "shards": writer.counts(), "bad": bad},
+            *[None if f is None else (_parquet(f[0]), _parquet(f[1])) for f in writer.tables()])
+
+
+def _parquet(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def fragment_table(data: bytes) -> pa.Table:
+    """A fragment's table from the bytes ``read_split_fragments`` returned."""
+    return pq.read_table(pa.BufferReader(data))

@@ -253,13 +253,14 @@ class RemoteRoot:
         """A version this node has just published from ``version_dir`` (a folder on the cache's disk: a build's
         staging folder in ``local_root()``): the folder becomes the cache's copy of it (moved to
         ``local_root()/versions/<name>``, its files linked into the cache's blobs), so that fetching it on this node,
-        to serve it or to reuse it in the next build, downloads nothing."""
+        to serve it or to reuse it in the next build, downloads nothing (but the shards other nodes built)."""
         files = self.files(name)
         blobs = self.cache_dir / BLOBS
         blobs.mkdir(parents=True, exist_ok=True)
         for rel, f in files.items():
             blob = blobs / f["sha256"]
-            if not blob.exists():
+            # A shard built on another node is not in this folder: fetching the version downloads it when needed.
+            if not blob.exists() and (Path(version_dir) / rel).is_file():
                 with contextlib.suppress(FileExistsError):
                     os.link(Path(version_dir) / rel, blob)
         target = self.local_root() / "versions" / name

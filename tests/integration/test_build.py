@@ -1,4 +1,4 @@
-"""The build job through real Ray Data, FAISS and Lucene, checked against independent computations."""
+"""The build job through real Ray, FAISS and Lucene, checked against independent computations."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from index_format.bm25_stats import read_stats
 from index_format.encoders import HashingEncoder
 from index_format.lucene import build_lucene_index, index_statistics, write_collection
 from index_format.manifest import IndexMismatch, verify_shard
+from index_format.sharding import shard_name
 from index_format.versions import active_version, list_versions, read_version_manifest
 from tests.conftest import make_corpus, write_jsonl
 from tests.integration.conftest import ENCODER, oracle_chunks, shard_dirs
@@ -185,6 +186,24 @@ def test_killed_build_resumes_and_ends_with_the_same_result(corpus, built, tmp_p
         assert pq.read_table(a / "chunks.parquet").equals(pq.read_table(b / "chunks.parquet"))
         assert np.array_equal(np.load(a / "embeddings.npy"), np.load(b / "embeddings.npy"))
     assert not any((tmp_path / "staging").iterdir())
+
+
+def test_a_fragment_lost_on_the_way_fails_the_build_naming_its_shard(corpus, ray_local, tmp_path, monkeypatch):
+    """The driver sums what the read tasks gave each shard: a shard assembled from less (its one fragment's
+    reference dropped, as a lost object would be) fails the build, naming the shard and both counts; nothing is
+    published."""
+    import index_build.build as build
+
+    path, _ = corpus
+    given = build._shard_fragments
+    monkeypatch.setattr(build, "_shard_fragments", lambda fragments, shard: given(fragments, shard)[1:]
+                        if shard == 1 else given(fragments, shard))
+    cfg = BuildConfig(corpus=path, out=tmp_path, shards=3, encoder=ENCODER, chunk_size=40, chunk_overlap=8,
+                      progress=False, reuse=False)
+    with pytest.raises(IndexMismatch, match=rf"{shard_name(1)}: the read tasks gave it [1-9]\d* documents and "
+                                            r"[1-9]\d* chunks, it was assembled from 0 and 0"):
+        build_index(cfg)
+    assert list_versions(tmp_path) == []
 
 
 def test_parquet_input_with_hnsw(ray_local, tmp_path):

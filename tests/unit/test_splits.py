@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from index_build.corpus import Document, iter_documents
-from index_build.splits import fragments_of, plan_splits, read_split
+from index_build.splits import fragment_table, fragments_of, plan_splits, read_split, read_split_fragments
 from index_format.manifest import sha256_file
 from tests.conftest import make_corpus
 
@@ -76,3 +76,25 @@ def test_a_parquet_file_is_cut_at_row_groups(tmp_path):
         assert d.equals(d1) and c.equals(c1)
     rows = {r["doc_id"]: r["source"] for d, _ in tables for r in d.to_pylist()}
     assert rows["d049"] == f"{path}:50" and len(rows) == 50
+
+
+def test_fragments_returned_as_objects_equal_the_fragment_files(tmp_path):
+    """What a read task returns through the object store (the build's fragments) is, shard by shard, the tables
+    and counts ``read_split`` writes as files."""
+    path = _lines(tmp_path)
+    splits, _ = plan_splits([path], 700)
+    assert len(splits) > 2
+    for split in splits:
+        work = tmp_path / f"work-{split.index}"
+        written = read_split(split, str(work), SHARDS, 40, 8, ("_id",), ("text",), False)
+        summary, *fragments = read_split_fragments(split, SHARDS, 40, 8, ("_id",), ("text",), False)
+        assert summary == written
+        assert len(fragments) == SHARDS
+        files = {shard: fragments_of(work, shard) for shard in range(SHARDS)}
+        for shard, fragment in enumerate(fragments):
+            assert (fragment is None) == (not files[shard]) == (written["shards"][shard]["docs"] == 0)
+            if fragment is not None:
+                (docs_file, chunks_file), = files[shard]
+                assert fragment_table(fragment[0]).equals(pq.read_table(docs_file))
+                assert fragment_table(fragment[1]).equals(pq.read_table(chunks_file))
+                assert fragment_table(fragment[1]).num_rows == written["shards"][shard]["chunks"]

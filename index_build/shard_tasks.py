@@ -436,3 +436,8 @@ def merge_bm25_returned(staging: str, lucene: list[dict], k1: float, b: float, *
     write_stats(Path(staging) / "bm25", stats, terms)
     return {"doc_count": stats.doc_count, "total_terms": stats.total_terms, "avgdl": stats.avgdl,
             "unique_terms": terms.num_rows}
+
+
+def remove_staging(staging: str) -> None:
+    """Ray task, on a node that built shards of a published version: its copy of the staging folder removed."""
+    shutil.rmtree(staging, ignore_errors=True)

@@ -59,7 +59,7 @@ from .faiss_index import FaissSpec
 from .splits import fragment_table, fragments_of
 from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, RowGroupWriter, contents_of
 
-EMBED_BLOCK = 1024  # rows of a shard embedded as one Ray Data item
+EMBED_BLOCK = 1024  # rows of a shard embedded in one call of an embedding actor
 TODO_FILE, REUSED_FILE, REUSED_ROWS_FILE = "todo.parquet", "reused.npy", "reused_rows.npy"
 
 

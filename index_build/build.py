@@ -32,6 +32,7 @@ each shard's task uploads the shard once committed, and the version is published
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import json
@@ -491,6 +492,12 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
                             f"manifest says {total_chunks}")
     shutil.rmtree(work)
     version_dir, published = target.publish(staging, name, uploads)
+    others = sorted({r["node"] for r in shards} - {home})
+    if others:  # their shards are published: the staging folders on the other nodes go too
+        remove = ray.remote(num_cpus=0)(_task("remove_staging"))
+        for node in others:
+            with contextlib.suppress(ray.exceptions.RayError):  # that node is gone, and its disk with it
+                ray.get(remove.options(**_on(node)).remote(str(staging)))
     if cfg.activate:
         target.activate(name)  # verified just above
     seconds["publish"] = time.perf_counter() - t

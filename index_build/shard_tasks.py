@@ -59,7 +59,7 @@ from .faiss_index import FaissSpec
 from .splits import fragment_table, fragments_of
 from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, RowGroupWriter, contents_of
 
-EMBED_BLOCK = 1024  # rows of a shard embedded as one Ray Data item
+EMBED_BLOCK = 1024  # rows of a shard embedded in one call of an embedding actor
 TODO_FILE, REUSED_FILE, REUSED_ROWS_FILE = "todo.parquet", "reused.npy", "reused_rows.npy"
 
 
@@ -436,3 +436,8 @@ def merge_bm25_returned(staging: str, lucene: list[dict], k1: float, b: float, *
     write_stats(Path(staging) / "bm25", stats, terms)
     return {"doc_count": stats.doc_count, "total_terms": stats.total_terms, "avgdl": stats.avgdl,
             "unique_terms": terms.num_rows}
+
+
+def remove_staging(staging: str) -> None:
+    """Ray task, on a node that built shards of a published version: its copy of the staging folder removed."""
+    shutil.rmtree(staging, ignore_errors=True)

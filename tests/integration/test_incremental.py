@@ -1,6 +1,6 @@
 """Incremental reindexing: a build into a root with earlier versions reuses what did not change, and gives
 the version a full build of the same corpus gives (the oracle: a build of the same corpus with reuse off,
-into another root). Real Ray Data, FAISS and Lucene; the hashing encoder, so vectors are exact."""
+into another root). Real Ray, FAISS and Lucene; the hashing encoder, so vectors are exact."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_a_delta_needs_a_base_that_stores_its_documents(versions, tmp_path):
 
 
 def test_a_folder_or_glob_of_files_is_read_in_parallel_as_one_corpus(ray_local, tmp_path):
-    """Three files (two JSONL, one Parquet) read by parallel Ray Data tasks equal the same records in one file;
+    """Three files (two JSONL, one Parquet) read by parallel Ray tasks equal the same records in one file;
     an id repeated in a later file and a torn line are reported, not dropped or kept twice."""
     import pyarrow as pa
 

@@ -91,6 +91,7 @@ class BuildSummary:
     read: dict = field(default_factory=dict)  # files and read tasks
     publish: dict = field(default_factory=dict)  # a root in object storage: what was uploaded (Target.publish)
     fetched: dict = field(default_factory=dict)  # versions of a root in object storage fetched to reuse or apply to
+    nodes: dict = field(default_factory=dict)  # shard name -> the Ray node that assembled, embedded and indexed it
 
     @property
     def total_s(self) -> float:
@@ -102,7 +103,7 @@ class BuildSummary:
                 "docs": self.docs, "chunks": self.chunks, "shards": self.shards, "reused_shards": self.reused_shards,
                 "bad_records": self.bad_count, "first_bad_records": [str(r) for r in self.bad_records],
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "reuse": self.reuse,
-                "delta": self.delta, "publish": self.publish, "fetched": self.fetched}
+                "delta": self.delta, "publish": self.publish, "fetched": self.fetched, "nodes": self.nodes}
 
     def render(self) -> str:
         t = max(self.total_s, 1e-9)
@@ -116,6 +117,8 @@ class BuildSummary:
             f"documents      {self.docs:,}   chunks {self.chunks:,}   shards {self.shards}{reused}",
             f"bad records    {bad_count:,} skipped" if bad_count else "bad records    none",
         ]
+        if len(set(self.nodes.values())) > 1:
+            lines.append(f"nodes          the shards were built on {len(set(self.nodes.values()))} nodes")
         if self.read:
             lines.append(f"read           {self.read['files']:,} file{'s' if self.read['files'] != 1 else ''} in "
                          f"{self.read['tasks']:,} parallel task{'s' if self.read['tasks'] != 1 else ''}")
@@ -243,7 +246,24 @@ def _assemble_on(where: str | None, work: Path, shards: int) -> list[dict]:
     except (FileNotFoundError, ValueError):
         last = {}
     alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-    return [_on(last[str(s)], soft=True) if last.get(str(s)) in alive else _on(None) for s in range(shards)]
+    dealt = _deal(shards, {n["NodeID"]: n.get("Resources", {}).get("CPU", 0) for n in ray.nodes() if n.get("Alive")})
+    return [_on(last[str(s)] if last.get(str(s)) in alive else dealt[s], soft=True) for s in range(shards)]
+
+
+def _deal(shards: int, cpus: dict[str, float]) -> list[str | None]:
+    """Shards dealt over the nodes in proportion to their CPUs (each next shard to the node with the fewest shards
+    per CPU), so that a cluster builds them side by side. Ray's SPREAD strategy alone was seen to queue three
+    one-CPU shard tasks on one node of three. None where no node has a CPU."""
+    nodes = sorted((n for n, c in cpus.items() if c > 0), key=lambda n: (-cpus[n], n))
+    if not nodes:
+        return [None] * shards
+    held = dict.fromkeys(nodes, 0)
+    out = []
+    for _ in range(shards):
+        node = min(nodes, key=lambda n: (held[n] / cpus[n], nodes.index(n)))
+        held[node] += 1
+        out.append(node)
+    return out
 
 
 @dataclass
@@ -506,7 +526,7 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
                         sum(r["resumed"] for r in shards), bad.first, seconds,
                         reuse_plan.describe() if cfg.reuse else {}, delta_report, bad.count,
                         {"files": plan.files, "tasks": len(plan.splits)} if plan.splits else {}, published,
-                        _fetched(plan, reuse_plan.sources))
+                        _fetched(plan, reuse_plan.sources), {shard_name(r["shard"]): r["node"] for r in shards})
 
 
 def _fetched(plan: _Plan, sources: list) -> dict:

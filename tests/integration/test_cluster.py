@@ -26,6 +26,8 @@ from bench.cluster import Service, kill_under_load, on_cluster, placement, visib
 from bench.local_cluster import LocalCluster, available
 from deployments.edge.schemas import SearchRequest
 from deployments.search.inprocess import inprocess_pipeline
+from index_build.build import build_index
+from index_build.config import BuildConfig
 from index_format.change_log import open_change_log
 from index_format.remote_root import RemoteRoot
 from tests.integration.conftest import ENCODER
@@ -35,6 +37,7 @@ pytestmark = pytest.mark.skipif(available() is not None, reason=f"a private-disk
 
 BUCKET = "cluster-test"
 URL = f"s3://{BUCKET}/idx"
+CORPUS_URL = f"s3://{BUCKET}/corpus/corpus.jsonl"
 # Group 0 (shards 0 and 1) on node_1, group 1 (shard 2) on node_2; a router on the head and one on node_1.
 SERVE_CONFIG = {
     "shards": {"placement": "deployment", "group_size": 2, "num_cpus": 0.1, "warmup_searches": 0,
@@ -61,20 +64,22 @@ def cluster_build(cluster, corpus):
     path, _ = corpus
     boto3.client("s3").create_bucket(Bucket=BUCKET)
     boto3.client("s3").upload_file(str(path), BUCKET, "corpus/corpus.jsonl")
-    proc = on_cluster(cluster, ["-m", "index_build", "--corpus", f"s3://{BUCKET}/corpus/corpus.jsonl", "--out", URL,
+    proc = on_cluster(cluster, ["-m", "index_build", "--corpus", CORPUS_URL, "--out", URL,
                                 "--shards", "3", "--encoder", ENCODER, "--chunk-size", "40", "--chunk-overlap", "8",
-                                "--version", "v1", "--no-progress"])
+                                "--version", "v1", "--no-progress", "--summary-json", str(cluster.workdir / "v1.json")])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+    return json.loads((cluster.workdir / "v1.json").read_text())
 
 
-def test_a_build_across_the_nodes_equals_a_single_node_build(cluster_build, built, tmp_path):
-    _, local = built[3]
+def test_a_build_across_the_nodes_equals_a_single_node_build(cluster_build, ray_local, tmp_path):
+    """The oracle: the same corpus URL built by this process's one-node Ray into a folder."""
+    local = build_index(BuildConfig(corpus=CORPUS_URL, out=tmp_path / "one-node", shards=3, encoder=ENCODER,
+                                    chunk_size=40, chunk_overlap=8, version="v1", progress=False))
     folder, _ = RemoteRoot(URL, cache_dir=tmp_path / "fresh").fetch("v1")
     assert_versions_equal(local.version_dir, folder)
-    build = json.loads((folder / "build.json").read_text())
-    nodes = {record["node"] for record in build.get("shard_nodes", {}).values()}
-    assert len(nodes) >= 2, build.get("shard_nodes")  # the shards were built on more than one node
+    nodes = cluster_build["nodes"]
+    assert len(nodes) == 3
+    assert len(set(nodes.values())) >= 2, nodes  # the shards were built on more than one node
 
 
 @pytest.fixture(scope="module")

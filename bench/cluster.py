@@ -43,9 +43,10 @@ ROUTERS = {"node_head": {"router": 1}, "node_1": {"router": 1}}
 
 
 def cluster_config(groups: int, on_nodes: bool) -> dict:
-    """The app's config for ``groups`` shard groups: group i on worker node i+1 (``on_nodes``), else anywhere;
-    two routers where the ``router`` resource is."""
-    shards = {"placement": "deployment", "num_cpus": 0.1, "warmup_searches": 200, "lucene_heap": "256m"}
+    """The app's config for ``groups`` shard groups of one shard each: group i on worker node i+1 (``on_nodes``),
+    else anywhere; two routers where the ``router`` resource is."""
+    shards = {"placement": "deployment", "group_size": 1, "num_cpus": 0.1, "warmup_searches": 200,
+              "lucene_heap": "256m"}
     if on_nodes:
         shards["groups"] = {str(g): {"resources": {f"node_{g + 1}": 0.1}} for g in range(groups)}
     return {"shards": shards, "router": {"num_replicas": 2, "num_cpus": 0.1, "resources": {"router": 1}}}
@@ -219,15 +220,15 @@ def _ms(seconds: list[float], pct: int) -> float:
     return round(s[min(len(s) - 1, int(len(s) * pct / 100))] * 1000, 1)
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """CPU time (user + system) of these processes' process groups, children included."""
+def cpu_seconds(sessions: list[int]) -> float:
+    """CPU time (user + system) of every process in these sessions: a node's ``ray start`` and what it starts (Ray
+    gives each worker its own process group, not its own session), and the serving driver."""
     import psutil
 
-    groups = set(pids)
     total = 0.0
     for p in psutil.process_iter(["pid"]):
         try:
-            if os.getpgid(p.pid) in groups:
+            if os.getsid(p.pid) in sessions:
                 t = p.cpu_times()
                 total += t.user + t.system
         except (psutil.Error, ProcessLookupError):
@@ -237,7 +238,7 @@ def cpu_seconds(pids: list[int]) -> float:
 
 def load(service: Service, cluster: LocalCluster, queries: list[str], seconds: float, concurrency: int) -> dict:
     """Closed-loop search load; QPS, latency and the server's CPU seconds per query."""
-    groups = [n.proc.pid for n in cluster.nodes] + [service.proc.pid]
+    groups = [n.proc.pid for n in cluster.nodes] + [service.proc.pid]  # each started a session
     stop = threading.Event()
     latencies: list[float] = []
     failed = [0]

@@ -52,6 +52,11 @@ test: setup browser
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
+# The multi-node tests (a head and two private-disk worker nodes, a local S3 server) with the shipped MiniLM encoder
+# instead of the hashing one: the same checks, minutes of embedding.
+test-cluster-minilm: setup
+	RAYSEARCH_CLUSTER_TEST_ENCODER=all-MiniLM-L6-v2 $(PY) -m pytest -q tests/integration/test_cluster.py
+
 lint: setup
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import boto3
 import httpx
@@ -30,11 +31,13 @@ from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_format.change_log import open_change_log
 from index_format.remote_root import RemoteRoot
-from tests.integration.conftest import ENCODER
+from tests.integration.conftest import ENCODER as HASHING
 from tests.versions_equal import assert_versions_equal, queries
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=f"a private-disk cluster {available()}")
 
+# `make test-cluster-minilm` runs the same tests with the shipped MiniLM encoder (slower: minutes of embedding).
+ENCODER = os.environ.get("RAYSEARCH_CLUSTER_TEST_ENCODER", HASHING)
 BUCKET = "cluster-test"
 URL = f"s3://{BUCKET}/idx"
 CORPUS_URL = f"s3://{BUCKET}/corpus/corpus.jsonl"
@@ -71,10 +74,15 @@ def cluster_build(cluster, corpus):
     return json.loads((cluster.workdir / "v1.json").read_text())
 
 
-def test_a_build_across_the_nodes_equals_a_single_node_build(cluster_build, ray_local, tmp_path):
+@pytest.fixture(scope="module")
+def one_node(cluster_build, ray_local, tmp_path_factory):
     """The oracle: the same corpus URL built by this process's one-node Ray into a folder."""
-    local = build_index(BuildConfig(corpus=CORPUS_URL, out=tmp_path / "one-node", shards=3, encoder=ENCODER,
-                                    chunk_size=40, chunk_overlap=8, version="v1", progress=False))
+    return build_index(BuildConfig(corpus=CORPUS_URL, out=tmp_path_factory.mktemp("one-node"), shards=3,
+                                   encoder=ENCODER, chunk_size=40, chunk_overlap=8, version="v1", progress=False))
+
+
+def test_a_build_across_the_nodes_equals_a_single_node_build(cluster_build, one_node, tmp_path):
+    local = one_node
     folder, _ = RemoteRoot(URL, cache_dir=tmp_path / "fresh").fetch("v1")
     assert_versions_equal(local.version_dir, folder)
     nodes = cluster_build["nodes"]
@@ -90,12 +98,12 @@ def service(cluster, cluster_build):
     service.stop(drain=False)
 
 
-def test_groups_land_on_their_own_nodes_and_either_router_answers_as_one_node(service, cluster, built):
+def test_groups_land_on_their_own_nodes_and_either_router_answers_as_one_node(service, cluster, one_node):
     where = placement(cluster)
     assert where.get("node_1", []).count("default-group-000") == 1 and "default-shard-002" in where.get("node_2", []), where
     assert not any("group" in r or "shard" in r for r in where.get("node_head", [])), where
     assert sorted(n for n, rs in where.items() if "router" in rs) == ["node_1", "node_head"], where
-    _, local = built[3]
+    local = one_node
     pipeline = inprocess_pipeline({"default": local.version_dir})
     routers = set()
     for q in queries(20):
@@ -136,10 +144,10 @@ def test_a_worker_node_killed_under_load_loses_no_write_and_its_group_comes_back
             assert hits and hits[0]["doc_id"] == doc_id
 
 
-def test_the_store_stopped_during_a_switch_keeps_the_old_version_serving(service, s3_server, built, tmp_path):
+def test_the_store_stopped_during_a_switch_keeps_the_old_version_serving(service, s3_server, one_node, tmp_path):
     from index_format.versions import active_version
 
-    _, local = built[3]
+    local = one_node
     RemoteRoot(URL, cache_dir=tmp_path / "publisher").publish(local.version_dir, "v2")
     before = service.search("telescope galaxy").json()
     s3_server.stop()

@@ -178,6 +178,8 @@ def test_a_folder_or_glob_of_files_is_read_in_parallel_as_one_corpus(ray_local, 
         assert "read           3 files in 3 parallel tasks" in summary.render()
 
 
+# `make test-slow` (about 30 s): test_build kills and resumes a full build in the default run
+@pytest.mark.slow
 def test_a_killed_incremental_build_resumes_to_the_same_version(versions, tmp_path):
     import os
     import shutil

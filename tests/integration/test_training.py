@@ -69,6 +69,8 @@ def test_several_hard_negatives_are_the_next_best_misses_each_in_its_own_column(
     assert list(training_rows(one, 3)) == ["anchor", "positive"]  # too few negatives: in-batch ones only
 
 
+# `make test-slow` (about 40 s): training on CPU; the suite keeps under its 20 minutes with the multi-node tests
+@pytest.mark.slow
 def test_train_encoder_writes_a_model_index_build_uses_and_resumes(beir, index, tmp_path):
     from sentence_transformers import SentenceTransformer
 

@@ -103,6 +103,9 @@ class RouterSettings(BaseModel):
     cache_size: int = Field(1024, ge=0, description="Identical requests answered from memory (0 turns it off).")
     redact_queries: bool = Field(True, description="Log a hash and length instead of the query text.")
     rerank_depth: int = Field(40, ge=1, le=1000, description="Fused candidates the cross-encoder rescores by default.")
+    ranking_depth: int = Field(
+        200, ge=1, le=1000, description="Fused candidates a collection's ranking model reorders (when one is active: "
+        "python -m relevance.rankers).")
     rerank_timeout_s: float = Field(
         5.0, gt=0, description="Past this the reranker is given up on and the fused order is returned (reranked: false).")
     synthesis_timeout_s: float = Field(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from deployments.shard.features import FeatureQuery, coverage, empty_features, position_of, words
 from deployments.shard.filters import FilterError, MetadataTable
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.topk import contenders, top_k
@@ -250,6 +251,31 @@ class FreshSegment:
 
     async def vectors(self, chunk_ids: Sequence[str]) -> np.ndarray:
         return self.matrix[[self.row_of[c] for c in chunk_ids]]
+
+    async def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
+        """A ranking model's features of the candidates the segment holds (``deployments.shard.features``), scored
+        as ``search`` scores them: BM25 with the version's statistics plus the segment's."""
+        n = len(query.chunk_ids)
+        out = empty_features(n)
+        at = [i for i, c in enumerate(query.chunk_ids) if c in self.row_of]
+        if not at:
+            return out
+        rows = np.array([self.row_of[query.chunk_ids[i]] for i in at], dtype=np.int64)
+        out["bm25_contents"][at] = self._bm25(query.text)[rows]
+        distinct = sorted(set(self.analyze(query.text)))
+        masks = {t: np.isin(rows, self._posting(t)[0]) if t in self._postings else np.zeros(len(rows), dtype=bool)
+                 for t in distinct}
+        n_docs = self.corpus.doc_count + self.live
+        held_by = {t: int(self.alive[self._posting(t)[0]].sum()) if t in self._postings else 0 for t in distinct}
+        idf = {t: lucene_idf(n_docs, self.corpus.df(t) + held_by[t]) for t in distinct}
+        out["term_coverage"][at], out["idf_coverage"][at] = coverage(masks, idf, len(rows))
+        if query.vector is not None:
+            out["dense"][at] = self.matrix[rows] @ np.asarray(query.vector, dtype=np.float32)
+        held = [self.rows[r] for r in rows]
+        out["length"][at] = words([r["text"] for r in held])
+        out["title_length"][at] = words([r["title"] for r in held])
+        out["position"][at] = [position_of(query.chunk_ids[i]) for i in at]
+        return out
 
     async def vocabulary(self, acl=None) -> dict[str, int]:
         return {}  # spelling suggests from the version's words

@@ -153,6 +153,10 @@ class SearchRequest(RequestBody):
     rerank_with: RerankWith = Field(
         RerankWith.cross_encoder, description="cross_encoder, or llm (the synthesis model scores each candidate; "
         "only where the service allows it).")
+    ranking_model: bool | None = Field(
+        None, description="Order the best fused candidates by the collection's active ranking model (a learned "
+        "ranker, trained by relevance.train_ranker); default: whenever the collection has one. false: the order "
+        "without it. One collection only.")
     synthesize: bool = Field(False, description="Write an answer with citations [n] to results (rank n).")
     stream: bool = Field(
         False, description="With synthesize: answer as NDJSON lines (results, then tokens, then the answer).")
@@ -276,6 +280,9 @@ class SearchResponse(BaseModel):
     cached: bool = False
     reranked: bool = Field(False, description="True when the order is the reranker's; false when not asked or "
                            "when the reranker failed or was too slow (then the fused order is returned).")
+    ranking_model: str | None = Field(
+        None, description="The ranking model that ordered the results (then `reranked` is false: a cross-encoder's "
+        "scores, when asked for, were among its features); null when none did.")
     answer: Answer | None = None
     warnings: list[str] = Field(default_factory=list, description="What was skipped and why (never an error).")
     debug: dict[str, Any] | None = None

@@ -16,6 +16,7 @@ import numpy as np
 from deployments.config import RouterSettings
 from deployments.search.clients import Collection
 from deployments.search.hits import Hit, merge_top_k
+from deployments.search.learned import RankingModel
 from deployments.search.pipeline import SearchPipeline
 from deployments.shard.group import ShardGroup
 from deployments.shard.query import ShardAnswer, ShardQuery
@@ -40,6 +41,9 @@ class InProcessShard:
 
     async def fetch(self, chunk_ids):
         return self.service.fetch(chunk_ids)
+
+    async def features(self, query) -> dict[str, np.ndarray]:
+        return await self._call(self.service.features, query)
 
     async def vectors(self, chunk_ids) -> np.ndarray:
         return self.service.vectors(chunk_ids)
@@ -90,8 +94,25 @@ def inprocess_pipeline(collections: dict[str, Path], settings: RouterSettings | 
     opened = {name: open_collection(name, path, threaded=threaded, group_size=group_size,
                                     encoder_backend=encoder_backend)
               for name, path in collections.items()}
-    return SearchPipeline(opened, default or next(iter(opened)), settings or RouterSettings(),
-                          reranker=reranker, synthesizer=synthesizer, acl_field=acl_field)
+    pipeline = SearchPipeline(opened, default or next(iter(opened)), settings or RouterSettings(),
+                              reranker=reranker, synthesizer=synthesizer, acl_field=acl_field)
+    pipeline.models.update(active_models(collections))
+    return pipeline
+
+
+def active_models(collections: dict[str, Path]) -> dict[str, RankingModel]:
+    """The active ranking model of each collection given as an index root (a version folder has none)."""
+    from index_format.rankers import active_ranker, read_ranker
+    from index_format.store import is_remote
+
+    models = {}
+    for name, path in collections.items():
+        if is_remote(path) or (Path(path) / "versions").is_dir():
+            active = active_ranker(path)
+            if active is not None:
+                description, text = read_ranker(path, active)
+                models[name] = RankingModel(active, description["features"], text)
+    return models
 
 
 class LocalIndex:

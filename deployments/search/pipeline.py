@@ -45,6 +45,7 @@ from deployments.search.clients import (
     collection,
 )
 from deployments.search.fusion import is_flat
+from deployments.search.learned import FeatureTable, RankingModel, candidate_features
 from deployments.search.lookup import chunk_rows, document_body, visible
 from deployments.search.paging import page_offset
 from deployments.search.plan import plan_search
@@ -53,7 +54,7 @@ from deployments.search.ranking import Ranking, fuse_collections, fusion_of
 from deployments.search.response import Responder
 from deployments.search.retrieval import Retrieval, Retrieved, known_rows
 from deployments.search.spelling import Speller
-from deployments.search.stages import SearchContext, Work, failure, gathered, within
+from deployments.search.stages import SearchContext, Work, failure, gathered, ranked_by, within
 
 SPELLERS_KEPT = 8  # spelling vocabularies kept, one per (collections, versions, ACL) searched with spell_correct
 
@@ -77,6 +78,9 @@ class SearchPipeline:
         self.reranker, self.synthesizer = reranker, synthesizer
         self.retrieval = Retrieval()
         self.ranking = Ranking(self.retrieval, reranker, synthesizer)
+        # Each collection's active ranking model (``search.learned``), kept up to date by whoever holds the pipeline
+        # (the router follows each root's ``rankers/ACTIVE.json``; ``inprocess_pipeline`` loads it once).
+        self.models: dict[str, RankingModel] = {}
         self.responder = Responder(self.retrieval, synthesizer)
         self.acl_field = acl_field
         self.public_principal = public_principal
@@ -120,6 +124,19 @@ class SearchPipeline:
         if req.rerank is not None:
             return req.rerank
         return llm or (self.reranker is not None and all(c.rerank for c in targets))
+
+    def _ranking_model(self, req: SearchRequest, targets: list[Collection]) -> RankingModel | None:
+        """The model that orders this search: the collection's active one unless the request says
+        ``ranking_model: false``; asking for one where none is active (or over several collections) is a 400."""
+        if req.ranking_model is False:
+            return None
+        model = self.models.get(targets[0].name) if len(targets) == 1 else None
+        if req.ranking_model and model is None:
+            where = (f"collection {targets[0].name!r} has no active ranking model (train one: python -m "
+                     "relevance.train_ranker)" if len(targets) == 1 else "a ranking model orders one collection's "
+                     "candidates; this search fuses several")
+            raise InvalidRequest(f"ranking_model: true, but {where}")
+        return model
 
     def _query_text(self, req: SearchRequest, trace: dict) -> str:
         text = normalize_query(req.query)
@@ -175,7 +192,8 @@ class SearchPipeline:
 
     def cache_key(self, req: SearchRequest, targets: Sequence[Collection], acl=None) -> str:
         # A write changes what a collection answers: the fresh segment's last applied change is part of the key.
-        versions = {c.name: [c.version, c.fresh.applied_seq if c.fresh is not None else 0] for c in targets}
+        versions = {c.name: [c.version, c.fresh.applied_seq if c.fresh is not None else 0,
+                             getattr(self.models.get(c.name), "id", None)] for c in targets}
         return json.dumps({"v": versions, "r": req.model_dump(mode="json", exclude={"debug"}), "acl": acl},
                           sort_keys=True)
 
@@ -249,13 +267,15 @@ class SearchPipeline:
         rerank = self._check_stages(req, targets)
         req = self._with_tuned_defaults(req, rerank)
         # A page: ranks offset+1.. of the same ranking (``paging``); the plan fixes every depth before any work.
-        offset = page_offset(req, {c.name: c.version for c in targets}, self.settings)
+        model = self._ranking_model(req, targets)
+        offset = page_offset(req, ranked_by(targets, model), self.settings)
         if offset and req.mmr_lambda is not None:
             raise InvalidRequest("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
                                "to 100 results in one page")
         plan = plan_search(req, self.settings, len(targets), rerank, offset)
         ctx = SearchContext(req=req, plan=plan, targets=targets, settings=self.settings, work=Work(),
-                            started=t_start, asked_query=req.query, acl=acl, rerank=rerank, rendered=rendered)
+                            started=t_start, asked_query=req.query, acl=acl, rerank=rerank, rendered=rendered,
+                            model=model)
         if plan.capped:
             ctx.work.warnings.append(f"candidates {req.candidates} capped at {self.settings.candidate_cap} "
                                      "(router.candidate_cap)")
@@ -268,6 +288,28 @@ class SearchPipeline:
         if key is not None and not got.failed and not ctx.work.warnings and not req.debug and not req.stream:
             self.cache.put(key, response)
         return response
+
+    async def ranking_features(self, req: SearchRequest) -> FeatureTable:
+        """What a ranking model sees of this search: its best ``ranking_depth`` fused candidates with their
+        features, made by the same stages as a search (``relevance.train_ranker`` trains on these), the
+        cross-encoder's scores among them when the search reranks."""
+        targets = self._targets(req)
+        if len(targets) != 1:
+            raise InvalidRequest("ranking features are made for one collection's candidates")
+        rerank = self._check_stages(req, targets)
+        req = self._with_tuned_defaults(req, rerank)
+        plan = plan_search(req, self.settings, 1, rerank, 0)
+        ctx = SearchContext(req=req, plan=plan, targets=targets, settings=self.settings, work=Work(),
+                            started=time.perf_counter(), asked_query=req.query, rerank=rerank)
+        ctx = replace(ctx, text=self._query_text(req, ctx.work.trace))
+        ctx = replace(ctx, vectors=await self._embed_query(ctx, None))
+        got = await self._retrieve(ctx)
+        scores: dict = {}
+        if rerank and got.fused:
+            pool = got.fused[:plan.rerank_depth]
+            rows = await self.retrieval.fetch(pool, targets, got.known)
+            scores = {h.key: h.score for h in await self.ranking.rerank(req, ctx.text, pool, rows)}
+        return await candidate_features(ctx, got, got.fused[:self.settings.ranking_depth], scores)
 
     def _with_tuned_defaults(self, req: SearchRequest, rerank: bool) -> SearchRequest:
         """Tuned defaults (relevance.tune) stand wherever a hybrid request says nothing; a threshold tuned on

@@ -13,6 +13,7 @@ from deployments.edge.schemas import Fusion, Method, RerankWith, SearchRequest
 from deployments.search.clients import Collection, RerankerClient, SynthesizerClient
 from deployments.search.fusion import min_max, relevance_scores, rrf, weighted
 from deployments.search.hits import Hit
+from deployments.search.learned import candidate_features, reordered
 from deployments.search.mmr import mmr
 from deployments.search.reranking import passage_text
 from deployments.search.retrieval import Retrieval, Retrieved
@@ -27,6 +28,7 @@ class Ranked:
     kept: list[Hit]  # at or above min_relevance_score
     dropped: list[Hit]
     final: list[Hit]  # after MMR
+    model: str | None = None  # the ranking model that ordered ``ranked`` (then ``reranked`` is False)
 
 
 def fusion_of(req: SearchRequest, s) -> dict[str, Any]:
@@ -50,10 +52,13 @@ def fuse(req: SearchRequest, settings, dense: list[Hit], keyword: list[Hit]) -> 
     return weighted([dense, keyword], [fusion["weights"]["dense"], fusion["weights"]["keyword"]])
 
 
-def relevance_scale(req: SearchRequest, settings, reranked: bool, collections: int) -> tuple[str, float]:
+def relevance_scale(req: SearchRequest, settings, reranked: bool, collections: int,
+                    learned: bool = False) -> tuple[str, float]:
     """How the final ranking's scores become ``relevance_score`` (``fusion.relevance_scores``): the
     reranker's probability as it is; a weighted fusion of one collection over its weights' sum (its
     most); everything else (RRF, one leg, collections fused by RRF) min-max over the ranking."""
+    if learned:
+        return "minmax", 1.0
     if reranked:
         return "probability", 1.0
     if req.method is Method.hybrid and collections == 1:
@@ -102,7 +107,11 @@ class Ranking:
                 work.warnings.append(f"reranking {failure(exc)}: results are in fused order")
             work.mark("rerank", t)
             work.trace["rerank"] = {"depth": len(pool), "with": req.rerank_with.value, "applied": reranked}
-        scale = relevance_scale(req, s, reranked, len(targets))
+        learned = None
+        if ctx.model is not None and fused:
+            ranked, learned = await self.learned(ctx, got, ranked if reranked else None)
+            reranked = reranked and learned is None
+        scale = relevance_scale(req, s, reranked, len(targets), learned is not None)
         relevance_of = dict(zip((h.key for h in ranked), relevance_scores([h.score for h in ranked], *scale),
                                 strict=True))
         cut = req.min_relevance_score
@@ -121,7 +130,25 @@ class Ranking:
                 relevance = [h.score for h in min_max(pool)]
                 final = mmr(pool, query_vector, pool_vectors, req.limit, req.mmr_lambda, relevance)
             work.mark("mmr", t)
-        return Ranked(ranked, reranked, relevance_of, kept, dropped, final)
+        return Ranked(ranked, reranked, relevance_of, kept, dropped, final, learned)
+
+    async def learned(self, ctx: SearchContext, got: Retrieved, reranked: list[Hit] | None) -> tuple[list[Hit], str | None]:
+        """The best ``ranking_depth`` fused candidates in the order of the collection's ranking model, the cross-encoder's
+        scores (``reranked``) among its features, and the model's id; when the stage fails, the order before it
+        and None, with a warning."""
+        model, work, t = ctx.model, ctx.work, time.perf_counter()
+        pool = got.fused[:ctx.settings.ranking_depth]
+        before = reranked if reranked is not None else got.fused
+        try:
+            table = await candidate_features(ctx, got, pool, {h.key: h.score for h in reranked or ()})
+            ranked, applied = reordered(pool, model.score(table)), model.id
+        except Exception as exc:  # the order before stands; the request still succeeds
+            work.warnings.append(f"ranking model {model.id} {failure(exc)}: results are in "
+                                 f"{'reranked' if reranked is not None else 'fused'} order")
+            ranked, applied = before, None
+        work.mark("rank", t)
+        work.trace["ranking_model"] = {"model": model.id, "depth": len(pool), "applied": applied is not None}
+        return ranked, applied
 
 
 def fuse_collections(req: SearchRequest, settings, legs: dict[str, tuple[list[Hit], list[Hit]]],

@@ -90,7 +90,7 @@ class Responder:
             total=len(ranked.kept),
             total_results=len(top),
             offset=plan.offset,
-            next_cursor=make_cursor(req, ctx.versions, window, s)
+            next_cursor=make_cursor(req, ctx.ranked_by, window, s)
             if more and req.mmr_lambda is None and window < plan.pages_end else None,
             citations=[source_of(r["doc_id"], r["metadata"]) for r in rows] if req.include_citations else None,
             passage_citations=citation_payload,
@@ -102,9 +102,11 @@ class Responder:
                               ratio=got.answered / got.asked if got.asked else 0.0,
                               degraded=bool(got.failed), failed=got.failed),
             reranked=ranked.reranked,
+            ranking_model=ranked.model,
             answer=answer,
             warnings=work.warnings,
-            debug=debug_trace(work.trace, got.legs, got.fused, ranked.ranked if ranked.reranked else None,
+            debug=debug_trace(work.trace, got.legs, got.fused,
+                              ranked.ranked if ranked.reranked or ranked.model else None,
                               ranked.dropped, final, got.depth, got.deepened, req) if req.debug else None,
         )
         response._results_json = results_json
@@ -170,7 +172,7 @@ def debug_trace(trace, legs, fused, reranked, dropped, final, depth, deepened, r
         # Each leg in full, so fusion settings can be replayed offline (relevance.tune).
         "legs": {name: {"dense": show(d, None), "keyword": show(k, None)} for name, (d, k) in legs.items()},
         "fused": show(fused),
-        "reranked": show(reranked) if reranked is not None else None,
+        "reranked": show(reranked) if reranked is not None else None,  # by the cross-encoder, or the ranking model
         "dropped_below_min_relevance_score": show(dropped),
         "after_mmr": show(final) if req.mmr_lambda is not None else None,
         "query_tokens": len(trace.get("effective_query", "").split()),

@@ -69,10 +69,21 @@ class SearchContext:
     text: str = ""  # the query as searched (normalized, synonyms, history)
     corrected: str | None = None  # the spell-corrected query, when corrected
     vectors: dict[str, np.ndarray] = field(default_factory=dict)  # the query's vector per collection
+    model: Any = None  # the collection's ranking model (``search.learned.RankingModel``) when it ranks this search
 
     @property
     def versions(self) -> dict[str, str]:
         return {c.name: c.version for c in self.targets}
+
+    @property
+    def ranked_by(self) -> dict[str, str]:
+        return ranked_by(self.targets, self.model)
+
+
+def ranked_by(targets: list[Collection], model) -> dict[str, str]:
+    """What a cursor names as the ranking its pages come from: each collection's version, and the ranking model
+    when one orders the search (a page is never served from another)."""
+    return {c.name: c.version if model is None else f"{c.version}+{model.id}" for c in targets}
 
 
 def failure(exc: BaseException) -> str:

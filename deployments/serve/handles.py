@@ -47,6 +47,9 @@ class HandleShard(SlotClient):
     async def vectors(self, chunk_ids):
         return await call_with_retry(self.handle.vectors, chunk_ids)
 
+    async def features(self, query):
+        return await call_with_retry(self.handle.features, query)
+
     async def vocabulary(self, acl=None):
         return await call_with_retry(self.handle.vocabulary, acl)
 

@@ -44,6 +44,7 @@ from deployments.errors import ServiceError
 from deployments.judgments import JudgmentStore
 from deployments.search.activation import VersionSwitch
 from deployments.search.clients import Collection, fields_of
+from deployments.search.models import RankingModels
 from deployments.search.pipeline import SearchPipeline
 from deployments.serve.builds import start_build
 from deployments.serve.handles import (
@@ -109,6 +110,9 @@ class SearchRouter:
         self.documents = DocumentWrites(self.pipeline, documents)
         self.versions = VersionSwitch(self.pipeline.collections, deployed, shard_client,
                                       self.settings.activation_timeout_s, fresh_for=self.documents.rebase)
+        self.models = RankingModels(self.pipeline.models, {name: d.root for name, d in deployed.items()
+                                                           if d.follows_active})
+        await self.models.follow()
         self.builds = Builds(deployed, default_collection, start_build)
         self.judgments = Feedback(self.pipeline, {name: JudgmentStore(Path(spec.judgments))
                                                   for name, spec in collections.items()}, self.guard.keys_on)
@@ -130,6 +134,7 @@ class SearchRouter:
         while True:
             try:
                 await self.versions.follow()
+                await self.models.follow()
                 self.metrics.index(self.pipeline.collections.values())
             except Exception:  # a follower that died would silently stop every later switch
                 logger.exception("following the active index versions")

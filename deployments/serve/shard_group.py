@@ -18,6 +18,7 @@ import numpy as np
 from ray import serve
 
 from deployments.serve.heap import settle_heap
+from deployments.shard.features import FeatureQuery
 from deployments.shard.group import ShardGroup
 from deployments.shard.host import MultiplexedVersion, ShardHost
 from deployments.shard.query import ShardAnswer, ShardQuery
@@ -50,6 +51,10 @@ class ShardRetriever:
 
     async def vectors(self, chunk_ids: list[str]) -> np.ndarray:
         return (await self._service()).vectors(chunk_ids)
+
+    async def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
+        group = await self._service()
+        return await self.host.run(group.features, query)
 
     async def vocabulary(self, acl=None) -> dict[str, int]:
         group = await self._service()

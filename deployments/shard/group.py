@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from deployments.shard.features import FeatureQuery, merge_features
 from deployments.shard.filters import FilterError
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.service import ShardService
@@ -221,6 +222,18 @@ class ShardGroup:
         if missing:
             raise KeyError(f"chunk {missing[0]!r} is not in shards {self.name}")
         return np.stack(out) if out else np.zeros((0, 0), dtype=np.float32)
+
+    def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
+        """Each shard's features of the candidates it holds, as one table in the order asked."""
+        if len(self.services) == 1:
+            return self.services[0].features(query)
+        parts = []
+        for s in self.services:
+            at = [i for i, c in enumerate(query.chunk_ids) if c in s.row_of]
+            if at:
+                mine = FeatureQuery(query.text, [query.chunk_ids[i] for i in at], query.vector)
+                parts.append((at, s.features(mine)))
+        return merge_features(len(query.chunk_ids), parts)
 
     def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]:
         df: dict[str, int] = {}

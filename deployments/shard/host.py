@@ -255,6 +255,10 @@ class LocalShard(SlotClient):
     async def vectors(self, chunk_ids):
         return (await self.cache.get(self.version)).vectors(chunk_ids)
 
+    async def features(self, query):
+        group = await self.cache.get(self.version)
+        return await self.cache.host.run(group.features, query)
+
     async def vocabulary(self, acl=None):
         group = await self.cache.get(self.version)
         return await self.cache.host.run(group.vocabulary, acl)

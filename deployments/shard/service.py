@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from deployments.bounded import BoundedCache
 from deployments.shard.dense import DenseShard, TorchDenseShard
+from deployments.shard.features import FeatureQuery, shard_features
 from deployments.shard.filters import MetadataTable
 from deployments.shard.lucene import LuceneShard
 from deployments.shard.vocabulary import document_frequencies
@@ -129,6 +130,25 @@ class ShardService:
         """The BM25 leg's top-k over the query's analyzed ``terms``, as ``dense_leg``; ``keyword_top`` is the
         top-k shared by a group's shards (``LuceneShard.shared_top_k``)."""
         return self.lucene.search_rows(terms, k, None if allowed is None else allowed.tolist(), keyword_top)
+
+    def field_scores(self, terms: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Each indexed field's corpus-exact BM25 of the chunk-table ``rows`` for the query's analyzed ``terms``
+        (0 where no term matches), in the order of ``rows``: the keyword leg's score, for chosen chunks."""
+        scores = np.zeros(len(rows), dtype=np.float32)
+        if len(rows):
+            hit_rows, hit_scores = self.lucene.search_rows(terms, len(rows), rows.tolist())
+            position = {int(r): i for i, r in enumerate(rows)}
+            scores[[position[int(r)] for r in hit_rows]] = hit_scores
+        return {"contents": scores}
+
+    def columns(self, rows: np.ndarray) -> tuple[list[str], list[str]]:
+        """(texts, titles) of the chunk-table ``rows``."""
+        taken = self.table.select(["text", "title"]).take(pa.array(rows, pa.int64()))
+        return taken["text"].to_pylist(), taken["title"].to_pylist()
+
+    def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
+        """What a ranking model needs to know of these candidates (``deployments.shard.features``)."""
+        return shard_features(self, query)
 
     def _allowed(self, filters: dict[str, Any]) -> np.ndarray:
         # A field the collection knows but this shard never saw matches nothing here; the router

@@ -1,0 +1,149 @@
+"""The learned ranking stage, Ray-free: a gradient-boosted ranker (LightGBM's lambdarank) reorders a collection's
+best fused candidates from features the legs, the shards and the cross-encoder give.
+
+The features of a candidate (``FEATURES``; a model reads those it was trained on, by name):
+
+- from the legs, at no cost: ``dense_rank`` and ``keyword_rank`` (1-based; NaN when the leg did not return it),
+  ``fused_score`` and ``fused_rank``;
+- from the shards that hold the candidates (``deployments.shard.features``): exact BM25 per field, the share of
+  the query's terms the chunk holds, the cosine, lengths, the chunk's position in its document;
+- relative to the other candidates of the query: ``bm25_share`` (BM25 over the best BM25 among them),
+  ``dense_gap`` (the best cosine among them minus this one's), ``doc_chunks`` (candidates of the same document);
+- ``rerank``: the cross-encoder's probability, where it scored the candidate (NaN past its depth).
+
+Every column is computed the same way when training (``relevance.train_ranker`` runs this module through the
+in-process pipeline) and when serving, so the model sees at serving time what it was trained on. A missing value
+is NaN, which the trees route on their own (LightGBM learns where a missing value goes), never a made-up 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from deployments.search.hits import Hit
+from deployments.search.retrieval import Retrieved
+from deployments.search.stages import SearchContext, gathered, within
+from deployments.shard.features import SHARD_FEATURES, FeatureQuery, merge_features
+from index_format.chunk_ids import doc_of
+
+LEG_FEATURES = ("dense_rank", "keyword_rank", "fused_score", "fused_rank")
+RELATIVE_FEATURES = ("bm25_share", "dense_gap", "doc_chunks")
+FEATURES = (*LEG_FEATURES, *SHARD_FEATURES, *RELATIVE_FEATURES, "rerank")
+# Feature groups as the ablation table names them (``relevance.train_ranker --ablate``): a field's BM25 or an
+# encoder's cosine joins its group by prefix.
+GROUPS = {
+    "legs": LEG_FEATURES,
+    "bm25": ("bm25_", "bm25_share"),
+    "coverage": ("term_coverage", "idf_coverage"),
+    "dense": ("dense", "dense_gap"),
+    "lengths": ("length", "title_length", "position", "doc_chunks"),
+    "rerank": ("rerank",),
+}
+
+
+def in_group(name: str, group: str) -> bool:
+    return any(name == f or (f.endswith("_") and name.startswith(f)) for f in GROUPS[group])
+
+
+@dataclass
+class FeatureTable:
+    """One row per candidate, one column per feature, in the candidates' order."""
+
+    hits: list[Hit]
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def matrix(self, names: Sequence[str]) -> np.ndarray:
+        """The columns ``names`` as a float64 matrix (LightGBM's own dtype: no copy there), NaN for a column
+        this table lacks."""
+        out = np.full((len(self.hits), len(names)), np.nan)
+        for j, name in enumerate(names):
+            column = self.columns.get(name)
+            if column is not None:
+                out[:, j] = column
+        return out
+
+
+def leg_ranks(hits: Sequence[Hit], pool: Sequence[Hit]) -> np.ndarray:
+    rank = {h.key: i + 1 for i, h in enumerate(hits)}
+    return np.array([rank.get(h.key, np.nan) for h in pool], dtype=np.float32)
+
+
+def relative(columns: dict[str, np.ndarray], pool: Sequence[Hit]) -> None:
+    """The features that compare a candidate with the query's other candidates (``RELATIVE_FEATURES``)."""
+    bm25 = columns["bm25_contents"]
+    best = np.nanmax(bm25) if np.isfinite(bm25).any() else np.nan
+    columns["bm25_share"] = (bm25 / best if best and best > 0 else np.zeros_like(bm25)).astype(np.float32)
+    dense = columns["dense"]
+    columns["dense_gap"] = ((np.nanmax(dense) - dense) if np.isfinite(dense).any() else dense).astype(np.float32)
+    docs = [doc_of(h.chunk_id) for h in pool]
+    counts: dict[str, int] = {}
+    for d in docs:
+        counts[d] = counts.get(d, 0) + 1
+    columns["doc_chunks"] = np.array([counts[d] for d in docs], dtype=np.float32)
+
+
+async def candidate_features(ctx: SearchContext, got: Retrieved, pool: list[Hit],
+                             rerank: dict[tuple[str, str], float] | None = None) -> FeatureTable:
+    """The features of ``pool`` (candidates of one collection): each shard slot asked at once about those it
+    holds, under ``shard_timeout_s``; a slot that fails leaves its candidates' shard features NaN."""
+    target = ctx.targets[0]
+    by_slot: dict[int, list[int]] = {}
+    for i, h in enumerate(pool):
+        by_slot.setdefault(h.shard, []).append(i)
+    vector = ctx.vectors.get(target.name)
+    slots = sorted(by_slot)
+    calls = [within(target.slot(s).features(FeatureQuery(ctx.text, [pool[i].chunk_id for i in by_slot[s]], vector)),
+                    ctx.settings.shard_timeout_s) for s in slots]
+    answers = await gathered(calls, return_exceptions=True)
+    failed = [target.slot(s).name for s, a in zip(slots, answers, strict=True) if isinstance(a, BaseException)]
+    if failed:
+        ctx.work.warnings.append(f"ranking features: shards {', '.join(failed)} did not answer; their candidates "
+                                 "were ranked without their shard features")
+    parts = [(by_slot[s], a) for s, a in zip(slots, answers, strict=True) if not isinstance(a, BaseException)]
+    columns = merge_features(len(pool), parts)
+    dense, keyword = got.legs[target.name]
+    columns["dense_rank"] = leg_ranks(dense, pool)
+    columns["keyword_rank"] = leg_ranks(keyword, pool)
+    fused_rank = {h.key: i + 1 for i, h in enumerate(got.fused)}
+    fused_score = {h.key: h.score for h in got.fused}
+    columns["fused_score"] = np.array([fused_score.get(h.key, np.nan) for h in pool], dtype=np.float32)
+    columns["fused_rank"] = np.array([fused_rank.get(h.key, np.nan) for h in pool], dtype=np.float32)
+    relative(columns, pool)
+    columns["rerank"] = np.array([(rerank or {}).get(h.key, np.nan) for h in pool], dtype=np.float32)
+    return FeatureTable(list(pool), columns)
+
+
+class RankingModel:
+    """A trained ranker as served: its id, the features it reads (in its order) and LightGBM's booster.
+    Scoring 200 candidates is one ``predict`` call on one thread: tens of trees cost tens of microseconds."""
+
+    def __init__(self, model_id: str, features: Sequence[str], model_text: str):
+        import lightgbm
+
+        self.id = model_id
+        self.features = list(features)
+        self.booster = lightgbm.Booster(model_str=model_text)
+        if self.booster.num_feature() != len(self.features):
+            raise ValueError(f"ranking model {model_id!r} reads {self.booster.num_feature()} features; its "
+                             f"description names {len(self.features)}")
+
+    @classmethod
+    def from_files(cls, model_id: str, description: bytes | str, model_text: bytes | str) -> RankingModel:
+        meta = json.loads(description)
+        text = model_text.decode() if isinstance(model_text, bytes) else model_text
+        return cls(model_id, meta["features"], text)
+
+    def score(self, table: FeatureTable) -> np.ndarray:
+        if not table.hits:
+            return np.zeros(0)
+        return np.asarray(self.booster.predict(table.matrix(self.features), num_threads=1), dtype=np.float64)
+
+
+def reordered(pool: list[Hit], scores: np.ndarray) -> list[Hit]:
+    """The pool by the model's scores, best first; ties keep the order before (a stable sort)."""
+    order = np.argsort(-scores, kind="stable")
+    return [Hit(pool[i].chunk_id, float(scores[i]), pool[i].shard, pool[i].collection) for i in order.tolist()]

@@ -1,0 +1,102 @@
+"""What a shard tells a ranking model about given candidates: the features it holds the data for, computed
+for a few hundred chunks of one query (``ShardService.features``), never for the whole shard.
+
+The router asks each shard slot about the candidates it holds after fusion (``deployments.search.learned``),
+so a candidate the keyword leg did not return still gets its exact BM25, and one the dense leg did not
+return its cosine: a learned ranker must not read "absent from a leg" as "scored 0". Each feature is one
+float per candidate, NaN where it cannot be had (no query vector, a chunk this shard does not hold).
+
+- ``bm25_<field>``: corpus-exact BM25 of the field (the same score the keyword leg gives, restricted to the
+  candidates by a filter clause); ``contents`` is title + text as indexed.
+- ``term_coverage``, ``idf_coverage``: the share of the query's distinct analyzed terms the chunk holds,
+  plain and weighted by each term's corpus idf. BM25 sums evidence; coverage says how much of the
+  question the chunk speaks to.
+- ``dense``: cosine of the chunk's stored vector with the query's.
+- ``length``, ``title_length``: words in the chunk's text and its title; ``position``: the chunk's index
+  within its document (a document's opening chunk carries its title and abstract).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from index_format.bm25_stats import lucene_idf
+
+SHARD_FEATURES = ("bm25_contents", "term_coverage", "idf_coverage", "dense", "length", "title_length", "position")
+
+
+@dataclass(frozen=True, eq=False)
+class FeatureQuery:
+    """What a shard is asked: the query as searched, its vector (None: no dense feature), and the candidates."""
+
+    text: str
+    chunk_ids: list[str]
+    vector: np.ndarray | None = None
+
+
+def empty_features(n: int) -> dict[str, np.ndarray]:
+    return {name: np.full(n, np.nan, dtype=np.float32) for name in SHARD_FEATURES}
+
+
+def words(texts: Sequence[str | None]) -> np.ndarray:
+    return np.fromiter((len(t.split()) if t else 0 for t in texts), dtype=np.float32, count=len(texts))
+
+
+def position_of(chunk_id: str) -> float:
+    try:
+        return float(chunk_id.rsplit("#", 1)[1])
+    except (IndexError, ValueError):
+        return np.nan
+
+
+def coverage(per_term: dict[str, np.ndarray], idf: dict[str, float], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(share of the distinct terms each candidate holds, the same weighted by idf) from each term's hit mask."""
+    if not per_term:
+        return np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
+    held = np.stack([per_term[t] for t in per_term]).astype(np.float32)
+    weights = np.array([idf[t] for t in per_term], dtype=np.float32)
+    total = float(weights.sum())
+    plain = held.mean(axis=0)
+    weighted = (weights @ held) / total if total > 0 else plain
+    return plain.astype(np.float32), weighted.astype(np.float32)
+
+
+def shard_features(service, query: FeatureQuery) -> dict[str, np.ndarray]:
+    """The features of ``query.chunk_ids`` in one ``ShardService`` (NaN for ids it does not hold)."""
+    n = len(query.chunk_ids)
+    out = empty_features(n)
+    at = [i for i, c in enumerate(query.chunk_ids) if c in service.row_of]
+    if not at:
+        return out
+    rows = np.array([service.row_of[query.chunk_ids[i]] for i in at], dtype=np.int64)
+    terms = service.analyze(query.text)
+    for field, scores in service.field_scores(terms, rows).items():
+        column = out.setdefault(f"bm25_{field}", np.full(n, np.nan, dtype=np.float32))
+        column[at] = scores
+    distinct = sorted(set(terms))
+    per_term = {t: service.lucene.search_rows([t], len(rows), rows)[0] for t in distinct}
+    lucene = service.lucene
+    idf = {t: lucene_idf(lucene.corpus.doc_count, int(lucene.corpus_df.get(t, 0))) for t in distinct}
+    masks = {t: np.isin(rows, hit_rows) for t, hit_rows in per_term.items()}
+    out["term_coverage"][at], out["idf_coverage"][at] = coverage(masks, idf, len(rows))
+    if query.vector is not None:
+        vectors = np.asarray(service.embeddings[rows], dtype=np.float32)
+        out["dense"][at] = vectors @ np.asarray(query.vector, dtype=np.float32)
+    texts, titles = service.columns(rows)
+    out["length"][at] = words(texts)
+    out["title_length"][at] = words(titles)
+    out["position"][at] = [position_of(query.chunk_ids[i]) for i in at]
+    return out
+
+
+def merge_features(n: int, parts: list[tuple[list[int], dict[str, np.ndarray]]]) -> dict[str, np.ndarray]:
+    """One table for ``n`` candidates from several shards' answers, each about the candidates at its positions."""
+    out = empty_features(n)
+    for at, features in parts:
+        for name, values in features.items():
+            column = out.setdefault(name, np.full(n, np.nan, dtype=np.float32))
+            column[at] = values
+    return out

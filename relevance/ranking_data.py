@@ -1,0 +1,96 @@
+"""A ranking model's data, Ray-free: each judged query's candidates with their features (the in-process pipeline's
+own stages, ``SearchPipeline.ranking_features``), their labels, and the rankings nDCG@10 is judged on.
+
+A candidate is a chunk; its label is the grade of its document. Judgments are per document and a document ranks
+at its best chunk (as every figure of this project counts them), so a ranking of chunks is judged as the ranking
+of the documents in the order their first chunk appears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from index_format.chunk_ids import doc_of
+from relevance.metrics import ndcg_at
+
+K = 10
+
+
+@dataclass
+class QueryData:
+    """One judged query's candidates, in the order the service ranks them without a model."""
+
+    query_id: str
+    text: str
+    chunk_ids: list[str]
+    columns: dict[str, np.ndarray]
+    labels: np.ndarray  # the grade of each candidate's document (0: not judged relevant)
+
+    def matrix(self, names: Sequence[str]) -> np.ndarray:
+        out = np.full((len(self.chunk_ids), len(names)), np.nan)
+        for j, name in enumerate(names):
+            if name in self.columns:
+                out[:, j] = self.columns[name]
+        return out
+
+
+def documents_in_order(chunk_ids: Sequence[str], order: Sequence[int] | np.ndarray) -> list[str]:
+    """The documents of the candidates taken in ``order``, each at its first (best) chunk."""
+    return list(dict.fromkeys(doc_of(chunk_ids[i]) for i in order))
+
+
+def ndcg_of(queries: Sequence[QueryData], qrels: Mapping[str, Mapping[str, int]],
+            scores: Callable[[QueryData], np.ndarray] | None = None, k: int = K) -> float:
+    """Mean document-level nDCG@k of the queries' candidates in the order ``scores`` gives them (best first,
+    ties in the order before), or in the service's order without a model (None). A query none of whose
+    candidates is relevant counts 0, as it does for the service."""
+    if not queries:
+        return 0.0
+    total = 0.0
+    for q in queries:
+        order = (np.arange(len(q.chunk_ids)) if scores is None
+                 else np.argsort(-scores(q), kind="stable"))
+        total += ndcg_at(documents_in_order(q.chunk_ids, order), qrels[q.query_id], k)
+    return total / len(queries)
+
+
+def collect(pipeline, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], progress=None,
+            **request) -> list[QueryData]:
+    """Every query's candidates and features, searched as the service would (``request`` adds search fields,
+    e.g. ``rerank: true`` to have the cross-encoder's scores among the features)."""
+    from deployments.edge.schemas import SearchRequest
+
+    out: list[QueryData] = []
+
+    async def go() -> None:
+        for qid, text in queries.items():
+            table = await pipeline.ranking_features(SearchRequest(query=text, ranking_model=False, **request))
+            ids = [h.chunk_id for h in table.hits]
+            grades = qrels.get(qid, {})
+            labels = np.array([max(0, int(grades.get(doc_of(c), 0))) for c in ids], dtype=np.int32)
+            out.append(QueryData(qid, text, ids, dict(table.columns), labels))
+            if progress:
+                progress(1)
+
+    asyncio.run(go())
+    return out
+
+
+def open_pipeline(index: str | Path, depth: int, reranker: str | None = None):
+    """The in-process pipeline over an index (root, URL or version folder) that makes the features, with no model."""
+    from deployments.config import RouterSettings
+    from deployments.search.inprocess import InProcessReranker, inprocess_pipeline
+    from index_format.versions import resolve_version_dir
+
+    scorer = None
+    if reranker:
+        from deployments.search.reranking import CrossEncoderScorer
+
+        scorer = InProcessReranker(CrossEncoderScorer(reranker, max_length=256))
+    settings = RouterSettings(cache_size=0, ranking_depth=depth, rerank_timeout_s=3600, request_timeout_s=3600)
+    return inprocess_pipeline({"default": resolve_version_dir(index)}, settings, reranker=scorer)

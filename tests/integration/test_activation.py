@@ -179,3 +179,46 @@ def test_a_version_with_fewer_shards_is_served_by_the_first_slots(served, root):
     r = client.post("/admin/collections/default/rollback", headers=admin)
     assert r.status_code == 200 and r.json()["version"] == "v1"
     assert active_version(root) == "v1"
+
+
+def test_routers_follow_the_ranking_model_pointer(served, root, tmp_path):
+    """A ranking model activated under the root orders every router's searches within ``version_poll_s``, and
+    turning it off restores the plain order. The model is made by hand to score a chunk by its shortness, so the
+    order it must give is known: chunks by their length, shortest first."""
+    import json
+
+    import lightgbm
+    import numpy as np
+
+    from deployments.search.learned import FEATURES
+    from index_format.rankers import activate_ranker, publish_ranker
+
+    client = served
+    _wait_serving(client, "v1")
+    rng = np.random.default_rng(0)
+    x = rng.uniform(1, 60, size=(400, len(FEATURES)))
+    length = FEATURES.index("length")
+    labels = np.digitize(-x[:, length], np.quantile(-x[:, length], [0.5, 0.8, 0.95]))
+    booster = lightgbm.train({"objective": "lambdarank", "verbose": -1, "min_data_in_leaf": 5},
+                             lightgbm.Dataset(x, labels, group=[40] * 10, feature_name=list(FEATURES)), 30)
+    folder = tmp_path / "shortest-first"
+    folder.mkdir()
+    (folder / "model.txt").write_text(booster.model_to_string())
+    (folder / "ranker.json").write_text(json.dumps({"id": "shortest-first", "features": list(FEATURES)}))
+    publish_ranker(root, folder)
+    hand_made = {"model": "shortest-first", "served": None, "queries": 1, "model_ndcg": 1.0, "served_ndcg": 0.0}
+    activate_ranker(root, "shortest-first", hand_made)
+    try:
+        body = {"query": "telescope galaxy orbit", "limit": 10}
+        ranked = wait_until(lambda: (r := client.post("/search", json=body).json()).get("ranking_model") and r,
+                            30, "the router to follow the ranking model", every_s=0.1)
+        assert ranked["ranking_model"] == "shortest-first" and not ranked["reranked"]
+        lengths = [len(r["content"].split()) for r in ranked["results"]]
+        assert lengths == sorted(lengths), lengths
+        plain = client.post("/search", json=body | {"ranking_model": False}).json()
+        assert plain.get("ranking_model") is None
+        assert [r["chunk_id"] for r in plain["results"]] != [r["chunk_id"] for r in ranked["results"]]
+    finally:
+        activate_ranker(root, None, None)
+    wait_until(lambda: client.post("/search", json=body).json().get("ranking_model") is None, 30,
+               "the router to drop the ranking model", every_s=0.1)

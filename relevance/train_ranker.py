@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -34,11 +35,14 @@ import numpy as np
 from relevance.ranking_data import K, QueryData, collect, ndcg_of, open_pipeline
 
 PARAMS = {
-    "objective": "lambdarank", "metric": "ndcg", "eval_at": [K], "learning_rate": 0.05, "num_leaves": 15,
+    "objective": "lambdarank", "metric": "ndcg", "eval_at": [K], "learning_rate": 0.1, "num_leaves": 15,
     "min_data_in_leaf": 50, "feature_fraction": 0.9, "bagging_fraction": 0.8, "bagging_freq": 1,
     "lambdarank_truncation_level": 30, "verbose": -1, "num_threads": 2, "seed": 0, "deterministic": True,
 }
-MAX_ROUNDS = 400  # trees; cross-validation stops earlier. Scoring 200 candidates costs ~2.5 us a tree.
+# Trees at most; cross-validation picks fewer. Scoring 200 candidates costs ~2.5-5 us of CPU a tree here, and
+# the stage's budget is 1 ms.
+MAX_ROUNDS = 200
+STEP = 10  # cross-validation reads the held-out score every STEP trees
 
 
 def fold_of(query_id: str, folds: int) -> int:
@@ -75,13 +79,13 @@ def cross_validate(data: list[QueryData], qrels, names: list[str], folds: int) -
         train = [q for q in data if fold_of(q.query_id, folds) != f]
         test = [q for q in data if fold_of(q.query_id, folds) == f]
         booster = fit(train, names, MAX_ROUNDS)
-        # The held-out score after every 20 trees: one model per fold, read at each length.
+        # The held-out score after every STEP trees: one model per fold, read at each length.
         curves.append([ndcg_of(test, qrels, lambda q, n=n, b=booster: b.predict(q.matrix(names), num_iteration=n))
-                       for n in range(20, MAX_ROUNDS + 1, 20)])
+                       for n in range(STEP, MAX_ROUNDS + 1, STEP)])
         without.append(ndcg_of(test, qrels))
     mean = np.mean(curves, axis=0)
     best = int(np.argmax(mean))
-    return {"folds": folds, "trees": 20 * (best + 1), "ndcg_by_trees": {20 * (i + 1): round(float(v), 4)
+    return {"folds": folds, "trees": STEP * (best + 1), "ndcg_by_trees": {STEP * (i + 1): round(float(v), 4)
                                                                         for i, v in enumerate(mean)},
             "model_ndcg": round(float(mean[best]), 4), "without_model_ndcg": round(float(np.mean(without)), 4),
             "per_fold": [{"model": round(c[best], 4), "without": round(w, 4)} for c, w in zip(curves, without,
@@ -89,11 +93,14 @@ def cross_validate(data: list[QueryData], qrels, names: list[str], folds: int) -
 
 
 def feature_names(data: list[QueryData], wanted: list[str] | None = None) -> list[str]:
-    """Every feature the data has a value for (or those ``wanted``), in ``learned.FEATURES`` order then by name."""
-    from deployments.search.learned import FEATURES
+    """Every feature the data has a value for but the costly ones (or exactly those ``wanted``), in
+    ``learned.FEATURES`` order then by name."""
+    from deployments.search.learned import COSTLY, FEATURES
 
     present = {n for q in data for n, v in q.columns.items() if np.isfinite(v).any()}
     names = [n for n in FEATURES if n in present] + sorted(present - set(FEATURES))
+    if not wanted:
+        return [n for n in names if n not in COSTLY]
     if wanted:
         missing = sorted(set(wanted) - present)
         if missing:
@@ -113,7 +120,17 @@ def ablation(data: list[QueryData], qrels, names: list[str], folds: int) -> list
         if len(kept) == len(names) or not kept:
             continue
         rows.append({"without": group, "features": len(kept), **_cv_row(cross_validate(data, qrels, kept, folds))})
+    from deployments.search.learned import COSTLY
+
+    costly = [n for n in feature_names(data, list(COSTLY)) if n not in names] if _has(data, COSTLY) else []
+    if costly:
+        more = names + costly
+        rows.append({"with": "coverage", "features": len(more), **_cv_row(cross_validate(data, qrels, more, folds))})
     return rows
+
+
+def _has(data: list[QueryData], names) -> bool:
+    return any(n in q.columns and np.isfinite(q.columns[n]).any() for q in data for n in names)
 
 
 def _cv_row(cv: dict) -> dict:
@@ -144,7 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--validation-share", type=float, default=0.2, metavar="SHARE",
                     help="training queries held out to compare the model with what is served (default: %(default)s)")
     ap.add_argument("--folds", type=int, default=5, help="cross-validation folds by query (default: %(default)s)")
-    ap.add_argument("--features", nargs="*", default=None, metavar="NAME", help="only these features")
+    ap.add_argument("--features", nargs="*", default=None, metavar="NAME",
+                    help="exactly these features (default: all the data has, but term_coverage and idf_coverage, "
+                         "which cost a Lucene search per query term at serving time)")
+    ap.add_argument("--candidates", type=Path, default=None, metavar="FILE",
+                    help="keep the queries' candidates and features in FILE, and read them from it when it exists "
+                         "(the same queries, index and options: for trying other features or parameters quickly)")
     ap.add_argument("--ablate", action="store_true", help="also cross-validate without each feature group")
     ap.add_argument("--publish", action="store_true", help="publish the model under the index root's rankers/")
     ap.add_argument("--activate", action="store_true",
@@ -172,8 +194,20 @@ def main(argv: list[str] | None = None) -> int:
     pipeline = open_pipeline(args.index, args.depth, args.reranker)
     from tqdm import tqdm
 
-    with tqdm(total=len(queries), desc="features", unit="query", disable=args.no_progress) as bar:
-        data = collect(pipeline, queries, judged.qrels, bar.update, **({"rerank": True} if args.reranker else {}))
+    data = None
+    if args.candidates is not None and args.candidates.is_file():
+        with open(args.candidates, "rb") as f:
+            kept = pickle.load(f)
+        if kept["key"] == [str(args.index), args.depth, args.reranker, sorted(queries)]:
+            data = kept["data"]
+        else:
+            print(f"{args.candidates} holds other queries or options: searching again", file=sys.stderr)
+    if data is None:
+        with tqdm(total=len(queries), desc="features", unit="query", disable=args.no_progress) as bar:
+            data = collect(pipeline, queries, judged.qrels, bar.update, **({"rerank": True} if args.reranker else {}))
+        if args.candidates is not None:
+            with open(args.candidates, "wb") as f:
+                pickle.dump({"key": [str(args.index), args.depth, args.reranker, sorted(queries)], "data": data}, f)
     by_id = {q.query_id: q for q in data}
     fit_data = [by_id[q] for q in fit_ids]
     validation = [by_id[q] for q in validation_ids]

@@ -261,15 +261,17 @@ class FreshSegment:
         if not at:
             return out
         rows = np.array([self.row_of[query.chunk_ids[i]] for i in at], dtype=np.int64)
-        out["bm25_contents"][at] = self._bm25(query.text)[rows]
-        distinct = sorted(set(self.analyze(query.text)))
-        masks = {t: np.isin(rows, self._posting(t)[0]) if t in self._postings else np.zeros(len(rows), dtype=bool)
-                 for t in distinct}
-        n_docs = self.corpus.doc_count + self.live
-        held_by = {t: int(self.alive[self._posting(t)[0]].sum()) if t in self._postings else 0 for t in distinct}
-        idf = {t: lucene_idf(n_docs, self.corpus.df(t) + held_by[t]) for t in distinct}
-        out["term_coverage"][at], out["idf_coverage"][at] = coverage(masks, idf, len(rows))
-        if query.vector is not None:
+        if query.wants("bm25_"):
+            out["bm25_contents"][at] = self._bm25(query.text)[rows]
+        if query.wants("term_coverage", "idf_coverage"):
+            distinct = sorted(set(self.analyze(query.text)))
+            masks = {t: np.isin(rows, self._posting(t)[0]) if t in self._postings else np.zeros(len(rows), dtype=bool)
+                     for t in distinct}
+            n_docs = self.corpus.doc_count + self.live
+            held_by = {t: int(self.alive[self._posting(t)[0]].sum()) if t in self._postings else 0 for t in distinct}
+            idf = {t: lucene_idf(n_docs, self.corpus.df(t) + held_by[t]) for t in distinct}
+            out["term_coverage"][at], out["idf_coverage"][at] = coverage(masks, idf, len(rows))
+        if query.vector is not None and query.wants("dense"):
             out["dense"][at] = self.matrix[rows] @ np.asarray(query.vector, dtype=np.float32)
         held = [self.rows[r] for r in rows]
         out["length"][at] = words([r["text"] for r in held])

@@ -33,6 +33,10 @@ from index_format.chunk_ids import doc_of
 LEG_FEATURES = ("dense_rank", "keyword_rank", "fused_score", "fused_rank")
 RELATIVE_FEATURES = ("bm25_share", "dense_gap", "doc_chunks")
 FEATURES = (*LEG_FEATURES, *SHARD_FEATURES, *RELATIVE_FEATURES, "rerank")
+# Features a model reads only when its training asked for them by name: coverage costs one filtered Lucene search
+# per distinct query term and shard (~5 ms of a SciFact query's CPU on 3 shards, against ~1.5 ms for the rest),
+# and added nothing measurable there (bench/README.md, "Learned from judgments").
+COSTLY = ("term_coverage", "idf_coverage")
 # Feature groups as the ablation table names them (``relevance.train_ranker --ablate``): a field's BM25 or an
 # encoder's cosine joins its group by prefix.
 GROUPS = {
@@ -76,6 +80,7 @@ def relative(columns: dict[str, np.ndarray], pool: Sequence[Hit]) -> None:
     """The features that compare a candidate with the query's other candidates (``RELATIVE_FEATURES``)."""
     bm25 = columns["bm25_contents"]
     best = np.nanmax(bm25) if np.isfinite(bm25).any() else np.nan
+    # (A column the shards were not asked for is all NaN; so are the features made from it.)
     columns["bm25_share"] = (bm25 / best if best and best > 0 else np.zeros_like(bm25)).astype(np.float32)
     dense = columns["dense"]
     columns["dense_gap"] = ((np.nanmax(dense) - dense) if np.isfinite(dense).any() else dense).astype(np.float32)
@@ -86,18 +91,29 @@ def relative(columns: dict[str, np.ndarray], pool: Sequence[Hit]) -> None:
     columns["doc_chunks"] = np.array([counts[d] for d in docs], dtype=np.float32)
 
 
+def shard_names(names: Sequence[str] | None) -> frozenset[str] | None:
+    """The shards' features a model reading ``names`` needs (the relative ones are made from theirs)."""
+    if names is None:
+        return None
+    made_from = {"bm25_share": "bm25_contents", "dense_gap": "dense"}
+    return frozenset(names) | {made_from[n] for n in names if n in made_from}
+
+
 async def candidate_features(ctx: SearchContext, got: Retrieved, pool: list[Hit],
-                             rerank: dict[tuple[str, str], float] | None = None) -> FeatureTable:
+                             rerank: dict[tuple[str, str], float] | None = None,
+                             names: Sequence[str] | None = None) -> FeatureTable:
     """The features of ``pool`` (candidates of one collection): each shard slot asked at once about those it
-    holds, under ``shard_timeout_s``; a slot that fails leaves its candidates' shard features NaN."""
+    holds, under ``shard_timeout_s``; a slot that fails leaves its candidates' shard features NaN. ``names``: only
+    what a model reads is asked of the shards (None: everything, as training asks)."""
     target = ctx.targets[0]
     by_slot: dict[int, list[int]] = {}
     for i, h in enumerate(pool):
         by_slot.setdefault(h.shard, []).append(i)
     vector = ctx.vectors.get(target.name)
     slots = sorted(by_slot)
-    calls = [within(target.slot(s).features(FeatureQuery(ctx.text, [pool[i].chunk_id for i in by_slot[s]], vector)),
-                    ctx.settings.shard_timeout_s) for s in slots]
+    wanted = shard_names(names)
+    calls = [within(target.slot(s).features(FeatureQuery(ctx.text, [pool[i].chunk_id for i in by_slot[s]], vector,
+                                                         wanted)), ctx.settings.shard_timeout_s) for s in slots]
     answers = await gathered(calls, return_exceptions=True)
     failed = [target.slot(s).name for s, a in zip(slots, answers, strict=True) if isinstance(a, BaseException)]
     if failed:

@@ -140,7 +140,8 @@ class Ranking:
         pool = got.fused[:ctx.settings.ranking_depth]
         before = reranked if reranked is not None else got.fused
         try:
-            table = await candidate_features(ctx, got, pool, {h.key: h.score for h in reranked or ()})
+            table = await candidate_features(ctx, got, pool, {h.key: h.score for h in reranked or ()},
+                                             model.features)
             ranked, applied = reordered(pool, model.score(table)), model.id
         except Exception as exc:  # the order before stands; the request still succeeds
             work.warnings.append(f"ranking model {model.id} {failure(exc)}: results are in "

@@ -30,11 +30,17 @@ SHARD_FEATURES = ("bm25_contents", "term_coverage", "idf_coverage", "dense", "le
 
 @dataclass(frozen=True, eq=False)
 class FeatureQuery:
-    """What a shard is asked: the query as searched, its vector (None: no dense feature), and the candidates."""
+    """What a shard is asked: the query as searched, its vector (None: no dense feature), the candidates, and the
+    features wanted (None: all; a served model asks for those it reads, so the others cost nothing)."""
 
     text: str
     chunk_ids: list[str]
     vector: np.ndarray | None = None
+    names: frozenset[str] | None = None
+
+    def wants(self, *names: str) -> bool:
+        return self.names is None or any(n in self.names or (n.endswith("_") and any(m.startswith(n) for m in
+                                                                                   self.names)) for n in names)
 
 
 def empty_features(n: int) -> dict[str, np.ndarray]:
@@ -73,21 +79,23 @@ def shard_features(service, query: FeatureQuery) -> dict[str, np.ndarray]:
         return out
     rows = np.array([service.row_of[query.chunk_ids[i]] for i in at], dtype=np.int64)
     terms = service.analyze(query.text)
-    for field, scores in service.field_scores(terms, rows).items():
-        column = out.setdefault(f"bm25_{field}", np.full(n, np.nan, dtype=np.float32))
-        column[at] = scores
-    distinct = sorted(set(terms))
-    per_term = {t: service.lucene.search_rows([t], len(rows), rows)[0] for t in distinct}
-    lucene = service.lucene
-    idf = {t: lucene_idf(lucene.corpus.doc_count, int(lucene.corpus_df.get(t, 0))) for t in distinct}
-    masks = {t: np.isin(rows, hit_rows) for t, hit_rows in per_term.items()}
-    out["term_coverage"][at], out["idf_coverage"][at] = coverage(masks, idf, len(rows))
-    if query.vector is not None:
+    if query.wants("bm25_"):
+        for field, scores in service.field_scores(terms, rows).items():
+            column = out.setdefault(f"bm25_{field}", np.full(n, np.nan, dtype=np.float32))
+            column[at] = scores
+    if query.wants("term_coverage", "idf_coverage"):
+        # One filtered search a distinct term: most of what this function costs; asked for only by models that read it.
+        distinct = sorted(set(terms))
+        lucene = service.lucene
+        idf = {t: lucene_idf(lucene.corpus.doc_count, int(lucene.corpus_df.get(t, 0))) for t in distinct}
+        masks = {t: np.isin(rows, lucene.search_rows([t], len(rows), rows)[0]) for t in distinct}
+        out["term_coverage"][at], out["idf_coverage"][at] = coverage(masks, idf, len(rows))
+    if query.vector is not None and query.wants("dense"):
         vectors = np.asarray(service.embeddings[rows], dtype=np.float32)
         out["dense"][at] = vectors @ np.asarray(query.vector, dtype=np.float32)
-    texts, titles = service.columns(rows)
-    out["length"][at] = words(texts)
-    out["title_length"][at] = words(titles)
+    text_words, title_words = service.word_counts()
+    out["length"][at] = text_words[rows]
+    out["title_length"][at] = title_words[rows]
     out["position"][at] = [position_of(query.chunk_ids[i]) for i in at]
     return out
 

@@ -1,0 +1,127 @@
+"""What the learned ranking stage costs a query: the model alone over a query's 200 candidates, the whole stage
+in-process (the shards' features and the model), and the server CPU over HTTP, each against the same searches
+without the model (``ranking_model: false``) in the same run.
+
+    python -m bench.ranking --index ROOT --queries DATA/scifact/queries.jsonl --out bench/results/ranking.json
+
+``ROOT`` must have an active ranking model (``python -m relevance.train_ranker ... --activate``). CPU is process
+time (user + system): in-process, this process's; over HTTP, the machine's busy time less the load generator's
+(``bench.cpu``), per answered search.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from bench.common import machine, served, write_record
+from bench.cpu import own_cpu_s
+
+
+def read_queries(path: Path, n: int) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f if line.strip()][:n]
+
+
+def model_alone(pipeline, texts: list[str], repeats: int) -> dict:
+    """The model's ``score`` over each query's candidates (made once, before timing), on one thread."""
+    from deployments.edge.schemas import SearchRequest
+
+    model = pipeline.models["default"]
+    tables = [asyncio.run(pipeline.ranking_features(SearchRequest(query=t))) for t in texts]
+    for table in tables[:20]:
+        model.score(table)
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(repeats):
+        for table in tables:
+            model.score(table)
+    n = repeats * len(tables)
+    return {"model": model.id, "trees": model.booster.num_trees(), "features": len(model.features),
+            "candidates_per_query": sum(len(t.hits) for t in tables) / len(tables),
+            "cpu_ms_per_query": 1000 * (time.process_time() - c0) / n,
+            "wall_ms_per_query": 1000 * (time.perf_counter() - t0) / n}
+
+
+def in_process(pipeline, texts: list[str], rounds: int) -> dict:
+    """Searches alternating with and without the model, each side's CPU summed apart."""
+    from deployments.edge.schemas import SearchRequest
+
+    cpu = {"with": 0.0, "without": 0.0}
+    stage_ms: list[float] = []
+
+    async def one(text: str, side: str) -> None:
+        c = time.process_time()
+        r = await pipeline.search(SearchRequest(query=text, limit=10, ranking_model=side == "with"))
+        cpu[side] += time.process_time() - c
+        if side == "with":
+            stage_ms.append(r.timings_ms.get("rank", 0.0))
+
+    async def go(k: int) -> None:
+        for _ in range(k):
+            for text in texts:
+                await one(text, "with")
+                await one(text, "without")
+
+    asyncio.run(go(1))  # warm: the JVM compiles Lucene's paths, the caches fill
+    cpu = {"with": 0.0, "without": 0.0}
+    stage_ms.clear()
+    asyncio.run(go(rounds))
+    n = rounds * len(texts)
+    return {"searches_per_side": n, "cpu_ms_per_query_with": 1000 * cpu["with"] / n,
+            "cpu_ms_per_query_without": 1000 * cpu["without"] / n,
+            "stage_cpu_ms_per_query": 1000 * (cpu["with"] - cpu["without"]) / n,
+            "stage_wall_ms_mean": sum(stage_ms) / len(stage_ms)}
+
+
+def over_http(index: Path, texts: list[str], seconds: float, clients: int, port: int) -> dict:
+    from bench.serving import level
+
+    out = {}
+    with served(index, port, ["--router.cache_size", "0"]) as base:
+        for label, body in (("without", {"limit": 10, "ranking_model": False}), ("with", {"limit": 10}),
+                            ("without again", {"limit": 10, "ranking_model": False})):
+            out[label] = level(base, texts, body, clients, seconds)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.ranking", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", type=Path, required=True, help="an index root with an active ranking model")
+    ap.add_argument("--queries", type=Path, required=True, help="a BEIR queries.jsonl")
+    ap.add_argument("--n", type=int, default=200, help="queries used (default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=2, help="in-process rounds over the queries")
+    ap.add_argument("--http-seconds", type=float, default=30, help="0: no HTTP measurement")
+    ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--port", type=int, default=18480)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/ranking.json"))
+    args = ap.parse_args(argv)
+    from deployments.config import RouterSettings
+    from deployments.search.inprocess import inprocess_pipeline
+    from index_format.process import configure_process
+
+    configure_process()
+    texts = read_queries(args.queries, args.n)
+    pipeline = inprocess_pipeline({"default": args.index}, RouterSettings(cache_size=0))
+    if "default" not in pipeline.models:
+        raise SystemExit(f"{args.index} has no active ranking model (python -m relevance.rankers list {args.index})")
+    record = {"machine": machine(), "index": str(args.index), "queries": len(texts),
+              "model_alone": model_alone(pipeline, texts, args.repeats)}
+    print(json.dumps(record["model_alone"]), flush=True)
+    record["in_process"] = in_process(pipeline, texts, args.rounds)
+    print(json.dumps(record["in_process"]), flush=True)
+    if args.http_seconds > 0:
+        record["http"] = over_http(args.index, texts, args.http_seconds, args.clients, args.port)
+        for label, row in record["http"].items():
+            print(label, {k: row[k] for k in ("qps", "p50_ms", "p99_ms", "server_cpu_ms_per_query")}, flush=True)
+    record["own_cpu_s"] = own_cpu_s()
+    write_record(args.out, record)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -92,20 +92,28 @@ def main(argv: list[str] | None = None) -> int:
             for candidates in (args.candidates if method == "hybrid" else [0]):
                 t = time.perf_counter()
                 extra = {"candidates": candidates} if candidates else {}
-                other, _ = run_queries(pipeline, queries, rerank=False, method=method, **extra)
+                other, _ = run_queries(pipeline, queries, rerank=False, method=method, ranking_model=False, **extra)
                 row = {"index": label, "path": path, "method": method, "candidates": candidates or "default",
                        "rerank_depth": 0, "queries": len(queries), **evaluate(other, {q: qrels[q] for q in queries}),
                        "seconds": round(time.perf_counter() - t, 1)}
                 record["rows"].append(row)
                 print(row, flush=True)
-        run, _ = run_queries(pipeline, queries, rerank=False)
+        if "default" in pipeline.models:  # the root's active ranking model, over the same queries
+            t = time.perf_counter()
+            ranked, _ = run_queries(pipeline, queries, rerank=False, ranking_model=True)
+            row = {"index": label, "path": path, "method": "hybrid", "candidates": "default", "rerank_depth": 0,
+                   "ranking_model": pipeline.models["default"].id, "queries": len(queries),
+                   **evaluate(ranked, {q: qrels[q] for q in queries}), "seconds": round(time.perf_counter() - t, 1)}
+            record["rows"].append(row)
+            print(row, flush=True)
+        run, _ = run_queries(pipeline, queries, rerank=False, ranking_model=False)
         if scorer is None:
             continue
         plain_subset = evaluate({q: run[q] for q in subset}, {q: qrels[q] for q in subset})
         record["rows"].append({"index": label, "method": "hybrid", "candidates": "default", "rerank_depth": 0,
                                "queries": len(subset), **plain_subset})
         for depth in args.depths:
-            sub_run, ms = run_queries(pipeline, subset, limit=depth, rerank=True, rerank_depth=depth)
+            sub_run, ms = run_queries(pipeline, subset, limit=depth, rerank=True, rerank_depth=depth, ranking_model=False)
             # Only the reranked top `depth` come back: recall at 100 would be recall at the depth.
             row = {"index": label, "method": "hybrid", "candidates": "default", "rerank_depth": depth,
                    "queries": len(subset), **evaluate(sub_run, {q: qrels[q] for q in subset}) | {"R@100": None},
@@ -116,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| index | method | candidates | rerank depth | queries | nDCG@10 | R@100 | rerank ms/query |\n"
           "|---|---|---|---|---|---|---|---|")
     for r in record["rows"]:
-        print(f"| {r['index']} | {r['method']} | {r['candidates']} | {r['rerank_depth'] or '-'} | {r['queries']} | "
+        print(f"| {r['index']} | {r['method']}{' + ranking model' if r.get('ranking_model') else ''} | {r['candidates']} | {r['rerank_depth'] or '-'} | {r['queries']} | "
               f"{r['nDCG@10']:.4f} | {'-' if r['R@100'] is None else format(r['R@100'], '.4f')} | "
               f"{r.get('rerank_ms_per_query', '-')} |")
     return 0

@@ -93,14 +93,12 @@ def cross_validate(data: list[QueryData], qrels, names: list[str], folds: int) -
 
 
 def feature_names(data: list[QueryData], wanted: list[str] | None = None) -> list[str]:
-    """Every feature the data has a value for but the costly ones (or exactly those ``wanted``), in
-    ``learned.FEATURES`` order then by name."""
-    from deployments.search.learned import COSTLY, FEATURES
+    """Every feature the data has a value for (or exactly those ``wanted``), in ``learned.FEATURES`` order then
+    by name."""
+    from deployments.search.learned import FEATURES
 
     present = {n for q in data for n, v in q.columns.items() if np.isfinite(v).any()}
     names = [n for n in FEATURES if n in present] + sorted(present - set(FEATURES))
-    if not wanted:
-        return [n for n in names if n not in COSTLY]
     if wanted:
         missing = sorted(set(wanted) - present)
         if missing:
@@ -120,17 +118,7 @@ def ablation(data: list[QueryData], qrels, names: list[str], folds: int) -> list
         if len(kept) == len(names) or not kept:
             continue
         rows.append({"without": group, "features": len(kept), **_cv_row(cross_validate(data, qrels, kept, folds))})
-    from deployments.search.learned import COSTLY
-
-    costly = [n for n in feature_names(data, list(COSTLY)) if n not in names] if _has(data, COSTLY) else []
-    if costly:
-        more = names + costly
-        rows.append({"with": "coverage", "features": len(more), **_cv_row(cross_validate(data, qrels, more, folds))})
     return rows
-
-
-def _has(data: list[QueryData], names) -> bool:
-    return any(n in q.columns and np.isfinite(q.columns[n]).any() for q in data for n in names)
 
 
 def _cv_row(cv: dict) -> dict:
@@ -162,8 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="training queries held out to compare the model with what is served (default: %(default)s)")
     ap.add_argument("--folds", type=int, default=5, help="cross-validation folds by query (default: %(default)s)")
     ap.add_argument("--features", nargs="*", default=None, metavar="NAME",
-                    help="exactly these features (default: all the data has, but term_coverage and idf_coverage, "
-                         "which cost a Lucene search per query term at serving time)")
+                    help="exactly these features (default: every one the data has)")
     ap.add_argument("--candidates", type=Path, default=None, metavar="FILE",
                     help="keep the queries' candidates and features in FILE, and read them from it when it exists "
                          "(the same queries, index and options: for trying other features or parameters quickly)")

@@ -33,10 +33,6 @@ from index_format.chunk_ids import doc_of
 LEG_FEATURES = ("dense_rank", "keyword_rank", "fused_score", "fused_rank")
 RELATIVE_FEATURES = ("bm25_share", "dense_gap", "doc_chunks")
 FEATURES = (*LEG_FEATURES, *SHARD_FEATURES, *RELATIVE_FEATURES, "rerank")
-# Features a model reads only when its training asked for them by name: coverage costs one filtered Lucene search
-# per distinct query term and shard (~5 ms of a SciFact query's CPU on 3 shards, against ~1.5 ms for the rest),
-# and added nothing measurable there (bench/README.md, "Learned from judgments").
-COSTLY = ("term_coverage", "idf_coverage")
 # Feature groups as the ablation table names them (``relevance.train_ranker --ablate``): a field's BM25 or an
 # encoder's cosine joins its group by prefix.
 GROUPS = {

@@ -84,11 +84,12 @@ def shard_features(service, query: FeatureQuery) -> dict[str, np.ndarray]:
             column = out.setdefault(f"bm25_{field}", np.full(n, np.nan, dtype=np.float32))
             column[at] = scores
     if query.wants("term_coverage", "idf_coverage"):
-        # One filtered search a distinct term: most of what this function costs; asked for only by models that read it.
-        distinct = sorted(set(terms))
+        # The postings of each distinct term, read for these rows (``LuceneShard.term_masks``).
+        distinct = sorted(set(terms))[:64]
         lucene = service.lucene
         idf = {t: lucene_idf(lucene.corpus.doc_count, int(lucene.corpus_df.get(t, 0))) for t in distinct}
-        masks = {t: np.isin(rows, lucene.search_rows([t], len(rows), rows)[0]) for t in distinct}
+        bits = lucene.term_masks(distinct, rows)
+        masks = {t: (bits >> np.uint64(i)) & np.uint64(1) == 1 for i, t in enumerate(distinct)}
         out["term_coverage"][at], out["idf_coverage"][at] = coverage(masks, idf, len(rows))
     if query.vector is not None and query.wants("dense"):
         vectors = np.asarray(service.embeddings[rows], dtype=np.float32)

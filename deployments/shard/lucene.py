@@ -133,6 +133,9 @@ class LuceneShard:
                                    dtype=np.int64)
         self.analyzer = QueryAnalyzer()
         self.fast = use_helper and j.ShardSearch is not None
+        live = np.flatnonzero(self.row_of_doc >= 0)
+        self.doc_of_row = np.full(len(self.chunk_ids), -1, dtype=np.int64)  # chunk-table row -> Lucene doc number
+        self.doc_of_row[self.row_of_doc[live]] = live
 
     def close(self) -> None:
         self.reader.close()
@@ -153,6 +156,19 @@ class LuceneShard:
             builder.add(j.BoostQuery(j.TermQuery(j.Term(CONTENTS_FIELD, term)), float(boost)), j.Occur.SHOULD)
             clauses += 1
         return builder, clauses
+
+    def term_masks(self, terms: Sequence[str], rows: np.ndarray) -> np.ndarray:
+        """Which of the distinct ``terms`` (at most 64, in their order) each chunk-table row holds, as bits of one
+        uint64 a row: bit i set when the row holds ``terms[i]``."""
+        terms = list(terms)[:64]
+        if self.fast:
+            docs = self.doc_of_row[rows]
+            return np.asarray(self.j.ShardSearch.termMasks(self.reader, CONTENTS_FIELD, terms, docs.tolist()),
+                              dtype=np.int64).view(np.uint64)
+        masks = np.zeros(len(rows), dtype=np.uint64)
+        for i, term in enumerate(terms):  # one filtered search a term
+            masks[np.isin(rows, self.search_rows([term], len(rows), rows.tolist())[0])] |= np.uint64(1 << i)
+        return masks
 
     def shared_top_k(self, k: int):
         """One query's top-k collector, shared by shards searched one after another in this process (pass it

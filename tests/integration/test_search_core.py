@@ -154,6 +154,28 @@ def test_helper_and_proxy_paths_give_identical_hits(local):
         slow.close()
 
 
+def test_term_masks_say_which_query_terms_each_chunk_holds(local):
+    """A ranking model's coverage: the helper's read of the postings, the proxies' filtered search per term, and
+    the chunk's own analyzed text (the oracle) agree on which terms each chunk holds."""
+    from deployments.shard.lucene import LuceneShard
+
+    for shard in local.shards:
+        fast = shard.lucene
+        slow = LuceneShard(shard.folder / "lucene", fast.chunk_ids, shard.manifest.lucene, fast.corpus,
+                           fast.corpus_df, fast.shard, use_helper=False)
+        rows = np.arange(len(fast.chunk_ids) - 1, -1, -3, dtype=np.int64)  # descending: the helper sorts them
+        texts = shard.table["text"].to_pylist()
+        titles = shard.table["title"].to_pylist()
+        for q in QUERIES:
+            terms = sorted(set(fast.analyzer.analyze(q)))
+            masks = fast.term_masks(terms, rows)
+            assert masks.tolist() == slow.term_masks(terms, rows).tolist()
+            for row, mask in zip(rows.tolist(), masks.tolist(), strict=True):
+                held = set(fast.analyzer.analyze(f"{titles[row]}\n{texts[row]}" if texts[row] else titles[row]))
+                assert [bool(mask >> i & 1) for i in range(len(terms))] == [t in held for t in terms]
+        slow.close()
+
+
 @pytest.mark.parametrize("use_helper", [True, False])
 def test_shards_sharing_one_top_k_prune_yet_merge_to_the_same_hits(local, oracle, use_helper):
     """A group's shards searched with one shared top-k: later shards skip what cannot reach the k best so far

@@ -6,6 +6,9 @@ import java.util.List;
 import org.apache.lucene.analysis.Analyzer;
 import org.apache.lucene.analysis.TokenStream;
 import org.apache.lucene.analysis.tokenattributes.CharTermAttribute;
+import org.apache.lucene.index.IndexReader;
+import org.apache.lucene.index.LeafReaderContext;
+import org.apache.lucene.index.PostingsEnum;
 import org.apache.lucene.index.Term;
 import org.apache.lucene.search.BooleanClause;
 import org.apache.lucene.search.BooleanQuery;
@@ -121,5 +124,48 @@ public final class ShardSearch {
       scores[i] = sd.score;
     }
     return new ShardSearch(docs, scores);
+  }
+
+  /**
+   * Which of up to 64 {@code terms} of {@code field} each of the Lucene documents {@code docs} holds: bit i of
+   * {@code masks[j]} is set when {@code docs[j]} holds {@code terms[i]}. A ranking model's query-term coverage
+   * of a few hundred candidates, read from the postings in one call (a filtered search per term cost ~0.2 ms
+   * each through the bridge).
+   */
+  public static long[] termMasks(IndexReader reader, String field, String[] terms, int[] docs) throws IOException {
+    long[] masks = new long[docs.length];
+    Integer[] order = new Integer[docs.length];
+    for (int j = 0; j < docs.length; j++) {
+      order[j] = j;
+    }
+    java.util.Arrays.sort(order, (a, b) -> Integer.compare(docs[a], docs[b]));
+    for (LeafReaderContext leaf : reader.leaves()) {
+      int start = leaf.docBase;
+      int end = start + leaf.reader().maxDoc();
+      for (int i = 0; i < Math.min(terms.length, 64); i++) {
+        PostingsEnum postings = leaf.reader().postings(new Term(field, terms[i]), PostingsEnum.NONE);
+        if (postings == null) {
+          continue;
+        }
+        int at = -1;
+        for (Integer j : order) {
+          int doc = docs[j];
+          if (doc < start || doc >= end) {
+            continue;
+          }
+          int local = doc - start;
+          if (at < local) {
+            at = postings.advance(local);
+          }
+          if (at == PostingsEnum.NO_MORE_DOCS) {
+            break;
+          }
+          if (at == local) {
+            masks[j] |= 1L << i;
+          }
+        }
+      }
+    }
+    return masks;
   }
 }

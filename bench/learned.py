@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depths", type=int, nargs="*", default=[20, 40, 100])
     ap.add_argument("--rerank-queries", type=int, default=100)
     ap.add_argument("--held-out-from", type=Path, default=None,
-                    help="a trained model folder whose training.json lists held-out query ids: judge only those")
+                    help="a trained model folder whose training.json (or ranker.json) lists held-out query ids: judge "
+                         "only those")
     ap.add_argument("--out", type=Path, default=Path("bench/results/learned.json"))
     args = ap.parse_args(argv)
 
@@ -72,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.held_out_from is not None:
         import json
 
-        held = json.loads((args.held_out_from / "training.json").read_text())["data"]["held_out_query_ids"]
+        written = args.held_out_from / "training.json"  # an encoder's or a reranker's; a ranking model's otherwise
+        written = written if written.is_file() else args.held_out_from / "ranker.json"
+        held = json.loads(written.read_text())["data"]["held_out_query_ids"]
         queries = {q: t for q, t in queries.items() if q in set(held)}
     record: dict = {"machine": machine(), "dataset": args.dataset, "split": args.test_split, "queries": len(queries),
                     "held_out_from": str(args.held_out_from) if args.held_out_from else None,

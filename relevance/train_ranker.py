@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         "reranker": args.reranker, "index": str(args.index),
         "data": {"source": judged.source, "held_out": judged.held_out, "queries": len(queries),
                  "fit_queries": len(fit_data), "usable_fit_queries": len(usable(fit_data)),
-                 "validation_queries": len(validation)},
+                 "validation_queries": len(validation), "held_out_query_ids": judged.held_out_ids},
         "cross_validation": cv,
         "validation": {"queries": {q.query_id: q.text for q in validation},
                        "qrels": {q.query_id: judged.qrels[q.query_id] for q in validation},

@@ -80,7 +80,7 @@ def over_http(index: Path, texts: list[str], seconds: float, clients: int, port:
     from bench.serving import level
 
     out = {}
-    with served(index, port, ["--router.cache_size", "0"]) as base:
+    with served(index, port, ["--router.cache-size", "0"]) as base:
         for label, body in (("without", {"limit": 10, "ranking_model": False}), ("with", {"limit": 10}),
                             ("without again", {"limit": 10, "ranking_model": False})):
             out[label] = level(base, texts, body, clients, seconds)

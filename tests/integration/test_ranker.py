@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from deployments.edge.schemas import SearchRequest
-from deployments.errors import InvalidRequest
+from deployments.errors import Conflict, InvalidRequest
 from deployments.search.inprocess import inprocess_pipeline
 from index_format.chunk_ids import doc_of
 from index_format.rankers import RankerError, activate_ranker, active_ranker, list_rankers, read_ranker
@@ -56,7 +56,7 @@ def train(root: Path, data: Path, out: Path, *extra: str) -> dict:
 
 
 def search(pipeline, text: str, **fields):
-    return asyncio.run(pipeline.search(SearchRequest(query=text, limit=10, **fields)))
+    return asyncio.run(pipeline.search(SearchRequest(query=text, **({"limit": 10} | fields))))
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +157,14 @@ def test_no_active_model_never_reorders(planted, trained):
         assert [doc_of(r.chunk_id) for r in got.results] == [r.doc_id for r in got.results]
     with pytest.raises(InvalidRequest, match="no active ranking model"):
         search(plain, queries[0], ranking_model=True)
+    # A cursor names the model that ranked its first page: once the model changed, its next page is refused.
+    ranked = inprocess_pipeline({"default": root})
+    activate_ranker(root, description["id"], None, rollback=True)
+    first = search(inprocess_pipeline({"default": root}), queries[0], limit=3)
+    assert first.ranking_model == description["id"] and first.next_cursor
+    with pytest.raises(Conflict, match="the index changed since the first page"):
+        search(ranked, queries[0], limit=3, cursor=first.next_cursor)
+    activate_ranker(root, None, None)
     # One call brings the model back (a rollback of the "off"), and it ranks again.
     assert rankers.main(["rollback", str(root)]) == 0
     assert active_ranker(root) == description["id"]

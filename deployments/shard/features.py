@@ -94,10 +94,10 @@ def shard_features(service, query: FeatureQuery) -> dict[str, np.ndarray]:
     if query.vector is not None and query.wants("dense"):
         vectors = np.asarray(service.embeddings[rows], dtype=np.float32)
         out["dense"][at] = vectors @ np.asarray(query.vector, dtype=np.float32)
-    text_words, title_words = service.word_counts()
+    text_words, title_words, positions = service.row_facts()
     out["length"][at] = text_words[rows]
     out["title_length"][at] = title_words[rows]
-    out["position"][at] = [position_of(query.chunk_ids[i]) for i in at]
+    out["position"][at] = positions[rows]
     return out
 
 

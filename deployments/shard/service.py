@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from deployments.bounded import BoundedCache
 from deployments.shard.dense import DenseShard, TorchDenseShard
-from deployments.shard.features import FeatureQuery, shard_features, words
+from deployments.shard.features import FeatureQuery, position_of, shard_features, words
 from deployments.shard.filters import MetadataTable
 from deployments.shard.lucene import LuceneShard
 from deployments.shard.vocabulary import document_frequencies
@@ -82,7 +82,7 @@ class ShardService:
         # over the shard's texts each, so a bounded cache, not one per caller forever).
         self._vocabularies: BoundedCache[tuple | None, dict[str, int]] = BoundedCache(VOCABULARIES_KEPT)
         self._rows: BoundedCache[int, dict[str, Any]] = BoundedCache(ROWS_KEPT)
-        self._word_counts: tuple[np.ndarray, np.ndarray] | None = None
+        self._row_facts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def chunks(self) -> int:
@@ -142,12 +142,13 @@ class ShardService:
             scores[[position[int(r)] for r in hit_rows]] = hit_scores
         return {"contents": scores}
 
-    def word_counts(self) -> tuple[np.ndarray, np.ndarray]:
-        """Words in each chunk's text and in its title, by row: counted once, on the first call (a ranking model's
-        length features; a shard that serves no model never pays for it)."""
-        if self._word_counts is None:
-            self._word_counts = tuple(words(self.table[c].to_pylist()) for c in ("text", "title"))
-        return self._word_counts
+    def row_facts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Words in each chunk's text and in its title, and its position in its document, by row: read once, on the
+        first call (a ranking model's length features; a shard that serves no model never pays for them)."""
+        if self._row_facts is None:
+            positions = np.array([position_of(c) for c in self.id_array], dtype=np.float32)
+            self._row_facts = (words(self.table["text"].to_pylist()), words(self.table["title"].to_pylist()), positions)
+        return self._row_facts
 
     def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
         """What a ranking model needs to know of these candidates (``deployments.shard.features``)."""

@@ -689,7 +689,7 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
         while lucene_queue and running < slots["lucene"]:
             s = lucene_queue.pop(0)
             pending[lucene_task.options(**_on(by_shard[s]["node"])).remote(
-                str(shard_dirs[s]), cfg.prepend_title, cfg.lucene_heap)] = (s, "lucene")
+                str(shard_dirs[s]), cfg.prepend_title, cfg.lucene_heap, tuple(cfg.bm25_fields))] = (s, "lucene")
             running += 1
 
     def start_dense(s: int) -> None:

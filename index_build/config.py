@@ -12,7 +12,7 @@ import json
 import os
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -103,6 +103,10 @@ class BuildConfig(BaseModel):
     # Lucene / BM25
     bm25_k1: float = Field(0.9, gt=0, description="BM25 k1 recorded for query time (Pyserini's BEIR default).")
     bm25_b: float = Field(0.4, ge=0, le=1, description="BM25 b recorded for query time.")
+    bm25_fields: tuple[Literal["title", "text"], ...] = Field(
+        ("title",), description="Chunk fields indexed as Lucene fields of their own beside 'contents' (what BM25 "
+        "and the encoder see), each with corpus-exact statistics, so a search can weight them (a collection's or a "
+        "request's field_weights). Empty: 'contents' alone, as versions built before fields.")
     lucene_heap: str = Field("1g", pattern=r"^\d+[mMgG]$", description="JVM heap of each Lucene indexing process.")
 
     # Input handling

@@ -28,12 +28,14 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from index_format.lucene import CONTENTS_FIELD
 from index_format.manifest import (
     CHUNKS_FILE,
     DOCUMENTS_FILE,
@@ -50,6 +52,7 @@ from index_format.manifest import (
     now_iso,
     read_shard_manifest,
     sha256_file,
+    terms_file,
     verify_shard,
     write_json_atomic,
 )
@@ -347,9 +350,10 @@ def finish_dense(shard_dir: str, work: str, rows: int, blocks: int, dimension: i
             | {"build_s": round(seconds, 2), "dimension": dimension})
 
 
-def build_lucene_shard(shard_dir: str, prepend_title: bool, heap: str) -> dict:
-    """Ray task: the shard's Lucene index and term statistics, from its chunk table."""
-    from index_format.lucene import build_lucene_index, index_statistics, write_collection
+def build_lucene_shard(shard_dir: str, prepend_title: bool, heap: str, fields: tuple[str, ...] = ()) -> dict:
+    """Ray task: the shard's Lucene index and term statistics, from its chunk table: ``contents`` and each of
+    ``fields`` (chunk-table columns, e.g. ``title``) as a Lucene field of its own, with its own term table."""
+    from index_format.lucene import build_lucene_index, field_statistics, index_statistics, write_collection
 
     t0 = time.perf_counter()
     folder = Path(shard_dir)
@@ -361,12 +365,20 @@ def build_lucene_shard(shard_dir: str, prepend_title: bool, heap: str) -> dict:
     def rows():
         for batch in pf.iter_batches(columns=["chunk_id", "title", "text"], batch_size=8192):
             table = pa.Table.from_batches([batch])
-            yield from zip(table["chunk_id"].to_pylist(), contents_of(table, prepend_title), strict=True)
+            extra = [dict(zip(fields, values, strict=True))
+                     for values in zip(*[table[f].fill_null("").to_pylist() for f in fields], strict=True)] \
+                if fields else [{}] * table.num_rows
+            yield from zip(table["chunk_id"].to_pylist(), contents_of(table, prepend_title), extra, strict=True)
 
     write_collection(rows(), collection)
-    build_lucene_index(collection, tmp_index, heap=heap, threads=1)
+    build_lucene_index(collection, tmp_index, heap=heap, threads=1, fields=fields)
     stats, terms = index_statistics(tmp_index)
     pq.write_table(terms, folder / TERMS_FILE)
+    if fields:
+        stats["fields"] = {}
+        for name in fields:
+            stats["fields"][name], field_terms = field_statistics(tmp_index, name)
+            pq.write_table(field_terms, folder / terms_file(name))
     shutil.rmtree(folder / LUCENE_DIR, ignore_errors=True)
     os.replace(tmp_index, folder / LUCENE_DIR)
     shutil.rmtree(collection)
@@ -410,32 +422,51 @@ def upload_shard(shard_dir: str, upload_to: str | None) -> dict | None:
             "seconds": time.perf_counter() - t}
 
 
-def verify_shard_files(shard_dir: str, expect: dict) -> tuple[dict, pa.Table]:
+def verify_shard_files(shard_dir: str, expect: dict) -> tuple[dict, dict[str, pa.Table]]:
     """Ray task (``num_returns=2``, on the shard's node): every file of a shard against its checksum. Returns its
-    counts and Lucene statistics, and its term table (``merge_bm25_returned`` sums them on the driver's node)."""
+    counts and Lucene statistics, and its term table of each Lucene field (``merge_bm25_returned`` sums them on
+    the driver's node)."""
     m = verify_shard(Path(shard_dir), expect=expect)
     if not counts_agree(m.counts):
         raise IndexMismatch(f"{Path(shard_dir).name}: counts disagree: {m.counts}")
-    return {"counts": m.counts, "lucene": m.lucene}, pq.read_table(Path(shard_dir) / TERMS_FILE)
+    return {"counts": m.counts, "lucene": m.lucene}, _term_tables(Path(shard_dir), m.lucene)
+
+
+def _term_tables(folder: Path, lucene: dict) -> dict[str, pa.Table]:
+    return {name: pq.read_table(folder / terms_file(name)) for name in [CONTENTS_FIELD, *lucene.get("fields", {})]}
 
 
 def merge_bm25(staging: str, shard_dirs: list[str], k1: float, b: float) -> dict:
     """Corpus-wide BM25 statistics, summed from the shards' own (``bm25/``), read from the shard folders (one node:
     a fold)."""
-    return merge_bm25_returned(staging, [read_shard_manifest(Path(d)).lucene for d in shard_dirs], k1, b,
-                               *[pq.read_table(Path(d) / TERMS_FILE) for d in shard_dirs])
+    lucene = [read_shard_manifest(Path(d)).lucene for d in shard_dirs]
+    return merge_bm25_returned(staging, lucene, k1, b,
+                               *[_term_tables(Path(d), s) for d, s in zip(shard_dirs, lucene, strict=True)])
 
 
-def merge_bm25_returned(staging: str, lucene: list[dict], k1: float, b: float, *terms: pa.Table) -> dict:
-    """Ray task, on the driver's node (it writes ``staging/bm25``): corpus-wide BM25 statistics, summed from each
-    shard's Lucene statistics and term table as ``verify_shard_files`` returned them (no shard folder is read)."""
-    from index_format.bm25_stats import merge_shard_stats, merge_term_tables, write_stats
+def merge_bm25_returned(staging: str, lucene: list[dict], k1: float, b: float, *terms: dict[str, pa.Table]) -> dict:
+    """Ray task, on the driver's node (it writes ``staging/bm25``): corpus-wide BM25 statistics of each Lucene field,
+    summed from each shard's Lucene statistics and term tables as ``verify_shard_files`` returned them (no shard
+    folder is read). Every shard must have the same fields (they were built with one configuration)."""
+    from index_format.bm25_stats import field_folder, merge_shard_stats, merge_term_tables, write_stats
 
-    stats = merge_shard_stats(lucene, k1, b)
-    terms = merge_term_tables(list(terms))
-    write_stats(Path(staging) / "bm25", stats, terms)
-    return {"doc_count": stats.doc_count, "total_terms": stats.total_terms, "avgdl": stats.avgdl,
-            "unique_terms": terms.num_rows}
+    names = {tuple(t) for t in terms}
+    if len(names) > 1:
+        raise IndexMismatch(f"shards were indexed with different Lucene fields: {sorted(names)}")
+    out: dict[str, Any] = {}
+    for name in terms[0] if terms else [CONTENTS_FIELD]:
+        per_shard = [s if name == CONTENTS_FIELD else s["fields"][name] | {"documents": s["documents"]}
+                     for s in lucene]
+        stats = merge_shard_stats(per_shard, k1, b)
+        table = merge_term_tables([t[name] for t in terms])
+        write_stats(field_folder(Path(staging) / "bm25", name), stats, table)
+        summary = {"doc_count": stats.doc_count, "total_terms": stats.total_terms, "avgdl": stats.avgdl,
+                   "unique_terms": table.num_rows}
+        if name == CONTENTS_FIELD:
+            out |= summary
+        else:
+            out.setdefault("fields", {})[name] = summary
+    return out
 
 
 def remove_staging(staging: str) -> None:

@@ -99,3 +99,27 @@ def read_collection_stats(folder: Path) -> CollectionStats:
 
 def read_stats(folder: Path) -> tuple[CollectionStats, pa.Table]:
     return read_collection_stats(folder), pq.read_table(folder / "terms.parquet")
+
+
+# Fields beside ``contents`` (a title): each has statistics of its own, since Lucene scores a field with that
+# field's N (documents holding a term in it), average length and df. ``contents`` keeps the top of ``bm25/``, as
+# in every version built before fields, which therefore reads as one with ``contents`` alone.
+FIELDS_DIR = "fields"
+
+
+def field_folder(bm25_dir: Path, field: str) -> Path:
+    """Where one field's corpus statistics live under a version's ``bm25/`` folder."""
+    from index_format.lucene import CONTENTS_FIELD
+
+    return bm25_dir if field == CONTENTS_FIELD else bm25_dir / FIELDS_DIR / field
+
+
+def extra_fields(bm25_dir: Path) -> list[str]:
+    """The fields beside ``contents`` a version has statistics for (none in a version built before fields)."""
+    folder = bm25_dir / FIELDS_DIR
+    return sorted(p.name for p in folder.iterdir() if (p / "stats.json").is_file()) if folder.is_dir() else []
+
+
+def read_field_stats(bm25_dir: Path) -> dict[str, tuple[CollectionStats, pa.Table]]:
+    """Each field's (corpus statistics, term table) beside ``contents``."""
+    return {name: read_stats(field_folder(bm25_dir, name)) for name in extra_fields(bm25_dir)}

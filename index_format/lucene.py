@@ -19,7 +19,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,27 +115,33 @@ def boot(heap: str | None = None) -> None:
     import jnius  # noqa: F401  (starts the JVM)
 
 
-def write_collection(rows: Iterable[tuple[str, str]], folder: Path) -> int:
-    """Anserini JsonCollection input: one ``{"id", "contents"}`` object per line."""
+def write_collection(rows: Iterable[tuple], folder: Path) -> int:
+    """Anserini JsonCollection input: one ``{"id", "contents", field...}`` object per line, from rows of
+    ``(id, contents)`` or ``(id, contents, {field: text})``; the extra fields are indexed only when
+    ``build_lucene_index`` is told their names."""
     folder.mkdir(parents=True, exist_ok=True)
     n = 0
     with open(folder / "docs.jsonl", "w", encoding="utf-8") as f:
-        for doc_id, contents in rows:
-            f.write(json.dumps({"id": doc_id, CONTENTS_FIELD: contents}, ensure_ascii=False))
+        for doc_id, contents, *extra in rows:
+            body = {"id": doc_id, CONTENTS_FIELD: contents} | (dict(extra[0]) if extra else {})
+            f.write(json.dumps(body, ensure_ascii=False))
             f.write("\n")
             n += 1
     return n
 
 
-def build_lucene_index(collection: Path, index_dir: Path, heap: str = "1g", threads: int = 1) -> None:
-    """Anserini's indexer over a JsonCollection folder; positions, doc vectors and raw docs are kept."""
+def build_lucene_index(collection: Path, index_dir: Path, heap: str = "1g", threads: int = 1,
+                       fields: Sequence[str] = ()) -> None:
+    """Anserini's indexer over a JsonCollection folder; positions, doc vectors and raw docs are kept. ``fields``:
+    JSON keys indexed as Lucene fields of their own beside ``contents`` (same analyzer and options; Anserini's
+    ``-fields``), so BM25 can score them apart."""
     java = str(Path(java_home()) / "bin" / "java")
     cmd = [
         java, f"-Xmx{heap}", "-cp", anserini_jar(), "io.anserini.index.IndexCollection",
         "-collection", "JsonCollection", "-input", str(collection), "-index", str(index_dir),
         "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads),
         "-storePositions", "-storeDocvectors", "-storeRaw",
-    ]
+    ] + (["-fields", *fields] if fields else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
@@ -172,49 +178,84 @@ def index_statistics(index_dir: Path) -> tuple[dict, pa.Table]:
     return stats, table
 
 
-def update_lucene_index(index_dir: Path, delete_ids: list[str], add: list[tuple[str, str]]) -> dict:
+def field_statistics(index_dir: Path, field: str) -> tuple[dict, pa.Table]:
+    """One field's statistics as ``index_statistics`` gives the ``contents`` field's: ``non_empty_documents``
+    (Lucene's docCount: documents with a term in it), ``total_terms`` (sumTotalTermFreq), ``unique_terms``, and
+    its (term, df, cf) table. Read through Lucene's own ``MultiTerms`` (live and deleted documents alike, as
+    Lucene scores), term by term: a field beside ``contents`` (a title) holds far fewer terms."""
+    boot()
+    from jnius import autoclass, cast
+
+    reader = autoclass("org.apache.lucene.index.DirectoryReader").open(
+        autoclass("org.apache.lucene.store.FSDirectory").open(autoclass("java.io.File")(str(index_dir)).toPath()))
+    terms, dfs, cfs = [], [], []
+    try:
+        found = autoclass("org.apache.lucene.index.MultiTerms").getTerms(
+            cast("org.apache.lucene.index.IndexReader", reader), field)
+        doc_count = int(found.getDocCount()) if found is not None else 0
+        total = int(found.getSumTotalTermFreq()) if found is not None else 0
+        it = found.iterator() if found is not None else None
+        term = it.next() if it is not None else None
+        while term is not None:
+            terms.append(term.utf8ToString())
+            dfs.append(int(it.docFreq()))
+            cfs.append(int(it.totalTermFreq()))
+            term = it.next()
+    finally:
+        reader.close()
+    table = pa.table({"term": pa.array(terms, pa.string()), "df": pa.array(dfs, pa.int64()),
+                      "cf": pa.array(cfs, pa.int64())})
+    return {"non_empty_documents": doc_count, "total_terms": total, "unique_terms": len(terms)}, table
+
+
+def update_lucene_index(index_dir: Path, delete_ids: list[str], add: list[tuple], fields: Sequence[str] = ()) -> dict:
     """Change a shard's Lucene index in place, as Lucene itself does: documents with these ids deleted (marked
-    in a new live-docs file of their segment), these (id, contents) added as a new segment, one commit. The
-    existing segment files are never written, so they may be hard links to another version's.
+    in a new live-docs file of their segment), these ``(id, contents)`` or ``(id, contents, {field: text})``
+    added as a new segment, one commit. The existing segment files are never written, so they may be hard links
+    to another version's.
 
     Documents are made exactly as Anserini's ``DefaultLuceneDocumentGenerator`` makes them for the build's
-    indexer (``build_lucene_index``): the same fields, options and analyzer, so a query scores an added
-    document as a rebuilt index would. Returns the term counts of what left and what came
-    (``removed``/``added``: term -> [df, cf]; from the stored term vectors, i.e. as indexed), their lengths,
-    and Lucene's live document count, for the shard's term statistics."""
+    indexer (``build_lucene_index``, with the same ``fields``): the same fields, options and analyzer, so a
+    query scores an added document as a rebuilt index would. Returns, for ``contents`` at the top level and for
+    each of ``fields`` under ``"fields"``, the term counts of what left and what came (``removed``/``added``:
+    term -> [df, cf]; from the stored term vectors, i.e. as indexed), their lengths and how many had terms; and
+    Lucene's live document count, for the shard's term statistics."""
     boot()
     from jnius import cast
 
     cls = _writer_classes()
     directory = cls["FSDirectory"].open(cls["File"](str(index_dir)).toPath())
+    every = [CONTENTS_FIELD, *fields]
 
-    def terms_of(ids: list[str]) -> tuple[dict[str, list[int]], int, int]:
-        """term -> [df, cf] over the live documents with these ids, their summed length and how many had terms."""
+    def terms_of(ids: list[str]) -> dict[str, dict]:
+        """Per field: term -> [df, cf] over the live documents with these ids, their summed length and how many had
+        terms."""
+        out = {f: {"terms": {}, "length": 0, "nonempty": 0} for f in every}
         reader = cls["DirectoryReader"].open(directory)
         try:
             searcher = cls["IndexSearcher"](cast("org.apache.lucene.index.IndexReader", reader))
-            counts: dict[str, list[int]] = {}
-            length = nonempty = 0
             for chunk_id in ids:
                 for hit in searcher.search(cls["TermQuery"](cls["Term"]("id", chunk_id)), 2).scoreDocs:
-                    vector = reader.getTermVector(hit.doc, CONTENTS_FIELD)
-                    if vector is None:
-                        continue
-                    nonempty += 1
-                    it = vector.iterator()
-                    term = it.next()
-                    while term is not None:
-                        tf = int(it.totalTermFreq())
-                        entry = counts.setdefault(term.utf8ToString(), [0, 0])
-                        entry[0] += 1
-                        entry[1] += tf
-                        length += tf
+                    for name in every:
+                        vector = reader.getTermVector(hit.doc, name)
+                        if vector is None:
+                            continue
+                        held = out[name]
+                        held["nonempty"] += 1
+                        it = vector.iterator()
                         term = it.next()
+                        while term is not None:
+                            tf = int(it.totalTermFreq())
+                            entry = held["terms"].setdefault(term.utf8ToString(), [0, 0])
+                            entry[0] += 1
+                            entry[1] += tf
+                            held["length"] += tf
+                            term = it.next()
         finally:
             reader.close()
-        return counts, length, nonempty
+        return out
 
-    removed, removed_length, removed_nonempty = terms_of(delete_ids)
+    removed = terms_of(delete_ids)
     config = cls["IndexWriterConfig"](cls["DefaultEnglishAnalyzer"].newDefaultInstance())
     config.setOpenMode(cls["OpenMode"].APPEND)
     writer = cls["IndexWriter"](directory, config)
@@ -227,27 +268,35 @@ def update_lucene_index(index_dir: Path, delete_ids: list[str], add: list[tuple[
         field_type.setStoreTermVectors(True)
         field_type.setStoreTermVectorPositions(True)
         field_type.setIndexOptions(cls["IndexOptions"].DOCS_AND_FREQS_AND_POSITIONS)
-        for chunk_id, contents in add:
+        for chunk_id, contents, *extra in add:
             if not contents.strip():
                 raise ValueError(f"chunk {chunk_id!r} has no text to index")
+            values = {name: (extra[0] if extra else {}).get(name) or "" for name in fields}
             doc = cls["Document"]()
             doc.add(cls["StringField"]("id", chunk_id, cls["Store"].YES))
             doc.add(cls["BinaryDocValuesField"]("id", cls["BytesRef"](chunk_id.encode("utf-8"))))
-            doc.add(cls["StoredField"]("raw", json.dumps({"id": chunk_id, CONTENTS_FIELD: contents}, ensure_ascii=False)))
-            text = cast("java.lang.CharSequence", cls["String"](contents))  # pyjnius passes no str as one
-            doc.add(cls["Field"](CONTENTS_FIELD, text, field_type))
+            doc.add(cls["StoredField"]("raw", json.dumps({"id": chunk_id, CONTENTS_FIELD: contents} | values,
+                                                         ensure_ascii=False)))
+            for name, text in [(CONTENTS_FIELD, contents), *values.items()]:
+                value = cast("java.lang.CharSequence", cls["String"](text))  # pyjnius passes no str as one
+                doc.add(cls["Field"](name, value, field_type))
             writer.addDocument(doc)
         writer.commit()
     finally:
         writer.close()
-    added, added_length, added_nonempty = terms_of([chunk_id for chunk_id, _ in add])
+    added = terms_of([row[0] for row in add])
     reader = cls["DirectoryReader"].open(directory)
     try:
         live = int(reader.numDocs())
     finally:
         reader.close()
-    return {"removed": removed, "added": added, "removed_length": removed_length, "added_length": added_length,
-            "removed_nonempty": removed_nonempty, "added_nonempty": added_nonempty, "documents": live}
+
+    def change(name: str) -> dict:
+        gone, came = removed[name], added[name]
+        return {"removed": gone["terms"], "added": came["terms"], "removed_length": gone["length"],
+                "added_length": came["length"], "removed_nonempty": gone["nonempty"], "added_nonempty": came["nonempty"]}
+
+    return change(CONTENTS_FIELD) | {"documents": live, "fields": {name: change(name) for name in fields}}
 
 
 _WRITER_CLASSES: dict[str, Any] = {}

@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from index_format.lucene import CONTENTS_FIELD
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 # A shard folder's files (the build writes them, serving reads them): the layout of an index version.
@@ -26,6 +28,12 @@ EMBEDDINGS_FILE = "embeddings.npy"
 FAISS_FILE = "dense.faiss"
 LUCENE_DIR = "lucene"
 TERMS_FILE = "terms.parquet"
+
+
+def terms_file(field: str) -> str:
+    """A shard's (term, df, cf) table of one Lucene field: ``terms.parquet`` for ``contents`` (as before fields),
+    ``terms-<field>.parquet`` for a field beside it."""
+    return TERMS_FILE if field == CONTENTS_FIELD else f"terms-{field}.parquet"
 # A folded shard's FAISS id -> chunk-table row (-1: a replaced or deleted chunk's vector, never answered); absent
 # where the ids are the rows (every shard a full build writes).
 FAISS_ROWS_FILE = "faiss_rows.npy"
@@ -47,7 +55,9 @@ class ShardManifest(BaseModel):
     metric: str  # inner_product over unit vectors (cosine)
     faiss: dict[str, Any]
     counts: dict[str, int]  # docs, chunks, faiss_vectors, lucene_docs; faiss_dead in a folded shard
-    lucene: dict[str, int]  # the shard's own Lucene stats (documents, non_empty_documents, total_terms, ...)
+    # The shard's own Lucene stats of ``contents`` (documents, non_empty_documents, total_terms, ...), and under
+    # ``fields`` those of each field beside it (non_empty_documents, total_terms, unique_terms).
+    lucene: dict[str, Any]
     checksums: dict[str, str]  # relative path -> sha256
     build_config: dict[str, Any]
     code_version: str

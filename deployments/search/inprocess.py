@@ -133,11 +133,13 @@ class LocalIndex:
     def embed(self, queries: list[str]) -> np.ndarray:
         return self.encoder.encode(queries)
 
-    def bm25(self, query: str, k: int = 10, allowed: list[np.ndarray | None] | None = None) -> list[Hit]:
-        """The corpus-exact BM25 top k over every shard (``allowed``: per shard, the rows it may return)."""
+    def bm25(self, query: str, k: int = 10, allowed: list[np.ndarray | None] | None = None,
+             weights: dict[str, float] | None = None) -> list[Hit]:
+        """The corpus-exact BM25 top k over every shard (``allowed``: per shard, the rows it may return; ``weights``:
+        {field: weight}, None for ``contents`` alone)."""
         terms = self.shards[0].analyze(query) if self.shards else []
         allowed = allowed or [None] * len(self.shards)
-        return merge_top_k((self._hits(i, *s.keyword_leg(terms, k, rows))
+        return merge_top_k((self._hits(i, *s.keyword_leg(terms, k, rows, weights=weights))
                             for i, (s, rows) in enumerate(zip(self.shards, allowed, strict=True))), k)
 
     def dense(self, query: str | np.ndarray, k: int = 10, allowed: list[np.ndarray | None] | None = None,

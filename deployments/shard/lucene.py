@@ -11,6 +11,15 @@ extra round trip (Elasticsearch's ``dfs_query_then_fetch`` does one):
 * the idf: each query term's clause gets the boost ``count(t in query) * idf_corpus(t) / idf_shard(t)``;
   a term absent from the shard is left out (it would score nothing there anyway).
 
+Fields. A title (or any field the build was told about: ``index_build.config.BuildConfig.bm25_fields``) is a
+Lucene field of its own beside ``contents``, with corpus statistics of its own (``bm25/fields/<name>/``). Each
+field has its own average length, so its own (k1', b') (Lucene's ``PerFieldSimilarityWrapper``, made in the
+Java helper) and its own idf boosts. A query with ``weights`` {field: w} is one BooleanQuery of every (field,
+term) clause, boosted by ``w`` too: the weighted sum of the fields' corpus-exact BM25 (Elasticsearch's
+``multi_match`` of type ``most_fields``). Without the helper (no JDK) each field is searched by a searcher of its
+own (pyjnius cannot subclass the wrapper) and a query of several fields scores every match of each and sums them
+in numpy: the same scores, at a cost that grows with the matches (only machines without a JDK pay it).
+
 The searcher stays pure Lucene; only parameters and boosts change. Lucene classes are used through
 jnius directly (``index_format.lucene.boot`` starts the JVM): importing ``pyserini.search`` would load
 torch for nothing. Where a JDK compiled the small Java helper (``raysearch.ShardSearch``), a search is
@@ -22,7 +31,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -92,38 +103,77 @@ class QueryAnalyzer:
         return [str(t) for t in self.j.AnalyzerUtils.analyze(self.analyzer, text).toArray()]
 
 
+@dataclass(frozen=True)
+class FieldStats:
+    """One Lucene field's corpus statistics: what its BM25 is made corpus-exact with."""
+
+    corpus: CollectionStats
+    df: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class _Field:
+    stats: FieldStats
+    doc_count: int  # Lucene's docCount of the field in this shard (deleted documents included, as it scores)
+    k1: float
+    b: float
+
+
+class UnknownField(ValueError):
+    """A field weight names a field this index version does not hold."""
+
+
 class LuceneShard:
     def __init__(
         self,
         index_dir: Path,
         chunk_ids: Sequence[str],
-        shard_stats: Mapping[str, int],
+        shard_stats: Mapping[str, Any],
         corpus: CollectionStats,
         corpus_df: Mapping[str, int],
         shard: int = -1,
         use_helper: bool = True,
+        fields: Mapping[str, FieldStats] | None = None,
     ):
-        """``use_helper=False`` searches through pyjnius proxies even where the Java helper is compiled
-        (the path of machines without a JDK; tests compare the two)."""
+        """``fields``: the statistics of the Lucene fields beside ``contents`` (``corpus``, ``corpus_df``); none in
+        a version built before fields. ``use_helper=False`` searches through pyjnius proxies even where the Java
+        helper is compiled (the path of machines without a JDK; tests compare the two)."""
         j = self.j = _Java.load()
         self.shard = shard
         self.corpus = corpus
         self.corpus_df = corpus_df
         self.reader = j.DirectoryReader.open(j.FSDirectory.open(j.File(str(index_dir)).toPath()))
+        self.fast = use_helper and j.ShardSearch is not None
         from jnius import cast
 
-        self.searcher = j.IndexSearcher(cast("org.apache.lucene.index.IndexReader", self.reader))
-        # Lucene scores with its own N and average length, which count deleted documents until their segment
-        # is merged (a folded shard's replaced chunks: ``index_build.fold``). The boosts and (k1', b') are
-        # made from the same numbers, so they cancel exactly and the score is the live corpus's.
-        lucene_stats = self.searcher.collectionStatistics(CONTENTS_FIELD)
-        if lucene_stats is not None:
-            self.doc_count, total_terms = int(lucene_stats.docCount()), int(lucene_stats.sumTotalTermFreq())
-        else:  # no document has a term
-            self.doc_count, total_terms = int(shard_stats["non_empty_documents"]), int(shard_stats["total_terms"])
-        avgdl = total_terms / self.doc_count if self.doc_count else 0.0
-        self.k1, self.b = shard_bm25_params(corpus.k1, corpus.b, avgdl, corpus.avgdl)
-        self.searcher.setSimilarity(j.BM25Similarity(float(self.k1), float(self.b)))
+        every = {CONTENTS_FIELD: FieldStats(corpus, corpus_df)} | dict(fields or {})
+        self.fields: dict[str, _Field] = {}
+        self.searchers = {}  # field -> a searcher scoring it (one, with per-field parameters, on the helper's path)
+        for name, stats in every.items():
+            searcher = j.IndexSearcher(cast("org.apache.lucene.index.IndexReader", self.reader))
+            # Lucene scores with its own N and average length, which count deleted documents until their segment is
+            # merged (a folded shard's replaced chunks: ``index_build.fold``). The boosts and (k1', b') are made from
+            # the same numbers, so they cancel exactly and the score is the live corpus's.
+            lucene_stats = searcher.collectionStatistics(name)
+            if lucene_stats is not None:
+                doc_count, total_terms = int(lucene_stats.docCount()), int(lucene_stats.sumTotalTermFreq())
+            else:  # no document has a term in it
+                own = shard_stats if name == CONTENTS_FIELD else shard_stats.get("fields", {}).get(name, {})
+                doc_count, total_terms = int(own.get("non_empty_documents", 0)), int(own.get("total_terms", 0))
+            avgdl = total_terms / doc_count if doc_count else 0.0
+            k1, b = shard_bm25_params(stats.corpus.k1, stats.corpus.b, avgdl, stats.corpus.avgdl)
+            self.fields[name] = _Field(stats, doc_count, k1, b)
+            if not self.fast:
+                searcher.setSimilarity(j.BM25Similarity(float(k1), float(b)))
+            self.searchers[name] = searcher
+        if self.fast:  # one searcher holds every field's parameters
+            names = list(self.fields)
+            self.searchers[CONTENTS_FIELD].setSimilarity(j.ShardSearch.perFieldBM25(
+                names, [float(self.fields[f].k1) for f in names], [float(self.fields[f].b) for f in names]))
+            self.searchers = dict.fromkeys(self.fields, self.searchers[CONTENTS_FIELD])
+        self.searcher = self.searchers[CONTENTS_FIELD]
+        contents = self.fields[CONTENTS_FIELD]
+        self.doc_count, self.k1, self.b = contents.doc_count, contents.k1, contents.b
         self.chunk_ids = list(chunk_ids)
         # Lucene doc number -> row of the shard's chunk table (the FAISS row too).
         row_of = {cid: i for i, cid in enumerate(self.chunk_ids)}
@@ -132,7 +182,6 @@ class LuceneShard:
         self.row_of_doc = np.array([row_of.get(stored.document(d).get("id"), -1) for d in range(self.reader.maxDoc())],
                                    dtype=np.int64)
         self.analyzer = QueryAnalyzer()
-        self.fast = use_helper and j.ShardSearch is not None
         live = np.flatnonzero(self.row_of_doc >= 0)
         self.doc_of_row = np.full(len(self.chunk_ids), -1, dtype=np.int64)  # chunk-table row -> Lucene doc number
         self.doc_of_row[self.row_of_doc[live]] = live
@@ -140,20 +189,38 @@ class LuceneShard:
     def close(self) -> None:
         self.reader.close()
 
-    def shard_df(self, term: str) -> int:
-        return int(self.reader.docFreq(self.j.Term(CONTENTS_FIELD, term)))
+    def shard_df(self, term: str, field: str = CONTENTS_FIELD) -> int:
+        return int(self.reader.docFreq(self.j.Term(field, term)))
 
-    def build_query(self, terms: list[str]):
-        """Bag-of-words SHOULD clauses, each boosted so the shard's idf becomes the corpus idf."""
+    def weights_of(self, weights: Mapping[str, float] | None) -> dict[str, float]:
+        """The fields a search scores and their weights (None: ``contents`` alone, 1.0); a weight of 0 leaves its
+        field out. Raises ``UnknownField`` naming the fields held."""
+        weights = {CONTENTS_FIELD: 1.0} if weights is None else weights
+        unknown = sorted(set(weights) - set(self.fields))
+        if unknown:
+            raise UnknownField(f"field_weights names {unknown}, which this index version does not hold; its fields: "
+                               f"{sorted(self.fields)}")
+        return {f: float(w) for f, w in sorted(weights.items()) if w}
+
+    def clauses(self, terms: list[str], weights: Mapping[str, float]) -> list[tuple[str, str, float]]:
+        """(field, term, factor) per field and distinct query term: the factor is the term's count in the query
+        times the field's weight (``weights_of``), before the idf boost."""
+        counted = sorted(Counter(terms).items())
+        return [(f, t, c * w) for f, w in weights.items() for t, c in counted]
+
+    def build_query(self, terms: list[str], weights: Mapping[str, float] | None = None):
+        """Bag-of-words SHOULD clauses, each boosted so the shard's idf becomes the corpus idf (and by its field's
+        weight)."""
         j = self.j
         builder = j.BooleanQueryBuilder()
         clauses = 0
-        for term, count in sorted(Counter(terms).items()):
-            df_shard, df_corpus = self.shard_df(term), int(self.corpus_df.get(term, 0))
+        for name, term, factor in self.clauses(terms, self.weights_of(weights)):
+            f = self.fields[name]
+            df_shard, df_corpus = self.shard_df(term, name), int(f.stats.df.get(term, 0))
             if df_shard == 0 or df_corpus == 0 or clauses >= MAX_CLAUSES:
                 continue
-            boost = count * lucene_idf(self.corpus.doc_count, df_corpus) / lucene_idf(self.doc_count, df_shard)
-            builder.add(j.BoostQuery(j.TermQuery(j.Term(CONTENTS_FIELD, term)), float(boost)), j.Occur.SHOULD)
+            boost = factor * lucene_idf(f.stats.corpus.doc_count, df_corpus) / lucene_idf(f.doc_count, df_shard)
+            builder.add(j.BoostQuery(j.TermQuery(j.Term(name, term)), float(boost)), j.Occur.SHOULD)
             clauses += 1
         return builder, clauses
 
@@ -182,43 +249,73 @@ class LuceneShard:
         return j.TopScoreDocCollector.createSharedManager(int(k), None, int(k))
 
     def search_rows(self, terms: list[str], k: int, allowed_rows: Sequence[int] | None = None,
-                    shared=None) -> tuple[np.ndarray, np.ndarray]:
+                    shared=None, weights: Mapping[str, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(chunk-table rows, float32 scores) of the top-k by corpus-exact BM25 over the query's analyzed ``terms``
         (``QueryAnalyzer.analyze``), best first; ``allowed_rows`` restricts the search itself (a FILTER clause).
-        With ``shared`` (``shared_top_k``), hits below another shard's k-th score are left out."""
+        ``weights`` {field: weight} (None: ``contents`` alone): the score is the weighted sum of the fields' BM25;
+        ``{"title": 1.0}`` scores the title alone. With ``shared`` (``shared_top_k``), hits below another shard's
+        k-th score may be left out."""
+        weights = self.weights_of(weights)
         if self.fast:
-            return self._search_fast(terms, k, allowed_rows, shared)
-        return self._search_proxies(terms, k, allowed_rows, shared)
+            return self._search_fast(terms, k, allowed_rows, shared, weights)
+        if len(weights) > 1:
+            return self._search_fields_proxies(terms, k, allowed_rows, weights)
+        return self._search_proxies(terms, k, allowed_rows, shared, weights)
 
-    def _search_fast(self, terms, k, allowed_rows, shared=None):
-        counted = sorted(Counter(terms).items())
+    def _search_fast(self, terms, k, allowed_rows, shared, weights):
+        clauses = self.clauses(terms, weights)
         allowed = None
         if allowed_rows is not None:
             allowed = [self.chunk_ids[r] for r in allowed_rows]
+        fields = [self.fields[name] for name, _, _ in clauses]
         found = self.j.ShardSearch.search(
-            self.searcher, CONTENTS_FIELD, [t for t, _ in counted], [c for _, c in counted],
-            [int(self.corpus_df.get(t, 0)) for t, _ in counted], int(self.corpus.doc_count), self.doc_count,
+            self.searcher, [name for name, _, _ in clauses], [t for _, t, _ in clauses],
+            [float(factor) for _, _, factor in clauses],
+            [int(f.stats.df.get(t, 0)) for f, (_, t, _) in zip(fields, clauses, strict=True)],
+            [int(f.stats.corpus.doc_count) for f in fields], [int(f.doc_count) for f in fields],
             MAX_CLAUSES, int(k), "id", allowed, shared)
         docs = np.asarray(found.docs, dtype=np.int64)
         return self.row_of_doc[docs], np.asarray(found.scores, dtype=np.float32)
 
-    def _search_proxies(self, terms, k, allowed_rows, shared=None):
+    def _filtered(self, builder, allowed_rows):
+        ids = self.j.ArrayList()
+        for row in allowed_rows:
+            ids.add(self.j.BytesRef(self.chunk_ids[row].encode("utf-8")))
+        builder.add(self.j.TermInSetQuery("id", ids), self.j.Occur.FILTER)
+        # With a FILTER clause, SHOULD clauses become optional: without this every allowed chunk would
+        # match with score 0, query terms or not.
+        builder.setMinimumNumberShouldMatch(1)
+
+    def _search_proxies(self, terms, k, allowed_rows, shared, weights):
         empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
-        builder, clauses = self.build_query(terms)
+        builder, clauses = self.build_query(terms, weights)
         if clauses == 0 or k <= 0 or (allowed_rows is not None and len(allowed_rows) == 0):
             return empty
         if allowed_rows is not None:
-            ids = self.j.ArrayList()
-            for row in allowed_rows:
-                ids.add(self.j.BytesRef(self.chunk_ids[row].encode("utf-8")))
-            builder.add(self.j.TermInSetQuery("id", ids), self.j.Occur.FILTER)
-            # With a FILTER clause, SHOULD clauses become optional: without this every allowed chunk would
-            # match with score 0, query terms or not.
-            builder.setMinimumNumberShouldMatch(1)
+            self._filtered(builder, allowed_rows)
         from jnius import cast
 
         collector = shared.newCollector() if shared is not None else self.j.TopScoreDocCollector.create(int(k), int(k))
-        self.searcher.search(builder.build(), cast("org.apache.lucene.search.Collector", collector))
+        self.searchers[next(iter(weights))].search(builder.build(), cast("org.apache.lucene.search.Collector", collector))
         top = cast("org.apache.lucene.search.TopScoreDocCollector", collector).topDocs()
         docs = np.array([sd.doc for sd in top.scoreDocs], dtype=np.int64)
         return self.row_of_doc[docs], np.array([sd.score for sd in top.scoreDocs], dtype=np.float32)
+
+    def _search_fields_proxies(self, terms, k, allowed_rows, weights):
+        """Several fields without the helper: every match of each field scored by its own searcher, summed."""
+        total: Counter = Counter()
+        if k > 0 and (allowed_rows is None or len(allowed_rows)):
+            for name, weight in weights.items():
+                builder, clauses = self.build_query(terms, {name: weight})
+                if clauses == 0:
+                    continue
+                if allowed_rows is not None:
+                    self._filtered(builder, allowed_rows)
+                query = builder.build()
+                searcher = self.searchers[name]
+                matches = int(searcher.count(query))
+                for sd in searcher.search(query, max(matches, 1)).scoreDocs if matches else []:
+                    total[int(sd.doc)] += float(sd.score)
+        best = sorted(total.items(), key=lambda item: (-np.float32(item[1]), item[0]))[:k]  # Lucene's tie rule
+        docs = np.array([d for d, _ in best], dtype=np.int64)
+        return self.row_of_doc[docs], np.array([s for _, s in best], dtype=np.float32)

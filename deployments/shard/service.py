@@ -7,6 +7,7 @@ are fetched later for the few chunks that survive fusion.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,9 +21,9 @@ from deployments.bounded import BoundedCache
 from deployments.shard.dense import DenseShard, TorchDenseShard
 from deployments.shard.features import FeatureQuery, position_of, shard_features, words
 from deployments.shard.filters import MetadataTable
-from deployments.shard.lucene import LuceneShard
+from deployments.shard.lucene import FieldStats, LuceneShard
 from deployments.shard.vocabulary import document_frequencies
-from index_format.bm25_stats import CollectionStats, read_stats
+from index_format.bm25_stats import CollectionStats, read_field_stats, read_stats
 from index_format.manifest import (
     CHUNKS_FILE,
     EMBEDDINGS_FILE,
@@ -50,7 +51,10 @@ class ShardService:
         expect: Mapping[str, Any] | None = None,
         verify_checksums: bool = True,
         search_device: str = "cpu",
+        fields: Mapping[str, FieldStats] | None = None,
     ):
+        """``fields``: the corpus statistics of the Lucene fields beside ``contents`` (None: those of the version
+        the shard folder is in, ``version_fields``)."""
         import faiss
 
         from index_format.encoders import resolve_device
@@ -72,8 +76,10 @@ class ShardService:
                                     options=self.manifest.faiss,
                                     vectors=np.load(self.folder / EMBEDDINGS_FILE, mmap_mode="r"),
                                     vector_rows=vector_rows)
+        if fields is None:
+            fields = version_fields(self.folder.parent.parent) if self.manifest.lucene.get("fields") else {}
         self.lucene = LuceneShard(self.folder / LUCENE_DIR, chunk_ids, self.manifest.lucene, corpus, corpus_df,
-                                  self.shard)
+                                  self.shard, fields=fields)
         self.metadata = MetadataTable.from_json_column(self.table["metadata_json"].to_pylist())
         self.embeddings = np.load(self.folder / EMBEDDINGS_FILE, mmap_mode="r")
         # Row -> chunk id as an array: hits become ids by one fancy index, and sort by id in numpy.
@@ -127,20 +133,25 @@ class ShardService:
         return self.dense.search_rows(np.asarray(vector, dtype=np.float32), k, allowed, ann)
 
     def keyword_leg(self, terms: list[str], k: int, allowed: np.ndarray | None = None,
-                    keyword_top=None) -> tuple[np.ndarray, np.ndarray]:
+                    keyword_top=None, weights: Mapping[str, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The BM25 leg's top-k over the query's analyzed ``terms``, as ``dense_leg``; ``keyword_top`` is the
-        top-k shared by a group's shards (``LuceneShard.shared_top_k``)."""
-        return self.lucene.search_rows(terms, k, None if allowed is None else allowed.tolist(), keyword_top)
+        top-k shared by a group's shards (``LuceneShard.shared_top_k``); ``weights`` {field: weight} scores the
+        weighted sum of the fields' BM25 (None: ``contents`` alone)."""
+        return self.lucene.search_rows(terms, k, None if allowed is None else allowed.tolist(), keyword_top, weights)
 
     def field_scores(self, terms: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Each indexed field's corpus-exact BM25 of the chunk-table ``rows`` for the query's analyzed ``terms``
-        (0 where no term matches), in the order of ``rows``: the keyword leg's score, for chosen chunks."""
-        scores = np.zeros(len(rows), dtype=np.float32)
-        if len(rows):
-            hit_rows, hit_scores = self.lucene.search_rows(terms, len(rows), rows.tolist())
-            position = {int(r): i for i, r in enumerate(rows)}
-            scores[[position[int(r)] for r in hit_rows]] = hit_scores
-        return {"contents": scores}
+        """Each indexed Lucene field's corpus-exact BM25 (``contents``, and e.g. ``title``) of the chunk-table
+        ``rows`` for the query's analyzed ``terms``, float32 in the order of ``rows``, 0 where no term matches:
+        the keyword leg's score of one field, for chosen chunks (one filtered search a field)."""
+        out = {}
+        for name in self.lucene.fields:
+            scores = np.zeros(len(rows), dtype=np.float32)
+            if len(rows):
+                hit_rows, hit_scores = self.lucene.search_rows(terms, len(rows), rows.tolist(), weights={name: 1.0})
+                position = {int(r): i for i, r in enumerate(rows)}
+                scores[[position[int(r)] for r in hit_rows]] = hit_scores
+            out[name] = scores
+        return out
 
     def row_facts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Words in each chunk's text and in its title, and its position in its document, by row: read once, on the
@@ -210,6 +221,14 @@ class ShardService:
     def vectors(self, chunk_ids: list[str]) -> np.ndarray:
         rows = [self.row_of[c] for c in chunk_ids]
         return np.asarray(self.embeddings[rows], dtype=np.float32)
+
+
+@functools.lru_cache(maxsize=4)
+def version_fields(version_dir: Path) -> dict[str, FieldStats]:
+    """The corpus statistics of a version's Lucene fields beside ``contents`` (none in a version built before
+    fields), read once per process and version (a version never changes; its shards share them)."""
+    return {name: FieldStats(stats, corpus_df_map(terms))
+            for name, (stats, terms) in read_field_stats(Path(version_dir) / "bm25").items()}
 
 
 def corpus_df_map(terms) -> dict[str, int]:

@@ -2,7 +2,9 @@ package raysearch;
 
 import java.io.IOException;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
 import org.apache.lucene.analysis.Analyzer;
 import org.apache.lucene.analysis.TokenStream;
 import org.apache.lucene.analysis.tokenattributes.CharTermAttribute;
@@ -20,6 +22,9 @@ import org.apache.lucene.search.TermInSetQuery;
 import org.apache.lucene.search.TermQuery;
 import org.apache.lucene.search.TopDocs;
 import org.apache.lucene.search.TopScoreDocCollector;
+import org.apache.lucene.search.similarities.BM25Similarity;
+import org.apache.lucene.search.similarities.PerFieldSimilarityWrapper;
+import org.apache.lucene.search.similarities.Similarity;
 import org.apache.lucene.util.BytesRef;
 
 /**
@@ -69,12 +74,34 @@ public final class ShardSearch {
   }
 
   /**
-   * Top-k by corpus-exact BM25 over this shard: SHOULD clauses {@code BoostQuery(TermQuery(field:t), b)}
-   * for the distinct query terms {@code terms} (sorted, each {@code counts[i]} times in the query), with
-   * {@code b = count * idf(corpusDocs, corpusDf) / idf(shardDocs, shardDf)} so the shard's idf becomes the
-   * corpus's; terms absent from the shard or the corpus are left out, and at most {@code maxClauses} are
-   * kept. With {@code allowedIds} (values of {@code idField}) not null, only those documents can match, as
-   * a FILTER clause with at least one SHOULD clause required. No clause at all: no hits.
+   * BM25 with its own (k1, b) for each field (Lucene's {@link PerFieldSimilarityWrapper}): a shard makes each
+   * field's length norm equal the corpus's with that field's own (k1', b'), since each field has its own
+   * average length. A field not named scores with the first one's parameters. Set once on the shard's
+   * searcher: the per-query weights of the fields are clause boosts, not parameters.
+   */
+  public static Similarity perFieldBM25(String[] fields, float[] k1s, float[] bs) {
+    Map<String, Similarity> byField = new HashMap<>();
+    for (int i = 0; i < fields.length; i++) {
+      byField.put(fields[i], new BM25Similarity(k1s[i], bs[i]));
+    }
+    Similarity first = fields.length > 0 ? byField.get(fields[0]) : new BM25Similarity();
+    return new PerFieldSimilarityWrapper() {
+      @Override
+      public Similarity get(String name) {
+        return byField.getOrDefault(name, first);
+      }
+    };
+  }
+
+  /**
+   * Top-k by corpus-exact BM25 over this shard: one SHOULD clause {@code BoostQuery(TermQuery(fields[i]:terms[i]),
+   * b)} per (field, distinct query term) pair, with {@code b = factors[i] * idf(corpusDocs[i], corpusDf[i]) /
+   * idf(shardDocs[i], shardDf)} so the shard's idf of the term in that field becomes the corpus's ({@code
+   * factors[i]}: the term's count in the query times the field's weight); pairs absent from the shard or the
+   * corpus are left out, and at most {@code maxClauses} are kept. The score is thus the weighted sum of the
+   * fields' BM25 (Elasticsearch's {@code multi_match} of type {@code most_fields}). With {@code allowedIds}
+   * (values of {@code idField}) not null, only those documents can match, as a FILTER clause with at least one
+   * SHOULD clause required. No clause at all: no hits.
    *
    * <p>{@code shared} (may be null) is one query's top-k collector manager shared by the shards searched one
    * after another (see {@link #sharedTopK}): once any shard has k hits, its k-th score bounds the whole
@@ -82,18 +109,18 @@ public final class ShardSearch {
    * across shards because each is corpus-exact, so the group's merged top k is unchanged.
    */
   public static ShardSearch search(
-      IndexSearcher searcher, String field, String[] terms, int[] counts, long[] corpusDf, long corpusDocs,
-      long shardDocs, int maxClauses, int k, String idField, String[] allowedIds,
+      IndexSearcher searcher, String[] fields, String[] terms, double[] factors, long[] corpusDf,
+      long[] corpusDocs, long[] shardDocs, int maxClauses, int k, String idField, String[] allowedIds,
       CollectorManager<TopScoreDocCollector, TopDocs> shared) throws IOException {
     BooleanQuery.Builder builder = new BooleanQuery.Builder();
     int clauses = 0;
     for (int i = 0; i < terms.length && clauses < maxClauses; i++) {
-      Term term = new Term(field, terms[i]);
+      Term term = new Term(fields[i], terms[i]);
       long shardDf = searcher.getIndexReader().docFreq(term);
       if (shardDf == 0 || corpusDf[i] == 0) {
         continue;
       }
-      double boost = counts[i] * idf(corpusDocs, corpusDf[i]) / idf(shardDocs, shardDf);
+      double boost = factors[i] * idf(corpusDocs[i], corpusDf[i]) / idf(shardDocs[i], shardDf);
       builder.add(new BoostQuery(new TermQuery(term), (float) boost), BooleanClause.Occur.SHOULD);
       clauses++;
     }

@@ -17,6 +17,7 @@ from pydantic import (
     ByteSize,
     ConfigDict,
     Field,
+    StringConstraints,
     ValidationError,
     create_model,
     field_validator,
@@ -36,6 +37,14 @@ class Fusion(StrEnum):
 
     rrf = "rrf"
     weighted = "weighted"
+
+
+# BM25 field -> weight: the keyword leg scores the weighted sum of the fields' corpus-exact BM25 (``contents`` is
+# title + text as indexed; ``title`` and others exist in versions built with them: index_build --bm25-fields).
+# Bounds here (a negative weight is a schema error, 422); fields the version lacks: deployments.search.field_weights.
+FieldWeights = Annotated[
+    dict[Annotated[str, StringConstraints(pattern=r"^[a-z_]{1,32}$")], Annotated[float, Field(ge=0, le=100)]],
+    Field(min_length=1, max_length=8)]
 
 
 class AnnParams(BaseModel):
@@ -403,6 +412,10 @@ class CollectionConfig(BaseModel):
     ann: AnnParams | None = Field(
         None, description="Approximate dense search options for this collection (ef_search, nprobe), over what its "
         "index was built with; a request's own `ann` wins.")
+    field_weights: FieldWeights | None = Field(
+        None, description='BM25 field weights of this collection\'s keyword leg, e.g. {"contents": 1.0, "title": '
+        '0.5}: the weighted sum of each field\'s corpus-exact BM25. Default: contents alone. Fields the served version '
+        'does not index are left out (logged); a request\'s own field_weights win.')
     shards: ShardsOverride | None = Field(
         None, description="This collection's own values of any field of the top-level shards block but cache_dir (a "
         "node's cache serves every collection), e.g. {group_size: 4, groups: {...}}; what it leaves out is the "

@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 
 from index_format.change_log import open_change_log
 from index_format.chunking import Chunking
+from index_format.lucene import CONTENTS_FIELD
 from index_format.manifest import (
     CHUNKS_FILE,
     DOCUMENTS_FILE,
@@ -60,7 +61,6 @@ from index_format.manifest import (
     FAISS_ROWS_FILE,
     LUCENE_DIR,
     MANIFEST,
-    TERMS_FILE,
     IndexMismatch,
     ShardManifest,
     VersionManifest,
@@ -69,6 +69,7 @@ from index_format.manifest import (
     now_iso,
     read_shard_manifest,
     sha256_file,
+    terms_file,
     write_json_atomic,
 )
 from index_format.process import configure_process
@@ -230,6 +231,17 @@ def _terms_after(base_terms: pa.Table, removed: dict[str, list[int]], added: dic
     return merged.filter(pc.greater(merged["df"], 0))
 
 
+def _lucene_after(base: Path, folder: Path, before: dict, change: dict, field: str = CONTENTS_FIELD) -> dict:
+    """One Lucene field's shard statistics after a fold, by difference (``update_lucene_index``'s ``change``), and
+    its term table written anew (never through the hard link to the base's)."""
+    terms = _terms_after(pq.read_table(base / terms_file(field)), change["removed"], change["added"])
+    (folder / terms_file(field)).unlink()
+    pq.write_table(terms, folder / terms_file(field))
+    return {"non_empty_documents": before["non_empty_documents"] - change["removed_nonempty"] + change["added_nonempty"],
+            "total_terms": before["total_terms"] - change["removed_length"] + change["added_length"],
+            "unique_terms": terms.num_rows}
+
+
 def fold_shard(base_shard: str, shard_dir: str, part: str, build_key: str, build_config: dict,
                dead_fraction: float = DEAD_FRACTION) -> dict:
     """Step 2: the base shard with its part of the change applied, committed (its manifest written). The tables,
@@ -267,16 +279,18 @@ def fold_shard(base_shard: str, shard_dir: str, part: str, build_key: str, build
 
     # Lucene in place, and the shard's term statistics by difference.
     t = time.perf_counter()
-    update = update_lucene_index(folder / LUCENE_DIR, removed_ids, list(zip(new_chunks["chunk_id"].to_pylist(),
-                                                                            contents, strict=True)))
-    terms = _terms_after(pq.read_table(base / TERMS_FILE), update["removed"], update["added"])
-    (folder / TERMS_FILE).unlink()
-    pq.write_table(terms, folder / TERMS_FILE)
-    lucene = dict(old.lucene) | {
-        "documents": update["documents"],
-        "non_empty_documents": old.lucene["non_empty_documents"] - update["removed_nonempty"] + update["added_nonempty"],
-        "total_terms": old.lucene["total_terms"] - update["removed_length"] + update["added_length"],
-        "unique_terms": terms.num_rows}
+    # The base's Lucene fields beside contents (a title) are kept: the new chunks get them, their statistics follow.
+    fields = list(old.lucene.get("fields", {}))
+    extra = ([dict(zip(fields, values, strict=True))
+              for values in zip(*[new_chunks[f].fill_null("").to_pylist() for f in fields], strict=True)]
+             if fields else [{}] * new_chunks.num_rows)
+    update = update_lucene_index(folder / LUCENE_DIR, removed_ids,
+                                 list(zip(new_chunks["chunk_id"].to_pylist(), contents, extra, strict=True)), fields)
+    lucene = dict(old.lucene) | _lucene_after(base, folder, old.lucene, update)
+    for name in fields:
+        lucene["fields"] = dict(lucene["fields"]) | {
+            name: _lucene_after(base, folder, old.lucene["fields"][name], update["fields"][name], name)}
+    lucene["documents"] = update["documents"]
     t_lucene = time.perf_counter() - t
 
     counts = {"docs": docs_count, "chunks": rows, "faiss_vectors": faiss_info["ntotal"],

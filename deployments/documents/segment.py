@@ -10,14 +10,16 @@ and drops from the version's answers every document the segment replaces or dele
 Scores. Dense: the same cosine as the version's shards. BM25: Lucene 9's formula (``idf * tf / (tf + k1 *
 (1 - b + b * dl / avgdl))``, times the query term's count) with the version's corpus statistics (N, avgdl, df)
 plus the segment's own documents and document frequencies, so a fresh chunk scores about as it will once
-folded into a version (Lucene stores lengths lossily, so not to the last digit).
+folded into a version (Lucene stores lengths lossily, so not to the last digit). Each Lucene field of the version
+(``contents``, and e.g. ``title``: ``deployments.shard.lucene``) is scored so, with that field's statistics; a
+query's ``field_weights`` sum them as the shards do.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +31,7 @@ from deployments.shard.topk import contenders, top_k
 from index_format.bm25_stats import length_norm, lucene_idf, term_score
 from index_format.change_log import Change
 from index_format.chunking import Chunking, chunk_document
+from index_format.lucene import CONTENTS_FIELD as CONTENTS
 from index_format.records import Document, written_document
 
 
@@ -49,8 +52,56 @@ class _Doc:
     document: Document | None  # None: deleted
     rows: list[dict] = field(default_factory=list)
     vectors: np.ndarray | None = None
-    terms: list[Counter] = field(default_factory=list)
+    terms: dict[str, list[Counter]] = field(default_factory=dict)  # Lucene field -> each row's analyzed terms
     at: list[int] = field(default_factory=list)  # its rows' positions in the segment's arrays
+
+
+class _Postings:
+    """One Lucene field over the segment's rows (dead ones included, masked by the caller): each row's length, and
+    term -> (rows holding it, its count in each), so a query scores only the rows its terms are in; kept as lists
+    (appended to) and made arrays when a query first needs them after a change."""
+
+    def __init__(self):
+        self.lengths = np.zeros(0, dtype=np.float64)
+        self.lists: dict[str, tuple[list[int], list[float]]] = {}
+        self.arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def add(self, at: list[int], terms: list[Counter]) -> None:
+        self.lengths = np.concatenate([self.lengths, [float(sum(t.values())) for t in terms]])
+        for row, counts in zip(at, terms, strict=True):
+            for term, n in counts.items():
+                rows, tfs = self.lists.setdefault(term, ([], []))
+                rows.append(row)
+                tfs.append(float(n))
+                self.arrays.pop(term, None)
+
+    def __contains__(self, term: str) -> bool:
+        return term in self.lists
+
+    def posting(self, term: str) -> tuple[np.ndarray, np.ndarray]:
+        if term not in self.arrays:
+            rows, tfs = self.lists[term]
+            self.arrays[term] = (np.array(rows, dtype=np.int64), np.array(tfs, dtype=np.float64))
+        return self.arrays[term]
+
+    def bm25(self, terms: list[str], corpus: Corpus, alive: np.ndarray) -> np.ndarray:
+        """Every row's BM25 of this field (0 where it holds no query term; dead rows count for nothing), with the
+        version's statistics plus the live rows': N counts the rows with a term in the field, as Lucene's docCount."""
+        held = alive & (self.lengths > 0)
+        n = corpus.doc_count + int(held.sum())
+        avgdl = ((corpus.avgdl * corpus.doc_count + float(self.lengths[held].sum())) / n) if n else 1.0
+        norm = length_norm(corpus.k1, corpus.b, self.lengths, avgdl)
+        scores = np.zeros(len(self.lengths))
+        for term, count in Counter(terms).items():
+            if term not in self.lists:
+                continue  # no fresh chunk holds it: it adds nothing here
+            rows, tf = self.posting(term)
+            live = alive[rows]
+            rows, tf = rows[live], tf[live]
+            if not len(rows):
+                continue
+            scores[rows] += term_score(tf, norm[rows], lucene_idf(n, corpus.df(term) + len(rows)), boost=count)
+        return scores
 
 
 class FreshSegment:
@@ -60,8 +111,11 @@ class FreshSegment:
     size = 0  # not a shard of the version: coverage counts the version's shards
 
     def __init__(self, name: str, chunking: Chunking, corpus: Corpus, analyze: Callable[[str], list[str]],
-                 dimension: int, log_seq: int = 0):
+                 dimension: int, log_seq: int = 0, fields: Mapping[str, Corpus] | None = None):
+        """``corpus``: the version's statistics of ``contents``; ``fields``: those of its Lucene fields beside it
+        (chunk-row keys, e.g. ``title``; none in a version built before fields)."""
         self.name, self.chunking, self.corpus, self.analyze, self.dimension = name, chunking, corpus, analyze, dimension
+        self.corpora: dict[str, Corpus] = {CONTENTS: corpus} | dict(fields or {})
         self.docs: dict[str, _Doc] = {}
         self.in_version: set[str] = set()  # masked documents the version was seen to answer for (retrieval adds)
         # The version holds the log's writes through ``log_seq`` (``index_build.fold``): the segment, only later ones.
@@ -78,7 +132,7 @@ class FreshSegment:
             raise ValueError("a segment carries writes forward only; an earlier version replays the log")
         for doc_id, held in sorted(self.docs.items(), key=lambda item: item[1].seq):
             if held.seq > other.log_seq:
-                copy = _Doc(held.seq, held.document, held.rows, held.vectors, held.terms)
+                copy = _Doc(held.seq, held.document, held.rows, held.vectors, dict(held.terms))
                 if copy.document is not None:
                     other._add(copy)
                 other.docs[doc_id] = copy
@@ -117,7 +171,9 @@ class FreshSegment:
             document = Document(doc_id, record.get("title") or "", record.get("text") or "",
                                 dict(record.get("metadata") or {}))
             self._drop(doc_id)
-            held = _Doc(change.seq, document, rows, embedded[doc_id], [Counter(self.analyze(t)) for t in texts])
+            terms = {CONTENTS: [Counter(self.analyze(t)) for t in texts]}
+            terms |= {f: [Counter(self.analyze(r.get(f) or "")) for r in rows] for f in self.corpora if f != CONTENTS}
+            held = _Doc(change.seq, document, rows, embedded[doc_id], terms)
             self._add(held)
             self.docs[doc_id] = held
         self.applied_seq = change.seq
@@ -132,12 +188,8 @@ class FreshSegment:
         self.alive = np.zeros(0, dtype=bool)
         self.live = 0
         self.row_of: dict[str, int] = {}  # chunk id -> its live row
-        self.lengths = np.zeros(0, dtype=np.float64)
         self.matrix = np.zeros((0, self.dimension), dtype=np.float32)
-        # Postings: term -> (rows holding it, its count in each), so a query scores only the rows its terms are in;
-        # kept as lists (appended to) and made arrays when a query first needs them after a change.
-        self._postings: dict[str, tuple[list[int], list[float]]] = {}
-        self._arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.postings = {f: _Postings() for f in self.corpora}  # Lucene field -> its lengths and postings
         self._metadata: MetadataTable | None = None
         for held in self.docs.values():
             if held.document is not None:
@@ -151,15 +203,12 @@ class FreshSegment:
         self.row_of.update((r["chunk_id"], i) for r, i in zip(held.rows, held.at, strict=True))
         self.alive = np.concatenate([self.alive, np.ones(len(held.rows), dtype=bool)])
         self.live += len(held.rows)
-        self.lengths = np.concatenate([self.lengths, [float(sum(t.values())) for t in held.terms]])
         if held.vectors is not None and len(held.vectors):
             self.matrix = np.concatenate([self.matrix, np.asarray(held.vectors, dtype=np.float32)])
-        for row, counts in zip(held.at, held.terms, strict=True):
-            for term, n in counts.items():
-                rows, tfs = self._postings.setdefault(term, ([], []))
-                rows.append(row)
-                tfs.append(float(n))
-                self._arrays.pop(term, None)
+        for name, postings in self.postings.items():
+            if name not in held.terms:  # carried over from a segment of a version without this field
+                held.terms[name] = [Counter(self.analyze(r.get(name) or "")) for r in held.rows]
+            postings.add(held.at, held.terms[name])
         self._metadata = None
 
     def _drop(self, doc_id: str) -> None:
@@ -179,10 +228,7 @@ class FreshSegment:
         return self._metadata
 
     def _posting(self, term: str) -> tuple[np.ndarray, np.ndarray]:
-        if term not in self._arrays:
-            rows, tfs = self._postings[term]
-            self._arrays[term] = (np.array(rows, dtype=np.int64), np.array(tfs, dtype=np.float64))
-        return self._arrays[term]
+        return self.postings[CONTENTS].posting(term)
 
     # ------------------------------------------------------------------ reads (the shard client protocol)
 
@@ -208,23 +254,30 @@ class FreshSegment:
             allowed = visible if allowed is None else np.intersect1d(allowed, visible)
         return allowed
 
-    def _bm25(self, text: str) -> np.ndarray:
-        """Every row's BM25 score for the query (0 where it holds no query term; dead rows count for nothing)."""
-        c = self.corpus
-        n = c.doc_count + self.live
-        avgdl = ((c.avgdl * c.doc_count + float(self.lengths[self.alive].sum())) / n) if n else 1.0
-        norm = length_norm(c.k1, c.b, self.lengths, avgdl)
+    def _bm25(self, text: str, weights: Mapping[str, float] | None = None) -> np.ndarray:
+        """Every row's BM25 score for the query (0 where it holds no query term; dead rows count for nothing):
+        the weighted sum over the fields of ``weights`` (None: ``contents`` alone), as a shard scores it."""
+        terms = self.analyze(text)
         scores = np.zeros(len(self.rows))
-        for term, count in Counter(self.analyze(text)).items():
-            if term not in self._postings:
-                continue  # no fresh chunk holds it: it adds nothing here
-            rows, tf = self._posting(term)
-            held = self.alive[rows]
-            rows, tf = rows[held], tf[held]
-            if not len(rows):
-                continue
-            scores[rows] += term_score(tf, norm[rows], lucene_idf(n, c.df(term) + len(rows)), boost=count)
+        for name, weight in (weights or {CONTENTS: 1.0}).items():
+            if weight and name in self.corpora:  # the router checked the names against the version
+                scores += weight * self.postings[name].bm25(terms, self.corpora[name], self.alive)
         return scores
+
+    def field_scores(self, terms: list[str], chunk_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """Each Lucene field's BM25 (as ``search`` scores it) of the chunks ``chunk_ids`` for the query's analyzed
+        ``terms``, float32 in the order of ``chunk_ids``: 0 where no term matches and for a chunk the segment does
+        not hold (live). The fresh side of ``ShardService.field_scores``, asked by chunk id: the segment has no
+        chunk table whose rows a caller could know."""
+        at = [i for i, c in enumerate(chunk_ids) if c in self.row_of]
+        rows = np.array([self.row_of[chunk_ids[i]] for i in at], dtype=np.int64)
+        out = {}
+        for name, postings in self.postings.items():
+            scores = np.zeros(len(chunk_ids), dtype=np.float32)
+            if at:
+                scores[at] = postings.bm25(terms, self.corpora[name], self.alive)[rows]
+            out[name] = scores
+        return out
 
     async def search(self, query: ShardQuery) -> ShardAnswer:
         t0 = time.perf_counter()
@@ -240,7 +293,7 @@ class FreshSegment:
         if query.dense and len(rows):
             answer.dense = self._top(rows, self.matrix[rows] @ np.asarray(query.vector, dtype=np.float32), query.k_dense)
         if query.keyword and len(rows):
-            keyword = self._bm25(query.text)[rows]
+            keyword = self._bm25(query.text, query.field_weights)[rows]
             held = keyword > 0
             answer.keyword = self._top(rows[held], keyword[held], query.k_keyword)
         answer.took_ms = (time.perf_counter() - t0) * 1000
@@ -262,13 +315,15 @@ class FreshSegment:
             return out
         rows = np.array([self.row_of[query.chunk_ids[i]] for i in at], dtype=np.int64)
         if query.wants("bm25_"):
-            out["bm25_contents"][at] = self._bm25(query.text)[rows]
+            for name, scores in self.field_scores(self.analyze(query.text), query.chunk_ids).items():
+                out.setdefault(f"bm25_{name}", np.full(n, np.nan, dtype=np.float32))[at] = scores[at]
         if query.wants("term_coverage", "idf_coverage"):
             distinct = sorted(set(self.analyze(query.text)))
-            masks = {t: np.isin(rows, self._posting(t)[0]) if t in self._postings else np.zeros(len(rows), dtype=bool)
+            masks = {t: np.isin(rows, self._posting(t)[0]) if t in self.postings[CONTENTS] else np.zeros(len(rows), dtype=bool)
                      for t in distinct}
             n_docs = self.corpus.doc_count + self.live
-            held_by = {t: int(self.alive[self._posting(t)[0]].sum()) if t in self._postings else 0 for t in distinct}
+            held_by = {t: int(self.alive[self._posting(t)[0]].sum()) if t in self.postings[CONTENTS] else 0
+                       for t in distinct}
             idf = {t: lucene_idf(n_docs, self.corpus.df(t) + held_by[t]) for t in distinct}
             out["term_coverage"][at], out["idf_coverage"][at] = coverage(masks, idf, len(rows))
         if query.vector is not None and query.wants("dense"):

@@ -166,20 +166,27 @@ def new_segment(name: str, version_dir: Path, dimension: int) -> FreshSegment:
     holding only the log's writes past its ``log_seq``. Lucene's analyzer and the version's term table are loaded
     at first use (a collection never written to costs nothing)."""
     from deployments.documents.segment import Corpus
-    from index_format.bm25_stats import read_collection_stats, read_stats
+    from index_format.bm25_stats import extra_fields, field_folder, read_collection_stats, read_stats
     from index_format.chunking import Chunking
+    from index_format.lucene import CONTENTS_FIELD
     from index_format.versions import read_version_manifest
 
     manifest = read_version_manifest(version_dir)
-    stats = read_collection_stats(version_dir / "bm25")  # the term table is read at the first write
-    terms: dict[str, int] = {}
 
-    def df(term: str) -> int:
-        if not terms:
-            _, table = read_stats(version_dir / "bm25")
-            terms.update(zip(table["term"].to_pylist(), table["df"].to_pylist(), strict=True))
-            terms.setdefault("", 0)  # loaded, even for an empty table
-        return terms.get(term, 0)
+    def corpus(field: str) -> Corpus:
+        """One Lucene field's statistics; its term table is read at the first write."""
+        folder = field_folder(version_dir / "bm25", field)
+        stats = read_collection_stats(folder)
+        terms: dict[str, int] = {}
+
+        def df(term: str) -> int:
+            if not terms:
+                _, table = read_stats(folder)
+                terms.update(zip(table["term"].to_pylist(), table["df"].to_pylist(), strict=True))
+                terms.setdefault("", 0)  # loaded, even for an empty table
+            return terms.get(term, 0)
+
+        return Corpus(stats.doc_count, stats.avgdl, stats.k1, stats.b, df)
 
     analyzer = []
 
@@ -190,5 +197,6 @@ def new_segment(name: str, version_dir: Path, dimension: int) -> FreshSegment:
             analyzer.append(QueryAnalyzer())
         return analyzer[0].analyze(text)
 
-    corpus = Corpus(stats.doc_count, stats.avgdl, stats.k1, stats.b, df)
-    return FreshSegment(name, Chunking.of(manifest.build_config), corpus, analyze, dimension, manifest.log_seq)
+    fields = {name: corpus(name) for name in extra_fields(version_dir / "bm25")}
+    return FreshSegment(name, Chunking.of(manifest.build_config), corpus(CONTENTS_FIELD), analyze, dimension,
+                        manifest.log_seq, fields)

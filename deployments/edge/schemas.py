@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from deployments.config import AnnParams, Fusion
+from deployments.config import AnnParams, FieldWeights, Fusion
 from deployments.judgments import has_control_character
 
 MAX_QUERY_CHARS = 2000
@@ -131,6 +131,10 @@ class SearchRequest(RequestBody):
     ann: AnnParams | None = Field(
         None, description='Approximate dense search options for this request, e.g. {"ef_search": 256} or '
         '{"exact": true}; default: the collection\'s, else what the index was built with (its manifest).')
+    field_weights: FieldWeights | None = Field(
+        None, description='BM25 field weights of the keyword leg, e.g. {"contents": 1.0, "title": 0.5}: its score is '
+        "the weighted sum of each field's corpus-exact BM25 (0 leaves a field out). Default: the collection's, else "
+        "contents alone. A field the served index version does not index is refused (400, naming those it has).")
     mmr_lambda: float | None = Field(
         None, ge=0, le=1, description="Diversify with MMR; 1 = pure relevance. Null: the service's setting (off "
         "unless tuned).")

@@ -53,6 +53,7 @@ class DeployedCollection:
     encoder: EncoderClient
     rerank: bool = True
     ann: AnnParams | None = None  # the collection's approximate search options
+    field_weights: dict[str, float] | None = None  # the collection's BM25 field weights, as configured
 
     @property
     def follows_active(self) -> bool:
@@ -148,7 +149,8 @@ class VersionSwitch:
             # old or both new (a folded write is in the new version or in the old segment, never in neither).
             self.collections[name] = Collection.at_version(name, version, shards, deployed.encoder, fields=fields,
                                                            counts=manifest.counts, rerank=deployed.rerank,
-                                                           ann=deployed.ann, fresh=fresh)
+                                                           ann=deployed.ann, fresh=fresh, bm25=manifest.bm25,
+                                                           field_weights=deployed.field_weights)
             self.state.errors.pop(name, None)
             warm_ms = round((time.perf_counter() - t0) * 1000, 1)
             logger.info(f"collection {name!r}: now serving index version {version!r} (was {current.version!r}; "

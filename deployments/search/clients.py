@@ -5,6 +5,7 @@ tests with in-process shard services (``search/inprocess.py``)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -13,7 +14,10 @@ import numpy as np
 
 from deployments.edge.schemas import AnnParams
 from deployments.errors import UnknownCollection
+from deployments.search.field_weights import held_weights, version_fields
 from deployments.shard.query import ShardAnswer, ShardQuery
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -75,6 +79,8 @@ class Collection:
     fields: dict[str, str] = field(default_factory=dict)
     rerank: bool = True  # rerank by default (when a reranker is deployed)
     ann: AnnParams | None = None  # the collection's approximate search options (a request's own win)
+    bm25_fields: tuple[str, ...] = ("contents",)  # the Lucene fields the version's BM25 scores (``field_weights``)
+    field_weights: dict[str, float] | None = None  # the collection's, restricted to those (a request's own win)
     documents: int = 0  # of the version served (its manifest's counts), for metrics
     chunks: int = 0
     # Documents written through the API since the version (``deployments.documents.segment.FreshSegment``): searched
@@ -84,15 +90,24 @@ class Collection:
     @classmethod
     def at_version(cls, name: str, version: str, shards: Sequence[ShardClient], encoder: EncoderClient, *,
                    fields: Mapping[str, str] | None = None, counts: Mapping[str, int] | None = None,
-                   rerank: bool = True, ann: AnnParams | None = None, fresh: Any = None) -> Collection:
+                   rerank: bool = True, ann: AnnParams | None = None, fresh: Any = None,
+                   bm25: Mapping[str, Any] | None = None, field_weights: Mapping[str, float] | None = None
+                   ) -> Collection:
         """The collection as searched at ``version``: its shard clients pinned to it, the metadata fields they hold
         (``fields_of``), the version manifest's ``counts`` (docs, chunks), and the fresh segment of the writes that
         version lacks. Made whole, once: a switch to another version makes another (requests that began on this
-        one finish on it)."""
+        one finish on it). ``bm25``: the manifest's block, which names the Lucene fields beside ``contents``;
+        ``field_weights``: the collection's configured weights, kept for the fields the version has
+        (``deployments.search.field_weights``)."""
         counts = counts or {}
+        bm25_fields = version_fields(bm25 or {})
+        weights, left_out = held_weights(field_weights, bm25_fields)
+        if left_out:
+            logger.warning("collection %r: index version %r does not index the BM25 fields %s of its field_weights; "
+                           "searching with %s", name, version, left_out, weights or {"contents": 1.0})
         return cls(name=name, version=version, shards=list(shards), encoder=encoder, fields=dict(fields or {}),
                    rerank=rerank, ann=ann, documents=counts.get("docs", 0), chunks=counts.get("chunks", 0),
-                   fresh=fresh)
+                   fresh=fresh, bm25_fields=bm25_fields, field_weights=weights)
 
     def slot(self, i: int) -> ShardClient:
         """The shard client a hit's ``shard`` names: a shard slot of the version, or (past them) the fresh segment."""

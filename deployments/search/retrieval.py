@@ -14,6 +14,7 @@ import numpy as np
 from deployments.edge.schemas import AnnParams
 from deployments.errors import InvalidField
 from deployments.search.clients import Collection
+from deployments.search.field_weights import request_weights
 from deployments.search.hits import Hit, merge_top_k
 from deployments.search.stages import SearchContext, Span, gathered, within
 from deployments.shard.query import ShardAnswer, ShardQuery
@@ -101,6 +102,8 @@ class Retrieval:
         calls = []
         for c in ctx.targets:
             vector = ctx.vectors.get(c.name) if k_dense else None
+            weights = (request_weights(req.field_weights, c.field_weights, c.bm25_fields, c.name, c.version)
+                       if k_keyword else None)
             options = (req.ann or AnnParams()).merged_over(c.ann) or None if k_dense else None
             # Documents the fresh segment replaced or deleted are dropped from the version's answers: ask for as
             # many more as the version was seen to hold (at most twice the depth), so the depth stays. (A new
@@ -114,7 +117,7 @@ class Retrieval:
                         else (k_dense, k_keyword))
                 depth = (tuple(share_depth(k, getattr(shard, "size", 1) / total) for k in full)
                          if version and len(c.shards) > 1 else full)
-                query = replace(base, vector=vector, ann=options,
+                query = replace(base, vector=vector, ann=options, field_weights=weights,
                                 rows_for_top=ctx.plan.rows_for_top if shard.remote else 0)
                 calls.append(_Call(c, i, shard, query, full, depth))
         answers = await gathered([within(call.ask(call.depth), timeout_s) for call in calls], return_exceptions=True)

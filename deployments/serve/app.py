@@ -276,7 +276,8 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
             judgments=str(judgments_root(index, version_dir) / "judgments"),
             encoder=encoders[manifest.encoder], encoder_backend=cfg.encoder.backend,
             encoder_threads=cfg.encoder.router_threads, root=str(index) if follows else None,
-            rerank=coll.rerank, ann=coll.ann, counts=dict(manifest.counts))
+            rerank=coll.rerank, ann=coll.ann, counts=dict(manifest.counts), bm25=dict(manifest.bm25),
+            field_weights=coll.field_weights)
     # Never a failure: a node that can hold the group may join later. Ray keeps its replicas pending meanwhile.
     nodes = cluster_nodes()
     for warning in unplaceable(needs, nodes) if nodes else []:

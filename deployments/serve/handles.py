@@ -87,7 +87,7 @@ def deployed_collections(specs: dict[str, CollectionSpec]) -> dict[str, Deployed
         deployed[name] = DeployedCollection(
             name=name, root=spec.root or None, encoder_model=spec.encoder_model,
             dimension=spec.dimension, slots=[(slot.name, held_slot(slot.target), slot.shards) for slot in spec.slots],
-            encoder=encoder, rerank=spec.rerank, ann=spec.ann)
+            encoder=encoder, rerank=spec.rerank, ann=spec.ann, field_weights=spec.field_weights)
     return deployed
 
 

@@ -100,6 +100,7 @@ class SearchRouter:
         fields = await asyncio.gather(*(fields_of(shards[name]) for name in deployed))
         opened = {name: Collection.at_version(name, collections[name].version, shards[name], d.encoder, fields=f,
                                              counts=collections[name].counts, rerank=d.rerank, ann=d.ann,
+                                             bm25=collections[name].bm25, field_weights=d.field_weights,
                                              fresh=documents[name].segment if name in documents else None)
                   for (name, d), f in zip(deployed.items(), fields, strict=True)}
         self.stages = {"reranker": HandleReranker(reranker) if reranker is not None else None,

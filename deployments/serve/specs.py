@@ -60,3 +60,5 @@ class CollectionSpec:
     rerank: bool = True
     ann: AnnParams | None = None
     counts: dict[str, int] = field(default_factory=dict)  # the manifest's counts (docs, chunks)
+    bm25: dict[str, Any] = field(default_factory=dict)  # the manifest's BM25 block (names the Lucene fields)
+    field_weights: dict[str, float] | None = None  # the collection's configured BM25 field weights

@@ -155,10 +155,11 @@ class ShardGroup:
         terms = self.services[0].analyze(query.text)
         depth = shard_depth(k, self.size)
         shared = self.services[0].lucene.shared_top_k(k) if self.size > 1 and depth == k else None
-        parts = [_timed(s.keyword_leg, terms, depth, rows, shared)
+        weights = query.field_weights
+        parts = [_timed(s.keyword_leg, terms, depth, rows, shared, weights)
                  for s, rows in zip(self.services, allowed, strict=True)]
         self.deepened["keyword"] += complete_legs(
-            parts, k, depth, lambda i: _timed(self.services[i].keyword_leg, terms, k, allowed[i]))
+            parts, k, depth, lambda i: _timed(self.services[i].keyword_leg, terms, k, allowed[i], None, weights))
         return parts
 
     def answer(self, query: ShardQuery, dense: list[LegPart], keyword: list[LegPart],

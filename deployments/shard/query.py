@@ -21,7 +21,8 @@ class ShardQuery:
     leg a ``text`` and ``k_keyword > 0``. ``acl`` = (field, principals): only chunks whose field holds one of
     the principals exist for this search. ``ann`` overrides the index's approximate search options
     (``ef_search``, ``nprobe``, ``exact``). ``rows_for_top``: the chunk rows of each leg's best that many hits
-    are sent along with the answer."""
+    are sent along with the answer. ``field_weights`` {Lucene field: weight}: the keyword leg scores their
+    weighted sum of BM25 (None: ``contents`` alone; checked against the version by the router)."""
 
     vector: np.ndarray | None = None
     text: str | None = None
@@ -31,6 +32,7 @@ class ShardQuery:
     rows_for_top: int = 0
     acl: tuple[str, list[str]] | None = None
     ann: dict[str, Any] | None = None
+    field_weights: dict[str, float] | None = None
 
     @property
     def dense(self) -> bool:

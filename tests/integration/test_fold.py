@@ -15,9 +15,16 @@ from deployments.search.inprocess import LocalIndex
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_build.fold import _log_changes, fold
-from index_format.bm25_stats import read_stats
+from index_format.bm25_stats import read_field_stats, read_stats
 from index_format.change_log import CHANGES_DIR, ChangeLog, segment_name, segments
-from index_format.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, FAISS_ROWS_FILE, LUCENE_DIR, TERMS_FILE
+from index_format.manifest import (
+    CHUNKS_FILE,
+    EMBEDDINGS_FILE,
+    FAISS_ROWS_FILE,
+    LUCENE_DIR,
+    TERMS_FILE,
+    terms_file,
+)
 from index_format.versions import active_version, read_version_manifest, verify_version
 from tests.conftest import make_corpus, write_jsonl
 
@@ -106,8 +113,12 @@ def test_the_folded_version_holds_what_a_full_build_of_the_same_documents_holds(
     assert read_stats(folded_dir / "bm25")[0] == read_stats(full.version_dir / "bm25")[0]
     assert read_stats(folded_dir / "bm25")[1].equals(read_stats(full.version_dir / "bm25")[1])
     for shard in manifest.shards:
-        got = pq.read_table(folded_dir / "shards" / shard / TERMS_FILE).sort_by("term")
-        assert got.equals(pq.read_table(full.version_dir / "shards" / shard / TERMS_FILE).sort_by("term").cast(got.schema))
+        for name in (TERMS_FILE, terms_file("title")):  # the title's own statistics follow the fold too
+            got = pq.read_table(folded_dir / "shards" / shard / name).sort_by("term")
+            assert got.equals(pq.read_table(full.version_dir / "shards" / shard / name).sort_by("term").cast(got.schema))
+    got_fields, want_fields = read_field_stats(folded_dir / "bm25"), read_field_stats(full.version_dir / "bm25")
+    assert list(got_fields) == list(want_fields) == ["title"]
+    assert got_fields["title"][0] == want_fields["title"][0] and got_fields["title"][1].equals(want_fields["title"][1])
 
 
 def test_the_folded_version_answers_as_a_full_build(folded):
@@ -115,10 +126,11 @@ def test_the_folded_version_answers_as_a_full_build(folded):
     got, want = LocalIndex(folded_dir), LocalIndex(folded["full"].version_dir)
     for q in QUERIES:
         # BM25: the same chunks and scores (Lucene's own statistics count the deleted documents; the corpus's do not)
-        a = {h.chunk_id: h.score for h in got.bm25(q, 200)}
-        b = {h.chunk_id: h.score for h in want.bm25(q, 200)}
-        assert a.keys() == b.keys(), q
-        assert a == pytest.approx(b, rel=1e-5), q
+        for weights in (None, {"contents": 1.0, "title": 0.5}):
+            a = {h.chunk_id: h.score for h in got.bm25(q, 200, weights=weights)}
+            b = {h.chunk_id: h.score for h in want.bm25(q, 200, weights=weights)}
+            assert a.keys() == b.keys(), q
+            assert a == pytest.approx(b, rel=1e-5), q
         vector = want.embed([q])
         a = {h.chunk_id: h.score for h in got.dense(vector, 20)}
         b = {h.chunk_id: h.score for h in want.dense(vector, 20)}

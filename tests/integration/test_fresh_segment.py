@@ -60,6 +60,17 @@ def test_a_written_document_scores_as_in_a_full_build_on_both_legs(indexes):
     for chunk_id, score in got.keyword:  # Lucene keeps lengths lossily: equal to within it
         assert score == pytest.approx(want_keyword[chunk_id], rel=0.01), chunk_id
     assert dict(got.dense) == pytest.approx(want_dense, abs=1e-5)
+    # The title as a field of its own, weighted: scored with the title's statistics, as the full build's shards do.
+    titled = f"{new['title']} {query}"
+    for weights in ({"contents": 1.0, "title": 0.5}, {"title": 1.0}):
+        want = {h.chunk_id: h.score for h in oracle.bm25(titled, 200, weights=weights)
+                if h.chunk_id.startswith("new-doc#")}
+        got_weighted = asyncio.run(docs.segment.search(ShardQuery(vector, titled, 50, 50, field_weights=weights)))
+        assert want and dict(got_weighted.keyword).keys() == want.keys()
+        assert dict(got_weighted.keyword) == pytest.approx(want, rel=0.01), weights
+    fields = docs.segment.field_scores(docs.segment.analyze(titled), [*want, "not-held#0"])
+    assert sorted(fields) == ["contents", "title"] and fields["title"][-1] == 0.0
+    assert fields["title"][:-1] == pytest.approx(list(want.values()), rel=0.01)  # ({"title": 1.0}, the last asked)
     # The same chunks as the build makes: ids, offsets, titles and texts.
     built = {r["chunk_id"]: r for r in oracle.fetch([h for h in oracle.bm25(query, 200) if h.chunk_id in want_keyword])}
     rows = asyncio.run(docs.segment.fetch(list(want_keyword)))

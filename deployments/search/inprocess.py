@@ -84,7 +84,7 @@ def open_collection(name: str, index: Path, version: str | None = None, threaded
         fields.update(g.fields())
     return Collection.at_version(name, manifest.version, [InProcessShard(g, threaded) for g in groups],
                                  InProcessEncoder(manifest.encoder, encoder_backend), fields=fields,
-                                 counts=manifest.counts)
+                                 counts=manifest.counts, bm25=manifest.bm25)
 
 
 def inprocess_pipeline(collections: dict[str, Path], settings: RouterSettings | None = None,

@@ -52,6 +52,21 @@ def test_keyword_and_vector_equal_the_sharded_cores(pipeline, local):
         assert kw.coverage.shards_answered == kw.coverage.shards_asked == 3 and not kw.coverage.degraded
 
 
+def test_field_weights_reach_the_shards_and_unknown_fields_are_refused(pipeline, local):
+    weights = {"contents": 1.0, "title": 0.5}
+    for q in ("sailing boat", "astronomy note telescope"):
+        kw = search(pipeline, query=q, method="keyword", limit=5, field_weights=weights)
+        want = local.bm25(q, 5, weights=weights)
+        assert [r.chunk_id for r in kw.results] == [h.chunk_id for h in want]
+        assert [r.score for r in kw.results] == pytest.approx([h.score for h in want])
+        assert [r.score for r in kw.results] != pytest.approx([h.score for h in local.bm25(q, 5)])
+    with pytest.raises(ServiceError, match=r"\['body'\].*BM25 fields: \['contents', 'title'\]") as refused:
+        search(pipeline, query="boat", method="hybrid", field_weights={"body": 1.0})
+    assert status_of(refused.value) == 400
+    # the vector leg alone scores no field: nothing to refuse
+    assert search(pipeline, query="boat", method="vector", limit=3, field_weights={"body": 1.0}).results
+
+
 def test_hybrid_rrf_scores_are_the_rrf_formula(pipeline, local):
     q = "lucene shard replica"
     depth = 50

@@ -8,6 +8,8 @@
    w with the best mean nDCG@10 is chosen (ties: the smaller w).
 2. On the test split, once: nDCG@10 and R@100 of BM25 alone and (with ``--hybrid-index``, an index built with a
    real encoder) of the default hybrid search, each without and with the chosen title weight.
+3. With ``--hybrid-index``, the title weight is also chosen for hybrid search on the train split (``--hybrid-grid``);
+   its test figure is measured only when that weight differs from 0 and from BM25's (else it is a row above).
 
 Searches run through the request pipeline in process (``deployments.search.inprocess``: the router's own code,
 real Lucene and FAISS, no reranker, no HTTP); a document ranks at its best chunk. The indexes must be built with
@@ -60,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True, help="BEIR folder with qrels/train.tsv and qrels/test.tsv")
     parser.add_argument("--hybrid-index", type=Path, help="an index root built with a real encoder, for hybrid")
     parser.add_argument("--grid", type=float, nargs="+", default=list(GRID), help="title weights tried on train")
+    parser.add_argument("--hybrid-grid", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2, 0.3, 0.5],
+                        help="title weights tried on train for hybrid search")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -74,16 +78,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chosen title weight (train nDCG@10): {best}", flush=True)
     test = {"bm25": measure(bm25, test_q, test_qrels, "keyword", 0.0),
             "bm25+title": measure(bm25, test_q, test_qrels, "keyword", best)}
+    hybrid_train, hybrid_best = {}, None
     if args.hybrid_index is not None:
         hybrid = inprocess_pipeline({"main": args.hybrid_index})
         test |= {"hybrid": measure(hybrid, test_q, test_qrels, "hybrid", 0.0),
                  "hybrid+title": measure(hybrid, test_q, test_qrels, "hybrid", best)}
+        for w in args.hybrid_grid:
+            hybrid_train[w] = measure(hybrid, train_q, train_qrels, "hybrid", w)
+            print(f"train  hybrid title={w:<5} {hybrid_train[w]}", flush=True)
+        hybrid_best = max(args.hybrid_grid, key=lambda w: (hybrid_train[w]["nDCG@10"], -w))
+        print(f"chosen title weight for hybrid (train nDCG@10): {hybrid_best}", flush=True)
+        if hybrid_best not in (0.0, best):
+            test[f"hybrid+title({hybrid_best})"] = measure(hybrid, test_q, test_qrels, "hybrid", hybrid_best)
     for name, figures in test.items():
         print(f"test   {name:<13} {figures}", flush=True)
     write_record(args.out, {"bench": "fields", "machine": machine(), "index": str(args.index),
                             "hybrid_index": str(args.hybrid_index) if args.hybrid_index else None,
                             "train_queries": len(train_q), "test_queries": len(test_q), "grid": args.grid,
                             "train": {str(w): f for w, f in train.items()}, "chosen_title_weight": best,
+                            "hybrid_train": {str(w): f for w, f in hybrid_train.items()},
+                            "chosen_title_weight_hybrid": hybrid_best,
                             "test": test})
     print(json.dumps({"chosen_title_weight": best, "test": test}))
     return 0

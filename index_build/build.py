@@ -44,14 +44,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from index_format.chunking import Chunk, chunk_document
+from index_format.encoders import cpu_only
 from index_format.manifest import (
     MANIFEST,
     IndexMismatch,
     VersionManifest,
     code_version,
+    encoder_fields,
     now_iso,
     write_json_atomic,
 )
+from index_format.prompts import EncoderSpec
 from index_format.sharding import shard_name, shard_of
 from index_format.store import is_remote
 from index_format.versions import (
@@ -206,6 +209,7 @@ def ensure_ray() -> None:
 def build_index(cfg: BuildConfig) -> BuildSummary:
     """Build, verify, publish and (by default) activate one version of ``cfg.corpus`` under ``cfg.out``;
     one build at a time per root (per node, for a root in object storage: see ``versions.build_lock``)."""
+    cfg = cfg.with_prompts()  # what the build key, the actors and the manifest use
     with build_lock(cfg.out):
         target = Target.open(cfg.out)  # a root in object storage: ACTIVE and its tag, read as the build starts
         try:
@@ -432,7 +436,7 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
     shard_dirs = [staging / "shards" / shard_name(s) for s in range(cfg.shards)]
     reuse_plan = ReusePlan()
     if cfg.reuse:
-        reuse_plan.sources = find_sources(cfg.reuse_from or cfg.out, cfg.encoder, cfg.chunk_size, cfg.chunk_overlap)
+        reuse_plan.sources = find_sources(cfg.reuse_from or cfg.out, _spec(cfg), cfg.chunk_size, cfg.chunk_overlap)
     sources = task_sources(reuse_plan.sources) if cfg.reuse else None
     reuse_root = cfg.reuse_from or cfg.out
     sources_from = remote(reuse_root).url if sources and is_remote(reuse_root) else None
@@ -474,7 +478,7 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
     # Every file against its checksum and the counts, in the shards' own tasks on their nodes, before anyone can
     # see it; their statistics come back as values, summed on this node.
     verify = ray.remote(num_cpus=0.5, num_returns=2)(_task("verify_shard_files"))
-    verified = [verify.options(**_on(r["node"])).remote(str(d), {"encoder": cfg.encoder, "dimension": dimension})
+    verified = [verify.options(**_on(r["node"])).remote(str(d), _shard_expect(cfg, dimension))
                 for d, r in zip(shard_dirs, shards, strict=True)]
     counts = [_get(ref) for ref, _ in verified]
     for d, c, r in zip(shard_dirs, counts, shards, strict=True):
@@ -493,6 +497,8 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
         corpus=plan.record,
         encoder=cfg.encoder,
         dimension=dimension,
+        query_prompt=cfg.query_prompt,
+        document_prompt=cfg.document_prompt,
         metric="inner_product",
         num_shards=cfg.shards,
         shards=[d.name for d in shard_dirs],
@@ -634,12 +640,21 @@ def _nodes(cfg: BuildConfig) -> dict[str, _Node]:
             continue
         res = node.get("Resources", {})
         cpus, gpus = int(res.get("CPU", 0)), int(res.get("GPU", 0))
-        on_gpu = not cfg.encoder.startswith("hashing:") and cfg.device.value != "cpu" and (
+        on_gpu = not cpu_only(cfg.encoder) and cfg.device.value != "cpu" and (
             gpus > 0 or cfg.device.value == "cuda")
         actors = max(1, min(cfg.embed_actors, gpus if on_gpu and gpus else max(cpus, 1)))
         plans[node["NodeID"]] = _Node(cpus, gpus, "cuda" if on_gpu else "cpu", actors,
                                       0 if on_gpu else max(1, cpus // actors))
     return plans
+
+
+def _spec(cfg: BuildConfig) -> EncoderSpec:
+    """The encoder and its prompts of a config ``with_prompts``."""
+    return EncoderSpec(cfg.encoder, cfg.query_prompt, cfg.document_prompt)
+
+
+def _shard_expect(cfg: BuildConfig, dimension: int) -> dict:
+    return encoder_fields(_spec(cfg), dimension)
 
 
 def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard_dirs: list[Path],
@@ -709,7 +724,7 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
         for n in embed_on:
             plan = nodes[n]
             actors[n] = [embed_class.options(num_cpus=1, num_gpus=1 if plan.device == "cuda" else 0, **_on(n)).remote(
-                cfg.encoder, plan.device, cfg.embed_batch_size, plan.threads) for _ in range(plan.actors)]
+                _spec(cfg), plan.device, cfg.embed_batch_size, plan.threads) for _ in range(plan.actors)]
         embedding: dict = {}
         turn = dict.fromkeys(embed_on, 0)
         for r in todo:
@@ -770,8 +785,8 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
             elif "faiss" in results[s] and "lucene" in results[s]:
                 faiss_info = {k: v for k, v in results[s]["faiss"].items() if k != "dimension"}
                 manifest = {
-                    "shard": s, "num_shards": cfg.shards, "build_key": build_key, "encoder": cfg.encoder,
-                    "dimension": results[s]["faiss"]["dimension"], "metric": "inner_product",
+                    "shard": s, "num_shards": cfg.shards, "build_key": build_key, "metric": "inner_product",
+                    **_shard_expect(cfg, results[s]["faiss"]["dimension"]),
                     "faiss": faiss_info,
                     "counts": {"docs": by_shard[s]["docs"], "chunks": by_shard[s]["chunks"],
                                "faiss_vectors": faiss_info["ntotal"],

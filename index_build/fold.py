@@ -66,6 +66,7 @@ from index_format.manifest import (
     VersionManifest,
     code_version,
     counts_agree,
+    encoder_fields,
     now_iso,
     read_shard_manifest,
     sha256_file,
@@ -73,6 +74,7 @@ from index_format.manifest import (
     write_json_atomic,
 )
 from index_format.process import configure_process
+from index_format.prompts import EncoderSpec
 from index_format.records import metadata_json, written_document
 from index_format.sharding import shard_of
 from index_format.versions import (
@@ -156,7 +158,7 @@ def _log_changes(root: str, after: int, through: int | None) -> tuple[dict[str, 
 
 
 def prepare_fold(root: str, work: str, after: int, through: int | None, num_shards: int, build_config: dict,
-                 encoder: str) -> dict:
+                 encoder: EncoderSpec) -> dict:
     """Step 1: the writes past ``after`` as each shard's documents, chunks and vectors in ``work``."""
     from index_format.encoders import load_encoder
 
@@ -175,7 +177,8 @@ def prepare_fold(root: str, work: str, after: int, through: int | None, num_shar
             chunks.setdefault(s, []).append(c.row(as_json))
             contents.setdefault(s, []).append(c.contents(chunking.prepend_title))
     texts = [t for s in sorted(contents) for t in contents[s]]
-    vectors = load_encoder(encoder, "auto").encode(texts).astype(np.float32) if texts else None
+    vectors = (load_encoder(encoder.model, "auto").encode(texts, prompt=encoder.document_prompt).astype(np.float32)
+               if texts else None)
     folder = Path(work)
     folder.mkdir(parents=True, exist_ok=True)
     touched: dict[int, dict] = {}
@@ -298,8 +301,8 @@ def fold_shard(base_shard: str, shard_dir: str, part: str, build_key: str, build
     if not counts_agree(counts):
         raise IndexMismatch(f"{folder.name}: a fold left counts that disagree: {counts}")
     written = {DOCUMENTS_FILE: docs_sum, CHUNKS_FILE: chunks_sum, EMBEDDINGS_FILE: vectors_sum} | faiss_sums
-    body = ShardManifest(shard=old.shard, num_shards=old.num_shards, build_key=build_key, encoder=old.encoder,
-                         dimension=old.dimension, metric=old.metric, faiss=faiss_info, counts=counts, lucene=lucene,
+    body = ShardManifest(shard=old.shard, num_shards=old.num_shards, build_key=build_key,
+                         **encoder_fields(EncoderSpec.of(old), old.dimension), metric=old.metric, faiss=faiss_info, counts=counts, lucene=lucene,
                          checksums=_checksums(folder, base, old.checksums, written), build_config=old.build_config,
                          code_version=code_version(), created=now_iso())
     write_json_atomic(folder / MANIFEST, body.model_dump(mode="json"))
@@ -511,7 +514,7 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
     workers = fold_workers(max(1, min(manifest.num_shards, cpus // SHARD_THREADS)))
     t = time.perf_counter()
     prepared = ray.get(workers[0].prepare.remote(
-        absolute_root(root), str(work), manifest.log_seq, through, manifest.num_shards, manifest.build_config, manifest.encoder))
+        absolute_root(root), str(work), manifest.log_seq, through, manifest.num_shards, manifest.build_config, EncoderSpec.of(manifest)))
     seconds["read+embed"] = time.perf_counter() - t
     summary = FoldSummary(None, base, prepared["log_seq"], prepared["upserted"], prepared["deleted"])
     if prepared["log_seq"] == manifest.log_seq:

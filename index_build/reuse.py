@@ -9,7 +9,7 @@ Two levels, both checked against the content, never assumed from a name or a dat
   bytes is safe) and nothing of it is embedded or indexed again. A rebuild of an unchanged corpus
   therefore starts no Ray job at all.
 - **A chunk's vector.** For every other chunk, a vector is reused when a published version built with
-  the same encoder and the same chunking (size and overlap) holds a chunk whose text as embedded (title
+  the same encoder and document prompt and the same chunking (size and overlap) holds a chunk whose text as embedded (title
   prepended or not, as each version was built) is identical. Only new or changed texts are embedded.
 
 The versions searched are those of the output root (the active one first, then the newest), or of a
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from index_format.manifest import MANIFEST, IndexMismatch, VersionManifest
+from index_format.prompts import EncoderSpec
 from index_format.store import is_remote
 from index_format.versions import active_version, list_versions, read_version_manifest, versions_dir
 
@@ -72,11 +73,12 @@ class ReusePlan:
                 "reused_from": dict(self.vectors_from)}
 
 
-def find_sources(root: str | Path, encoder: str, chunk_size: int, chunk_overlap: int) -> list[SourceVersion]:
+def find_sources(root: str | Path, spec: EncoderSpec, chunk_size: int, chunk_overlap: int) -> list[SourceVersion]:
     """Published versions under ``root`` whose vectors a build with these options may reuse, best first; those of a
     root in object storage fetched into this node's cache first."""
+    options = (spec.model, spec.document_prompt, chunk_size, chunk_overlap)
     if is_remote(root):
-        return _remote_sources(str(root), (encoder, chunk_size, chunk_overlap))
+        return _remote_sources(str(root), options)
     found = []
     for name in list_versions(root):
         folder = versions_dir(root) / name
@@ -84,15 +86,16 @@ def find_sources(root: str | Path, encoder: str, chunk_size: int, chunk_overlap:
             manifest = read_version_manifest(folder)
         except IndexMismatch:
             continue
-        if _fits(manifest, (encoder, chunk_size, chunk_overlap)):
+        if _fits(manifest, options):
             found.append(SourceVersion(name, folder, manifest))
     return _best_first(found, active_version(root))[:MAX_SOURCES]
 
 
-def _fits(manifest: VersionManifest, options: tuple[str, int, int]) -> bool:
-    """Built with this encoder, chunk size and overlap (the options a reused vector depends on)."""
+def _fits(manifest: VersionManifest, options: tuple[str, str, int, int]) -> bool:
+    """Built with this encoder, document prompt, chunk size and overlap (what a reused vector depends on; the query
+    prompt does not change a stored vector)."""
     cfg = manifest.build_config
-    return (manifest.encoder, cfg.get("chunk_size"), cfg.get("chunk_overlap")) == options
+    return (manifest.encoder, manifest.document_prompt, cfg.get("chunk_size"), cfg.get("chunk_overlap")) == options
 
 
 def _best_first(found: list[SourceVersion], live: str | None) -> list[SourceVersion]:
@@ -101,7 +104,7 @@ def _best_first(found: list[SourceVersion], live: str | None) -> list[SourceVers
     return active + sorted((s for s in found if s.name != live), key=lambda s: s.manifest.created, reverse=True)
 
 
-def _remote_sources(url: str, options: tuple[str, int, int]) -> list[SourceVersion]:
+def _remote_sources(url: str, options: tuple[str, str, int, int]) -> list[SourceVersion]:
     """The best REMOTE_SOURCES versions of a root in object storage, fetched: the active one when it fits (its
     manifest alone is read), else the newest that fits."""
     from index_format.remote_root import RemoteRoot

@@ -56,6 +56,7 @@ from index_format.manifest import (
     verify_shard,
     write_json_atomic,
 )
+from index_format.prompts import EncoderSpec
 from index_format.sharding import shard_of
 
 from .faiss_index import FaissSpec
@@ -290,20 +291,21 @@ class EmbedBlocks:
     """Ray actor, pinned to one node: loads the encoder once; for each call (a block of the rows of a shard built
     on this node) reads the contents from the work folder, embeds them and saves the vectors beside them."""
 
-    def __init__(self, encoder: str, device: str, batch_size: int, threads: int):
+    def __init__(self, spec: EncoderSpec, device: str, batch_size: int, threads: int):
         if threads:
             import torch
 
             torch.set_num_threads(threads)
         from index_format.encoders import load_encoder
 
-        self.encoder = load_encoder(encoder, device)
+        self.encoder = load_encoder(spec.model, device, threads=threads or 1)
+        self.prompt = spec.document_prompt
         self.batch_size = batch_size
 
     def embed(self, work: str, block: int) -> tuple[int, int]:
         """Block ``block`` of the work folder ``work`` embedded; returns (rows, dimension)."""
         todo = pq.ParquetFile(Path(work) / TODO_FILE).read_row_group(block, columns=["contents"])
-        vectors = self.encoder.encode(todo["contents"].to_pylist(), self.batch_size).astype(np.float32)
+        vectors = self.encoder.encode(todo["contents"].to_pylist(), self.batch_size, self.prompt).astype(np.float32)
         out = Path(work) / f"embedded-{block:06d}.npy"
         np.save(out.with_suffix(".tmp.npy"), vectors)
         os.replace(out.with_suffix(".tmp.npy"), out)

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             folder = resolve_version_dir(args.root, args.version)
             m = read_version_manifest(folder)
             for shard in m.shards:
-                verify_shard(folder / "shards" / shard, expect={"encoder": m.encoder, "dimension": m.dimension})
+                verify_shard(folder / "shards" / shard, expect=m.shard_expect())
             print(f"{folder.name}: {len(m.shards)} shards verified")
     except (IndexMismatch, ValueError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)

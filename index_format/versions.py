@@ -176,8 +176,7 @@ def verify_version(version_dir: Path, checksums: bool = True) -> VersionManifest
     manifest = read_version_manifest(version_dir)
     chunks = 0
     for shard in manifest.shards:
-        m = verify_shard(version_dir / "shards" / shard, expect={"encoder": manifest.encoder,
-                                                                  "dimension": manifest.dimension},
+        m = verify_shard(version_dir / "shards" / shard, expect=manifest.shard_expect(),
                          checksums=checksums)
         if not counts_agree(m.counts):
             raise IndexMismatch(f"{version_dir.name}/{shard}: counts disagree: {m.counts}")

@@ -54,7 +54,7 @@ class CollectionDocuments:
         todo = [c for c in changes if c.seq > segment.applied_seq]  # the version or the segment holds the rest
         pieces = [(change, segment.chunk(change)) for change in todo]
         texts = [t for _, parts in pieces for _, _, ts in parts for t in ts]
-        vectors = list(await self.encoder.embed_many(texts)) if texts else []
+        vectors = list(await self.encoder.embed_documents(texts)) if texts else []
         at = 0
         for change, parts in pieces:
             embedded = {}

@@ -489,6 +489,10 @@ class BuildRequest(RequestBody):
     activate: bool | None = Field(None, description="Activate the new version when it is complete (default: yes).")
     shards: int | None = Field(None, ge=1, le=1024, description="Number of shards (a build from a corpus).")
     encoder: str | None = Field(None, max_length=512, description="Encoder model (a build from a corpus).")
+    query_prompt: str | None = Field(None, max_length=1000, description="Text put before every query (default: the "
+                                     "encoder's own prompt, else none); recorded in the version's manifest.")
+    document_prompt: str | None = Field(None, max_length=1000, description="Text put before every chunk embedded "
+                                        "(default: the encoder's own prompt, else none).")
     faiss_index: str | None = Field(None, max_length=32, pattern=r"^[a-z0-9_]+$",
                                     description="FAISS index type: auto, flat, hnsw, ... (a build from a corpus).")
     chunk_size: int | None = Field(None, ge=8, le=4096)

@@ -28,6 +28,7 @@ from deployments.errors import ActivationError, NotFound, Unavailable
 from deployments.search.clients import Collection, EncoderClient, ShardClient, collection, fields_of
 from deployments.search.stages import failure
 from index_format.manifest import IndexMismatch, VersionManifest
+from index_format.prompts import EncoderSpec
 from index_format.versions import (
     activate,
     active_version,
@@ -47,7 +48,7 @@ class DeployedCollection:
 
     name: str
     root: str | None  # a folder or a URL; None: the config named a version folder or pinned a version: it never moves
-    encoder_model: str
+    encoder_spec: EncoderSpec  # the model and prompts its queries (and written documents) are embedded with
     dimension: int
     slots: list[tuple[str, Any, list[str]]]  # (slot name, handle of its deployment, the shards it serves)
     encoder: EncoderClient
@@ -64,10 +65,11 @@ def check_switchable(deployed: DeployedCollection, manifest: VersionManifest) ->
     """(slot, handle, the shards it serves of this version) for the slots that serve ``manifest``'s version,
     or why this running app cannot serve it without a redeploy. A version may have fewer shards than the
     app was deployed with, as long as they are the first ones (a slot then serves those it has)."""
-    if manifest.encoder != deployed.encoder_model or manifest.dimension != deployed.dimension:
+    built = EncoderSpec.of(manifest)
+    if built != deployed.encoder_spec or manifest.dimension != deployed.dimension:
         raise ActivationError(
-            f"version {manifest.version!r} was embedded with {manifest.encoder} ({manifest.dimension} dims); this app "
-            f"encodes queries with {deployed.encoder_model} ({deployed.dimension} dims): redeploy to serve it")
+            f"version {manifest.version!r} was embedded with {built} ({manifest.dimension} dims); this app "
+            f"encodes queries with {deployed.encoder_spec} ({deployed.dimension} dims): redeploy to serve it")
     wanted = list(manifest.shards)
     deployed_shards = [shard for _, _, shards in deployed.slots for shard in shards]
     if deployed_shards[: len(wanted)] != wanted:

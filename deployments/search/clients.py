@@ -39,6 +39,9 @@ class EncoderClient(Protocol):
 
     async def embed_many(self, texts: list[str]) -> list[np.ndarray]: ...  # one batch (POST /search/batch)
 
+    # Documents (the fresh segment's chunks): embedded with the version's document prompt, queries with its query one.
+    async def embed_documents(self, texts: list[str]) -> list[np.ndarray]: ...
+
 
 class RerankerClient(Protocol):
     async def score(self, query: str, passages: list[str]) -> list[float]: ...

@@ -22,6 +22,7 @@ from deployments.shard.group import ShardGroup
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.service import ShardService, open_version
 from index_format.encoders import encode_queries, load_encoder
+from index_format.prompts import EncoderSpec
 
 
 class InProcessShard:
@@ -61,14 +62,18 @@ class InProcessReranker:
 
 
 class InProcessEncoder:
-    def __init__(self, name: str, backend: str = "onnx"):
-        self.encoder = load_encoder(name, "cpu", backend, threads=1)
+    def __init__(self, spec: EncoderSpec, backend: str = "onnx"):
+        self.spec = spec
+        self.encoder = load_encoder(spec.model, "cpu", backend, threads=1)
 
     async def embed(self, text: str) -> np.ndarray:
-        return self.encoder.encode([text])[0]
+        return self.encoder.encode([text], prompt=self.spec.query_prompt)[0]
 
     async def embed_many(self, texts: list[str]) -> list[np.ndarray]:
-        return list(encode_queries(self.encoder, texts))
+        return list(encode_queries(self.encoder, texts, self.spec.query_prompt))
+
+    async def embed_documents(self, texts: list[str]) -> list[np.ndarray]:
+        return list(self.encoder.encode(texts, prompt=self.spec.document_prompt))
 
 
 def open_collection(name: str, index: Path, version: str | None = None, threaded: bool = False,
@@ -83,7 +88,7 @@ def open_collection(name: str, index: Path, version: str | None = None, threaded
     for g in groups:
         fields.update(g.fields())
     return Collection.at_version(name, manifest.version, [InProcessShard(g, threaded) for g in groups],
-                                 InProcessEncoder(manifest.encoder, encoder_backend), fields=fields,
+                                 InProcessEncoder(EncoderSpec.of(manifest), encoder_backend), fields=fields,
                                  counts=manifest.counts, bm25=manifest.bm25)
 
 
@@ -131,7 +136,7 @@ class LocalIndex:
         return self._encoder
 
     def embed(self, queries: list[str]) -> np.ndarray:
-        return self.encoder.encode(queries)
+        return self.encoder.encode(queries, prompt=self.manifest.query_prompt)
 
     def bm25(self, query: str, k: int = 10, allowed: list[np.ndarray | None] | None = None,
              weights: dict[str, float] | None = None) -> list[Hit]:

@@ -33,6 +33,7 @@ from deployments.serve.shard_group import ShardRetriever
 from deployments.serve.specs import CollectionSpec, HeldSlot, HostSpec, SlotSpec
 from deployments.serve.synthesis import Synthesis
 from index_format.manifest import MANIFEST, VersionManifest
+from index_format.prompts import EncoderSpec
 from index_format.remote_root import CACHE_DIR_ENV, STATE_ENV
 from index_format.store import is_remote
 from index_format.versions import (
@@ -159,8 +160,8 @@ def logging_config(cfg: AppConfig) -> dict[str, Any]:
     return {"encoding": cfg.log_encoding, "enable_access_log": False}
 
 
-def encoder_deployment(cfg: AppConfig, model: str, index: int):
-    """A batching query-encoder deployment for one model (``encoder.placement: deployment``)."""
+def encoder_deployment(cfg: AppConfig, spec: EncoderSpec, index: int):
+    """A batching query-encoder deployment for one model and its prompts (``encoder.placement: deployment``)."""
     e = cfg.encoder
     return QueryEncoder.options(
         name=f"encoder-{index}",
@@ -168,7 +169,7 @@ def encoder_deployment(cfg: AppConfig, model: str, index: int):
         ray_actor_options=actor_options(e.num_cpus, e.num_gpus, e.resources),
         **per_node(e.max_replicas_per_node),
         logging_config=logging_config(cfg),
-    ).bind(model, e.max_batch_size, e.batch_wait_s, max(1, int(e.num_cpus)), "cuda" if e.num_gpus else "cpu",
+    ).bind(spec, e.max_batch_size, e.batch_wait_s, max(1, int(e.num_cpus)), "cuda" if e.num_gpus else "cpu",
            e.backend)
 
 
@@ -245,7 +246,7 @@ def placement_warnings(cfg: AppConfig, nodes: list[dict[str, float]] | None = No
 def build_app(args: dict[str, Any] | AppConfig) -> Application:
     cfg = args if isinstance(args, AppConfig) else AppConfig.model_validate(args)
     check_nodes_reach(sorted({absolute_root(c.index) for c in cfg.resolved_collections().values()}))
-    encoders: dict[str, Any] = {}
+    encoders: dict[EncoderSpec, Any] = {}
     collections: dict[str, CollectionSpec] = {}
     needs: list[GroupNeed] = []
     for name, coll in cfg.resolved_collections().items():
@@ -257,24 +258,24 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
         # object storage is named to the hosts either way: they fetch their files from it.
         follows = coll.version is None and (is_remote(index) or not (Path(index) / MANIFEST).is_file())
         host_root = index if follows or is_remote(index) else None
-        if manifest.encoder not in encoders:
-            encoders[manifest.encoder] = (None if cfg.encoder.in_router
-                                          else encoder_deployment(cfg, manifest.encoder, len(encoders)))
+        spec = EncoderSpec.of(manifest)  # one query encoder a model and its prompts, shared by the collections
+        if spec not in encoders:
+            encoders[spec] = None if cfg.encoder.in_router else encoder_deployment(cfg, spec, len(encoders))
         s = cfg.shards_of(name)
         host = HostSpec(index_root=host_root, version_dir=str(version_dir) if version_dir else None,
                         version=manifest.version,
                         shards=list(manifest.shards),
-                        expect={"encoder": manifest.encoder, "dimension": manifest.dimension},
+                        expect=manifest.shard_expect(),
                         verify_checksums=s.verify_checksums, lucene_heap=s.lucene_heap,
                         search_device=s.search_device, warmup_searches=s.warmup_searches)
         groups = placed_groups(s, name, index, manifest)
         needs += [g.need for g in groups if g.need is not None]
         collections[name] = CollectionSpec(
             name=name, version=manifest.version, slots=shard_slots(cfg, name, host, groups),
-            encoder_model=manifest.encoder, dimension=manifest.dimension,
+            encoder_spec=spec, dimension=manifest.dimension,
             # Beside the versions, so judgments outlive restarts and reindexing.
             judgments=str(judgments_root(index, version_dir) / "judgments"),
-            encoder=encoders[manifest.encoder], encoder_backend=cfg.encoder.backend,
+            encoder=encoders[spec], encoder_backend=cfg.encoder.backend,
             encoder_threads=cfg.encoder.router_threads, root=str(index) if follows else None,
             rerank=coll.rerank, ann=coll.ann, counts=dict(manifest.counts), bm25=dict(manifest.bm25),
             field_weights=coll.field_weights)

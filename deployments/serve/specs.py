@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.edge.schemas import AnnParams
+from index_format.prompts import EncoderSpec
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class CollectionSpec:
     name: str
     version: str
     slots: list[SlotSpec]
-    encoder_model: str
+    encoder_spec: EncoderSpec  # the version's encoder and prompts (its manifest's)
     dimension: int
     judgments: str  # the folder POST /feedback writes to, beside the versions
     encoder: Any = None  # a query-encoder deployment's handle; None: embedded in the router

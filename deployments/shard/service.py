@@ -240,5 +240,5 @@ def open_version(path: Path, version: str | None = None):
     version_dir = resolve_version_dir(path, version)  # a URL: its copy in the node cache
     manifest = read_version_manifest(version_dir)
     stats, terms = read_stats(version_dir / "bm25")
-    expect = {"encoder": manifest.encoder, "dimension": manifest.dimension}
+    expect = manifest.shard_expect()
     return version_dir, manifest, stats, corpus_df_map(terms), expect

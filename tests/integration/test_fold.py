@@ -29,7 +29,9 @@ from index_format.versions import active_version, read_version_manifest, verify_
 from tests.conftest import make_corpus, write_jsonl
 
 ENCODER = "hashing:64"
-OPTIONS = {"encoder": ENCODER, "chunk_size": 40, "chunk_overlap": 8, "shards": 3, "progress": False}
+# With prompts: the fold embeds its chunks as the build does (document_prompt + contents), or the vectors differ.
+OPTIONS = {"encoder": ENCODER, "chunk_size": 40, "chunk_overlap": 8, "shards": 3, "progress": False,
+           "query_prompt": "query: ", "document_prompt": "passage: "}
 QUERIES = ["telescope galaxy", "bread oven butter", "boat wind anchor", "piano chord", "lucene shard replica",
            "zebra stripes savanna", "the"]
 

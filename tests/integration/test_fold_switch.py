@@ -9,22 +9,19 @@ import asyncio
 import pytest
 
 from deployments.documents.service import open_documents
+from deployments.search.inprocess import InProcessEncoder
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_build.fold import fold
-from index_format.encoders import load_encoder
+from index_format.prompts import EncoderSpec
 from index_format.versions import versions_dir
 from tests.conftest import make_corpus, write_jsonl
 
 ENCODER = "hashing:64"
 
 
-class Encoder:
-    def __init__(self):
-        self.model = load_encoder(ENCODER)
-
-    async def embed_many(self, texts):
-        return list(self.model.encode(texts))
+def Encoder():  # noqa: N802 - the collection's encoder as the router's client, in process
+    return InProcessEncoder(EncoderSpec(ENCODER))
 
 
 def _doc(doc_id: str, text: str) -> dict:

@@ -6,29 +6,32 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from deployments.documents.service import open_documents
-from deployments.search.inprocess import LocalIndex
+from deployments.search.inprocess import InProcessEncoder, LocalIndex, open_collection
 from deployments.shard.query import ShardQuery
 from index_build.build import build_index
 from index_build.config import BuildConfig
+from index_build.tables import contents_of
 from index_format.change_log import Change
-from index_format.encoders import load_encoder
+from index_format.encoders import HashingEncoder
+from index_format.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, read_shard_manifest
+from index_format.prompts import EncoderSpec
+from index_format.versions import read_version_manifest
 from tests.conftest import make_corpus, write_jsonl
 
 ENCODER = "hashing:64"
 COPY = 12  # the document written again under a new id
 
 
-class Encoder:
-    """The collection's encoder as the router's client (``embed_many``), in process."""
+PROMPTS = {"query_prompt": "query: ", "document_prompt": "passage: "}  # each side embedded as the build did
 
-    def __init__(self):
-        self.model = load_encoder(ENCODER)
 
-    async def embed_many(self, texts):
-        return list(self.model.encode(texts))
+def encoder_of(version_dir):
+    """The collection's encoder as the router's client, in process: the version's model and prompts."""
+    return InProcessEncoder(EncoderSpec.of(read_version_manifest(version_dir)))
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,7 @@ def indexes(ray_local, tmp_path_factory):
     docs = make_corpus(30)
     new = {**docs[COPY], "_id": "new-doc"}
     common = {"shards": 2, "encoder": ENCODER, "chunk_size": 40, "chunk_overlap": 8, "progress": False,
-              "activate": True}
+              "activate": True, **PROMPTS}
     base = build_index(BuildConfig(corpus=write_jsonl(folder / "base.jsonl", docs), out=folder / "base", **common))
     full = build_index(BuildConfig(corpus=write_jsonl(folder / "full.jsonl", [*docs, new]), out=folder / "full",
                                    **common))
@@ -47,7 +50,7 @@ def indexes(ray_local, tmp_path_factory):
 
 def test_a_written_document_scores_as_in_a_full_build_on_both_legs(indexes):
     root, base_dir, full_dir, new = indexes
-    docs = open_documents("default", root, base_dir, Encoder(), 64)
+    docs = open_documents("default", root, base_dir, encoder_of(base_dir), 64)
     change = Change(1, [{"id": new["_id"], "title": new["title"], "text": new["text"], "metadata": new["metadata"]}])
     asyncio.run(docs._apply([change]))
     oracle = LocalIndex(full_dir)
@@ -79,9 +82,35 @@ def test_a_written_document_scores_as_in_a_full_build_on_both_legs(indexes):
         assert {k: row[k] for k in keys} == {k: built[row["chunk_id"]][k] for k in keys}
 
 
+def test_the_prompts_are_recorded_and_each_side_is_embedded_with_its_own(indexes):
+    """Oracle by hand: a stored chunk's vector is the model's vector of ``document_prompt + contents``; a query the
+    service embeds (in process, in the router, as the evaluation does) is that of ``query_prompt + query``; and the
+    prompt does change the vector (or this test would prove nothing)."""
+    from deployments.serve.handles import LocalEncoder
+
+    _, base_dir, _, _ = indexes
+    manifest = read_version_manifest(base_dir)
+    assert (manifest.query_prompt, manifest.document_prompt) == ("query: ", "passage: ")
+    model = HashingEncoder(64)
+    for shard in manifest.shards:
+        folder = base_dir / "shards" / shard
+        assert read_shard_manifest(folder).document_prompt == "passage: "
+        contents = contents_of(pq.read_table(folder / CHUNKS_FILE), manifest.build_config["prepend_title"])
+        stored = np.load(folder / EMBEDDINGS_FILE)
+        np.testing.assert_allclose(stored, model.encode(["passage: " + c for c in contents]), atol=1e-6)
+        assert np.abs(stored - model.encode(contents)).max() > 0.1
+    query = "telescope galaxy words"
+    want = model.encode(["query: " + query])[0]
+    assert np.abs(want - model.encode([query])[0]).max() > 0.1
+    for client in (open_collection("default", base_dir).encoder, LocalEncoder(EncoderSpec.of(manifest), "onnx")):
+        np.testing.assert_allclose(asyncio.run(client.embed(query)), want, atol=1e-6)
+        np.testing.assert_allclose(asyncio.run(client.embed_many(["other", query]))[1], want, atol=1e-6)
+    np.testing.assert_allclose(LocalIndex(base_dir).embed([query])[0], want, atol=1e-6)
+
+
 def test_a_change_is_applied_once_and_in_order(indexes):
     root, base_dir, _, _ = indexes
-    docs = open_documents("default", root, base_dir, Encoder(), 64)
+    docs = open_documents("default", root, base_dir, encoder_of(base_dir), 64)
     first = Change(1, [{"id": "a", "title": "", "text": "alpha words here", "metadata": {}}])
     second = Change(2, [], ["a"])
     asyncio.run(docs._apply([first, second]))
@@ -92,7 +121,7 @@ def test_a_change_is_applied_once_and_in_order(indexes):
 
 def test_replacing_a_document_again_and_again_costs_rows_only_until_they_are_compacted(indexes):
     root, base_dir, _, _ = indexes
-    docs = open_documents("default", root, base_dir, Encoder(), 64)
+    docs = open_documents("default", root, base_dir, encoder_of(base_dir), 64)
     changes = [Change(i, [{"id": "same", "title": "", "text": f"version {i} of the ocelot note", "metadata": {}}])
                for i in range(1, 1103)]
     asyncio.run(docs._apply(changes))
@@ -107,15 +136,15 @@ def test_writes_arriving_together_are_stored_and_embedded_together_each_with_its
     """Group commit: 12 writes at once cost fewer embedding calls than writes (and as few fsyncs), and every one
     is acknowledged with a seq of its own, searchable when its answer comes."""
     _, base_dir, _, _ = indexes
-    encoder = Encoder()
+    encoder = encoder_of(base_dir)
     calls = []
-    embed = encoder.embed_many
+    embed = encoder.embed_documents
 
     async def counted(texts):
         calls.append(len(texts))
         return await embed(texts)
 
-    encoder.embed_many = counted
+    encoder.embed_documents = counted
     docs = open_documents("default", tmp_path, base_dir, encoder, 64)
 
     async def burst():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from index_format.encoders import OnnxEncoder, load_encoder
+from index_format.prompts import EncoderSpec
 
 TEXTS = [
     "What is the role of p53 in apoptosis of cancer cells?",
@@ -83,15 +84,15 @@ def test_the_routers_encoder_embeds_queries_at_once_on_its_threads():
 
     from deployments.serve.handles import LocalEncoder
 
-    local = LocalEncoder("all-MiniLM-L6-v2", "onnx", threads=2)
+    local = LocalEncoder(EncoderSpec("all-MiniLM-L6-v2"), "onnx", threads=2)
     queries = [f"{t} {i}" for i in range(12) for t in TEXTS[:4]]
     alone = np.stack([local.encoder.encode([q])[0] for q in queries])
     threads: set[str] = set()
     encode = local.encoder.encode
 
-    def traced(texts, *args):
+    def traced(texts, *args, **kwargs):
         threads.add(threading.current_thread().name)
-        return encode(texts, *args)
+        return encode(texts, *args, **kwargs)
 
     local.encoder.encode = traced
 
@@ -100,7 +101,7 @@ def test_the_routers_encoder_embeds_queries_at_once_on_its_threads():
 
     assert np.abs(np.stack(asyncio.run(together())) - alone).max() < 1e-6
     assert len(threads) == 2
-    assert LocalEncoder("all-MiniLM-L6-v2", "torch", threads=2).worker._max_workers == 1
+    assert LocalEncoder(EncoderSpec("all-MiniLM-L6-v2"), "torch", threads=2).worker._max_workers == 1
 
 
 def test_a_folder_saved_by_this_sentence_transformers_encodes_as_torch(encoders, tmp_path, monkeypatch):

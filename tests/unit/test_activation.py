@@ -10,6 +10,7 @@ from deployments.edge.errors import status_of
 from deployments.errors import ServiceError
 from deployments.search.activation import DeployedCollection, VersionSwitch
 from deployments.search.clients import Collection
+from index_format.prompts import EncoderSpec
 from index_format.versions import activate, active_version, versions_dir
 from tests.conftest import fake_version
 from tests.waiting import until
@@ -49,7 +50,7 @@ def setup(tmp_path):
     log: list = []
     broken: set = set()
     slots = [("shard-000", None, ["shard-000"]), ("shard-001", None, ["shard-001"])]
-    deployed = {"docs": DeployedCollection("docs", tmp_path, "hashing:64", 64, slots, encoder=None)}
+    deployed = {"docs": DeployedCollection("docs", tmp_path, EncoderSpec("hashing:64"), 64, slots, encoder=None)}
 
     def make_shard(name, _handle, version, _shards):
         return Slot(name, version, log, broken)
@@ -127,7 +128,7 @@ def test_follow_switches_when_active_moves_elsewhere_and_reports_what_it_cannot_
 
 def test_a_pinned_collection_never_moves(tmp_path):
     _publish(tmp_path, "v1")
-    deployed = {"docs": DeployedCollection("docs", None, "hashing:64", 64, [("shard-000", None)], encoder=None)}
+    deployed = {"docs": DeployedCollection("docs", None, EncoderSpec("hashing:64"), 64, [("shard-000", None)], encoder=None)}
     collections = {"docs": Collection("docs", "v1", [], None)}
     switch = VersionSwitch(collections, deployed, lambda *a: None)
     with pytest.raises(ServiceError, match="pinned"):
@@ -143,13 +144,13 @@ def test_a_shard_group_serves_the_shards_a_version_has(tmp_path):
     for name, shards in (("v2", 2), ("v3", 3), ("v4", 1)):
         _publish(tmp_path, name, shards)
     group = [("docs-group-000", "handle", ["shard-000", "shard-001"])]
-    deployed = DeployedCollection("docs", tmp_path, "hashing:64", 64, group, encoder=None)
+    deployed = DeployedCollection("docs", tmp_path, EncoderSpec("hashing:64"), 64, group, encoder=None)
     manifest = read_version_manifest(versions_dir(tmp_path) / "v4")
     assert check_switchable(deployed, manifest) == [("docs-group-000", "handle", ["shard-000"])]
     assert check_switchable(deployed, read_version_manifest(versions_dir(tmp_path) / "v2")) == group
     with pytest.raises(ServiceError, match="3 shards; this app was deployed with 2 shards in 1 shard slots"):
         check_switchable(deployed, read_version_manifest(versions_dir(tmp_path) / "v3"))
     pairs = [("a", 1, ["shard-000"]), ("b", 2, ["shard-001", "shard-002"])]
-    deployed = DeployedCollection("docs", tmp_path, "hashing:64", 64, pairs, encoder=None)
+    deployed = DeployedCollection("docs", tmp_path, EncoderSpec("hashing:64"), 64, pairs, encoder=None)
     assert check_switchable(deployed, read_version_manifest(versions_dir(tmp_path) / "v2")) == [
         ("a", 1, ["shard-000"]), ("b", 2, ["shard-001"])]

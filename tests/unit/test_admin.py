@@ -71,3 +71,15 @@ def test_a_job_starts_in_the_collections_root_and_refusals_come_first(tmp_path):
             asyncio.run(builds.start(BuildRequest(collection=name, corpus=str(tmp_path / "missing")), None))
         assert status_of(e.value) == status
     assert len(started) == 2 and builds.roots() == [Path("/idx/docs")]
+
+
+def test_prompts_given_to_the_builds_api_reach_the_build_as_given(tmp_path):
+    from deployments.builds import command_for
+    from index_build.cli import parse_args
+
+    body = BuildRequest(corpus="/data/corpus.jsonl", encoder="hashing:64", query_prompt="query: ",
+                        document_prompt="passage: ")
+    command = command_for("build", tmp_path, build_options(body, exists=there), tmp_path / "summary.json")
+    assert command[1:3] == ["-m", "index_build"]
+    cfg, _ = parse_args(command[3:])
+    assert (cfg.query_prompt, cfg.document_prompt) == ("query: ", "passage: ")

@@ -758,7 +758,7 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
 
     results: dict[int, dict[str, dict]] = {r["shard"]: {} for r in todo}
     lucene_seconds = 0.0
-    committed = 0
+    committed = submitted = 0
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
     content_key = cfg.content_key()
     with _progress(len(todo), "index shards", "shard", cfg.progress) as bar:
@@ -783,6 +783,9 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
                     print(f"{CRASH_ENV}={crash_after}: exiting after {committed} committed shard(s)", flush=True)
                     os._exit(137)
             elif "faiss" in results[s] and "lucene" in results[s]:
+                if crash_after and submitted >= crash_after:
+                    continue  # the kill lands before this shard commits: exactly ``crash_after`` are committed
+                submitted += 1
                 faiss_info = {k: v for k, v in results[s]["faiss"].items() if k != "dimension"}
                 manifest = {
                     "shard": s, "num_shards": cfg.shards, "build_key": build_key, "metric": "inner_product",

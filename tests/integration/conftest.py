@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +30,35 @@ def oracle_chunks(docs: list[dict], cfg: BuildConfig):
         out.extend(chunk_document(doc, cfg.chunk_size, cfg.chunk_overlap))
     return out
 
+
+def run_killed(argv: list[str], env: dict) -> subprocess.CompletedProcess:
+    """Run a build that kills itself (``CRASH_ENV``) as a whole job dies: its Ray processes go with it.
+
+    The driver's ``os._exit`` alone leaves its local Ray processes behind, some for good; the rerun must find
+    only what the kill left on disk, and the machine must not keep the dead job's workers."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    out, err = proc.communicate()
+    deadline = time.monotonic() + 30
+    while _live_in_group(proc.pid):
+        if time.monotonic() > deadline:
+            raise AssertionError("the killed build's processes outlived it by 30 s")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        time.sleep(0.1)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _live_in_group(pgid: int) -> bool:
+    """Whether a process of the group is still running (a zombie waiting for its reaper is not)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def shard_dirs(summary) -> list[Path]:

@@ -23,7 +23,7 @@ from index_format.manifest import IndexMismatch, verify_shard
 from index_format.sharding import shard_name
 from index_format.versions import active_version, list_versions, read_version_manifest
 from tests.conftest import make_corpus, write_jsonl
-from tests.integration.conftest import ENCODER, oracle_chunks, shard_dirs
+from tests.integration.conftest import ENCODER, oracle_chunks, run_killed, shard_dirs
 
 
 def test_summary_counts_and_bad_records(built, corpus):
@@ -172,13 +172,13 @@ def test_killed_build_resumes_and_ends_with_the_same_result(corpus, built, tmp_p
     argv = [sys.executable, "-m", "index_build", "--corpus", str(path), "--out", str(tmp_path), "--shards", "3",
             "--encoder", ENCODER, "--chunk-size", "40", "--chunk-overlap", "8", "--no-progress"]
     env = dict(os.environ, **{CRASH_ENV: "1"})
-    first = subprocess.run(argv, capture_output=True, text=True, env=env)
+    first = run_killed(argv, env)
     assert first.returncode == 137, first.stdout + first.stderr
     staged = list((tmp_path / "staging").glob("*/shards/*/manifest.json"))
     assert len(staged) == 1 and list_versions(tmp_path) == []
     second = subprocess.run(argv, capture_output=True, text=True)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert "(1 reused from an interrupted build)" in second.stdout
+    assert "(1 reused from an interrupted build)" in second.stdout, second.stdout + second.stderr
     resumed = read_version_manifest(tmp_path / "versions" / list_versions(tmp_path)[0])
     assert resumed.counts == read_version_manifest(clean.version_dir).counts
     assert resumed.bm25 == read_version_manifest(clean.version_dir).bm25

@@ -17,7 +17,7 @@ from index_format.bm25_stats import read_stats
 from index_format.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, verify_shard
 from index_format.versions import active_version, read_version_manifest
 from tests.conftest import make_corpus, write_jsonl
-from tests.integration.conftest import ENCODER, oracle_chunks
+from tests.integration.conftest import ENCODER, oracle_chunks, run_killed
 
 QUERIES = ["telescope galaxy", "bread oven butter", "boat wind anchor", "piano chord", "lucene shard replica", "the"]
 OPTIONS = {"encoder": ENCODER, "chunk_size": 40, "chunk_overlap": 8, "shards": 2, "progress": False}
@@ -193,7 +193,7 @@ def test_a_killed_incremental_build_resumes_to_the_same_version(versions, tmp_pa
     argv = [sys.executable, "-m", "index_build", "--corpus", str(versions["second"]), "--out", str(root),
             "--shards", "2", "--encoder", ENCODER, "--chunk-size", "40", "--chunk-overlap", "8", "--no-progress",
             "--version", "v2"]
-    first = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, **{CRASH_ENV: "1"}))
+    first = run_killed(argv, dict(os.environ, **{CRASH_ENV: "1"}))
     assert first.returncode == 137, first.stdout + first.stderr
     second = subprocess.run(argv, capture_output=True, text=True)
     assert second.returncode == 0, second.stdout + second.stderr

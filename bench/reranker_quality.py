@@ -112,7 +112,11 @@ def reading(args, test: list[QueryData], qrels, sample: int = 50, depth: int = 2
     texts = chunk_texts(args.index)
     queries = test[:sample]
     pairs = [(q.text, texts[c]) for q in queries for c in q.chunk_ids[:depth]]
-    full = CrossEncoderScorer(str(args.reranker), max_length=4096).token_lengths(pairs)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(args.reranker))  # the pairs' whole length, uncut
+    full = [len(ids) for ids in tokenizer([q for q, _ in pairs], [p for _, p in pairs], truncation=False,
+                                          return_attention_mask=False, return_token_type_ids=False)["input_ids"]]
     out = {"max_length": max_length, "pairs": len(pairs),
            "share_cut": sum(n > max_length for n in full) / len(pairs),
            "median_tokens": float(np.median(full))}

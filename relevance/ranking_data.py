@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from deployments.search.learned import feature_matrix
 from index_format.chunk_ids import doc_of
 from relevance.metrics import ndcg_at
 
@@ -32,11 +33,7 @@ class QueryData:
     labels: np.ndarray  # the grade of each candidate's document (0: not judged relevant)
 
     def matrix(self, names: Sequence[str]) -> np.ndarray:
-        out = np.full((len(self.chunk_ids), len(names)), np.nan)
-        for j, name in enumerate(names):
-            if name in self.columns:
-                out[:, j] = self.columns[name]
-        return out
+        return feature_matrix(self.columns, len(self.chunk_ids), names)
 
 
 def documents_in_order(chunk_ids: Sequence[str], order: Sequence[int] | np.ndarray) -> list[str]:

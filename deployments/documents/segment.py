@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from deployments.shard.features import FeatureQuery, coverage, empty_features, position_of, words
+from deployments.shard.features import (
+    FeatureQuery,
+    coverage,
+    empty_features,
+    held_by_rows,
+    position_of,
+    words,
+)
 from deployments.shard.filters import FilterError, MetadataTable
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.topk import contenders, top_k
@@ -269,8 +276,7 @@ class FreshSegment:
         ``terms``, float32 in the order of ``chunk_ids``: 0 where no term matches and for a chunk the segment does
         not hold (live). The fresh side of ``ShardService.field_scores``, asked by chunk id: the segment has no
         chunk table whose rows a caller could know."""
-        at = [i for i, c in enumerate(chunk_ids) if c in self.row_of]
-        rows = np.array([self.row_of[chunk_ids[i]] for i in at], dtype=np.int64)
+        at, rows = held_by_rows(chunk_ids, self.row_of)
         out = {}
         for name, postings in self.postings.items():
             scores = np.zeros(len(chunk_ids), dtype=np.float32)
@@ -310,10 +316,9 @@ class FreshSegment:
         as ``search`` scores them: BM25 with the version's statistics plus the segment's."""
         n = len(query.chunk_ids)
         out = empty_features(n)
-        at = [i for i, c in enumerate(query.chunk_ids) if c in self.row_of]
+        at, rows = held_by_rows(query.chunk_ids, self.row_of)
         if not at:
             return out
-        rows = np.array([self.row_of[query.chunk_ids[i]] for i in at], dtype=np.int64)
         if query.wants("bm25_"):
             for name, scores in self.field_scores(self.analyze(query.text), query.chunk_ids).items():
                 out.setdefault(f"bm25_{name}", np.full(n, np.nan, dtype=np.float32))[at] = scores[at]

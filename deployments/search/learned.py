@@ -19,7 +19,7 @@ is NaN, which the trees route on their own (LightGBM learns where a missing valu
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,14 +57,18 @@ class FeatureTable:
     columns: dict[str, np.ndarray] = field(default_factory=dict)
 
     def matrix(self, names: Sequence[str]) -> np.ndarray:
-        """The columns ``names`` as a float64 matrix (LightGBM's own dtype: no copy there), NaN for a column
-        this table lacks."""
-        out = np.full((len(self.hits), len(names)), np.nan)
-        for j, name in enumerate(names):
-            column = self.columns.get(name)
-            if column is not None:
-                out[:, j] = column
-        return out
+        return feature_matrix(self.columns, len(self.hits), names)
+
+
+def feature_matrix(columns: Mapping[str, np.ndarray], n: int, names: Sequence[str]) -> np.ndarray:
+    """The ``columns`` named by ``names`` as an n x len(names) float64 matrix (LightGBM's own dtype: no copy
+    there), NaN for a column absent."""
+    out = np.full((n, len(names)), np.nan)
+    for j, name in enumerate(names):
+        column = columns.get(name)
+        if column is not None:
+            out[:, j] = column
+    return out
 
 
 def leg_ranks(hits: Sequence[Hit], pool: Sequence[Hit]) -> np.ndarray:

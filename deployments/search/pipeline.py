@@ -272,16 +272,10 @@ class SearchPipeline:
         if offset and req.mmr_lambda is not None:
             raise InvalidRequest("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
                                "to 100 results in one page")
-        plan = plan_search(req, self.settings, len(targets), rerank, offset)
-        ctx = SearchContext(req=req, plan=plan, targets=targets, settings=self.settings, work=Work(),
-                            started=t_start, asked_query=req.query, acl=acl, rerank=rerank, rendered=rendered,
-                            model=model)
-        if plan.capped:
-            ctx.work.warnings.append(f"candidates {req.candidates} capped at {self.settings.candidate_cap} "
-                                     "(router.candidate_cap)")
-        ctx = await self._spell(ctx)
-        ctx = replace(ctx, text=self._query_text(ctx.req, ctx.work.trace))
-        ctx = replace(ctx, vectors=await self._embed_query(ctx, embedded))
+        ctx = await self._prepare(SearchContext(
+            req=req, plan=plan_search(req, self.settings, len(targets), rerank, offset), targets=targets,
+            settings=self.settings, work=Work(), started=t_start, asked_query=req.query, acl=acl, rerank=rerank,
+            rendered=rendered, model=model), embedded)
         got = await self._retrieve(ctx)
         ranked = await self.ranking.rank(ctx, got)
         response = await self.responder.respond(ctx, got, ranked)
@@ -298,18 +292,26 @@ class SearchPipeline:
             raise InvalidRequest("ranking features are made for one collection's candidates")
         rerank = self._check_stages(req, targets)
         req = self._with_tuned_defaults(req, rerank)
-        plan = plan_search(req, self.settings, 1, rerank, 0)
-        ctx = SearchContext(req=req, plan=plan, targets=targets, settings=self.settings, work=Work(),
-                            started=time.perf_counter(), asked_query=req.query, rerank=rerank)
-        ctx = replace(ctx, text=self._query_text(req, ctx.work.trace))
-        ctx = replace(ctx, vectors=await self._embed_query(ctx, None))
+        ctx = await self._prepare(SearchContext(
+            req=req, plan=plan_search(req, self.settings, 1, rerank, 0), targets=targets, settings=self.settings,
+            work=Work(), started=time.perf_counter(), asked_query=req.query, rerank=rerank), None)
         got = await self._retrieve(ctx)
         scores: dict = {}
         if rerank and got.fused:
-            pool = got.fused[:plan.rerank_depth]
+            pool = got.fused[:ctx.plan.rerank_depth]
             rows = await self.retrieval.fetch(pool, targets, got.known)
             scores = {h.key: h.score for h in await self.ranking.rerank(req, ctx.text, pool, rows)}
         return await candidate_features(ctx, got, got.fused[:self.settings.ranking_depth], scores)
+
+    async def _prepare(self, ctx: SearchContext, embedded: dict | None) -> SearchContext:
+        """The planned search made ready to retrieve: the plan's warnings, the query spelled, its text and vectors
+        (one rule for a search and for the candidates a ranking model is trained on)."""
+        if ctx.plan.capped:
+            ctx.work.warnings.append(f"candidates {ctx.req.candidates} capped at {self.settings.candidate_cap} "
+                                     "(router.candidate_cap)")
+        ctx = await self._spell(ctx)
+        ctx = replace(ctx, text=self._query_text(ctx.req, ctx.work.trace))
+        return replace(ctx, vectors=await self._embed_query(ctx, embedded))
 
     def _with_tuned_defaults(self, req: SearchRequest, rerank: bool) -> SearchRequest:
         """Tuned defaults (relevance.tune) stand wherever a hybrid request says nothing; a threshold tuned on

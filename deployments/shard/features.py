@@ -70,14 +70,19 @@ def coverage(per_term: dict[str, np.ndarray], idf: dict[str, float], n: int) -> 
     return plain.astype(np.float32), weighted.astype(np.float32)
 
 
+def held_by_rows(chunk_ids: Sequence[str], row_of: dict[str, int]) -> tuple[list[int], np.ndarray]:
+    """(positions in ``chunk_ids`` of the candidates a shard or segment holds, their rows there)."""
+    at = [i for i, c in enumerate(chunk_ids) if c in row_of]
+    return at, np.array([row_of[chunk_ids[i]] for i in at], dtype=np.int64)
+
+
 def shard_features(service, query: FeatureQuery) -> dict[str, np.ndarray]:
     """The features of ``query.chunk_ids`` in one ``ShardService`` (NaN for ids it does not hold)."""
     n = len(query.chunk_ids)
     out = empty_features(n)
-    at = [i for i, c in enumerate(query.chunk_ids) if c in service.row_of]
+    at, rows = held_by_rows(query.chunk_ids, service.row_of)
     if not at:
         return out
-    rows = np.array([service.row_of[query.chunk_ids[i]] for i in at], dtype=np.int64)
     terms = service.analyze(query.text)
     if query.wants("bm25_"):
         for field, scores in service.field_scores(terms, rows).items():

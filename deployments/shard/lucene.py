@@ -262,20 +262,40 @@ class LuceneShard:
             return self._search_fields_proxies(terms, k, allowed_rows, weights)
         return self._search_proxies(terms, k, allowed_rows, shared, weights)
 
-    def _search_fast(self, terms, k, allowed_rows, shared, weights):
+    def _helper_clauses(self, terms, weights) -> list:
+        """The helper's clause arguments (fields, terms, factors, corpus df, corpus and shard doc counts, the
+        cap), the same for ``ShardSearch.search`` and ``ShardSearch.scoreDocs``."""
         clauses = self.clauses(terms, weights)
+        fields = [self.fields[name] for name, _, _ in clauses]
+        return [self.searcher, [name for name, _, _ in clauses], [t for _, t, _ in clauses],
+                [float(factor) for _, _, factor in clauses],
+                [int(f.stats.df.get(t, 0)) for f, (_, t, _) in zip(fields, clauses, strict=True)],
+                [int(f.stats.corpus.doc_count) for f in fields], [int(f.doc_count) for f in fields], MAX_CLAUSES]
+
+    def _search_fast(self, terms, k, allowed_rows, shared, weights):
         allowed = None
         if allowed_rows is not None:
             allowed = [self.chunk_ids[r] for r in allowed_rows]
-        fields = [self.fields[name] for name, _, _ in clauses]
-        found = self.j.ShardSearch.search(
-            self.searcher, [name for name, _, _ in clauses], [t for _, t, _ in clauses],
-            [float(factor) for _, _, factor in clauses],
-            [int(f.stats.df.get(t, 0)) for f, (_, t, _) in zip(fields, clauses, strict=True)],
-            [int(f.stats.corpus.doc_count) for f in fields], [int(f.doc_count) for f in fields],
-            MAX_CLAUSES, int(k), "id", allowed, shared)
+        found = self.j.ShardSearch.search(*self._helper_clauses(terms, weights), int(k), "id", allowed, shared)
         docs = np.asarray(found.docs, dtype=np.int64)
         return self.row_of_doc[docs], np.asarray(found.scores, dtype=np.float32)
+
+    def scores_of(self, terms: list[str], rows: np.ndarray, weights: Mapping[str, float] | None = None) -> np.ndarray:
+        """The score ``search_rows`` gives each chunk-table row of ``rows`` (float32 in their order, 0 where no term
+        matches): a ranking model's BM25 of chosen candidates. The helper advances the query's scorer to their
+        Lucene doc numbers; without it, one search filtered to the rows."""
+        weights = self.weights_of(weights)
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.fast:
+            docs = self.doc_of_row[rows].tolist()
+            return np.asarray(self.j.ShardSearch.scoreDocs(*self._helper_clauses(terms, weights), docs),
+                              dtype=np.float32)
+        scores = np.zeros(len(rows), dtype=np.float32)
+        if len(rows):
+            hit_rows, hit_scores = self.search_rows(terms, len(rows), rows.tolist(), weights=weights)
+            position = {int(r): i for i, r in enumerate(rows)}
+            scores[[position[int(r)] for r in hit_rows]] = hit_scores
+        return scores
 
     def _filtered(self, builder, allowed_rows):
         ids = self.j.ArrayList()

@@ -142,16 +142,8 @@ class ShardService:
     def field_scores(self, terms: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
         """Each indexed Lucene field's corpus-exact BM25 (``contents``, and e.g. ``title``) of the chunk-table
         ``rows`` for the query's analyzed ``terms``, float32 in the order of ``rows``, 0 where no term matches:
-        the keyword leg's score of one field, for chosen chunks (one filtered search a field)."""
-        out = {}
-        for name in self.lucene.fields:
-            scores = np.zeros(len(rows), dtype=np.float32)
-            if len(rows):
-                hit_rows, hit_scores = self.lucene.search_rows(terms, len(rows), rows.tolist(), weights={name: 1.0})
-                position = {int(r): i for i, r in enumerate(rows)}
-                scores[[position[int(r)] for r in hit_rows]] = hit_scores
-            out[name] = scores
-        return out
+        the keyword leg's score of one field, for chosen chunks (``LuceneShard.scores_of``)."""
+        return {name: self.lucene.scores_of(terms, rows, {name: 1.0}) for name in self.lucene.fields}
 
     def row_facts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Words in each chunk's text and in its title, and its position in its document, by row: read once, on the

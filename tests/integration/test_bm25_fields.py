@@ -115,6 +115,13 @@ def test_field_scores_are_each_fields_exact_bm25_of_the_given_rows(local, oracle
             assert got.dtype == np.float32 and len(got) == len(rows)
             assert np.allclose(got, expected, rtol=1e-5, atol=0), field
         assert (scores["title"] > 0).any() and (scores["title"] == 0).any()
+        assert shard.lucene.fast  # the helper scored them by doc number; the filtered search agrees
+        shard.lucene.fast = False
+        try:
+            for field, got in scores.items():
+                assert np.allclose(got, shard.lucene.scores_of(terms, rows, {field: 1.0}), rtol=1e-6, atol=0)
+        finally:
+            shard.lucene.fast = True
     assert all(len(v) == 0 for v in local.shards[0].field_scores(["boat"], np.zeros(0, dtype=np.int64)).values())
 
 

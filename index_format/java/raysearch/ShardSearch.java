@@ -16,12 +16,17 @@ import org.apache.lucene.search.BooleanClause;
 import org.apache.lucene.search.BooleanQuery;
 import org.apache.lucene.search.BoostQuery;
 import org.apache.lucene.search.CollectorManager;
+import org.apache.lucene.search.DocIdSetIterator;
 import org.apache.lucene.search.IndexSearcher;
+import org.apache.lucene.search.Query;
 import org.apache.lucene.search.ScoreDoc;
+import org.apache.lucene.search.ScoreMode;
+import org.apache.lucene.search.Scorer;
 import org.apache.lucene.search.TermInSetQuery;
 import org.apache.lucene.search.TermQuery;
 import org.apache.lucene.search.TopDocs;
 import org.apache.lucene.search.TopScoreDocCollector;
+import org.apache.lucene.search.Weight;
 import org.apache.lucene.search.similarities.BM25Similarity;
 import org.apache.lucene.search.similarities.PerFieldSimilarityWrapper;
 import org.apache.lucene.search.similarities.Similarity;
@@ -113,17 +118,7 @@ public final class ShardSearch {
       long[] corpusDocs, long[] shardDocs, int maxClauses, int k, String idField, String[] allowedIds,
       CollectorManager<TopScoreDocCollector, TopDocs> shared) throws IOException {
     BooleanQuery.Builder builder = new BooleanQuery.Builder();
-    int clauses = 0;
-    for (int i = 0; i < terms.length && clauses < maxClauses; i++) {
-      Term term = new Term(fields[i], terms[i]);
-      long shardDf = searcher.getIndexReader().docFreq(term);
-      if (shardDf == 0 || corpusDf[i] == 0) {
-        continue;
-      }
-      double boost = factors[i] * idf(corpusDocs[i], corpusDf[i]) / idf(shardDocs[i], shardDf);
-      builder.add(new BoostQuery(new TermQuery(term), (float) boost), BooleanClause.Occur.SHOULD);
-      clauses++;
-    }
+    int clauses = addClauses(builder, searcher, fields, terms, factors, corpusDf, corpusDocs, shardDocs, maxClauses);
     if (clauses == 0 || k <= 0 || (allowedIds != null && allowedIds.length == 0)) {
       return new ShardSearch(new int[0], new float[0]);
     }
@@ -153,6 +148,76 @@ public final class ShardSearch {
     return new ShardSearch(docs, scores);
   }
 
+  /** The corpus-exact boosted term clauses of {@link #search}, added to {@code builder}; returns how many. */
+  static int addClauses(
+      BooleanQuery.Builder builder, IndexSearcher searcher, String[] fields, String[] terms, double[] factors,
+      long[] corpusDf, long[] corpusDocs, long[] shardDocs, int maxClauses) throws IOException {
+    int clauses = 0;
+    for (int i = 0; i < terms.length && clauses < maxClauses; i++) {
+      Term term = new Term(fields[i], terms[i]);
+      long shardDf = searcher.getIndexReader().docFreq(term);
+      if (shardDf == 0 || corpusDf[i] == 0) {
+        continue;
+      }
+      double boost = factors[i] * idf(corpusDocs[i], corpusDf[i]) / idf(shardDocs[i], shardDf);
+      builder.add(new BoostQuery(new TermQuery(term), (float) boost), BooleanClause.Occur.SHOULD);
+      clauses++;
+    }
+    return clauses;
+  }
+
+  /**
+   * The score {@link #search} gives each of the Lucene documents {@code docs} (0 where no clause matches), read by
+   * advancing the query's scorer to each of them in doc order: a ranking model's BM25 of a few hundred chosen
+   * candidates without a filter of their ids (a {@code TermInSetQuery} of 200 ids cost ~1 ms a field and shard).
+   */
+  public static float[] scoreDocs(
+      IndexSearcher searcher, String[] fields, String[] terms, double[] factors, long[] corpusDf,
+      long[] corpusDocs, long[] shardDocs, int maxClauses, int[] docs) throws IOException {
+    float[] out = new float[docs.length];
+    BooleanQuery.Builder builder = new BooleanQuery.Builder();
+    if (docs.length == 0
+        || addClauses(builder, searcher, fields, terms, factors, corpusDf, corpusDocs, shardDocs, maxClauses) == 0) {
+      return out;
+    }
+    Query query = searcher.rewrite(builder.build());
+    Weight weight = searcher.createWeight(query, ScoreMode.COMPLETE, 1f);
+    Integer[] order = inDocOrder(docs);
+    for (LeafReaderContext leaf : searcher.getIndexReader().leaves()) {
+      Scorer scorer = weight.scorer(leaf);
+      if (scorer == null) {
+        continue;
+      }
+      DocIdSetIterator it = scorer.iterator();
+      int start = leaf.docBase;
+      int end = start + leaf.reader().maxDoc();
+      for (Integer j : order) {
+        int doc = docs[j];
+        if (doc < start || doc >= end) {
+          continue;
+        }
+        int local = doc - start;
+        int at = it.docID() < local ? it.advance(local) : it.docID();
+        if (at == DocIdSetIterator.NO_MORE_DOCS) {
+          break;
+        }
+        if (at == local) {
+          out[j] = scorer.score();
+        }
+      }
+    }
+    return out;
+  }
+
+  private static Integer[] inDocOrder(int[] docs) {
+    Integer[] order = new Integer[docs.length];
+    for (int j = 0; j < docs.length; j++) {
+      order[j] = j;
+    }
+    java.util.Arrays.sort(order, (a, b) -> Integer.compare(docs[a], docs[b]));
+    return order;
+  }
+
   /**
    * Which of up to 64 {@code terms} of {@code field} each of the Lucene documents {@code docs} holds: bit i of
    * {@code masks[j]} is set when {@code docs[j]} holds {@code terms[i]}. A ranking model's query-term coverage
@@ -161,11 +226,7 @@ public final class ShardSearch {
    */
   public static long[] termMasks(IndexReader reader, String field, String[] terms, int[] docs) throws IOException {
     long[] masks = new long[docs.length];
-    Integer[] order = new Integer[docs.length];
-    for (int j = 0; j < docs.length; j++) {
-      order[j] = j;
-    }
-    java.util.Arrays.sort(order, (a, b) -> Integer.compare(docs[a], docs[b]));
+    Integer[] order = inDocOrder(docs);
     for (LeafReaderContext leaf : reader.leaves()) {
       int start = leaf.docBase;
       int end = start + leaf.reader().maxDoc();

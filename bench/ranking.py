@@ -1,6 +1,7 @@
-"""What the learned ranking stage costs a query: the model alone over a query's 200 candidates, the whole stage
-in-process (the shards' features and the model), and the server CPU over HTTP, each against the same searches
-without the model (``ranking_model: false``) in the same run.
+"""What the learned ranking stage costs a query: the model alone over a query's 200 candidates; the shards' BM25
+of each field for them, by Lucene doc number against a filtered search; the whole stage in-process (the shards'
+features and the model) and the server CPU over HTTP, each against the same searches without the model
+(``ranking_model: false``) in the same run.
 
     python -m bench.ranking --index ROOT --queries DATA/scifact/queries.jsonl --out bench/results/ranking.json
 
@@ -43,6 +44,61 @@ def model_alone(pipeline, texts: list[str], repeats: int) -> dict:
             "candidates_per_query": sum(len(t.hits) for t in tables) / len(tables),
             "cpu_ms_per_query": 1000 * (time.process_time() - c0) / n,
             "wall_ms_per_query": 1000 * (time.perf_counter() - t0) / n}
+
+
+def field_scoring(index: Path, texts: list[str], per_shard: int, repeats: int, warm: int = 10) -> dict:
+    """One shard-side feature alone, two ways, alternating in one run: each field's BM25 of ``per_shard`` chosen
+    rows of each shard (half the shard's BM25 top, half drawn at random: a fused pool holds chunks the keyword
+    leg never returned) by Lucene doc number (``LuceneShard.scores_of``, what serving does) and by a search
+    filtered to the rows' ids (a ``TermInSetQuery``, what it did before). Asserts both give the same scores."""
+    import numpy as np
+
+    from deployments.shard.service import ShardService, open_version
+
+    version_dir, manifest, stats, df, expect = open_version(index)
+    shards = [ShardService(version_dir / "shards" / name, stats, df, expect, verify_checksums=False)
+              for name in manifest.shards]
+    rng = np.random.default_rng(0)
+    work = []
+    for text in texts:
+        for shard in shards:
+            terms = shard.analyze(text)
+            top = shard.keyword_leg(terms, per_shard // 2)[0]
+            rows = np.unique(np.concatenate([top, rng.integers(0, shard.chunks, per_shard - len(top))]))
+            work.append((shard, terms, rows))
+
+    def by_docs(shard, terms, rows):
+        return [shard.lucene.scores_of(terms, rows, {f: 1.0}) for f in shard.lucene.fields]
+
+    def by_filter(shard, terms, rows):
+        out = []
+        for f in shard.lucene.fields:
+            scores = np.zeros(len(rows), dtype=np.float32)
+            hit_rows, hit_scores = shard.lucene.search_rows(terms, len(rows), rows.tolist(), weights={f: 1.0})
+            scores[np.searchsorted(rows, hit_rows)] = hit_scores
+            out.append(scores)
+        return out
+
+    for item in work:
+        for a, b in zip(by_docs(*item), by_filter(*item), strict=True):
+            assert np.allclose(a, b, rtol=1e-5, atol=1e-6), "the two ways disagree"
+    cpu = {"by_doc_number": 0.0, "by_filter": 0.0}
+    for _ in range(warm):  # the JIT compiles both paths: the first rounds cost 2-4x the later ones
+        for how in (by_docs, by_filter):
+            for item in work:
+                how(*item)
+    for _ in range(repeats):
+        for label, how in (("by_doc_number", by_docs), ("by_filter", by_filter)):
+            c = time.process_time()
+            for item in work:
+                how(*item)
+            cpu[label] += time.process_time() - c
+    n = repeats * len(texts)
+    for shard in shards:
+        shard.close()
+    return {"shards": len(shards), "fields": sorted(shards[0].lucene.fields), "rows_per_shard": per_shard,
+            "helper": shards[0].lucene.fast,
+            **{f"cpu_ms_per_query_{label}": 1000 * total / n for label, total in cpu.items()}}
 
 
 def in_process(pipeline, texts: list[str], rounds: int) -> dict:
@@ -94,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=Path, required=True, help="a BEIR queries.jsonl")
     ap.add_argument("--n", type=int, default=200, help="queries used (default: %(default)s)")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--rows-per-shard", type=int, default=67,
+                    help="candidates a shard scores in the field-scoring part (200 over 3 shards: %(default)s)")
     ap.add_argument("--rounds", type=int, default=2, help="in-process rounds over the queries")
     ap.add_argument("--http-seconds", type=float, default=30, help="0: no HTTP measurement")
     ap.add_argument("--clients", type=int, default=2)
@@ -112,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {"machine": machine(), "index": str(args.index), "queries": len(texts),
               "model_alone": model_alone(pipeline, texts, args.repeats)}
     print(json.dumps(record["model_alone"]), flush=True)
+    record["field_scoring"] = field_scoring(args.index, texts, args.rows_per_shard, args.repeats)
+    print(json.dumps(record["field_scoring"]), flush=True)
     record["in_process"] = in_process(pipeline, texts, args.rounds)
     print(json.dumps(record["in_process"]), flush=True)
     if args.http_seconds > 0:

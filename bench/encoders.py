@@ -40,7 +40,7 @@ def score_band(pipeline, queries: dict[str, str]) -> dict[str, float]:
     async def go():
         for text in queries.values():
             response = await pipeline.search(SearchRequest(query=text, limit=10, method="vector",
-                                                           include_citations=False, rerank=False))
+                                                           include_citations=False, rerank=False, ranking_model=False))
             scores = [r.score for r in response.results]
             firsts.append(scores[0])
             tenths.append(scores[-1])
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         band = score_band(pipeline, queries)
         for config, request in CONFIGS.items():
             t = time.perf_counter()
-            run, _ = run_queries(pipeline, queries, rerank=False, **request)
+            run, _ = run_queries(pipeline, queries, rerank=False, ranking_model=False, **request)  # encoders alone
             row = about | {"config": config, **evaluate(run, judged), "seconds": round(time.perf_counter() - t, 1)}
             record["rows"].append(row | (band if config == "vector" else {}))
             print(record["rows"][-1], flush=True)

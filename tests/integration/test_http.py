@@ -292,11 +292,11 @@ def test_a_batch_over_http_answers_each_search_as_alone_with_its_own_errors(serv
 
 
 def test_the_typed_client_against_the_served_app(served):
-    """deployments.edge.client, sync and async, on the real app: answers equal raw HTTP's, pages follow cursors to
+    """raysearch_client, sync and async, on the real app: answers equal raw HTTP's, pages follow cursors to
     the end, a batch keeps each search's error in its place, errors carry status and request id."""
     import asyncio
 
-    from deployments.edge.client import AsyncSearchClient, SearchClient, SearchServiceError
+    from raysearch_client import AsyncSearchClient, SearchClient, SearchServiceError
 
     raw, _ = served
     with SearchClient(str(raw.base_url)) as client:

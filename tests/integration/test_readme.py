@@ -151,7 +151,7 @@ def test_every_router_setting_default_the_readme_quotes_is_the_code_default():
 
 def test_the_python_client_example_runs_as_written(demo_served):
     """README's client example, executed against a served demo-style index (only its address changed)."""
-    block = re.search(r"```python\n(from deployments\.edge\.client import .*?)```", README, re.S).group(1)
+    block = re.search(r"```python\n(from raysearch_client import .*?)```", README, re.S).group(1)
     code = block.replace("http://127.0.0.1:8000", str(demo_served.base_url).rstrip("/"))
     namespace: dict = {}
     exec(compile(code, "README.md (client example)", "exec"), namespace)  # noqa: S102 - the README's own code

@@ -156,6 +156,7 @@ def test_the_python_client_example_runs_as_written(demo_served):
     namespace: dict = {}
     exec(compile(code, "README.md (client example)", "exec"), namespace)  # noqa: S102 - the README's own code
     assert namespace["page"].results and all(not isinstance(a, Exception) for a in namespace["answers"])
+    assert namespace["event"].type == "answer" and namespace["event"].text  # the stream's last event: the answer
 
 
 def _readme_documents_calls() -> list[tuple[str, str, dict | None, dict]]:

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+from pydantic import BaseModel
 
 from raysearch_client.models import (
     BatchSearchResponse,
@@ -50,7 +51,7 @@ class Call:
     ok: tuple[int, ...] = (200,)
 
 
-def reader(model) -> Callable[[httpx.Response], Any]:
+def reader(model: type[BaseModel]) -> Callable[[httpx.Response], Any]:
     return lambda r: model.model_validate_json(r.content)
 
 

@@ -120,9 +120,17 @@ def test_a_write_out_of_its_limits_is_refused_before_it_is_sent():
         with pytest.raises(ValueError):
             client.delete_documents("notes", [])
         with pytest.raises(ValueError):
+            client.upsert_documents("notes", [{"id": str(i)} for i in range(1001)])
+        with pytest.raises(ValueError):
             client.start_build(shards=0)
-        with pytest.raises(SearchServiceError) as e:  # a status the route does not answer with is an error
-            client.start_build(kind="fold")
+    assert sent == []
+
+
+def test_a_status_the_route_never_answers_with_is_an_error_not_a_misread_answer():
+    sent, handler = scripted([httpx.Response(200, json=JOB)])  # POST /admin/builds answers 202
+    with SearchClient("http://x", transport=httpx.MockTransport(handler)) as client, \
+            pytest.raises(SearchServiceError) as e:
+        client.start_build(kind="fold")
     assert len(sent) == 1 and e.value.status == 200
 
 

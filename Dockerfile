@@ -28,6 +28,7 @@ COPY deployments deployments
 COPY index_format index_format
 COPY index_build index_build
 COPY relevance relevance
+COPY client client
 COPY demo demo
 COPY serve_config.yaml ./
 RUN make setup PYTHON=python3.11 \

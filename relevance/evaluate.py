@@ -20,10 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from raysearch_client import SearchClient, SearchServiceError
+from raysearch_client.models import SearchRequest, SearchResponse
 from tqdm import tqdm
 
-from deployments.edge.client import SearchClient, SearchServiceError
-from deployments.edge.schemas import SearchRequest, SearchResponse
+from deployments.edge import schemas
 from index_format.process import configure_process
 from relevance.metrics import evaluate
 from relevance.qrels import read_qrels
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     body = {"method": args.method} | ({"collections": [args.collection]} if args.collection else {}) | args.request
     try:
-        SearchRequest(query="checked", **body)
+        schemas.SearchRequest(query="checked", **body)  # the server's every rule, before any search is sent
     except (ValueError, TypeError) as e:
         print(f"error: --request makes no valid search: {e}", file=sys.stderr)
         return 1

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import httpx
 import yaml
+from raysearch_client import SearchClient, SearchServiceError
+from raysearch_client.models import SearchRequest
 from tqdm import tqdm
 
-from deployments.edge.client import SearchClient, SearchServiceError
-from deployments.edge.schemas import SearchRequest
 from index_format.process import configure_process
 from relevance.evaluate import partial, read_queries
 from relevance.metrics import ndcg_at

@@ -292,11 +292,11 @@ def test_a_batch_over_http_answers_each_search_as_alone_with_its_own_errors(serv
 
 
 def test_the_typed_client_against_the_served_app(served):
-    """deployments.edge.client, sync and async, on the real app: answers equal raw HTTP's, pages follow cursors to
+    """raysearch_client, sync and async, on the real app: answers equal raw HTTP's, pages follow cursors to
     the end, a batch keeps each search's error in its place, errors carry status and request id."""
     import asyncio
 
-    from deployments.edge.client import AsyncSearchClient, SearchClient, SearchServiceError
+    from raysearch_client import AsyncSearchClient, SearchClient, SearchServiceError
 
     raw, _ = served
     with SearchClient(str(raw.base_url)) as client:
@@ -315,6 +315,23 @@ def test_the_typed_client_against_the_served_app(served):
         assert client.health().status == "ok"
         stored = client.feedback("telescope galaxy", 1, chunk_id=page.results[0].chunk_id)
         assert stored.doc_id == page.results[0].doc_id and stored.label == 1
+        # Documents and builds: this app serves a pinned version, so a write or a build is refused with 409, after
+        # the route and the body were accepted; a document of the version is read back, and no build is listed.
+        name = client.health().default_collection
+        doc = client.get_document(name, page.results[0].doc_id)
+        assert doc.source == "index" and page.results[0].chunk_id in doc.chunk_ids
+        for refused in (lambda: client.upsert_documents(name, [{"id": "new", "text": "x"}]),
+                        lambda: client.delete_documents(name, [doc.id]), lambda: client.start_build(kind="fold")):
+            with pytest.raises(SearchServiceError) as e:
+                refused()
+            assert e.value.status == 409 and "pinned" in e.value.message
+        assert client.builds() == []
+        with pytest.raises(SearchServiceError) as e:
+            client.build("no-such-build")
+        assert e.value.status == 404
+        with pytest.raises(SearchServiceError) as e:  # no synthesis deployed (the README's test streams one)
+            list(client.stream_answer("telescope galaxy"))
+        assert e.value.status == 400
 
     async def go():
         async with AsyncSearchClient(str(raw.base_url)) as client:

@@ -151,11 +151,12 @@ def test_every_router_setting_default_the_readme_quotes_is_the_code_default():
 
 def test_the_python_client_example_runs_as_written(demo_served):
     """README's client example, executed against a served demo-style index (only its address changed)."""
-    block = re.search(r"```python\n(from deployments\.edge\.client import .*?)```", README, re.S).group(1)
+    block = re.search(r"```python\n(from raysearch_client import .*?)```", README, re.S).group(1)
     code = block.replace("http://127.0.0.1:8000", str(demo_served.base_url).rstrip("/"))
     namespace: dict = {}
     exec(compile(code, "README.md (client example)", "exec"), namespace)  # noqa: S102 - the README's own code
     assert namespace["page"].results and all(not isinstance(a, Exception) for a in namespace["answers"])
+    assert namespace["event"].type == "answer" and namespace["event"].text  # the stream's last event: the answer
 
 
 def _readme_documents_calls() -> list[tuple[str, str, dict | None, dict]]:

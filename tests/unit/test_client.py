@@ -1,14 +1,22 @@
-"""The client's retry rule over a scripted transport: a 503 with Retry-After is sent again, nothing else is.
-(The client against the real served app: tests/integration/test_http.py.)"""
+"""The client over a scripted transport: its retry rule (a 503 with Retry-After is sent again, nothing else is), and
+each method's route, HTTP method and body as the server declares them (deployments/serve/router.py), and how its
+answer is read. (The client against the real served app: tests/integration/test_http.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
-
-from deployments.edge.client import AsyncSearchClient, SearchClient, SearchServiceError
+from raysearch_client import (
+    AnswerEvent,
+    AsyncSearchClient,
+    ResultsEvent,
+    SearchClient,
+    SearchServiceError,
+    TokenEvent,
+)
 
 OK = {"query": "q", "method": "hybrid", "method_used": "hybrid", "results": [], "total": 0, "total_results": 0,
       "index_version": {"default": "v1"}, "timings_ms": {}, "coverage": {"shards_asked": 1, "shards_answered": 1,
@@ -66,3 +74,113 @@ def test_a_request_that_breaks_a_rule_is_refused_before_it_is_sent():
     with SearchClient("http://x", transport=httpx.MockTransport(handler)) as client, pytest.raises(ValueError):
         client.search("q", limit=1000)
     assert sent == []
+
+
+WRITE = {"collection": "notes", "seq": 7, "upserted": 1, "searchable": True}
+DOC = {"collection": "notes", "id": "a/b", "title": "T", "text": "x", "metadata": {}, "chunk_ids": ["a/b#0"],
+       "source": "api", "seq": 7}
+JOB = {"id": "b-1", "kind": "build", "root": "/idx", "state": "running", "started": "2026-01-01T00:00:00Z"}
+
+
+def sent_as(request: httpx.Request) -> tuple[str, str, object]:
+    body = request.read()
+    return request.method, request.url.raw_path.decode(), json.loads(body) if body else None
+
+
+@pytest.mark.parametrize("call,route,status,answer,check", [
+    (lambda c: c.upsert_documents("notes", [{"id": "a/b", "text": "x"}]),
+     ("PUT", "/collections/notes/documents", {"documents": [{"id": "a/b", "text": "x"}]}), 200, WRITE,
+     lambda a: a.seq == 7 and a.upserted == 1 and a.searchable),
+    (lambda c: c.get_document("notes", "a/b"),  # an id is one path segment, "/" and all
+     ("GET", "/collections/notes/documents/a%2Fb", None), 200, DOC, lambda a: a.chunk_ids == ["a/b#0"]),
+    (lambda c: c.delete_documents("notes", ["a/b", "c"]),
+     ("POST", "/collections/notes/documents/delete", {"ids": ["a/b", "c"]}), 200, WRITE | {"deleted": 2},
+     lambda a: a.deleted == 2),
+    (lambda c: c.start_build(corpus="/data/c.jsonl", shards=2),
+     ("POST", "/admin/builds", {"corpus": "/data/c.jsonl", "shards": 2}), 202, JOB, lambda a: a.state == "running"),
+    (lambda c: c.start_build(kind="fold", collection="notes"),
+     ("POST", "/admin/builds", {"kind": "fold", "collection": "notes"}), 202, JOB, lambda a: a.id == "b-1"),
+    (lambda c: c.build("b-1"), ("GET", "/admin/builds/b-1", None), 200, JOB | {"state": "succeeded"},
+     lambda a: a.state == "succeeded"),
+    (lambda c: c.builds(), ("GET", "/admin/builds", None), 200, {"builds": [JOB, JOB | {"id": "b-0"}]},
+     lambda a: [j.id for j in a] == ["b-1", "b-0"]),
+    (lambda c: c.feedback("q", 1, chunk_id="c#0"), ("POST", "/feedback", {"query": "q", "chunk_id": "c#0", "label": 1}),
+     201, {"collection": "d", "query_id": "x", "doc_id": "c", "label": 1}, lambda a: a.doc_id == "c"),
+])
+def test_each_method_sends_the_server_s_route_and_body_and_reads_its_answer(call, route, status, answer, check):
+    sent, handler = scripted([httpx.Response(status, json=answer)])
+    with SearchClient("http://x", transport=httpx.MockTransport(handler)) as client:
+        assert check(call(client))
+    assert [sent_as(r) for r in sent] == [route]
+
+
+def test_a_write_out_of_its_limits_is_refused_before_it_is_sent():
+    sent, handler = scripted([httpx.Response(200, json=WRITE)])
+    with SearchClient("http://x", transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(ValueError):
+            client.delete_documents("notes", [])
+        with pytest.raises(ValueError):
+            client.upsert_documents("notes", [{"id": str(i)} for i in range(1001)])
+        with pytest.raises(ValueError):
+            client.start_build(shards=0)
+    assert sent == []
+
+
+def test_a_status_the_route_never_answers_with_is_an_error_not_a_misread_answer():
+    sent, handler = scripted([httpx.Response(200, json=JOB)])  # POST /admin/builds answers 202
+    with SearchClient("http://x", transport=httpx.MockTransport(handler)) as client, \
+            pytest.raises(SearchServiceError) as e:
+        client.start_build(kind="fold")
+    assert len(sent) == 1 and e.value.status == 200
+
+
+STREAM = [{"type": "results", **OK}, {"type": "token", "text": "Gzip "}, {"type": "token", "text": "compresses [1]."},
+          {"type": "answer", "text": "Gzip compresses [1].", "citations": [{"n": 1, "chunk_id": "c#0", "doc_id": "c",
+                                                                             "title": "gzip"}],
+           "removed_citations": [], "model": "extractive", "prompt_tokens": 0, "completion_tokens": 0, "ms": 1.5,
+           "sentences": [], "added_citations": []}]
+
+
+def test_stream_answer_asks_for_a_streamed_synthesis_and_yields_each_ndjson_event():
+    lines = "".join(json.dumps(e) + "\n" for e in STREAM).encode()
+    sent, handler = scripted([httpx.Response(200, content=lines, headers={"content-type": "application/x-ndjson"})])
+    with SearchClient("http://x", transport=httpx.MockTransport(handler)) as client:
+        events = list(client.stream_answer("gzip", limit=3))
+    assert sent_as(sent[0]) == ("POST", "/search", {"query": "gzip", "limit": 3, "synthesize": True, "stream": True})
+    assert [type(e) for e in events] == [ResultsEvent, TokenEvent, TokenEvent, AnswerEvent]
+    assert "".join(e.text for e in events[1:3]) == events[3].text and events[3].citations[0].chunk_id == "c#0"
+
+    failed = [STREAM[0], {"type": "error", "error": "synthesis timed out: no answer, results only"}]
+    sent, handler = scripted([httpx.Response(200, content="".join(json.dumps(e) + "\n" for e in failed).encode())])
+
+    async def go():
+        async with AsyncSearchClient("http://x", transport=httpx.MockTransport(handler)) as client:
+            return [e async for e in client.stream_answer({"query": "gzip"})]
+
+    results, error = asyncio.run(go())
+    assert results.index_version == {"default": "v1"} and error.type == "error" and "no answer" in error.error
+
+
+def test_a_stream_refused_before_it_starts_is_retried_or_raised_as_any_call():
+    sent, handler = scripted([httpx.Response(503, headers={"Retry-After": "0"}, json={"error": "overloaded"}),
+                              httpx.Response(400, json={"error": "synthesis is not enabled", "request_id": "r-2"})])
+    with SearchClient("http://x", transport=httpx.MockTransport(handler)) as client, \
+            pytest.raises(SearchServiceError) as e:
+        list(client.stream_answer("gzip"))
+    assert len(sent) == 2 and e.value.status == 400 and e.value.request_id == "r-2"
+
+
+def test_the_async_client_sends_the_same_calls():
+    sent, handler = scripted([httpx.Response(200, json=WRITE), httpx.Response(200, json=DOC),
+                              httpx.Response(202, json=JOB), httpx.Response(200, json={"builds": [JOB]})])
+
+    async def go():
+        async with AsyncSearchClient("http://x", transport=httpx.MockTransport(handler)) as client:
+            return (await client.upsert_documents("notes", [{"id": "a"}]), await client.get_document("notes", "a"),
+                    await client.start_build(kind="fold"), await client.builds())
+
+    write, doc, job, jobs = asyncio.run(go())
+    assert write.seq == 7 and doc.id == "a/b" and job.id == "b-1" and [j.id for j in jobs] == ["b-1"]
+    assert [sent_as(r)[:2] for r in sent] == [("PUT", "/collections/notes/documents"),
+                                              ("GET", "/collections/notes/documents/a"), ("POST", "/admin/builds"),
+                                              ("GET", "/admin/builds")]

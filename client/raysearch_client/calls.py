@@ -1,0 +1,161 @@
+"""The API as calls: each client method is one ``Call`` (HTTP method, route, body, the statuses that answer it,
+how the answer is read), built here once for the sync and the async client alike; with the one retry rule and the
+one error both clients raise.
+
+The routes are the server's (deployments/serve/router.py); a request is checked against the API's models
+(``raysearch_client.models``) before it is sent, so a field out of its limits is a ``ValidationError`` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+
+from raysearch_client.models import (
+    BatchSearchResponse,
+    BuildJob,
+    BuildJobs,
+    BuildRequest,
+    DeleteDocumentsRequest,
+    DocumentResponse,
+    FeedbackRequest,
+    FeedbackResponse,
+    HealthResponse,
+    SearchRequest,
+    SearchResponse,
+    UpsertDocumentsRequest,
+    WriteResponse,
+)
+
+
+class SearchServiceError(Exception):
+    """What the service answered instead of a result: its status, message, detail and request id (the
+    ``X-Request-Id`` every log line of the request carries)."""
+
+    def __init__(self, status: int, message: str, detail: Any = None, request_id: str | None = None):
+        super().__init__(f"{status}: {message}" + (f" (request {request_id})" if request_id else ""))
+        self.status, self.message, self.detail, self.request_id = status, message, detail, request_id
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    path: str
+    read: Callable[[httpx.Response], Any]
+    body: Any = None
+    ok: tuple[int, ...] = (200,)
+
+
+def reader(model: type[BaseModel]) -> Callable[[httpx.Response], Any]:
+    return lambda r: model.model_validate_json(r.content)
+
+
+def search_request(query: str | SearchRequest | dict, options: dict[str, Any]) -> SearchRequest:
+    """A query text with request fields as keywords, a request body as a dict, or a ``SearchRequest``."""
+    if isinstance(query, SearchRequest):
+        return query.model_copy(update=options) if options else query
+    if isinstance(query, dict):
+        return SearchRequest.model_validate(query | options)
+    return SearchRequest(query=query, **options)
+
+
+def sent(req: SearchRequest | BuildRequest) -> dict[str, Any]:
+    """Only the fields given: the server's defaults (and its settings) decide the rest."""
+    return req.model_dump(mode="json", exclude_unset=True)
+
+
+def search(req: SearchRequest) -> Call:
+    return Call("POST", "/search", reader(SearchResponse), sent(req))
+
+
+def next_page(req: SearchRequest, page: SearchResponse) -> SearchRequest | None:
+    """The request of the page after ``page``: the same search from its ``next_cursor`` (None after the last)."""
+    if page.next_cursor is None:
+        return None
+    return req.model_copy(update={"cursor": page.next_cursor, "offset": 0})
+
+
+def stream_answer(req: SearchRequest) -> Call:
+    """``POST /search`` with ``synthesize`` and ``stream``: NDJSON events (``raysearch_client.events``)."""
+    return Call("POST", "/search", lambda r: r, sent(req.model_copy(update={"synthesize": True, "stream": True})))
+
+
+def search_batch(searches: Sequence[str | SearchRequest | dict]) -> Call:
+    return Call("POST", "/search/batch", batch_answers, {"searches": [sent(search_request(s, {})) for s in searches]})
+
+
+def batch_answers(r: httpx.Response) -> list[SearchResponse | SearchServiceError]:
+    """Each search's answer, or its error (with the batch's request id), in the order sent."""
+    answer = BatchSearchResponse.model_validate_json(r.content)
+    return [item.response if item.status == 200 and item.response is not None
+            else SearchServiceError(item.status, item.error or "", item.detail, answer.request_id)
+            for item in answer.responses]
+
+
+def feedback(query: str, label: int, doc_id: str | None, fields: dict[str, Any]) -> Call:
+    req = FeedbackRequest(query=query, label=label, doc_id=doc_id, **fields)
+    return Call("POST", "/feedback", reader(FeedbackResponse), req.model_dump(mode="json", exclude_none=True), (201,))
+
+
+def health() -> Call:
+    # A service with no shard up answers 503 with the same body.
+    return Call("GET", "/health", reader(HealthResponse), ok=(200, 503))
+
+
+def documents_path(collection: str, *rest: str) -> str:
+    # Ids are path segments: quoted whole, so a "/", "#" or "?" in one stays in it.
+    return "/".join(["/collections", quote(collection, safe=""), "documents", *(quote(p, safe="") for p in rest)])
+
+
+def upsert_documents(collection: str, documents: Sequence[dict[str, Any]]) -> Call:
+    req = UpsertDocumentsRequest(documents=list(documents))
+    return Call("PUT", documents_path(collection), reader(WriteResponse), req.model_dump(mode="json"))
+
+
+def get_document(collection: str, doc_id: str) -> Call:
+    return Call("GET", documents_path(collection, doc_id), reader(DocumentResponse))
+
+
+def delete_documents(collection: str, ids: Sequence[str]) -> Call:
+    req = DeleteDocumentsRequest(ids=list(ids))
+    return Call("POST", documents_path(collection, "delete"), reader(WriteResponse), req.model_dump(mode="json"))
+
+
+def start_build(fields: dict[str, Any]) -> Call:
+    return Call("POST", "/admin/builds", reader(BuildJob), sent(BuildRequest(**fields)), (202,))
+
+
+def build(build_id: str) -> Call:
+    return Call("GET", f"/admin/builds/{quote(build_id, safe='')}", reader(BuildJob))
+
+
+def builds() -> Call:
+    return Call("GET", "/admin/builds", lambda r: BuildJobs.model_validate_json(r.content).builds)
+
+
+def retry_after(r: httpx.Response, max_wait_s: float) -> float | None:
+    """Seconds to wait before sending again, at most ``max_wait_s``: only a 503 that says when (overloaded, or a
+    replica restarting) is worth sending again; every other failure is the caller's to see."""
+    if r.status_code != 503 or "retry-after" not in r.headers:
+        return None
+    try:
+        return min(max(0.0, float(r.headers["retry-after"])), max_wait_s)
+    except ValueError:
+        return None
+
+
+def error_of(r: httpx.Response) -> SearchServiceError:
+    """The service's one error body (``error``, ``detail``, ``request_id``), or what came instead of it."""
+    try:
+        body = r.json()
+    except ValueError:
+        body = {"error": r.text[:500]}
+    if not isinstance(body, dict):
+        body = {"error": str(body)[:500]}
+    return SearchServiceError(r.status_code, str(body.get("error", r.reason_phrase)), body.get("detail"),
+                              body.get("request_id") or r.headers.get("x-request-id"))

@@ -1,0 +1,214 @@
+"""The search service over HTTP, sync (``SearchClient``) and async (``AsyncSearchClient``): the same methods, each
+one call of ``raysearch_client.calls`` sent with the one retry rule.
+
+Only a 503 that says when to come back (``Retry-After``: overloaded, or a replica restarting) is sent again, after
+that many seconds (at most ``max_retry_wait_s``), ``max_retries`` times: every other failure is the caller's to
+see, as a ``SearchServiceError``. A search of a batch that failed is a ``SearchServiceError`` in its place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import httpx
+
+from raysearch_client import calls
+from raysearch_client.calls import Call, SearchServiceError
+from raysearch_client.events import AnswerStreamEvent, event
+from raysearch_client.models import (
+    BuildJob,
+    DocumentResponse,
+    FeedbackResponse,
+    HealthResponse,
+    SearchRequest,
+    SearchResponse,
+    WriteResponse,
+)
+
+Query = str | SearchRequest | dict
+
+
+class _Settings:
+    def __init__(self, base_url: str, api_key: str | None, timeout: float, max_retries: int, max_retry_wait_s: float):
+        self.base_url = base_url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout, self.max_retries, self.max_retry_wait_s = timeout, max_retries, max_retry_wait_s
+
+
+class SearchClient:
+    """The service over HTTP, one connection pool; use it as a context manager or call ``close``."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, timeout: float = 60.0,
+                 max_retries: int = 3, max_retry_wait_s: float = 10.0, transport: httpx.BaseTransport | None = None):
+        self.settings = s = _Settings(base_url, api_key, timeout, max_retries, max_retry_wait_s)
+        self.http = httpx.Client(base_url=s.base_url, headers=s.headers, timeout=s.timeout, transport=transport)
+
+    def __enter__(self) -> SearchClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _send(self, call: Call, stream: bool = False) -> httpx.Response:
+        for attempt in range(self.settings.max_retries + 1):
+            r = self.http.send(self.http.build_request(call.method, call.path, json=call.body), stream=stream)
+            wait = calls.retry_after(r, self.settings.max_retry_wait_s)
+            if wait is None or attempt == self.settings.max_retries:
+                break
+            r.close()
+            time.sleep(wait)
+        if r.status_code not in call.ok:
+            r.read()
+            r.close()
+            raise calls.error_of(r)
+        return r
+
+    def _answer(self, call: Call) -> Any:
+        return call.read(self._send(call))
+
+    def search(self, query: Query, **options: Any) -> SearchResponse:
+        """One search: a query text with request fields as keywords, or a whole ``SearchRequest`` (or its dict)."""
+        return self._answer(calls.search(calls.search_request(query, options)))
+
+    def pages(self, query: Query, **options: Any) -> Iterator[SearchResponse]:
+        """The search's pages in order, following ``next_cursor`` until the last one."""
+        req = calls.search_request(query, options)
+        while req is not None:
+            page = self.search(req)
+            yield page
+            req = calls.next_page(req, page)
+
+    def search_batch(self, searches: Sequence[Query]) -> list[SearchResponse | SearchServiceError]:
+        """Up to 64 searches in one call (queries embedded as one batch); each answer or error in its place."""
+        return self._answer(calls.search_batch(searches))
+
+    def stream_answer(self, query: Query, **options: Any) -> Iterator[AnswerStreamEvent]:
+        """A synthesized answer as it is written: a ``ResultsEvent``, ``TokenEvent``s, then an ``AnswerEvent`` (or
+        an ``ErrorEvent`` when synthesis failed after the results were sent)."""
+        r = self._send(calls.stream_answer(calls.search_request(query, options)), stream=True)
+        try:
+            for line in r.iter_lines():
+                if line.strip():
+                    yield event(line)
+        finally:
+            r.close()
+
+    def feedback(self, query: str, label: int, doc_id: str | None = None, **fields: Any) -> FeedbackResponse:
+        """Store a relevance judgment (``chunk_id`` or ``doc_id`` names the judged result)."""
+        return self._answer(calls.feedback(query, label, doc_id, fields))
+
+    def health(self) -> HealthResponse:
+        """Every shard and stage; a service with no shard up answers 503 with the same body."""
+        return self._answer(calls.health())
+
+    def upsert_documents(self, collection: str, documents: Sequence[dict[str, Any]]) -> WriteResponse:
+        """Add or replace up to 1,000 documents (records as the build reads them), atomically."""
+        return self._answer(calls.upsert_documents(collection, documents))
+
+    def get_document(self, collection: str, doc_id: str) -> DocumentResponse:
+        return self._answer(calls.get_document(collection, doc_id))
+
+    def delete_documents(self, collection: str, ids: Sequence[str]) -> WriteResponse:
+        """Delete up to 1,000 documents, atomically: one unknown id refuses them all (404)."""
+        return self._answer(calls.delete_documents(collection, ids))
+
+    def start_build(self, **fields: Any) -> BuildJob:
+        """Start a build or fold job (``BuildRequest``'s fields: ``corpus=...``, ``kind="fold"``, ...); admin keys."""
+        return self._answer(calls.start_build(fields))
+
+    def build(self, build_id: str) -> BuildJob:
+        """A build or fold job's state, progress and, once it ended, its summary or error."""
+        return self._answer(calls.build(build_id))
+
+    def builds(self) -> list[BuildJob]:
+        """The latest builds and folds of every collection, newest first."""
+        return self._answer(calls.builds())
+
+
+class AsyncSearchClient:
+    """``SearchClient`` for asyncio: the same methods, awaited (``pages`` and ``stream_answer`` are async
+    iterators)."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, timeout: float = 60.0,
+                 max_retries: int = 3, max_retry_wait_s: float = 10.0,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        self.settings = s = _Settings(base_url, api_key, timeout, max_retries, max_retry_wait_s)
+        self.http = httpx.AsyncClient(base_url=s.base_url, headers=s.headers, timeout=s.timeout, transport=transport)
+
+    async def __aenter__(self) -> AsyncSearchClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def _send(self, call: Call, stream: bool = False) -> httpx.Response:
+        for attempt in range(self.settings.max_retries + 1):
+            r = await self.http.send(self.http.build_request(call.method, call.path, json=call.body), stream=stream)
+            wait = calls.retry_after(r, self.settings.max_retry_wait_s)
+            if wait is None or attempt == self.settings.max_retries:
+                break
+            await r.aclose()
+            await asyncio.sleep(wait)
+        if r.status_code not in call.ok:
+            await r.aread()
+            await r.aclose()
+            raise calls.error_of(r)
+        return r
+
+    async def _answer(self, call: Call) -> Any:
+        return call.read(await self._send(call))
+
+    async def search(self, query: Query, **options: Any) -> SearchResponse:
+        return await self._answer(calls.search(calls.search_request(query, options)))
+
+    async def pages(self, query: Query, **options: Any) -> AsyncIterator[SearchResponse]:
+        req = calls.search_request(query, options)
+        while req is not None:
+            page = await self.search(req)
+            yield page
+            req = calls.next_page(req, page)
+
+    async def search_batch(self, searches: Sequence[Query]) -> list[SearchResponse | SearchServiceError]:
+        return await self._answer(calls.search_batch(searches))
+
+    async def stream_answer(self, query: Query, **options: Any) -> AsyncIterator[AnswerStreamEvent]:
+        r = await self._send(calls.stream_answer(calls.search_request(query, options)), stream=True)
+        try:
+            async for line in r.aiter_lines():
+                if line.strip():
+                    yield event(line)
+        finally:
+            await r.aclose()
+
+    async def feedback(self, query: str, label: int, doc_id: str | None = None, **fields: Any) -> FeedbackResponse:
+        return await self._answer(calls.feedback(query, label, doc_id, fields))
+
+    async def health(self) -> HealthResponse:
+        return await self._answer(calls.health())
+
+    async def upsert_documents(self, collection: str, documents: Sequence[dict[str, Any]]) -> WriteResponse:
+        return await self._answer(calls.upsert_documents(collection, documents))
+
+    async def get_document(self, collection: str, doc_id: str) -> DocumentResponse:
+        return await self._answer(calls.get_document(collection, doc_id))
+
+    async def delete_documents(self, collection: str, ids: Sequence[str]) -> WriteResponse:
+        return await self._answer(calls.delete_documents(collection, ids))
+
+    async def start_build(self, **fields: Any) -> BuildJob:
+        return await self._answer(calls.start_build(fields))
+
+    async def build(self, build_id: str) -> BuildJob:
+        return await self._answer(calls.build(build_id))
+
+    async def builds(self) -> list[BuildJob]:
+        return await self._answer(calls.builds())

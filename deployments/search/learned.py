@@ -72,8 +72,15 @@ def feature_matrix(columns: Mapping[str, np.ndarray], n: int, names: Sequence[st
 
 
 def leg_ranks(hits: Sequence[Hit], pool: Sequence[Hit]) -> np.ndarray:
-    rank = {h.key: i + 1 for i, h in enumerate(hits)}
-    return np.array([rank.get(h.key, np.nan) for h in pool], dtype=np.float32)
+    """Each of ``pool``'s rank (1-based) in ``hits``, NaN where absent; both of one collection, so a chunk id is a
+    key (no tuple made per hit: this runs over every leg hit of every query a model ranks)."""
+    rank = {h[0]: i for i, h in enumerate(hits, 1)}
+    return np.fromiter((rank.get(h[0], np.nan) for h in pool), dtype=np.float32, count=len(pool))
+
+
+def leg_scores(hits: Sequence[Hit], pool: Sequence[Hit]) -> np.ndarray:
+    score = {h[0]: h[1] for h in hits}
+    return np.fromiter((score.get(h[0], np.nan) for h in pool), dtype=np.float32, count=len(pool))
 
 
 def relative(columns: dict[str, np.ndarray], pool: Sequence[Hit]) -> None:
@@ -124,12 +131,15 @@ async def candidate_features(ctx: SearchContext, got: Retrieved, pool: list[Hit]
     dense, keyword = got.legs[target.name]
     columns["dense_rank"] = leg_ranks(dense, pool)
     columns["keyword_rank"] = leg_ranks(keyword, pool)
-    fused_rank = {h.key: i + 1 for i, h in enumerate(got.fused)}
-    fused_score = {h.key: h.score for h in got.fused}
-    columns["fused_score"] = np.array([fused_score.get(h.key, np.nan) for h in pool], dtype=np.float32)
-    columns["fused_rank"] = np.array([fused_rank.get(h.key, np.nan) for h in pool], dtype=np.float32)
+    if got.fused[:len(pool)] == pool:  # the fused order's head, as served and trained: ranks are positions
+        columns["fused_score"] = np.fromiter((h.score for h in pool), dtype=np.float32, count=len(pool))
+        columns["fused_rank"] = np.arange(1, len(pool) + 1, dtype=np.float32)
+    else:
+        columns["fused_score"] = leg_scores(got.fused, pool)
+        columns["fused_rank"] = leg_ranks(got.fused, pool)
     relative(columns, pool)
-    columns["rerank"] = np.array([(rerank or {}).get(h.key, np.nan) for h in pool], dtype=np.float32)
+    columns["rerank"] = (np.array([rerank.get(h.key, np.nan) for h in pool], dtype=np.float32) if rerank
+                         else np.full(len(pool), np.nan, dtype=np.float32))
     return FeatureTable(list(pool), columns)
 
 

@@ -27,6 +27,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from pydantic import BaseModel, Field, ValidationError
 
+from deployments.documents.writes import may_write_documents
 from deployments.edge.errors import ERROR_ROOTS, status_of
 from deployments.edge.guard import Caller
 from deployments.edge.schemas import (
@@ -105,10 +106,9 @@ class McpTools:
                    request_id: str | None) -> types.CallToolResult:
         if name not in TOOLS:
             return refused(404, f"no tool {name!r}: the tools are {', '.join(TOOLS)}")
-        if TOOLS[name][2] and not caller.writer:  # not offered to this key; the same refusal as the HTTP route's
-            return refused(403, f"{name} needs a write key: this API key may not write documents (add its digest "
-                           "to security.write_key_digests)")
         try:
+            if TOOLS[name][2]:  # a write tool this key was not offered: refused before its arguments are looked at
+                may_write_documents(caller)
             args = TOOLS[name][0].model_validate(dict(arguments))
             return answered(await self._run(name, args, caller, headers, request_id))
         except ValidationError as exc:

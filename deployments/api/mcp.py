@@ -66,7 +66,7 @@ class DeleteDocumentsArgs(InCollection, DeleteDocumentsRequest):
 TOOLS: dict[str, tuple[type[BaseModel], type[BaseModel], bool, str]] = {
     "search": (SearchRequest, SearchResponse, False,
                "Hybrid (dense + BM25) search: the fields of POST /search in, its answer out (each result with its "
-               "chunk_id, doc_id, text and score; the cited doc ids). Only documents this key may see."),
+               "chunk_id, doc_id, content and score; the citations). Only documents this key may see."),
     "get_document": (GetDocumentArgs, DocumentResponse, False,
                      "A document by id, with its text and chunk ids, as this key may see it."),
     "upsert_documents": (UpsertDocumentsArgs, WriteResponse, True,
@@ -76,12 +76,16 @@ TOOLS: dict[str, tuple[type[BaseModel], type[BaseModel], bool, str]] = {
 }
 
 
+# Made once: pydantic writes a JSON schema anew on each call, and tools/list is asked for on every connection.
+_CATALOGUE = [(writes, types.Tool(name=name, description=text, input_schema=args.model_json_schema(),
+                                  output_schema=answer.model_json_schema(),
+                                  annotations=types.ToolAnnotations(read_only_hint=not writes)))
+              for name, (args, answer, writes, text) in TOOLS.items()]
+
+
 def visible_tools(caller: Caller) -> list[types.Tool]:
     """The tools a caller is offered: the write tools only to a key that may write (a write or admin key)."""
-    return [types.Tool(name=name, description=text, input_schema=args.model_json_schema(),
-                       output_schema=answer.model_json_schema(),
-                       annotations=types.ToolAnnotations(read_only_hint=not writes))
-            for name, (args, answer, writes, text) in TOOLS.items() if caller.writer or not writes]
+    return [tool for writes, tool in _CATALOGUE if caller.writer or not writes]
 
 
 def refused(status: int, message: str) -> types.CallToolResult:
@@ -140,7 +144,7 @@ def caller_of(request) -> Caller:
 
 class McpEndpoint:
     """The ``/mcp`` ASGI app of one router replica: the MCP SDK's low-level server and its Streamable HTTP session
-    manager, stateless. ``run()`` is the manager's lifespan, held open by the replica for as long as it lives."""
+    manager, stateless. ``start()`` runs the manager's lifespan, held open for as long as the replica lives."""
 
     def __init__(self, tools: McpTools, max_body_bytes: int):
         async def list_tools(ctx, params) -> types.ListToolsResult:
@@ -170,7 +174,11 @@ class McpEndpoint:
                 await asyncio.Event().wait()  # until the replica ends (the task is cancelled)
 
         task = asyncio.create_task(hold())
-        await started.wait()
+        ready = asyncio.ensure_future(started.wait())
+        await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():  # the manager failed to start: the replica fails to start, with its error
+            ready.cancel()
+            task.result()
         return task
 
     async def __call__(self, scope, receive, send) -> None:

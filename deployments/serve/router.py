@@ -38,7 +38,7 @@ from deployments.documents.service import POLL_S, open_documents
 from deployments.documents.writes import DocumentWrites
 from deployments.edge import schemas as api
 from deployments.edge.console import asset_file, page_file
-from deployments.edge.guard import Guard, install
+from deployments.edge.guard import Caller, Guard, install
 from deployments.edge.http import CurrentCaller, app, error_response, error_responses, install_mcp, request_id
 from deployments.edge.metrics import SearchMetrics
 from deployments.errors import ServiceError
@@ -167,7 +167,8 @@ class SearchRouter:
         # and encode it again (the schema above still documents it).
         return Response(api.response_json(response), media_type="application/json")
 
-    async def answer(self, body: api.SearchRequest, headers, request_id: str | None, caller) -> api.SearchResponse:
+    async def answer(self, body: api.SearchRequest, headers, request_id: str | None,
+                     caller: Caller) -> api.SearchResponse:
         """One search as the caller may see it (its key's principals), recorded: the work of ``POST /search`` and of
         the MCP ``search`` tool."""
         with self.recorder.search(body, headers, request_id, self.settings.redact_queries) as answered:

@@ -29,12 +29,17 @@ logger = logging.getLogger("ray.serve")
 FOLD_RETRY_S = 60.0  # a replica tries to start a due fold of a collection at most this often
 
 
+def may_write_documents(caller: Caller) -> None:
+    """Search keys never write (a write or an admin key does; keys off: everyone). Raises ``Forbidden``."""
+    if not caller.writer:
+        raise Forbidden("this API key may not write documents: add its digest to security.write_key_digests")
+
+
 def may_write(caller: Caller, acl_field: str | None, what: str, metadata: Mapping[str, Any]) -> None:
     """The write ACL: search keys never write; a write key with principals writes only documents whose ACL field
     lists nothing but its principals (so a tenant can neither write into another's view nor make a document
     public). An admin key, no ACL field, or a key without principals writes any document. Raises ``Forbidden``."""
-    if not caller.writer:
-        raise Forbidden("this API key may not write documents: add its digest to security.write_key_digests")
+    may_write_documents(caller)
     if caller.admin or not acl_field or not caller.principals:
         return
     value = metadata.get(acl_field)

@@ -86,3 +86,28 @@ async def _service_error(request: Request, exc: Exception) -> JSONResponse:
 
 for _root in ERROR_ROOTS:
     app.add_exception_handler(_root, _service_error)
+
+
+# The MCP endpoint (``deployments.api.mcp``) of this process's router replica, handed over when it starts
+# (``install_mcp``), as the guard is: Serve serves a frozen copy of this app, which the router never sees.
+_mcp = None
+
+
+def install_mcp(endpoint) -> None:
+    global _mcp
+    _mcp = endpoint
+
+
+class _McpRoute:
+    """``/mcp`` as a plain ASGI route (the SDK answers the request itself: JSON-RPC over POST), behind the same
+    front door as every route: keys, the body limit, shedding and the request count (route ``/mcp``)."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        if _mcp is None:
+            response = error_response(Request(scope), 503, "the MCP endpoint is starting; retry shortly",
+                                      headers={"Retry-After": "1"})
+            return await response(scope, receive, send)
+        await _mcp(scope, receive, send)
+
+
+app.add_route("/mcp", _McpRoute(), methods=["GET", "POST", "DELETE"], include_in_schema=False)

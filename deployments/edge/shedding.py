@@ -22,10 +22,10 @@ import json
 from deployments.edge.guard import Refusal, installed
 from deployments.edge.metrics import HTTP_REQUESTS
 
-# The routes that do a request's work (search, streamed answers until they end, judgments' disk writes); health,
-# the console and /admin/ (an operator's rollback must get through) are never refused for load. Matched at the
-# end of the path: this layer runs before the app's route prefix is taken off.
-COUNTED_ENDINGS = ("/search", "/search/batch", "/feedback", "/documents", "/documents/delete")
+# The routes that do a request's work (search, streamed answers until they end, judgments' disk writes, the MCP
+# tools, which search and write); health, the console and /admin/ (an operator's rollback must get through) are
+# never refused for load. Matched at the end of the path: this layer runs before the app's route prefix is taken off.
+COUNTED_ENDINGS = ("/search", "/search/batch", "/feedback", "/documents", "/documents/delete", "/mcp")
 COUNTED_KEY = "raysearch.counted"  # set in the scope of a request this layer counted
 
 

@@ -31,14 +31,15 @@ from deployments.api.admin import Builds
 from deployments.api.batch import answers_in_order, batch_json, checked
 from deployments.api.feedback import Feedback
 from deployments.api.health import service_health
+from deployments.api.mcp import McpEndpoint, McpTools
 from deployments.api.observe import SearchRecorder
 from deployments.config import RouterSettings, SecurityConfig
 from deployments.documents.service import POLL_S, open_documents
 from deployments.documents.writes import DocumentWrites
 from deployments.edge import schemas as api
 from deployments.edge.console import asset_file, page_file
-from deployments.edge.guard import Guard, install
-from deployments.edge.http import CurrentCaller, app, error_response, error_responses, request_id
+from deployments.edge.guard import Caller, Guard, install
+from deployments.edge.http import CurrentCaller, app, error_response, error_responses, install_mcp, request_id
 from deployments.edge.metrics import SearchMetrics
 from deployments.errors import ServiceError
 from deployments.judgments import JudgmentStore
@@ -123,6 +124,10 @@ class SearchRouter:
         await self.documents.catch_up()  # every write acknowledged before this replica started, searchable here
         await asyncio.gather(*(d.warm() for d in documents.values()))
         self._followers = [asyncio.create_task(self._follow_versions()), asyncio.create_task(self._follow_documents())]
+        # /mcp: the search route's work and the documents', offered as MCP tools (deployments.api.mcp)
+        mcp = McpEndpoint(McpTools(self.answer, self.documents, default_collection), self.guard.max_body_bytes)
+        self._followers.append(await mcp.start())
+        install_mcp(mcp)
         settle_heap()
 
     async def reconfigure(self, user_config: dict) -> None:
@@ -154,15 +159,22 @@ class SearchRouter:
               | error_responses({400: "Request cannot be served (a stage not enabled)", 404: "Unknown collection",
                                  504: "Past router.request_timeout_s; the request's work was stopped"}))
     async def search(self, body: api.SearchRequest, request: Request, caller: CurrentCaller) -> api.SearchResponse:
-        with self.recorder.search(body, request.headers, request_id(request), self.settings.redact_queries) as answered:
-            response = await self.pipeline.search(body, principals=list(caller.principals), rendered=True)
-            answered(response)
+        response = await self.answer(body, request.headers, request_id(request), caller)
         if body.stream:
             return StreamingResponse(_ndjson(self.pipeline.stream_answer(body, response)),
                                      media_type="application/x-ndjson")
         # Serialized once by pydantic's Rust encoder: returning the model would have FastAPI validate
         # and encode it again (the schema above still documents it).
         return Response(api.response_json(response), media_type="application/json")
+
+    async def answer(self, body: api.SearchRequest, headers, request_id: str | None,
+                     caller: Caller) -> api.SearchResponse:
+        """One search as the caller may see it (its key's principals), recorded: the work of ``POST /search`` and of
+        the MCP ``search`` tool."""
+        with self.recorder.search(body, headers, request_id, self.settings.redact_queries) as answered:
+            response = await self.pipeline.search(body, principals=list(caller.principals), rendered=True)
+            answered(response)
+        return response
 
     @app.post("/search/batch", response_model=api.BatchSearchResponse,
               responses=error_responses({504: "Past router.request_timeout_s"}))

@@ -235,6 +235,15 @@ def test_every_request_is_counted_once_by_route_method_and_outcome(service, buil
     assert httpx.post(f"{base}/search", json={"query": "x", "collections": ["nope"]}).status_code == 404
     assert httpx.get(f"{base}/no/such/path").status_code == 404
     assert httpx.get(f"{base}/health").status_code == 200
+    # MCP (stateless: each JSON-RPC message its own POST) is counted as its own route, its refusals too.
+    mcp = {"Accept": "application/json, text/event-stream"}
+    tool_call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                 "params": {"name": "search", "arguments": {"query": "telescope galaxy", "limit": 2}}}
+    answer = httpx.post(f"{base}/mcp", json=tool_call, headers=mcp, timeout=60)
+    assert answer.status_code == 200 and answer.json()["result"]["structuredContent"]["results"], answer.text
+    too_big = tool_call | {"params": {"name": "search", "arguments": {"query": "x" * 70_000}}}
+    assert httpx.post(f"{base}/mcp", json=too_big, headers=mcp).status_code == 413
+    sent |= {("/mcp", "POST", "ok"): 1, ("/mcp", "POST", "413"): 1}
 
     async def burst():
         async with httpx.AsyncClient(base_url=base, timeout=60) as client:

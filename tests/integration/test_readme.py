@@ -159,6 +159,18 @@ def test_the_python_client_example_runs_as_written(demo_served):
     assert namespace["event"].type == "answer" and namespace["event"].text  # the stream's last event: the answer
 
 
+def test_the_mcp_example_runs_as_written(demo_served):
+    """README's MCP example, with the SDK's client, against the served demo-style index (keys off: every tool)."""
+    block = re.search(r"```python\n(import asyncio\n\nimport httpx2\n.*?)```", README, re.S).group(1)
+    code = block.replace("http://127.0.0.1:8000", str(demo_served.base_url).rstrip("/"))
+    namespace: dict = {"__name__": "readme_mcp"}
+    exec(compile(code, "README.md (MCP example)", "exec"), namespace)  # noqa: S102 - the README's own code
+    found = namespace["found"]
+    assert not found.is_error and found.structured_content["results"]
+    http = demo_served.post("/search", json={"query": "compress a file", "limit": 3}).json()
+    assert [r["chunk_id"] for r in found.structured_content["results"]] == [r["chunk_id"] for r in http["results"]]
+
+
 def _readme_documents_calls() -> list[tuple[str, str, dict | None, dict]]:
     """README's documents example: each curl (method, path, body) with the answer shown below it."""
     block = README.split("### Documents: write, read and delete by id", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]

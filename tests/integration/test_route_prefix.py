@@ -55,3 +55,26 @@ def test_searches_under_the_prefix_count_against_max_inflight(served):
     shed = [r for r in answers if r.status_code == 503]
     assert shed and all(r.headers["Retry-After"] == "3" for r in shed)
     assert {r.status_code for r in answers} <= {200, 503}
+
+
+def test_mcp_answers_under_the_prefix_with_the_same_keys(served):
+    """The MCP endpoint at PREFIX/mcp, through the SDK's client: an admin key is offered the write tools, a search
+    key is not, and a search answers; without a key, 401."""
+    import httpx2
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def session_with(key: str):
+        async with (httpx2.AsyncClient(headers={"X-API-Key": key}, timeout=60) as http,
+                    streamable_http_client(f"http://127.0.0.1:{PORT}/api/mcp", http_client=http) as (read, write),
+                    ClientSession(read, write) as session):
+            await session.initialize()
+            tools = {t.name for t in (await session.list_tools()).tools}
+            return tools, await session.call_tool("search", {"query": "telescope galaxy", "limit": 3})
+
+    user_tools, found = asyncio.run(session_with(USER_KEY))
+    assert user_tools == {"search", "get_document"}
+    assert not found.is_error and found.structured_content["results"]
+    admin_tools, _ = asyncio.run(session_with(ADMIN_KEY))
+    assert admin_tools == {"search", "get_document", "upsert_documents", "delete_documents"}
+    assert served.post("/mcp", json={}, headers={"Accept": "application/json, text/event-stream"}).status_code == 401

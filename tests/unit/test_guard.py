@@ -168,3 +168,11 @@ def test_the_layer_ahead_of_serve_counts_each_request_once_and_the_app_door_coun
     monkeypatch.setattr("deployments.edge.guard._installed", None)  # the proxy's copy: no router handed one over
     assert [s for _, s, _ in asyncio.run(burst(ShedFirst(app), ["/search"] * 3))] == [200, 200, 200]
     assert guard.inflight == 0
+
+
+def test_mcp_requests_count_against_max_inflight():
+    """``/mcp`` does a request's work (its tools search and write): shed under load like /search, also under a prefix."""
+    from deployments.edge.shedding import counted
+
+    assert counted({"type": "http", "path": "/mcp"}) and counted({"type": "http", "path": "/api/mcp/"})
+    assert not counted({"type": "http", "path": "/health"})

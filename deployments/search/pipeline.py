@@ -98,16 +98,21 @@ class SearchPipeline:
 
     def _targets(self, req: SearchRequest) -> list[Collection]:
         targets = [collection(self.collections, n) for n in req.collections or [self.default_collection]]
+        def unknown(name: str, what: str) -> InvalidField | None:
+            if any(name in c.fields or (c.fresh is not None and name in c.fresh.metadata.fields()) for c in targets):
+                return None
+            known = sorted({f for c in targets for f in c.fields})
+            return InvalidField(f"unknown {what} {name!r}; known fields: "
+                                f"{', '.join(known) or '(none: this index has no metadata)'}")
+
         if req.filters:
             for name, condition in req.filters.items():
-                if not any(name in c.fields or (c.fresh is not None and name in c.fresh.metadata.fields())
-                           for c in targets):
-                    known = sorted({f for c in targets for f in c.fields})
-                    raise InvalidField(
-                        f"unknown filter field {name!r}; known fields: {', '.join(known) or '(none: this index has no metadata)'}",
-                    )
+                if (error := unknown(name, "filter field")) is not None:
+                    raise error
                 if condition is None:
                     raise InvalidField(f"filter on {name!r} has no condition (null)")
+        if req.group_by not in (None, "doc_id") and (error := unknown(req.group_by, "group_by field")) is not None:
+            raise InvalidField(f"{error}; or group_by: doc_id")
         return targets
 
     def _check_stages(self, req: SearchRequest, targets: list[Collection]) -> bool:
@@ -317,7 +322,9 @@ class SearchPipeline:
         """Tuned defaults (relevance.tune) stand wherever a hybrid request says nothing; a threshold tuned on
         fused scores means nothing on BM25, cosine or reranker scores, so it stays off for those."""
         s, defaults = self.settings, {}
-        if req.method is Method.hybrid and req.mmr_lambda is None and s.mmr_lambda is not None:
+        # A tuned MMR stays off under group_by: MMR diversifies one page of chunks, grouping pages over groups.
+        if (req.method is Method.hybrid and req.mmr_lambda is None and s.mmr_lambda is not None
+                and req.group_by is None):
             defaults["mmr_lambda"] = s.mmr_lambda
         if (req.method is Method.hybrid and not rerank and req.min_relevance_score is None
                 and s.min_relevance_score is not None):

@@ -54,7 +54,7 @@ from deployments.search.ranking import Ranking, fuse_collections, fusion_of
 from deployments.search.response import Responder
 from deployments.search.retrieval import Retrieval, Retrieved, known_rows
 from deployments.search.spelling import Speller
-from deployments.search.stages import SearchContext, Work, failure, gathered, ranked_by, within
+from deployments.search.stages import SearchContext, Work, failure, gathered, ranked_by, within, write_seqs
 
 SPELLERS_KEPT = 8  # spelling vocabularies kept, one per (collections, versions, ACL) searched with spell_correct
 
@@ -273,14 +273,15 @@ class SearchPipeline:
         req = self._with_tuned_defaults(req, rerank)
         # A page: ranks offset+1.. of the same ranking (``paging``); the plan fixes every depth before any work.
         model = self._ranking_model(req, targets)
-        offset = page_offset(req, ranked_by(targets, model), self.settings)
+        writes = write_seqs(targets)
+        offset = page_offset(req, ranked_by(targets, model), self.settings, writes)
         if offset and req.mmr_lambda is not None:
             raise InvalidRequest("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
                                "to 100 results in one page")
         ctx = await self._prepare(SearchContext(
             req=req, plan=plan_search(req, self.settings, len(targets), rerank, offset), targets=targets,
             settings=self.settings, work=Work(), started=t_start, asked_query=req.query, acl=acl, rerank=rerank,
-            rendered=rendered, model=model), embedded)
+            rendered=rendered, model=model, writes=writes), embedded)
         got = await self._retrieve(ctx)
         ranked = await self.ranking.rank(ctx, got)
         response = await self.responder.respond(ctx, got, ranked)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 
 import pytest
 from pydantic import ValidationError
@@ -108,3 +109,31 @@ def test_group_by_a_metadata_field_and_invalid_combinations(pipeline):
     rendered = run(pipeline.search(SearchRequest(query=Q, limit=2, group_by="doc_id"), rendered=True))
     assert rendered.results and rendered.results[0].group is not None
     assert json.loads(rendered.model_dump_json())["results"][0]["group"]["key"] == rendered.results[0].doc_id
+
+
+def test_a_cursor_is_refused_after_a_document_write_to_the_collection(built, tmp_path):
+    """A write changes what a collection ranks, as a version switch does: the next page of a search made before
+    it is refused (409, the same remedy), and a search begun after it pages as usual."""
+    from deployments.documents.service import open_documents
+
+    version = built[1][1].version_dir
+    root = tmp_path / "root"
+    shutil.copytree(version, root / version.name)  # the change log is written beside the version, here only
+    pipe = inprocess_pipeline({"main": root / version.name})
+    collection = pipe.collections["main"]
+    documents = open_documents("main", root, root / version.name, collection.encoder, 64)
+    collection.fresh = documents.segment  # what the router does with a collection's documents API
+
+    first = search(pipe, query=Q, limit=3, group_by="doc_id")
+    assert first.next_cursor is not None
+    assert search(pipe, query=Q, limit=3, group_by="doc_id", cursor=first.next_cursor).offset == 3
+    change, live = run(documents.write([{"id": "fresh-1", "title": "telescope galaxy", "text": "telescope galaxy "
+                                         "lucene shard notes " * 4}], [], None))
+    assert live and change.seq >= 1
+    with pytest.raises(ServiceError) as e:
+        search(pipe, query=Q, limit=3, group_by="doc_id", cursor=first.next_cursor)
+    assert status_of(e.value) == 409 and f"main: write 0 -> {change.seq}" in str(e.value)
+    assert "search again from the first page" in str(e.value)
+    again = search(pipe, query=Q, limit=3, group_by="doc_id")
+    assert "fresh-1" in [r.doc_id for r in again.results]  # the write is searched, grouped as one document
+    assert search(pipe, query=Q, limit=3, group_by="doc_id", cursor=again.next_cursor).offset == 3

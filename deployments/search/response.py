@@ -13,6 +13,7 @@ from deployments.edge.schemas import (
     Answer,
     Coverage,
     GroupChunk,
+    Highlight,
     Method,
     Result,
     ResultGroup,
@@ -25,6 +26,7 @@ from deployments.errors import Unavailable
 from deployments.search.clients import SynthesizerClient
 from deployments.search.context import assemble, citations
 from deployments.search.grouping import Group
+from deployments.search.highlights import Highlighter
 from deployments.search.hits import Hit
 from deployments.search.paging import make_cursor
 from deployments.search.ranking import Ranked
@@ -39,6 +41,7 @@ class Responder:
     def __init__(self, retrieval: Retrieval, synthesizer: SynthesizerClient | None):
         self.retrieval, self.synthesizer = retrieval, synthesizer
         self.fragments = FragmentCache()  # results' JSON, for responses the router sends as they are
+        self.highlighter = Highlighter()  # Lucene's analyzer, loaded at the first ``highlights: true``
 
     async def respond(self, ctx: SearchContext, got: Retrieved, ranked: Ranked) -> SearchResponse:
         """The page's rows fetched and rendered, the context assembled, the answer written: the response."""
@@ -68,6 +71,8 @@ class Responder:
             if groups is not None:
                 results = [with_group(r, g, other_rows, ranked.relevance_of, req.group_by)
                            for r, g in zip(results, groups, strict=True)]
+        if req.highlights and results:
+            results = await self._highlighted(ctx, results)
         # The context holds each group's chunks together, at the group's rank.
         in_context = (list(zip(top, rows, strict=True)) if groups is None else
                       [(h, row if i == 0 else other_rows[h.key]) for g, row in zip(groups, rows, strict=True)
@@ -127,6 +132,28 @@ class Responder:
         response._results_json = results_json
         response._stages = (ctx.started, time.perf_counter(), work.spans)
         return response
+
+    async def _highlighted(self, ctx: SearchContext, results: list[Result]) -> list[Result]:
+        """``results`` with the spans of the searched query's terms in their texts and their group chunks' (off the
+        event loop: the analyzer is called once per word not seen before); on failure, without, and a warning."""
+        t = time.perf_counter()
+        chunks = [r.group.chunks if r.group is not None else [] for r in results]
+        texts = [r.content for r in results] + [c.content for group in chunks for c in group]
+        try:
+            marked = await asyncio.to_thread(self.highlighter.spans, ctx.text, texts)
+        except Exception as exc:  # the results stand without their spans
+            ctx.work.warnings.append(f"highlights {failure(exc)}: results without them")
+            return results
+        as_spans = [[Highlight(start=a, end=b) for a, b in spans] for spans in marked]
+        out = [r.model_copy(update={"highlights": spans})
+               for r, spans in zip(results, as_spans[:len(results)], strict=True)]
+        rest = iter(as_spans[len(results):])
+        for r, group in zip(out, chunks, strict=True):
+            if group:
+                marked_chunks = [c.model_copy(update={"highlights": next(rest)}) for c in group]
+                r.group = r.group.model_copy(update={"chunks": marked_chunks})
+        ctx.work.mark("highlight", t)
+        return out
 
     async def _answer(self, req: SearchRequest, results: list[Result], warnings: list[str],
                       timeout_s: float) -> Answer | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 
 import pytest
@@ -137,3 +138,23 @@ def test_a_cursor_is_refused_after_a_document_write_to_the_collection(built, tmp
     again = search(pipe, query=Q, limit=3, group_by="doc_id")
     assert "fresh-1" in [r.doc_id for r in again.results]  # the write is searched, grouped as one document
     assert search(pipe, query=Q, limit=3, group_by="doc_id", cursor=again.next_cursor).offset == 3
+
+
+def test_highlights_are_the_query_terms_as_lucene_analyzes_them(pipeline):
+    """Spans of the query's stems in each returned text: the query says "telescopes galaxies", the corpus holds
+    "telescope" and "galaxy" (Porter stems meet); the oracle finds those words with a regular expression."""
+    from deployments.search.highlights import Highlighter
+
+    text = "The Galaxy's telescopes observed galaxies; observing them is the point."
+    marked = Highlighter().spans("galaxy observe", [text])[0]  # Lucene's English analyzer, for real
+    assert [text[a:b] for a, b in marked] == ["Galaxy's", "observed", "galaxies", "observing"]
+
+    words = re.compile(r"\b(telescope|galaxy)\b")
+    got = search(pipeline, query="telescopes galaxies", limit=5, group_by="doc_id", group_size=2, highlights=True)
+    texts = [(r.content, r.highlights) for r in got.results]
+    texts += [(c.content, c.highlights) for r in got.results for c in r.group.chunks]
+    assert len(texts) > 5 and any(spans for _, spans in texts)
+    for content, spans in texts:
+        assert [(s.start, s.end) for s in spans] == [m.span() for m in words.finditer(content)]
+    plain = search(pipeline, query="telescopes galaxies", limit=5)
+    assert all(r.highlights is None for r in plain.results)

@@ -40,3 +40,19 @@ def test_near_duplicates_are_dropped_greedily_in_rank_order():
     assert [h.chunk_id for h in without_near_duplicates(ranking, vectors, 0.999)] == ["a", "b", "c"]
     assert [h.chunk_id for h in without_near_duplicates(ranking, vectors, 1.0)] == ["a", "b", "c"]
     assert without_near_duplicates([], np.zeros((0, 2)), 0.9) == []
+
+
+def test_spans_mark_the_words_whose_terms_meet_the_querys():
+    from deployments.search.highlights import Highlighter, spans
+
+    def stem(text: str) -> list[str]:  # a toy analyzer: lower case, "the" a stopword, a trailing "s" cut
+        return [w.removesuffix("s") for w in text.lower().split() if w != "the"]
+
+    text = "The Stars and the star's light, stars!"
+    marked = spans(text, {"star"}, stem)
+    assert [text[a:b] for a, b in marked] == ["Stars", "stars"]  # "star's" analyzes to "star's": not a match
+    assert spans(text, set(), stem) == []
+    calls = []
+    h = Highlighter(lambda w: calls.append(w) or stem(w))
+    assert h.spans("the stars", [text, "no match here"]) == [marked, []]
+    assert calls.count("stars") == 1 and calls.count("The") == 1  # each word analyzed once

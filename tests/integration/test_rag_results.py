@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
@@ -158,3 +159,29 @@ def test_highlights_are_the_query_terms_as_lucene_analyzes_them(pipeline):
         assert [(s.start, s.end) for s in spans] == [m.span() for m in words.finditer(content)]
     plain = search(pipeline, query="telescopes galaxies", limit=5)
     assert all(r.highlights is None for r in plain.results)
+
+
+def test_dedupe_drops_what_lies_within_the_threshold_of_a_better_result_kept(pipeline, built):
+    """The oracle: the undeduped ranking, each chunk's stored vector read straight from its shard, and the greedy
+    rule by hand (keep a chunk unless its cosine with one kept above it reaches the threshold)."""
+    from deployments.search.inprocess import LocalIndex
+
+    local = LocalIndex(built[3][1].version_dir)
+    whole = search(pipeline, query=Q, method="keyword", limit=40, candidates=40)
+    ids = [r.chunk_id for r in whole.results]
+    vectors = np.stack([next(s.vectors([c])[0] for s in local.shards if c in s.row_of) for c in ids])
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    threshold = 0.6
+    kept: list[int] = []
+    for i in range(len(ids)):
+        if all(float(unit[i] @ unit[j]) < threshold for j in kept):
+            kept.append(i)
+    assert 0 < len(kept) < len(ids)  # something to drop
+    deduped = search(pipeline, query=Q, method="keyword", limit=40, candidates=40, dedupe_threshold=threshold)
+    assert [r.chunk_id for r in deduped.results] == [ids[i] for i in kept] and deduped.total == len(kept)
+    assert [r.rank for r in deduped.results] == list(range(1, len(kept) + 1))
+    # before grouping: the groups are those of the deduped ranking
+    grouped = search(pipeline, query=Q, method="keyword", limit=40, candidates=40, dedupe_threshold=threshold,
+                     group_by="doc_id", group_size=10)
+    assert ([[r.chunk_id, *(c.chunk_id for c in r.group.chunks)] for r in grouped.results]
+            == regrouped([(ids[i], doc_of(ids[i])) for i in kept], 10))

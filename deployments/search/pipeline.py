@@ -1,5 +1,5 @@
-"""The request path, Ray-free: query -> fan-out -> fusion -> rerank -> threshold -> MMR -> fetch ->
-context -> answer.
+"""The request path, Ray-free: query -> fan-out -> fusion -> rerank -> threshold -> dedupe -> MMR -> group ->
+fetch -> highlights -> context -> answer.
 
 The router deployment runs this with Serve handles as its shard and encoder clients; tests run it with
 in-process clients over the same shard services. Shards answer with ids and scores only; texts and

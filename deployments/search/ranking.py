@@ -1,6 +1,8 @@
 """Ranking: the legs fused (RRF or weighted, as the request or the settings say), reranked by the cross-encoder
-or the LLM, cut at ``min_relevance_score`` (on the one [0, 1] scale, ``relevance_scale``), diversified by MMR;
-each optional stage, when it fails, leaves the order before it with a warning. Over one hit type (``Hit``)."""
+or the LLM, cut at ``min_relevance_score`` (on the one [0, 1] scale, ``relevance_scale``), near-duplicates dropped
+(``dedupe_threshold``), diversified by MMR, grouped (``group_by``: ``search.grouping``); each optional stage, when it
+fails, leaves the order before it with a warning (grouping is not optional: the response's shape depends on it).
+Over one hit type (``Hit``)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ Pages stop at the window: a hybrid search's fused scores depend on its candidate
 list), so its pages stay inside the candidates that ``limit`` asks for (200 by default) and every page ranks
 the same ones; a one-leg search's exact top-k goes to ``router.candidate_cap``. A reranked search ranks its
 rerank depth (40 by default). Deep paging of a million results is not what a relevance-ranked search answers.
+A grouped search (``group_by``) pages over its groups: offsets and cursors count groups, not chunks.
 """
 
 from __future__ import annotations

@@ -98,7 +98,9 @@ class SearchPipeline:
 
     def _targets(self, req: SearchRequest) -> list[Collection]:
         targets = [collection(self.collections, n) for n in req.collections or [self.default_collection]]
+
         def unknown(name: str, what: str) -> InvalidField | None:
+            """The error for a field no searched collection holds (one rule for filters and group_by)."""
             if any(name in c.fields or (c.fresh is not None and name in c.fresh.metadata.fields()) for c in targets):
                 return None
             known = sorted({f for c in targets for f in c.fields})

@@ -244,7 +244,8 @@
   function buildRequest(form) {
     const query = form.q.trim();
     if (!query) throw new FormError("Type something to search for.");
-    const request = { query, method: form.method };
+    // The service marks the query's terms as BM25 matched them (its analyzer's stems): the page only draws them.
+    const request = { query, method: form.method, highlights: true };
     if (form.limit.trim()) request.limit = parseNumber(form.limit, "Limit");
     if (form.collection) request.collections = [form.collection];
     const filters = parseFilters(form.filters);
@@ -453,7 +454,8 @@
 
     const content = element("p", null, "content");
     content.dataset.testid = "content";
-    appendHighlighted(content, result.content, pattern);
+    if (Array.isArray(result.highlights)) appendSpans(content, result.content, result.highlights);
+    else appendHighlighted(content, result.content, pattern); // a service that sent no spans
 
     item.append(head, content, metadataList(result.metadata), stageBars(result.scores, maxima), judgeControl(result),
       documentControl(result));
@@ -597,6 +599,17 @@
     if (!terms.length) return null;
     const alternatives = terms.map((t) => t.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")).join("|");
     return new RegExp(`(?<![\\p{L}\\p{N}])(?:${alternatives})(?:e?s)?(?![\\p{L}\\p{N}])`, "giu");
+  }
+
+  /** Append text to parent with the service's spans ({start, end}, in text order) in <mark>: text nodes only. */
+  function appendSpans(parent, text, spans) {
+    let last = 0;
+    for (const { start, end } of spans) {
+      if (start < last || end <= start || end > text.length) continue; // never a span out of order or bounds
+      parent.append(text.slice(last, start), element("mark", text.slice(start, end)));
+      last = end;
+    }
+    parent.append(text.slice(last));
   }
 
   /** Append text to parent with the matched terms in <mark>: text nodes only, so nothing is parsed. */

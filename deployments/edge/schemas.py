@@ -161,6 +161,20 @@ class SearchRequest(RequestBody):
         None, description="Order the best fused candidates by the collection's active ranking model (a learned "
         "ranker, trained by relevance.train_ranker); default: whenever the collection has one. false: the order "
         "without it. One collection only.")
+    group_by: str | None = Field(
+        None, min_length=1, max_length=128, description="Group the ranking: doc_id (one entry per document) or a "
+        "metadata field (one per value; a chunk without it stands alone). Applied after fusion, reranking, the "
+        "ranking model and min_relevance_score over the candidate window; a group sits at its best chunk's rank, "
+        "offset, limit and cursors count groups, and each result carries its group (group). Not with MMR.")
+    group_size: int = Field(
+        1, ge=1, le=10, description="With group_by: chunks kept per group, best first (default 1: the best chunk "
+        "alone); the result is the best, group.chunks the others.")
+    dedupe_threshold: float | None = Field(
+        None, gt=0, le=1, description="Drop a result whose vector is within this cosine similarity of a better-ranked "
+        "result already kept (e.g. 0.95: near-copies; 1: exact copies only). Before grouping.")
+    highlights: bool = Field(
+        False, description="Return highlights: {start, end} character spans in each returned text (content, and "
+        "group chunks') of the query's terms, as the keyword index analyzes them (stems match).")
     synthesize: bool = Field(False, description="Write an answer with citations [n] to results (rank n).")
     stream: bool = Field(
         False, description="With synthesize: answer as NDJSON lines (results, then tokens, then the answer).")
@@ -173,6 +187,11 @@ class SearchRequest(RequestBody):
             raise ValueError("stream: true streams the synthesized answer; set synthesize: true as well")
         if self.cursor is not None and self.offset:
             raise ValueError("send offset or cursor, not both: a cursor knows where its page starts")
+        if self.group_size > 1 and self.group_by is None:
+            raise ValueError(f"group_size {self.group_size} needs group_by (doc_id or a metadata field)")
+        if self.group_by is not None and self.mmr_lambda is not None:
+            raise ValueError("group_by and mmr_lambda cannot be used together: MMR diversifies one page of chunks, "
+                             "grouping pages over groups; drop one of them")
         return self
 
     @field_validator("query")
@@ -217,6 +236,39 @@ class Result(BaseModel):
     scores: StageScores
     char_start: int
     char_end: int
+    highlights: list[Highlight] | None = Field(
+        None, description="With highlights: true, the character spans of the query's terms in content.")
+    group: ResultGroup | None = Field(None, description="With group_by: the group this result is the best of.")
+
+
+class Highlight(BaseModel):
+    """A highlighted word: ``content[start:end]`` (Python string indices, end exclusive)."""
+
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
+class GroupChunk(BaseModel):
+    """Another kept chunk of a result's group (``group_size`` above 1), in rank order."""
+
+    chunk_id: str
+    content: str
+    relevance_score: float = Field(ge=0, le=1)
+    score: float
+    char_start: int
+    char_end: int
+    highlights: list[Highlight] | None = None
+
+
+class ResultGroup(BaseModel):
+    key: Any = Field(description="The group's value: the document id (group_by: doc_id) or the metadata field's "
+                     "value (null: the chunk has no such field and stands alone).")
+    found: int = Field(description="Chunks of this group among the ranked candidates (kept or not).")
+    chunks: list[GroupChunk] = Field(default_factory=list, description="The group's other kept chunks, best first "
+                                     "(at most group_size - 1).")
+
+
+Result.model_rebuild()  # its ``group`` and ``highlights`` name models defined after it
 
 
 class Citation(BaseModel):
@@ -266,7 +318,8 @@ class SearchResponse(BaseModel):
     method_used: Method = Field(description="The method that answered: the one asked for, or keyword when a "
                                 "hybrid request's query encoder failed.")
     results: list[Result]
-    total: int = Field(description="Candidates at or above min_relevance_score, before the limit.")
+    total: int = Field(description="Candidates at or above min_relevance_score, before the limit (groups, with "
+                       "group_by; after dedupe_threshold).")
     total_results: int = Field(description="The number of results returned.")
     offset: int = Field(0, description="Ranked results before this page (a result's rank is offset + its place).")
     next_cursor: str | None = Field(None, description="Send it as cursor for the next page; null on the last page "

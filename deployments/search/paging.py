@@ -3,13 +3,15 @@
 A search ranks a window of candidates (each leg's top ``candidates`` of every shard, fused, maybe reranked);
 a page is a slice of that ranking. ``offset`` asks for one directly; ``next_cursor`` in a response names the
 next page of the same search. The cursor carries the index version of every collection searched, a digest
-of the request and one of the router settings that rank: the next page is served only from the same versions
-and settings (a page after a switch, or after an operator changed the fusion, is refused with 409, never a
-page ranked otherwise after the first) and for the same request (400 otherwise).
+of the request, one of the router settings that rank, and each collection's last applied write (its fresh
+segment's sequence number): the next page is served only from the same versions, writes and settings (a page
+after a switch, a document write to a searched collection, or an operator's change of the fusion is refused
+with 409, never a page ranked otherwise after the first) and for the same request (400 otherwise).
 Pages stop at the window: a hybrid search's fused scores depend on its candidates (min-max over each leg's
 list), so its pages stay inside the candidates that ``limit`` asks for (200 by default) and every page ranks
 the same ones; a one-leg search's exact top-k goes to ``router.candidate_cap``. A reranked search ranks its
 rerank depth (40 by default). Deep paging of a million results is not what a relevance-ranked search answers.
+A grouped search (``group_by``) pages over its groups: offsets and cursors count groups, not chunks.
 """
 
 from __future__ import annotations
@@ -49,20 +51,24 @@ def settings_digest(settings: RouterSettings | None) -> str:
 
 
 def make_cursor(req: SearchRequest, versions: Mapping[str, str], offset: int,
-                settings: RouterSettings | None = None) -> str:
-    body = {"o": offset, "v": dict(versions), "r": request_digest(req), "s": settings_digest(settings)}
+                settings: RouterSettings | None = None, writes: Mapping[str, int] | None = None) -> str:
+    """``writes``: each collection's last write applied when the page was ranked (``stages.write_seqs``)."""
+    body = {"o": offset, "v": dict(versions), "r": request_digest(req), "s": settings_digest(settings),
+            "w": dict(writes or {})}
     return base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode()).decode().rstrip("=")
 
 
-def page_offset(req: SearchRequest, versions: Mapping[str, str], settings: RouterSettings | None = None) -> int:
+def page_offset(req: SearchRequest, versions: Mapping[str, str], settings: RouterSettings | None = None,
+                writes: Mapping[str, int] | None = None) -> int:
     """Where this request's page starts: its cursor's offset (checked against the request, the ranking
-    settings and the versions served now), else ``offset``."""
+    settings, the versions served now and the writes applied to them), else ``offset``."""
     if req.cursor is None:
         return req.offset
     try:
         padded = req.cursor + "=" * (-len(req.cursor) % 4)
         body = json.loads(base64.urlsafe_b64decode(padded.encode()))
         offset, made_on, digest, ranking = int(body["o"]), dict(body["v"]), str(body["r"]), str(body["s"])
+        written = {str(name): int(seq) for name, seq in dict(body.get("w", {})).items()}
     except (ValueError, KeyError, TypeError, binascii.Error):
         raise InvalidRequest("cursor is not one this service made: pass next_cursor from a response as it came") from None
     if digest != request_digest(req):
@@ -73,6 +79,12 @@ def page_offset(req: SearchRequest, versions: Mapping[str, str], settings: Route
                             if made_on.get(name) != v)
         raise Conflict(f"the index changed since the first page ({changed}); its pages would mix versions: "
                            "search again from the first page")
+    now = {name: seq for name, seq in (writes or {}).items() if seq}
+    if {name: seq for name, seq in written.items() if seq} != now:
+        changed = ", ".join(f"{name}: write {written.get(name, 0)} -> {seq}" for name, seq in sorted(now.items())
+                            if written.get(name, 0) != seq)
+        raise Conflict(f"documents were written since the first page ({changed}); its pages would mix rankings: "
+                       "search again from the first page")
     if ranking != settings_digest(settings):
         raise Conflict("the service's ranking settings (router: fusion, weights, depths) changed since the "
                            "first page; its pages would mix rankings: search again from the first page")

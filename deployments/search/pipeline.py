@@ -1,5 +1,5 @@
-"""The request path, Ray-free: query -> fan-out -> fusion -> rerank -> threshold -> MMR -> fetch ->
-context -> answer.
+"""The request path, Ray-free: query -> fan-out -> fusion -> rerank -> threshold -> dedupe -> MMR -> group ->
+fetch -> highlights -> context -> answer.
 
 The router deployment runs this with Serve handles as its shard and encoder clients; tests run it with
 in-process clients over the same shard services. Shards answer with ids and scores only; texts and
@@ -54,7 +54,7 @@ from deployments.search.ranking import Ranking, fuse_collections, fusion_of
 from deployments.search.response import Responder
 from deployments.search.retrieval import Retrieval, Retrieved, known_rows
 from deployments.search.spelling import Speller
-from deployments.search.stages import SearchContext, Work, failure, gathered, ranked_by, within
+from deployments.search.stages import SearchContext, Work, failure, gathered, ranked_by, within, write_seqs
 
 SPELLERS_KEPT = 8  # spelling vocabularies kept, one per (collections, versions, ACL) searched with spell_correct
 
@@ -98,16 +98,23 @@ class SearchPipeline:
 
     def _targets(self, req: SearchRequest) -> list[Collection]:
         targets = [collection(self.collections, n) for n in req.collections or [self.default_collection]]
+
+        def unknown(name: str, what: str) -> InvalidField | None:
+            """The error for a field no searched collection holds (one rule for filters and group_by)."""
+            if any(name in c.fields or (c.fresh is not None and name in c.fresh.metadata.fields()) for c in targets):
+                return None
+            known = sorted({f for c in targets for f in c.fields})
+            return InvalidField(f"unknown {what} {name!r}; known fields: "
+                                f"{', '.join(known) or '(none: this index has no metadata)'}")
+
         if req.filters:
             for name, condition in req.filters.items():
-                if not any(name in c.fields or (c.fresh is not None and name in c.fresh.metadata.fields())
-                           for c in targets):
-                    known = sorted({f for c in targets for f in c.fields})
-                    raise InvalidField(
-                        f"unknown filter field {name!r}; known fields: {', '.join(known) or '(none: this index has no metadata)'}",
-                    )
+                if (error := unknown(name, "filter field")) is not None:
+                    raise error
                 if condition is None:
                     raise InvalidField(f"filter on {name!r} has no condition (null)")
+        if req.group_by not in (None, "doc_id") and (error := unknown(req.group_by, "group_by field")) is not None:
+            raise InvalidField(f"{error}; or group_by: doc_id")
         return targets
 
     def _check_stages(self, req: SearchRequest, targets: list[Collection]) -> bool:
@@ -268,14 +275,15 @@ class SearchPipeline:
         req = self._with_tuned_defaults(req, rerank)
         # A page: ranks offset+1.. of the same ranking (``paging``); the plan fixes every depth before any work.
         model = self._ranking_model(req, targets)
-        offset = page_offset(req, ranked_by(targets, model), self.settings)
+        writes = write_seqs(targets)
+        offset = page_offset(req, ranked_by(targets, model), self.settings, writes)
         if offset and req.mmr_lambda is not None:
             raise InvalidRequest("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
                                "to 100 results in one page")
         ctx = await self._prepare(SearchContext(
             req=req, plan=plan_search(req, self.settings, len(targets), rerank, offset), targets=targets,
             settings=self.settings, work=Work(), started=t_start, asked_query=req.query, acl=acl, rerank=rerank,
-            rendered=rendered, model=model), embedded)
+            rendered=rendered, model=model, writes=writes), embedded)
         got = await self._retrieve(ctx)
         ranked = await self.ranking.rank(ctx, got)
         response = await self.responder.respond(ctx, got, ranked)
@@ -317,7 +325,9 @@ class SearchPipeline:
         """Tuned defaults (relevance.tune) stand wherever a hybrid request says nothing; a threshold tuned on
         fused scores means nothing on BM25, cosine or reranker scores, so it stays off for those."""
         s, defaults = self.settings, {}
-        if req.method is Method.hybrid and req.mmr_lambda is None and s.mmr_lambda is not None:
+        # A tuned MMR stays off under group_by: MMR diversifies one page of chunks, grouping pages over groups.
+        if (req.method is Method.hybrid and req.mmr_lambda is None and s.mmr_lambda is not None
+                and req.group_by is None):
             defaults["mmr_lambda"] = s.mmr_lambda
         if (req.method is Method.hybrid and not rerank and req.min_relevance_score is None
                 and s.min_relevance_score is not None):

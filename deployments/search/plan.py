@@ -23,7 +23,7 @@ class SearchPlan:
     depth: int  # candidates each leg asks of each shard
     k_dense: int  # the dense leg's depth (0: not searched)
     k_keyword: int  # the keyword leg's
-    reorders: bool  # fusion, MMR or several collections reorder the legs: candidates beyond the page are needed
+    reorders: bool  # fusion, MMR, several collections, grouping or dedupe: candidates beyond the page are needed
     pages_end: int  # how far pages of this search may go
     rerank_depth: int  # candidates rescored (0: no reranking)
     rows_for_top: int  # chunk rows a shard deployment sends with its answer
@@ -33,7 +33,9 @@ class SearchPlan:
 def plan_search(req: SearchRequest, s: RouterSettings, collections: int, rerank: bool, offset: int = 0) -> SearchPlan:
     """``req`` with its tuned defaults applied; ``rerank``: whether this search is reranked."""
     window = offset + req.limit
-    reorders = req.method is Method.hybrid or req.mmr_lambda is not None or collections > 1
+    # Grouping and dedupe fold or drop candidates: a page of them needs candidates beyond its own ranks.
+    reorders = (req.method is Method.hybrid or req.mmr_lambda is not None or collections > 1
+                or req.group_by is not None or req.dedupe_threshold is not None)
     capped = False
     if reorders:  # fusion and MMR look past the final top-n: each leg asks for more candidates
         if req.candidates:

@@ -1,23 +1,29 @@
 """Ranking: the legs fused (RRF or weighted, as the request or the settings say), reranked by the cross-encoder
-or the LLM, cut at ``min_relevance_score`` (on the one [0, 1] scale, ``relevance_scale``), diversified by MMR;
-each optional stage, when it fails, leaves the order before it with a warning. Over one hit type (``Hit``)."""
+or the LLM, cut at ``min_relevance_score`` (on the one [0, 1] scale, ``relevance_scale``), near-duplicates dropped
+(``dedupe_threshold``), diversified by MMR, grouped (``group_by``: ``search.grouping``); each optional stage, when it
+fails, leaves the order before it with a warning (grouping is not optional: the response's shape depends on it).
+Over one hit type (``Hit``)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from deployments.edge.schemas import Fusion, Method, RerankWith, SearchRequest
+from deployments.errors import Unavailable
 from deployments.search.clients import Collection, RerankerClient, SynthesizerClient
 from deployments.search.fusion import min_max, relevance_scores, rrf, weighted
+from deployments.search.grouping import Group, group_hits, without_near_duplicates
 from deployments.search.hits import Hit
 from deployments.search.learned import candidate_features, reordered
 from deployments.search.mmr import mmr
 from deployments.search.reranking import passage_text
 from deployments.search.retrieval import Retrieval, Retrieved
-from deployments.search.stages import SearchContext, failure
+from deployments.search.stages import SearchContext, failure, within
+from index_format.chunk_ids import doc_of
 
 
 @dataclass
@@ -25,10 +31,16 @@ class Ranked:
     ranked: list[Hit]  # fused, or reranked
     reranked: bool
     relevance_of: dict[tuple[str, str], float]  # by hit key
-    kept: list[Hit]  # at or above min_relevance_score
+    kept: list[Hit]  # at or above min_relevance_score, without near-duplicates (``dedupe_threshold``)
     dropped: list[Hit]
     final: list[Hit]  # after MMR
     model: str | None = None  # the ranking model that ordered ``ranked`` (then ``reranked`` is False)
+    groups: list[Group] | None = None  # ``final`` grouped (``group_by``): what pages count
+
+    @property
+    def total(self) -> int:
+        """What a response's ``total`` counts: groups when grouped, else the candidates kept."""
+        return len(self.groups) if self.groups is not None else len(self.kept)
 
 
 def fusion_of(req: SearchRequest, s) -> dict[str, Any]:
@@ -117,20 +129,54 @@ class Ranking:
         cut = req.min_relevance_score
         kept = ranked if cut is None else [h for h in ranked if relevance_of[h.key] >= cut]
         dropped = [] if cut is None else [h for h in ranked if relevance_of[h.key] < cut]
+        if req.dedupe_threshold is not None and kept:
+            t = time.perf_counter()
+            vectors = await self.vectors(ctx, kept, "near-duplicates kept")
+            if vectors is not None:
+                kept = without_near_duplicates(kept, vectors, req.dedupe_threshold)
+            work.mark("dedupe", t)
         final = kept
         if req.mmr_lambda is not None and kept:
             t = time.perf_counter()
             pool = kept[: req.limit * s.mmr_pool_factor]
-            try:
-                pool_vectors = await asyncio.wait_for(self.retrieval.vectors(pool, targets), s.shard_timeout_s)
-            except Exception as exc:  # the relevance order stands
-                work.warnings.append(f"MMR skipped: the candidates' vectors {failure(exc)}")
-            else:
+            pool_vectors = await self.vectors(ctx, pool, "MMR skipped")  # the relevance order stands without them
+            if pool_vectors is not None:
                 query_vector = next(iter(ctx.vectors.values()))
                 relevance = [h.score for h in min_max(pool)]
                 final = mmr(pool, query_vector, pool_vectors, req.limit, req.mmr_lambda, relevance)
             work.mark("mmr", t)
-        return Ranked(ranked, reranked, relevance_of, kept, dropped, final, learned)
+        groups = await self.group(ctx, got, final) if req.group_by is not None else None
+        return Ranked(ranked, reranked, relevance_of, kept, dropped, final, learned, groups)
+
+    async def vectors(self, ctx: SearchContext, pool: list[Hit], skipped: str):
+        """The pool's vectors from their shards (MMR and dedupe: one rule, one deadline, ``shard_timeout_s``), or
+        None with the warning ``skipped: ...`` when they did not come."""
+        try:
+            return await asyncio.wait_for(self.retrieval.vectors(pool, ctx.targets), ctx.settings.shard_timeout_s)
+        except Exception as exc:
+            ctx.work.warnings.append(f"{skipped}: the candidates' vectors {failure(exc)}")
+            return None
+
+    async def group(self, ctx: SearchContext, got: Retrieved, final: list[Hit]) -> list[Group]:
+        """``final`` grouped by ``group_by``: by document (a chunk id names its document; a document is one
+        collection's), or by a metadata field's value across collections (the rows fetched for the whole window,
+        once). Not optional, unlike the stages above: the response's shape depends on it, so a failure is a 503."""
+        req, t = ctx.req, time.perf_counter()
+        if req.group_by == "doc_id":
+            keys = [(h.collection, doc_of(h.chunk_id)) for h in final]
+        else:
+            try:
+                rows = await within(self.retrieval.fetch(final, ctx.targets, got.known), ctx.settings.shard_timeout_s)
+            except Exception as exc:
+                raise Unavailable(f"the shards did not send the candidates' {req.group_by!r} to group by: "
+                                  f"{failure(exc)}; retry shortly") from exc
+            got.known.update((h.key, row) for h, row in zip(final, rows, strict=True))
+            field = req.group_by
+            keys = [json.dumps(r["metadata"][field], sort_keys=True) if r["metadata"].get(field) is not None else None
+                    for r in rows]
+        groups = group_hits(final, keys, req.group_size)
+        ctx.work.mark("group", t)
+        return groups
 
     async def learned(self, ctx: SearchContext, got: Retrieved, reranked: list[Hit] | None) -> tuple[list[Hit], str | None]:
         """The best ``ranking_depth`` fused candidates in the order of the collection's ranking model, the cross-encoder's

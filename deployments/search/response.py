@@ -12,8 +12,11 @@ from deployments.config import RouterSettings
 from deployments.edge.schemas import (
     Answer,
     Coverage,
+    GroupChunk,
+    Highlight,
     Method,
     Result,
+    ResultGroup,
     SearchRequest,
     SearchResponse,
     StageScores,
@@ -22,6 +25,8 @@ from deployments.edge.schemas import (
 from deployments.errors import Unavailable
 from deployments.search.clients import SynthesizerClient
 from deployments.search.context import assemble, citations
+from deployments.search.grouping import Group
+from deployments.search.highlights import Highlighter
 from deployments.search.hits import Hit
 from deployments.search.paging import make_cursor
 from deployments.search.ranking import Ranked
@@ -36,32 +41,47 @@ class Responder:
     def __init__(self, retrieval: Retrieval, synthesizer: SynthesizerClient | None):
         self.retrieval, self.synthesizer = retrieval, synthesizer
         self.fragments = FragmentCache()  # results' JSON, for responses the router sends as they are
+        self.highlighter = Highlighter()  # Lucene's analyzer, loaded at the first ``highlights: true``
 
     async def respond(self, ctx: SearchContext, got: Retrieved, ranked: Ranked) -> SearchResponse:
         """The page's rows fetched and rendered, the context assembled, the answer written: the response."""
         req, plan, targets, work, s = ctx.req, ctx.plan, ctx.targets, ctx.work, ctx.settings
         hybrid = req.method is Method.hybrid
-        top = ranked.final[plan.offset:plan.window]
+        # Grouped, a page is a slice of the groups: each result is a group's best hit, its other kept hits ride along.
+        groups = ranked.groups[plan.offset:plan.window] if ranked.groups is not None else None
+        top = [g.hits[0] for g in groups] if groups is not None else ranked.final[plan.offset:plan.window]
+        others = [h for g in groups for h in g.hits[1:]] if groups is not None else []
         t = time.perf_counter()
         try:
-            rows = await within(self.retrieval.fetch(top, targets, got.known), s.shard_timeout_s)
+            rows = await within(self.retrieval.fetch(top + others, targets, got.known), s.shard_timeout_s)
         except Exception as exc:
             raise Unavailable(f"the shards did not send the results' texts: {failure(exc)}; retry shortly") from exc
+        rows, other_rows = rows[:len(top)], dict(zip((h.key for h in others), rows[len(top):], strict=True))
         work.mark("fetch", t)
         fused_scores = {h.key: h.score for h in got.fused} if hybrid else {}
         dense_of, keyword_of = leg_scores(got.legs)
         results_json = None
         scores = PageScores(dense_of, keyword_of, fused_scores, ranked.relevance_of, ranked.reranked)
-        if ctx.rendered and not req.synthesize:
+        # Fragments are kept per chunk; a group or highlights are per request: those responses are written as models.
+        if ctx.rendered and not req.synthesize and groups is None and not req.highlights:
             results = []
             results_json = render_results(self.fragments, ctx.versions, top, rows, scores, plan.offset + 1)
         else:
             results = result_models(top, rows, scores, plan.offset + 1)
+            if groups is not None:
+                results = [with_group(r, g, other_rows, ranked.relevance_of, req.group_by)
+                           for r, g in zip(results, groups, strict=True)]
+        if req.highlights and results:
+            results = await self._highlighted(ctx, results)
+        # The context holds each group's chunks together, at the group's rank.
+        in_context = (list(zip(top, rows, strict=True)) if groups is None else
+                      [(h, row if i == 0 else other_rows[h.key]) for g, row in zip(groups, rows, strict=True)
+                       for i, h in enumerate(g.hits)])
         context_payload = citation_payload = None
         if req.include_context or req.include_citations:
             t = time.perf_counter()
             passages, info = assemble(  # a result's score is its hit's
-                [r | {"score": h.score} for r, h in zip(rows, top, strict=True)],
+                [r | {"score": h.score} for h, r in in_context],
                 token_budget=req.token_budget or s.token_budget,
             )
             if req.include_context:
@@ -78,19 +98,19 @@ class Responder:
         timings = work.timings
         work.trace["shard_search_ms"] = work.shard_ms
         timings["total"] = (time.perf_counter() - ctx.started) * 1000
-        final, window = ranked.final, plan.window
+        ranks, window = ranked.total if groups is not None else len(ranked.final), plan.window
         # A one-leg search ranks exactly the page: a full page may have a next one (maybe empty).
-        more = len(final) > window or (len(final) == window and not plan.reorders)
+        more = ranks > window or (ranks == window and not plan.reorders)
         response = SearchResponse(
             query=ctx.asked_query,
             corrected_query=ctx.corrected,
             method=req.method,
             method_used=Method.keyword if hybrid and not ctx.vectors else req.method,
             results=results,
-            total=len(ranked.kept),
+            total=ranked.total,
             total_results=len(top),
             offset=plan.offset,
-            next_cursor=make_cursor(req, ctx.ranked_by, window, s)
+            next_cursor=make_cursor(req, ctx.ranked_by, window, s, ctx.writes)
             if more and req.mmr_lambda is None and window < plan.pages_end else None,
             citations=[source_of(r["doc_id"], r["metadata"]) for r in rows] if req.include_citations else None,
             passage_citations=citation_payload,
@@ -107,11 +127,33 @@ class Responder:
             warnings=work.warnings,
             debug=debug_trace(work.trace, got.legs, got.fused,
                               ranked.ranked if ranked.reranked or ranked.model else None,
-                              ranked.dropped, final, got.depth, got.deepened, req) if req.debug else None,
+                              ranked.dropped, ranked.final, got.depth, got.deepened, req) if req.debug else None,
         )
         response._results_json = results_json
         response._stages = (ctx.started, time.perf_counter(), work.spans)
         return response
+
+    async def _highlighted(self, ctx: SearchContext, results: list[Result]) -> list[Result]:
+        """``results`` with the spans of the searched query's terms in their texts and their group chunks' (off the
+        event loop: the analyzer is called once per word not seen before); on failure, without, and a warning."""
+        t = time.perf_counter()
+        chunks = [r.group.chunks if r.group is not None else [] for r in results]
+        texts = [r.content for r in results] + [c.content for group in chunks for c in group]
+        try:
+            marked = await asyncio.to_thread(self.highlighter.spans, ctx.text, texts)
+        except Exception as exc:  # the results stand without their spans
+            ctx.work.warnings.append(f"highlights {failure(exc)}: results without them")
+            return results
+        as_spans = [[Highlight(start=a, end=b) for a, b in spans] for spans in marked]
+        out = [r.model_copy(update={"highlights": spans})
+               for r, spans in zip(results, as_spans[:len(results)], strict=True)]
+        rest = iter(as_spans[len(results):])
+        for r, group in zip(out, chunks, strict=True):
+            if group:
+                marked_chunks = [c.model_copy(update={"highlights": next(rest)}) for c in group]
+                r.group = r.group.model_copy(update={"chunks": marked_chunks})
+        ctx.work.mark("highlight", t)
+        return out
 
     async def _answer(self, req: SearchRequest, results: list[Result], warnings: list[str],
                       timeout_s: float) -> Answer | None:
@@ -160,6 +202,17 @@ def result_models(top: list[Hit], rows: list[dict], scores: PageScores, first_ra
             char_start=row["char_start"], char_end=row["char_end"],
         ))
     return results
+
+
+def with_group(result: Result, group: Group, rows: dict[tuple[str, str], dict],
+               relevance_of: dict[tuple[str, str], float], group_by: str) -> Result:
+    """``result`` (its group's best hit) with its group: the key, how many candidates fell in it, and the other
+    kept chunks (``rows`` by hit key)."""
+    key = result.doc_id if group_by == "doc_id" else result.metadata.get(group_by)
+    chunks = [GroupChunk(chunk_id=h.chunk_id, content=rows[h.key]["text"], relevance_score=relevance_of[h.key],
+                         score=h.score, char_start=rows[h.key]["char_start"], char_end=rows[h.key]["char_end"])
+              for h in group.hits[1:]]
+    return result.model_copy(update={"group": ResultGroup(key=key, found=group.found, chunks=chunks)})
 
 
 def debug_trace(trace, legs, fused, reranked, dropped, final, depth, deepened, req) -> dict:

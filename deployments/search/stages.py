@@ -70,6 +70,7 @@ class SearchContext:
     corrected: str | None = None  # the spell-corrected query, when corrected
     vectors: dict[str, np.ndarray] = field(default_factory=dict)  # the query's vector per collection
     model: Any = None  # the collection's ranking model (``search.learned.RankingModel``) when it ranks this search
+    writes: dict[str, int] = field(default_factory=dict)  # each collection's last applied write (``write_seqs``)
 
     @property
     def versions(self) -> dict[str, str]:
@@ -84,6 +85,13 @@ def ranked_by(targets: list[Collection], model) -> dict[str, str]:
     """What a cursor names as the ranking its pages come from: each collection's version, and the ranking model
     when one orders the search (a page is never served from another)."""
     return {c.name: c.version if model is None else f"{c.version}+{model.id}" for c in targets}
+
+
+def write_seqs(targets: list[Collection]) -> dict[str, int]:
+    """Each collection's last write applied (its fresh segment's sequence number; 0: none past the version), taken
+    when a search starts: a write changes what a collection ranks as a version switch does, so a cursor names it
+    too (``paging``)."""
+    return {c.name: c.fresh.applied_seq if c.fresh is not None else 0 for c in targets}
 
 
 def failure(exc: BaseException) -> str:

@@ -171,6 +171,11 @@ def test_asks_for_a_key_then_shows_results_with_their_stage_scores(browser, serv
         shown = tab.results()
         assert [r["chunk_id"] for r in shown] == [r["chunk_id"] for r in expected["results"]]
         assert len(shown) == 10
+        # The marks are the service's spans (the query's terms as BM25 analyzed them), drawn as they came.
+        spans = served.post("/search", json={"query": "telescope galaxy", "method": "hybrid", "limit": 10,
+                                             "collections": ["default"], "highlights": True}).json()
+        assert [r["marks"] for r in shown] == [[x["content"][s["start"]:s["end"]] for s in x["highlights"]]
+                                               for x in spans["results"]]
         for r, want in zip(shown, expected["results"], strict=True):
             assert r["content"] == want["content"]  # text exactly, whatever the marks
             assert {m.lower() for m in r["marks"]} <= {"telescope", "telescopes", "galaxy"}
@@ -311,9 +316,11 @@ def test_answer_correction_warnings_and_coverage_are_shown(console, served):
                    "removed_citations": [7], "prompt_tokens": 10, "completion_tokens": 9, "ms": 120.0},
         "results": [
             {"rank": n, "chunk_id": f"d{n}#0", "doc_id": f"d{n}", "collection": "default", "title": "t",
-             "section": "", "content": hostile if n == 1 else "a star", "metadata": {"topic": "astronomy"},
+             "section": "", "content": hostile if n == 1 else "a star orbited", "metadata": {"topic": "astronomy"},
              "score": 1.0 / n, "char_start": 0, "char_end": 5,
-             "scores": {"dense": -0.2 * n, "keyword": None, "fused": 1.0 / n, "reranked": 0.9 / n}}
+             "scores": {"dense": -0.2 * n, "keyword": None, "fused": 1.0 / n, "reranked": 0.9 / n},
+             # the service's spans (its analyzer stems "orbited" to "orbit"); the first result has none
+             **({"highlights": [{"start": 2, "end": 6}, {"start": 7, "end": 14}]} if n == 2 else {})}
             for n in (1, 2)
         ],
     }
@@ -326,7 +333,7 @@ def test_answer_correction_warnings_and_coverage_are_shown(console, served):
     console.page.route("**/search", reply)
     console.page.check("#synthesize")
     console.search("star orbit")
-    assert sent[-1]["synthesize"] is True
+    assert sent[-1]["synthesize"] is True and sent[-1]["highlights"] is True
 
     links = console.by("answer-text").get_by_test_id("citation-link")
     expect(links).to_have_count(2)
@@ -342,7 +349,8 @@ def test_answer_correction_warnings_and_coverage_are_shown(console, served):
 
     # The hostile text is shown as text: nothing in it became an element or ran.
     first, second = console.results()
-    assert first["content"] == hostile and first["marks"] == ["Stars", "orbits"]
+    assert first["content"] == hostile and first["marks"] == ["Stars", "orbits"]  # no spans: marked by the page
+    assert second["content"] == "a star orbited" and second["marks"] == ["star", "orbited"]  # the spans, drawn
     assert console.page.locator("#results img, #results script, #results b").count() == 0
     assert console.page.evaluate("window.pwned") is None
     # Negative dense scores draw no bar but show their number; a stage nobody has shows a dash.

@@ -103,6 +103,27 @@ def test_a_replaced_or_deleted_document_is_never_answered_from_the_version(serve
     assert again.status_code == 404 and "nothing was deleted" in again.json()["error"]
 
 
+def test_a_page_after_a_write_is_refused_and_groups_and_highlights_are_served(served):
+    """A write changes the ranking a cursor was made on: its next page is a 409 naming the write, as after a version
+    switch; the served JSON carries groups and highlight spans."""
+    client, _, _ = served
+    body = {"query": "telescope galaxy star", "limit": 2, "group_by": "doc_id", "group_size": 2, "highlights": True}
+    first = client.post("/search", json=body)
+    assert first.status_code == 200, first.text
+    page = first.json()
+    assert len({x["doc_id"] for x in page["results"]}) == len(page["results"]) == 2
+    for x in page["results"]:
+        assert x["group"]["key"] == x["doc_id"] and x["highlights"]
+        assert {x["content"][s["start"]:s["end"]].lower() for s in x["highlights"]} <= {"telescope", "galaxy", "star"}
+    assert client.post("/search", json=body | {"cursor": page["next_cursor"]}).status_code == 200
+    r = client.put("/collections/default/documents", headers=WRITER,
+                   json={"documents": [{"id": "paged-1", "text": "telescope galaxy star notes"}]})
+    assert r.status_code == 200, r.text
+    refused = client.post("/search", json=body | {"cursor": page["next_cursor"]})
+    assert refused.status_code == 409 and f"-> {r.json()['seq']}" in refused.json()["error"], refused.text
+    assert "search again from the first page" in refused.json()["error"]
+
+
 def test_bad_writes_are_refused_whole_with_the_record_and_field_named(served):
     client, _, _ = served
     r = client.put("/collections/default/documents", json={"documents": [{"id": "x-1", "text": "fine"}]})

@@ -102,6 +102,20 @@ def test_the_activated_model_orders_searches(planted, trained):
     assert debug.debug["ranking_model"]["model"] == description["id"] and debug.debug["ranking_model"]["applied"]
     scores = [r.score for r in debug.results]
     assert scores == sorted(scores, reverse=True)
+    # group_by folds the model's order (each document at its best chunk there), not the fused one.
+    whole = search(pipeline, queries[held[0]], limit=20, candidates=20, debug=True)
+    by_model, fused = ([h["chunk_id"] for h in whole.debug[stage]] for stage in ("reranked", "fused"))
+    assert len(by_model) < 50  # the trace shows 50: all of them
+
+    def firsts(chunk_ids):  # each document's first chunk, in order
+        seen: dict[str, str] = {}
+        for c in chunk_ids:
+            seen.setdefault(doc_of(c), c)
+        return list(seen.values())
+
+    grouped = search(pipeline, queries[held[0]], limit=20, candidates=20, group_by="doc_id")
+    assert grouped.ranking_model == description["id"]
+    assert [r.chunk_id for r in grouped.results] == firsts(by_model)[:20] != firsts(fused)[:20]
 
 
 def test_a_losing_model_is_refused(planted, trained, corpus, tmp_path):

@@ -135,3 +135,20 @@ def test_reranked_results_written_as_json_are_what_the_models_write(pipeline):
     assert models.reranked and rendered.reranked and rendered.results == []
     sent = [re.sub(r'"timings_ms":\{[^}]*\},', "", response_json(r)) for r in (models, rendered)]
     assert sent[0] == sent[1] and '"reranked":' in sent[1]
+
+
+def test_groups_are_made_after_reranking_and_the_threshold(pipeline):
+    """group_by folds the reranked ranking, cut at min_relevance_score, by hand: each document at the rank of its best
+    reranked chunk, its next one with it."""
+    full = search(pipeline, query=QUERY, limit=20, rerank_depth=20)
+    cut = float(np.median([r.relevance_score for r in full.results]))
+    want: dict[str, list[str]] = {}
+    for r in full.results:
+        if r.relevance_score >= cut and len(want.setdefault(r.doc_id, [])) < 2:
+            want[r.doc_id].append(r.chunk_id)
+    grouped = search(pipeline, query=QUERY, limit=20, rerank_depth=20, min_relevance_score=cut, group_by="doc_id",
+                     group_size=2)
+    assert grouped.reranked and len(want) < sum(r.relevance_score >= cut for r in full.results)
+    assert [[r.chunk_id, *(c.chunk_id for c in r.group.chunks)] for r in grouped.results] == list(want.values())
+    assert [r.score for r in grouped.results] == pytest.approx(
+        [next(x.score for x in full.results if x.chunk_id == ids[0]) for ids in want.values()])

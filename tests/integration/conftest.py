@@ -61,6 +61,22 @@ def _live_in_group(pgid: int) -> bool:
     return False
 
 
+def visible_by_principal(version_dir: Path, principals: tuple[str, ...] = ("t1", "t2")) -> dict[str, set[str]]:
+    """principal -> the doc ids it may see (``acl`` equal to it or ``public``): the oracle of the tenant tests,
+    read from the stored chunk tables, never through the service."""
+    import pyarrow.parquet as pq
+
+    seen: dict[str, set[str]] = {who: set() for who in principals}
+    for shard in (Path(version_dir) / "shards").iterdir():
+        t = pq.read_table(shard / "chunks.parquet")
+        for doc, meta in zip(t["doc_id"].to_pylist(), t["metadata_json"].to_pylist(), strict=True):
+            acl = json.loads(meta).get("acl")
+            for who in seen:
+                if acl in (who, "public"):
+                    seen[who].add(doc)
+    return seen
+
+
 def shard_dirs(summary) -> list[Path]:
     return sorted((summary.version_dir / "shards").iterdir())
 

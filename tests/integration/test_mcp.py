@@ -9,7 +9,6 @@ import json
 
 import httpx
 import httpx2
-import pyarrow.parquet as pq
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -18,6 +17,7 @@ from deployments.edge.guard import new_key
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import make_corpus, write_jsonl
+from tests.integration.conftest import visible_by_principal
 
 PORT = 18261
 URL = f"http://127.0.0.1:{PORT}/mcp"
@@ -46,16 +46,7 @@ def root(ray_local, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def visible(root):
-    """principal -> the doc ids it may see (the oracle, from the stored chunk tables)."""
-    seen: dict[str, set[str]] = {"t1": set(), "t2": set()}
-    for shard in (root[1] / "shards").iterdir():
-        t = pq.read_table(shard / "chunks.parquet")
-        for doc, meta in zip(t["doc_id"].to_pylist(), t["metadata_json"].to_pylist(), strict=True):
-            acl = json.loads(meta).get("acl")
-            for who in seen:
-                if acl in (who, "public"):
-                    seen[who].add(doc)
-    return seen
+    return visible_by_principal(root[1])
 
 
 @pytest.fixture(scope="module")

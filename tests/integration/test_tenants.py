@@ -3,10 +3,7 @@ judgments and qrels hold only what it may see, and a judgment belongs to the key
 
 from __future__ import annotations
 
-import json
-
 import httpx
-import pyarrow.parquet as pq
 import pytest
 
 from deployments.edge.guard import new_key
@@ -14,6 +11,7 @@ from deployments.judgments import query_id
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import make_corpus, write_jsonl
+from tests.integration.conftest import visible_by_principal
 
 PORT = 18235
 T1_KEY, T1_DIGEST = new_key()
@@ -39,16 +37,7 @@ def acl_version(ray_local, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def visible(acl_version):
-    """principal -> the doc ids it may see (the oracle, from the stored chunk tables)."""
-    seen: dict[str, set[str]] = {"t1": set(), "t2": set()}
-    for shard in (acl_version / "shards").iterdir():
-        t = pq.read_table(shard / "chunks.parquet")
-        for doc, meta in zip(t["doc_id"].to_pylist(), t["metadata_json"].to_pylist(), strict=True):
-            acl = json.loads(meta).get("acl")
-            for who in seen:
-                if acl in (who, "public"):
-                    seen[who].add(doc)
-    return seen
+    return visible_by_principal(acl_version)
 
 
 @pytest.fixture(scope="module")

@@ -227,6 +227,11 @@ class SynthesisConfig(BaseModel):
     num_replicas: int = Field(1, ge=1, description="Replicas of the synthesizer.")
 
 
+def is_key_digest(name: str) -> bool:
+    """An API key's SHA-256 digest as the config holds it: 64 lowercase hex characters."""
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+
+
 class KeyLimit(BaseModel):
     """What one caller may ask of a router replica (``security.key_limit``, ``security.key_limits``).
 
@@ -303,11 +308,21 @@ class SecurityConfig(BaseModel):
         "principal of key_principals (a tenant: all its keys share one budget). A key's digest wins over its "
         "principals, its first listed principal over the next.")
 
+    @model_validator(mode="after")
+    def _limits_name_keys_or_principals(self):
+        principals = {p for ps in self.key_principals.values() for p in ps}
+        for name in self.key_limits:
+            if not is_key_digest(name) and name not in principals:
+                raise ValueError(f"key_limits names {name!r}, neither a key digest (64 lowercase hex characters: "
+                                 f"python -m deployments.edge.keys digest KEY) nor a principal of key_principals "
+                                 f"({', '.join(sorted(principals)) or 'none'})")
+        return self
+
     @field_validator("api_key_digests", "key_principals", "admin_key_digests", "write_key_digests")
     @classmethod
     def _hex_digests(cls, v):
         for d in v:
-            if len(d) != 64 or any(c not in "0123456789abcdef" for c in d):
+            if not is_key_digest(d):
                 raise ValueError("api_key_digests holds SHA-256 hex digests (64 lowercase hex characters), "
                                  "not keys: python -m deployments.edge.keys new")
         return v

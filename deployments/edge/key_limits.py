@@ -27,6 +27,7 @@ from limits import RateLimitItemPerSecond
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
+from deployments.config import is_key_digest
 from deployments.errors import RateLimited
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class KeyLimiter:
 
     @classmethod
     def from_config(cls, security: SecurityConfig) -> KeyLimiter:
-        digests = {name: limit for name, limit in security.key_limits.items() if is_digest(name)}
+        digests = {name: limit for name, limit in security.key_limits.items() if is_key_digest(name)}
         return cls(default=security.key_limit, by_key_id={d[:16]: limit for d, limit in digests.items()},
                    by_principal={p: limit for p, limit in security.key_limits.items() if p not in digests},
                    retry_after_s=security.retry_after_s)
@@ -111,8 +112,3 @@ class KeyLimiter:
         reset_s = max(0, math.ceil(stats.reset_time - time.time()))
         return {"RateLimit-Limit": str(budget.limit.burst), "RateLimit-Remaining": str(max(0, stats.remaining)),
                 "RateLimit-Reset": str(reset_s), "RateLimit-Policy": f"{budget.limit.burst};w={budget.limit.window_s}"}
-
-
-def is_digest(name: str) -> bool:
-    """A key digest (64 lowercase hex digits) rather than a principal's name, among ``security.key_limits``."""
-    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)

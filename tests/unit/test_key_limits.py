@@ -157,5 +157,13 @@ def test_nonsense_limits_are_refused_with_the_rule(limit, message):
     with pytest.raises(ValidationError, match=message):
         SecurityConfig(key_limit=limit)
     with pytest.raises(ValidationError, match=message):
-        SecurityConfig(key_limits={"tenant-a": limit})
+        SecurityConfig(key_principals={key_digest("alpha"): ["tenant-a"]}, key_limits={"tenant-a": limit})
     assert KeyLimit(requests_per_s=0.5, burst=1, max_inflight=1).window_s == 2  # slower than one a second is fine
+
+
+def test_key_limits_name_a_key_digest_or_a_principal():
+    ok = {"requests_per_s": 1, "burst": 1, "max_inflight": 1}
+    assert SecurityConfig(key_limits={key_digest("alpha"): ok}).key_limits[key_digest("alpha")].burst == 1
+    with pytest.raises(ValidationError, match="'rsk_raw', neither a key digest .* nor a principal of key_principals "
+                                              r"\(tenant-a\)"):
+        SecurityConfig(key_principals={key_digest("alpha"): ["tenant-a"]}, key_limits={"rsk_raw": ok})

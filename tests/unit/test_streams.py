@@ -3,7 +3,7 @@ events, the answer last, and a synthesis that fails mid-stream an ``error`` even
 
 The events come from the real ``Responder.stream_answer`` over a scripted synthesizer (the ``SynthesizerClient``
 protocol: a few tokens, then an answer or a failure), sent by the edge's ``streamed`` from a FastAPI route served
-in-process; the SSE side is read by the SSE format's rules (``parse_sse``, after the WHATWG standard)."""
+in-process; the SSE side is read by the SSE format's rules (``tests.sse.parse_sse``)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from deployments.config import RouterSettings
 from deployments.edge.schemas import SearchRequest, SearchResponse
 from deployments.edge.streams import streamed, wants_sse
 from deployments.search.response import Responder
+from tests.sse import parse_sse
 
 RESPONSE = SearchResponse.model_validate({
     "query": "gzip", "method": "hybrid", "method_used": "hybrid", "results": [], "total": 0, "total_results": 0,
@@ -51,25 +52,6 @@ def app_of(fail: bool) -> FastAPI:
         return streamed(events, request.headers.get("accept"))
 
     return app
-
-
-def parse_sse(text: str) -> list[tuple[str, str]]:
-    """(event, data) of each event of an SSE stream: events end at a blank line; ``event:`` names one (default
-    ``message``), ``data:`` lines are joined with newlines, lines starting with ``:`` are comments."""
-    events, name, data = [], "message", []
-    for line in text.replace("\r\n", "\n").split("\n"):
-        if not line:
-            if data:
-                events.append((name, "\n".join(data)))
-            name, data = "message", []
-        elif not line.startswith(":"):
-            field, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if field == "event":
-                name = value
-            elif field == "data":
-                data.append(value)
-    return events
 
 
 def fetch(fail: bool, accept: str | None) -> httpx.Response:

@@ -227,6 +227,42 @@ class SynthesisConfig(BaseModel):
     num_replicas: int = Field(1, ge=1, description="Replicas of the synthesizer.")
 
 
+def is_key_digest(name: str) -> bool:
+    """An API key's SHA-256 digest as the config holds it: 64 lowercase hex characters."""
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+
+
+class KeyLimit(BaseModel):
+    """What one caller may ask of a router replica (``security.key_limit``, ``security.key_limits``).
+
+    Requests are counted in a moving window of ``burst`` requests per ``burst / requests_per_s`` seconds (the
+    ``limits`` library's moving window): an idle caller may send ``burst`` at once, then one more each time an
+    earlier one leaves the window, ``requests_per_s`` on average. The window must be a whole number of seconds
+    (the library's smallest unit)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    requests_per_s: float = Field(gt=0, description="Requests per second one caller may send on average; more get "
+                                  "a 429 with Retry-After.")
+    burst: int = Field(ge=1, description="Requests an idle caller may send at once.")
+    max_inflight: int = Field(ge=1, description="Requests of one caller a router replica works on at once; more get a "
+                              "429 with Retry-After.")
+
+    @model_validator(mode="after")
+    def _whole_window(self):
+        window_s = self.burst / self.requests_per_s
+        if window_s < 1 or abs(window_s - round(window_s)) > 1e-9:
+            raise ValueError(
+                f"burst / requests_per_s is {window_s:g} s: the window must be a whole number of seconds, at least 1 "
+                f"(e.g. burst {max(1, round(window_s)) * self.requests_per_s:g} for requests_per_s "
+                f"{self.requests_per_s:g})")
+        return self
+
+    @property
+    def window_s(self) -> int:
+        return round(self.burst / self.requests_per_s)
+
+
 class SecurityConfig(BaseModel):
     """The router's front door: optional API keys, body size, and load shedding per router replica."""
 
@@ -263,11 +299,30 @@ class SecurityConfig(BaseModel):
         "and deletes only documents whose acl_field lists nothing but its principals; admin keys write anything. "
         "Search keys never write. With keys off, anyone can write.")
 
+    key_limit: KeyLimit | None = Field(
+        None, description="What each API key may ask of a router replica (requests per second, burst, in flight); "
+        "null: keys are not limited apart, only max_inflight holds. With keys off nothing tells callers apart "
+        "and no caller is limited.")
+    key_limits: dict[str, KeyLimit] = Field(
+        default_factory=dict, description="Limits instead of key_limit, by key digest (that key alone) or by a "
+        "principal of key_principals (a tenant: all its keys share one budget). A key's digest wins over its "
+        "principals, its first listed principal over the next.")
+
+    @model_validator(mode="after")
+    def _limits_name_keys_or_principals(self):
+        principals = {p for ps in self.key_principals.values() for p in ps}
+        for name in self.key_limits:
+            if not is_key_digest(name) and name not in principals:
+                raise ValueError(f"key_limits names {name!r}, neither a key digest (64 lowercase hex characters: "
+                                 f"python -m deployments.edge.keys digest KEY) nor a principal of key_principals "
+                                 f"({', '.join(sorted(principals)) or 'none'})")
+        return self
+
     @field_validator("api_key_digests", "key_principals", "admin_key_digests", "write_key_digests")
     @classmethod
     def _hex_digests(cls, v):
         for d in v:
-            if len(d) != 64 or any(c not in "0123456789abcdef" for c in d):
+            if not is_key_digest(d):
                 raise ValueError("api_key_digests holds SHA-256 hex digests (64 lowercase hex characters), "
                                  "not keys: python -m deployments.edge.keys new")
         return v

@@ -50,6 +50,18 @@ class Unavailable(ServiceError):
     """A stage or shard the request needs is away; the same request can succeed shortly."""
 
 
+class RateLimited(ServiceError):
+    """One caller asked for more than its share (``security.key_limit``); the same request can succeed after
+    ``retry_after_s``. ``headers``: where the caller stands (``RateLimit-*``), sent with the refusal."""
+
+    def __init__(self, message: str, retry_after_s: int, headers: dict[str, str]):
+        super().__init__(message)
+        self.retry_after_s, self.headers = retry_after_s, headers
+
+    def __reduce__(self):
+        return RateLimited, (str(self), self.retry_after_s, self.headers)
+
+
 class DeadlineExceeded(ServiceError):
     """The request took longer than its deadline and its work was stopped."""
 

@@ -138,10 +138,14 @@ def builds() -> Call:
     return Call("GET", "/admin/builds", lambda r: BuildJobs.model_validate_json(r.content).builds)
 
 
+RETRIED = (429, 503)  # the statuses that say when to come back (Retry-After)
+
+
 def retry_after(r: httpx.Response, max_wait_s: float) -> float | None:
-    """Seconds to wait before sending again, at most ``max_wait_s``: only a 503 that says when (overloaded, or a
-    replica restarting) is worth sending again; every other failure is the caller's to see."""
-    if r.status_code != 503 or "retry-after" not in r.headers:
+    """Seconds to wait before sending again, at most ``max_wait_s``: only a 503 (overloaded, or a replica
+    restarting) or a 429 (over the key's own limits) that says when is worth sending again; every other failure is
+    the caller's to see."""
+    if r.status_code not in RETRIED or "retry-after" not in r.headers:
         return None
     try:
         return min(max(0.0, float(r.headers["retry-after"])), max_wait_s)

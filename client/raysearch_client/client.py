@@ -1,7 +1,8 @@
 """The search service over HTTP, sync (``SearchClient``) and async (``AsyncSearchClient``): the same methods, each
 one call of ``raysearch_client.calls`` sent with the one retry rule.
 
-Only a 503 that says when to come back (``Retry-After``: overloaded, or a replica restarting) is sent again, after
+Only a 503 or a 429 that says when to come back (``Retry-After``: overloaded, a replica restarting, or the key over
+its own limits) is sent again, after
 that many seconds (at most ``max_retry_wait_s``), ``max_retries`` times: every other failure is the caller's to
 see, as a ``SearchServiceError``. A search of a batch that failed is a ``SearchServiceError`` in its place.
 """

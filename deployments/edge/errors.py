@@ -18,6 +18,7 @@ from deployments.errors import (
     InvalidField,
     InvalidRequest,
     NotFound,
+    RateLimited,
     ServiceError,
     StorageFull,
     Unavailable,
@@ -37,6 +38,7 @@ HTTP_STATUS: dict[type[Exception], int] = {
     NotFound: 404,
     UnknownCollection: 404,
     Conflict: 409,
+    RateLimited: 429,
     Unavailable: 503,
     StorageFull: 507,
     DeadlineExceeded: 504,
@@ -61,6 +63,14 @@ def status_of(error: Exception) -> int:
 
 def retry_headers(status: int) -> dict[str, str] | None:
     return {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+
+
+def error_headers(error: Exception) -> dict[str, str] | None:
+    """The headers an error kind is answered with: when to retry, and for a caller over its limit, where it
+    stands (``RateLimit-*``)."""
+    if isinstance(error, RateLimited):
+        return {"Retry-After": str(error.retry_after_s)} | error.headers
+    return retry_headers(status_of(error))
 
 
 def error_body(message: str, request_id: str | None, detail: Any = None) -> dict[str, Any]:

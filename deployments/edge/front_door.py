@@ -1,9 +1,14 @@
-"""The app's front door, as plain ASGI: keys, body size and load shedding before anything else of the app runs.
+"""The app's front door, as plain ASGI: keys, body size, each caller's limits and load shedding before anything
+else of the app runs.
 
 Starlette's ``BaseHTTPMiddleware`` costs a task and a stream per request. A request counts against
 ``security.max_inflight`` until its response has been sent, streamed answers included. Shedding comes first:
 under overload it is what most requests meet. A request that came through the shedding layer ahead of Serve
 (``deployments.edge.shedding``) was counted there, before Serve's own handling of it.
+
+A caller over its own share (``security.key_limit``, ``deployments.edge.key_limits``) is refused here, once its
+key is known, with the 429 of the one error table (``deployments.edge.errors``); the answers it is let in for carry
+its ``RateLimit-*`` headers.
 
 The guard is the router replica's own (``SearchRouter`` makes it from its config and hands it over with
 ``guard.install``); until a router has handed one over, nothing is checked.
@@ -15,9 +20,11 @@ import functools
 
 from starlette.datastructures import Headers
 
-from deployments.edge.guard import installed, route_path
+from deployments.edge.errors import error_headers, status_of
+from deployments.edge.guard import Refusal, installed, route_path
 from deployments.edge.metrics import HTTP_REQUESTS, route_label
 from deployments.edge.shedding import COUNTED_KEY, counted, refuse
+from deployments.errors import RateLimited
 
 
 @functools.cache
@@ -51,11 +58,13 @@ class FrontDoor:
                 HTTP_REQUESTS.count(route_label(scope, path), scope["method"], refusal.status, shed=True)
                 return await refuse(refusal, send, Headers(scope=scope).get("x-request-id"))
         status = [500]  # what an exception that escapes the app becomes (Starlette's outer layer answers 500)
+        budget, limit_headers = None, {}  # the caller's share this request counts against, and where it stands
 
         async def send_and_note(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-                message["headers"] = [*message.get("headers", ()), (b"x-served-by", served_by())]
+                message["headers"] = [*message.get("headers", ()), (b"x-served-by", served_by()),
+                                      *((k.lower().encode(), v.encode()) for k, v in limit_headers.items())]
             await send(message)
 
         try:
@@ -64,9 +73,17 @@ class FrontDoor:
             if refusal is not None:
                 status[0] = refusal.status
                 return await refuse(refusal, send, headers.get("x-request-id"))
-            scope.setdefault("state", {})["caller"] = guard.caller(headers)  # the routes' `current_caller`
+            caller = guard.caller(headers)
+            if counted(scope):  # the routes that do work count against their caller's share too
+                try:
+                    budget, limit_headers = guard.key_limits.admit(caller.key_id, caller.principals)
+                except RateLimited as e:
+                    status[0] = status_of(e)
+                    return await refuse(Refusal(status[0], str(e), error_headers(e)), send, headers.get("x-request-id"))
+            scope.setdefault("state", {})["caller"] = caller  # the routes' `current_caller`
             await self.app(scope, receive, send_and_note)
         finally:
             HTTP_REQUESTS.count(route_label(scope, path), scope["method"], status[0])
             if counted_here:
                 guard.release()
+            guard.key_limits.release(budget)

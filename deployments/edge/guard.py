@@ -1,8 +1,8 @@
 """The front door, Ray-free: API keys, request size, and how many requests a router replica takes on.
 
 Checked before a request body is read or parsed, so a caller without a key, with an oversized body,
-or arriving when the replica is full costs almost nothing and gets a clear 401, 411, 413 or 503 (with
-``Retry-After``) instead of queuing until everything is slow. Keys are stored as SHA-256 digests: a
+over its own limits (``deployments.edge.key_limits``) or arriving when the replica is full costs almost nothing
+and gets a clear 401, 411, 413, 429 or 503 (with ``Retry-After``) instead of queuing until everything is slow. Keys are stored as SHA-256 digests: a
 configuration file never holds a usable key.
 """
 
@@ -15,6 +15,8 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from deployments.edge.key_limits import KeyLimiter
 
 if TYPE_CHECKING:
     from deployments.config import SecurityConfig
@@ -82,6 +84,7 @@ class Guard:
     admin_digests: frozenset[str] = frozenset()  # keys allowed on /admin/ (also in key_digests)
     write_digests: frozenset[str] = frozenset()  # keys allowed to write documents (also in key_digests)
     max_write_bytes: int = 16 * 2**20  # bodies of document writes (a batch of up to 1,000 records)
+    key_limits: KeyLimiter = field(default_factory=KeyLimiter)  # each caller's share (none: not limited apart)
 
     @classmethod
     def from_config(cls, security: SecurityConfig, environ: Mapping[str, str] | None = None) -> Guard:
@@ -99,7 +102,8 @@ class Guard:
                    write_digests=write, max_write_bytes=security.max_write_bytes,
                    max_body_bytes=security.max_body_bytes, max_inflight=security.max_inflight,
                    retry_after_s=security.retry_after_s,
-                   key_principals={d: tuple(p) for d, p in security.key_principals.items()}, admin_digests=admin)
+                   key_principals={d: tuple(p) for d, p in security.key_principals.items()}, admin_digests=admin,
+                   key_limits=KeyLimiter.from_config(security))
 
     @property
     def keys_on(self) -> bool:

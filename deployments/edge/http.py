@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deployments.edge.errors import ERROR_ROOTS, error_body, retry_headers, status_of
+from deployments.edge.errors import ERROR_ROOTS, error_body, error_headers, status_of
 from deployments.edge.front_door import FrontDoor
 from deployments.edge.guard import Caller
 from deployments.edge.schemas import ErrorResponse
@@ -35,6 +35,7 @@ def error_responses(extra: dict[int, str] | None = None) -> dict[int, dict]:
     common = {401: "No API key, or one that is not valid (when keys are on)",
               413: "Body over security.max_body_bytes",
               422: "Invalid request: the field, the rule and the fix in the message",
+              429: "Over the caller's own limits (security.key_limit): Retry-After and RateLimit-* say when to retry",
               503: "Overloaded (Retry-After says when to retry), or a stage it needs is restarting"}
     return {code: {"model": ErrorResponse, "description": text} for code, text in (common | (extra or {})).items()}
 
@@ -80,8 +81,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     """Every error a core raises on purpose (``deployments.errors``, the change log's), answered by the one table."""
-    status = status_of(exc)
-    return error_response(request, status, str(exc), headers=retry_headers(status))
+    return error_response(request, status_of(exc), str(exc), headers=error_headers(exc))
 
 
 for _root in ERROR_ROOTS:

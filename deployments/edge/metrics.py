@@ -3,7 +3,7 @@
 Counted where the answer's status is known: the app's front door (``deployments.edge.front_door``) for every request
 that reaches the app, and the shedding layer ahead of Serve (``shedding.ShedFirst``) for the requests it
 refuses there, which the app never sees. The outcome is what an operator alerts on: ``ok`` (2xx, 3xx),
-the status of a client error (``400``, ``401``, ``404``, ``413``, ``422``, ...), ``shed`` (503 refused for load),
+the status of a client error (``400``, ``401``, ``404``, ``413``, ``422``, ``429`` over a key's own limit, ...), ``shed`` (503 refused for load),
 ``504`` (past the request deadline) and ``5xx`` (every other server error, a crash included). Routes are the
 app's route templates (``/admin/collections/{collection}/activate``), and any other path is ``other``: a
 scanner probing paths cannot make a label per path.

@@ -11,7 +11,6 @@ in one place (``deployments.edge.http``'s handlers, over ``deployments.edge.erro
 
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 
@@ -22,7 +21,6 @@ from fastapi.responses import (
     PlainTextResponse,
     RedirectResponse,
     Response,
-    StreamingResponse,
 )
 from ray import serve
 from ray.exceptions import RayActorError
@@ -41,6 +39,7 @@ from deployments.edge.console import asset_file, page_file
 from deployments.edge.guard import Caller, Guard, install
 from deployments.edge.http import CurrentCaller, app, error_response, error_responses, install_mcp, request_id
 from deployments.edge.metrics import SearchMetrics
+from deployments.edge.streams import streamed
 from deployments.errors import ServiceError
 from deployments.judgments import JudgmentStore
 from deployments.search.activation import VersionSwitch
@@ -68,11 +67,6 @@ async def _replica_gone(request: Request, exc: RayActorError) -> JSONResponse:
     # A needed replica died and its retries found no live one yet: Serve is starting a replacement.
     return error_response(request, 503, "a replica this request needs is restarting; retry shortly",
                           headers={"Retry-After": "2"})
-
-
-async def _ndjson(events):
-    async for event in events:
-        yield json.dumps(event) + "\n"
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256, health_check_period_s=10)
@@ -153,16 +147,17 @@ class SearchRouter:
             await asyncio.sleep(POLL_S)
 
     @app.post("/search", response_model=api.SearchResponse, response_model_exclude_none=True,
-              responses={200: {"content": {"application/x-ndjson": {}},
+              responses={200: {"content": {"application/x-ndjson": {}, "text/event-stream": {}},
                                "description": "The results; with stream: true, NDJSON lines: one 'results' event, "
-                               "'token' events, then one 'answer' (or 'error') event."}}
+                               "'token' events, then one 'answer' (or 'error') event; the same events as "
+                               "Server-Sent Events (event: the type, data: the JSON) with Accept: "
+                               "text/event-stream."}}
               | error_responses({400: "Request cannot be served (a stage not enabled)", 404: "Unknown collection",
                                  504: "Past router.request_timeout_s; the request's work was stopped"}))
     async def search(self, body: api.SearchRequest, request: Request, caller: CurrentCaller) -> api.SearchResponse:
         response = await self.answer(body, request.headers, request_id(request), caller)
         if body.stream:
-            return StreamingResponse(_ndjson(self.pipeline.stream_answer(body, response)),
-                                     media_type="application/x-ndjson")
+            return streamed(self.pipeline.stream_answer(body, response), request.headers.get("accept"))
         # Serialized once by pydantic's Rust encoder: returning the model would have FastAPI validate
         # and encode it again (the schema above still documents it).
         return Response(api.response_json(response), media_type="application/json")

@@ -1,4 +1,5 @@
-"""The client over a scripted transport: its retry rule (a 503 with Retry-After is sent again, nothing else is), and
+"""The client over a scripted transport: its retry rule (a 503 or a 429 with Retry-After is sent again, nothing else
+is), and
 each method's route, HTTP method and body as the server declares them (deployments/serve/router.py), and how its
 answer is read. (The client against the real served app: tests/integration/test_http.py.)"""
 
@@ -33,12 +34,21 @@ def scripted(answers: list[httpx.Response]):
     return sent, handler
 
 
-def test_a_503_with_retry_after_is_sent_again_then_answered():
-    sent, handler = scripted([httpx.Response(503, headers={"Retry-After": "0"}, json={"error": "overloaded"}),
+@pytest.mark.parametrize("status", [503, 429])
+def test_a_503_or_429_with_retry_after_is_sent_again_then_answered(status):
+    sent, handler = scripted([httpx.Response(status, headers={"Retry-After": "0"}, json={"error": "not now"}),
                               httpx.Response(200, json=OK)])
     with SearchClient("http://x", transport=httpx.MockTransport(handler)) as client:
         assert client.search("q").index_version == {"default": "v1"}
     assert len(sent) == 2
+
+
+def test_the_wait_is_what_retry_after_says_capped():
+    from raysearch_client.calls import retry_after
+
+    assert retry_after(httpx.Response(429, headers={"Retry-After": "2"}), 10) == 2
+    assert retry_after(httpx.Response(429, headers={"Retry-After": "100"}), 2.5) == 2.5
+    assert retry_after(httpx.Response(503, headers={"Retry-After": "soon"}), 10) is None
 
 
 @pytest.mark.parametrize("status,headers", [(503, {}), (500, {"Retry-After": "0"}), (504, {}), (429, {})])
@@ -51,14 +61,15 @@ def test_nothing_else_is_retried_and_the_error_says_what_and_which_request(statu
     assert len(sent) == 1 and e.value.status == status and e.value.request_id == "r-1" and e.value.message == "no"
 
 
-def test_retries_stop_at_max_retries_and_the_async_client_does_the_same():
-    sent, handler = scripted([httpx.Response(503, headers={"Retry-After": "0"}, json={"error": "overloaded"})])
+@pytest.mark.parametrize("status", [503, 429])
+def test_retries_stop_at_max_retries_and_the_async_client_does_the_same(status):
+    sent, handler = scripted([httpx.Response(status, headers={"Retry-After": "0"}, json={"error": "not now"})])
     with SearchClient("http://x", max_retries=2, transport=httpx.MockTransport(handler)) as client, \
             pytest.raises(SearchServiceError) as e:
         client.search("q")
-    assert len(sent) == 3 and e.value.status == 503
+    assert len(sent) == 3 and e.value.status == status
 
-    sent, handler = scripted([httpx.Response(503, headers={"Retry-After": "0"}, json={"error": "overloaded"}),
+    sent, handler = scripted([httpx.Response(status, headers={"Retry-After": "0"}, json={"error": "not now"}),
                               httpx.Response(200, json=OK)])
 
     async def go():

@@ -37,11 +37,12 @@ def add_model_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGrou
     """One flag per field of ``model``, recursing into nested models (each top-level one a group of ``--help``
     titled by its name); returns the fields' dotted paths, which are also the flags' ``dest``. Defaults stay None
     (not given), so a file's value is replaced only by a flag given; the help names the model's default.
-    Scalars take one value, lists of scalars several, dicts and anything else one YAML value."""
+    Scalars take one value, lists of scalars several, dicts, models off by default and anything else one YAML
+    value."""
     paths = []
     for name, info in model.model_fields.items():
         path, annotation = prefix + name, _unoptional(info.annotation)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if is_section(annotation, info):
             group = parser
             if isinstance(parser, argparse.ArgumentParser):  # argparse does not nest groups
                 doc = (annotation.__doc__ or "").split("\n\n")[0].replace("``", "")
@@ -53,6 +54,13 @@ def add_model_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGrou
         parser.add_argument(flag(path), dest=path, default=None, help=_help(info), **kwargs)
         paths.append(path)
     return paths
+
+
+def is_section(annotation: Any, info) -> bool:
+    """A nested model present by default is a section, a flag per field; one that defaults to None (off until
+    given, as ``security.key_limit``) is one value, given whole as YAML: its fields mean nothing apart."""
+    return (isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            and info.get_default(call_default_factory=True) is not None)
 
 
 def _unoptional(annotation: Any) -> Any:
@@ -74,8 +82,8 @@ def _value_kind(annotation: Any, metavar: str) -> dict[str, Any]:
         return {"type": annotation, "metavar": metavar}
     if origin is list and args and args[0] in (str, int, float):
         return {"nargs": "*", "type": args[0], "metavar": metavar}
-    if origin is not None:  # dicts, lists of mappings
-        return {"type": _yaml, "metavar": "YAML"}
+    if origin is not None or (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        return {"type": _yaml, "metavar": "YAML"}  # dicts, lists of mappings, a model off by default
     return {"metavar": metavar}  # str, Path: pydantic converts
 
 

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, TypeAdapter
 
 from deployments.__main__ import absolute_indexes, parse_args, parser
+from deployments.cli import is_section
 from deployments.config import AppConfig
 
 ROOT = Path(__file__).parents[2]
@@ -25,7 +26,7 @@ def leaves(model: type[BaseModel] = AppConfig, prefix: str = ""):
     """(dotted path, field info) of every field that holds a value rather than a section."""
     for name, info in model.model_fields.items():
         annotation = _unoptional(info.annotation)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if is_section(annotation, info):
             yield from leaves(annotation, f"{prefix}{name}.")
         else:
             yield prefix + name, info
@@ -52,7 +53,9 @@ OTHER = {"security.api_key_digests": [DIGEST], "security.admin_key_digests": [DI
          "security.write_key_digests": [DIGEST], "security.key_principals": {DIGEST: ["tenant-a"]},
          "router.synonyms": {"gzip": ["deflate"]}, "shards.lucene_heap": "1g",
          "shards.label_selector": {"zone": "a"}, "shards.groups": {0: {"resources": {"node_b": 1.0}}},
-         "shards.memory_per_replica": "auto", "shards.memory_base": "2GiB"}
+         "shards.memory_per_replica": "auto", "shards.memory_base": "2GiB",
+         "security.key_limit": {"requests_per_s": 2.0, "burst": 4, "max_inflight": 2},
+         "security.key_limits": {DIGEST: {"requests_per_s": 1.0, "burst": 1, "max_inflight": 1}}}
 
 
 def other_value(path: str, info):

@@ -63,8 +63,8 @@ def run(args, limited: bool) -> dict:
     serve_args = ["--router.cache-size", "0", "--security.max-inflight", str(args.max_inflight),
                   "--security.api-key-digests", noisy_digest, calm_digest]
     if limited:
-        serve_args += ["--security.key-limit.requests-per-s", str(args.rate), "--security.key-limit.burst",
-                       str(int(args.rate)), "--security.key-limit.max-inflight", str(args.key_inflight)]
+        serve_args += ["--security.key-limit", json.dumps({"requests_per_s": args.rate, "burst": int(args.rate),
+                                                           "max_inflight": args.key_inflight})]
     with served(args.index, args.port, serve_args) as base:
         for q in QUERIES:  # warm-up, within either key's limit
             httpx.post(f"{base}/search", json={"query": q, "limit": 10}, headers={"x-api-key": calm}, timeout=60)

@@ -77,6 +77,29 @@ def visible_by_principal(version_dir: Path, principals: tuple[str, ...] = ("t1",
     return seen
 
 
+def unsharded_oracle(summary, folder: Path, fields: tuple[str, ...] = ()):
+    """(Pyserini LuceneSearcher at BM25(0.9, 0.4), chunks, index folder): one unsharded index of every chunk of a
+    build's shards, contents as the build indexes them (title + text), each of ``fields`` beside it: the oracle the
+    sharded BM25 is compared with."""
+    import pyarrow.parquet as pq
+    from pyserini.search.lucene import LuceneSearcher
+
+    from index_format.lucene import build_lucene_index, write_collection
+
+    rows = []
+    for shard in shard_dirs(summary):
+        t = pq.read_table(shard / "chunks.parquet")
+        for c, title, text in zip(t["chunk_id"].to_pylist(), t["title"].to_pylist(), t["text"].to_pylist(),
+                                  strict=True):
+            contents = f"{title}\n{text}" if text else title
+            rows.append((c, contents, {"title": title}) if fields else (c, contents))
+    write_collection(rows, folder / "coll")
+    build_lucene_index(folder / "coll", folder / "index", **({"fields": list(fields)} if fields else {}))
+    searcher = LuceneSearcher(str(folder / "index"))
+    searcher.set_bm25(0.9, 0.4)
+    return searcher, len(rows), folder / "index"
+
+
 def shard_dirs(summary) -> list[Path]:
     return sorted((summary.version_dir / "shards").iterdir())
 

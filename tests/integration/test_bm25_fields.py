@@ -5,15 +5,14 @@ BooleanQuery of per-field boosted queries), and a version built without fields s
 from __future__ import annotations
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from deployments.search.inprocess import LocalIndex
 from deployments.shard.lucene import LuceneShard, UnknownField
 from index_build.build import build_index
 from index_build.config import BuildConfig
-from index_format.lucene import boot, build_lucene_index, write_collection
-from tests.integration.conftest import ENCODER, shard_dirs
+from index_format.lucene import boot
+from tests.integration.conftest import ENCODER, unsharded_oracle
 
 # Titles are "<topic> note <i>": topic words and "note" reach the title field, the rest only contents.
 QUERIES = ["sailing boat wind", "astronomy telescope", "music note piano piano", "note", "cooking databases lucene",
@@ -25,20 +24,7 @@ WEIGHTS = [{"contents": 1.0, "title": 0.5}, {"title": 1.0}, {"contents": 0.3, "t
 def oracle(built, tmp_path_factory):
     """One Pyserini LuceneSearcher over every chunk of the 3-shard build, ``title`` indexed beside ``contents``."""
     boot()
-    from pyserini.search.lucene import LuceneSearcher
-
-    _, summary = built[3]
-    rows = []
-    for folder in shard_dirs(summary):
-        t = pq.read_table(folder / "chunks.parquet")
-        rows += [(c, f"{title}\n{text}" if text else title, {"title": title}) for c, title, text in
-                 zip(t["chunk_id"].to_pylist(), t["title"].to_pylist(), t["text"].to_pylist(), strict=True)]
-    tmp = tmp_path_factory.mktemp("fields-oracle")
-    write_collection(rows, tmp / "coll")
-    build_lucene_index(tmp / "coll", tmp / "index", fields=["title"])
-    searcher = LuceneSearcher(str(tmp / "index"))
-    searcher.set_bm25(0.9, 0.4)
-    return searcher, len(rows), tmp / "index"
+    return unsharded_oracle(built[3][1], tmp_path_factory.mktemp("fields-oracle"), fields=("title",))
 
 
 def _lucene_scores(index_dir, terms: list[str], weights: dict[str, float]) -> dict[str, float]:

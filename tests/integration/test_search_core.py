@@ -5,14 +5,13 @@ from __future__ import annotations
 import random
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from deployments.search.inprocess import LocalIndex
 from deployments.shard.query import ShardQuery
-from index_format.lucene import boot, build_lucene_index, write_collection
+from index_format.lucene import boot
 from tests.conftest import TOPICS
-from tests.integration.conftest import shard_dirs
+from tests.integration.conftest import shard_dirs, unsharded_oracle
 
 QUERIES = [
     "telescope galaxy",
@@ -29,20 +28,8 @@ QUERIES = [
 def oracle(built, tmp_path_factory):
     """One Pyserini LuceneSearcher over every chunk of the 3-shard build, BM25 k1=0.9 b=0.4."""
     boot()
-    from pyserini.search.lucene import LuceneSearcher
-
-    _, summary = built[3]
-    rows = []
-    for folder in shard_dirs(summary):
-        t = pq.read_table(folder / "chunks.parquet")
-        rows += [(c, f"{title}\n{text}" if text else title) for c, title, text in
-                 zip(t["chunk_id"].to_pylist(), t["title"].to_pylist(), t["text"].to_pylist(), strict=True)]
-    tmp = tmp_path_factory.mktemp("oracle")
-    write_collection(rows, tmp / "coll")
-    build_lucene_index(tmp / "coll", tmp / "index")
-    searcher = LuceneSearcher(str(tmp / "index"))
-    searcher.set_bm25(0.9, 0.4)
-    return searcher, len(rows)
+    searcher, n, _ = unsharded_oracle(built[3][1], tmp_path_factory.mktemp("oracle"))
+    return searcher, n
 
 
 @pytest.fixture(scope="module")

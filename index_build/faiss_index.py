@@ -39,6 +39,14 @@ class FaissSpec:
     refine: int = 0  # 0: DEFAULT_REFINE for quantized types, 1 (none) otherwise
 
 
+def spec_of_config(c: dict, kind: str | None = None, device: str = "auto") -> FaissSpec:
+    """The FAISS options a build recorded (its ``build_config``), of ``kind`` (default: the build's own)."""
+    kind = kind or c.get("faiss_index", "auto")
+    return FaissSpec(getattr(kind, "value", kind), int(c.get("hnsw_m", 32)), int(c.get("hnsw_ef_construction", 80)),
+                     int(c.get("ivf_nlist", 0)), device, int(c.get("hnsw_ef_search", 0)), int(c.get("ivf_nprobe", 0)),
+                     int(c.get("pq_m", 0)), int(c.get("refine", 0)))
+
+
 DEFAULT_EF_SEARCH = 128
 DEFAULT_REFINE = 4
 

@@ -62,10 +62,12 @@ from index_format.manifest import (
     LUCENE_DIR,
     MANIFEST,
     IndexMismatch,
+    NamedEncoder,
     ShardManifest,
     VersionManifest,
     code_version,
     counts_agree,
+    encoder_dir,
     encoder_fields,
     now_iso,
     read_shard_manifest,
@@ -158,8 +160,9 @@ def _log_changes(root: str, after: int, through: int | None) -> tuple[dict[str, 
 
 
 def prepare_fold(root: str, work: str, after: int, through: int | None, num_shards: int, build_config: dict,
-                 encoder: EncoderSpec) -> dict:
-    """Step 1: the writes past ``after`` as each shard's documents, chunks and vectors in ``work``."""
+                 encoder: EncoderSpec, named: dict[str, EncoderSpec] | None = None) -> dict:
+    """Step 1: the writes past ``after`` as each shard's documents, chunks and vectors in ``work``: those of the
+    version's encoder, and of each of its ``named`` encoders under ``encoders/<name>/``."""
     from index_format.encoders import load_encoder
 
     upserts, deletes, last = _log_changes(root, after, through)
@@ -179,6 +182,8 @@ def prepare_fold(root: str, work: str, after: int, through: int | None, num_shar
     texts = [t for s in sorted(contents) for t in contents[s]]
     vectors = (load_encoder(encoder.model, "auto").encode(texts, prompt=encoder.document_prompt).astype(np.float32)
                if texts else None)
+    others = {n: load_encoder(e.model, "auto").encode(texts, prompt=e.document_prompt).astype(np.float32)
+              for n, e in (named or {}).items()} if texts else {}
     folder = Path(work)
     folder.mkdir(parents=True, exist_ok=True)
     touched: dict[int, dict] = {}
@@ -193,6 +198,9 @@ def prepare_fold(root: str, work: str, after: int, through: int | None, num_shar
         pq.write_table(pa.Table.from_pylist(chunks.get(s, []), schema=CHUNK_SCHEMA), part / CHUNKS_FILE)
         n = len(contents.get(s, []))
         np.save(part / EMBEDDINGS_FILE, vectors[at:at + n] if n else np.zeros((0, 0), dtype=np.float32))
+        for name, theirs in others.items():
+            (part / encoder_dir(name)).mkdir(parents=True)
+            np.save(part / encoder_dir(name) / EMBEDDINGS_FILE, theirs[at:at + n])
         (part / "contents.json").write_text(json.dumps(contents.get(s, [])))
         (part / "deletes.json").write_text(json.dumps(gone))
         at += n
@@ -300,14 +308,28 @@ def fold_shard(base_shard: str, shard_dir: str, part: str, build_key: str, build
               "lucene_docs": update["documents"]} | ({"faiss_dead": dead} if dead else {})
     if not counts_agree(counts):
         raise IndexMismatch(f"{folder.name}: a fold left counts that disagree: {counts}")
+    encoders = {name: _fold_named(base, folder, part_dir, name, entry, kept, old.build_config)
+                for name, entry in old.encoders.items()}
     written = {DOCUMENTS_FILE: docs_sum, CHUNKS_FILE: chunks_sum, EMBEDDINGS_FILE: vectors_sum} | faiss_sums
     body = ShardManifest(shard=old.shard, num_shards=old.num_shards, build_key=build_key,
-                         **encoder_fields(EncoderSpec.of(old), old.dimension), metric=old.metric, faiss=faiss_info, counts=counts, lucene=lucene,
+                         **encoder_fields(EncoderSpec.of(old), old.dimension), metric=old.metric, faiss=faiss_info, counts=counts, lucene=lucene, encoders=encoders,
                          checksums=_checksums(folder, base, old.checksums, written), build_config=old.build_config,
                          code_version=code_version(), created=now_iso())
     write_json_atomic(folder / MANIFEST, body.model_dump(mode="json"))
     return {"shard": old.shard, "counts": counts, "rebuilt_faiss": rebuilt,
             "seconds": {"files": t_files, "lucene": t_lucene, "total": time.perf_counter() - t0}}
+
+
+def _fold_named(base: Path, folder: Path, part: Path, name: str, entry: NamedEncoder, kept: np.ndarray,
+                build_config: dict) -> NamedEncoder:
+    """A named encoder's vectors of the kept rows and the new ones, and its FAISS index made again from them."""
+    from .add_encoder import write_encoder_files
+
+    stored = np.load(base / encoder_dir(name) / EMBEDDINGS_FILE, mmap_mode="r")
+    new = part / encoder_dir(name) / EMBEDDINGS_FILE
+    added = np.load(new) if new.is_file() else np.zeros((0, entry.dimension), dtype=np.float32)
+    vectors = np.concatenate([np.asarray(stored[kept], dtype=np.float32), added.reshape(-1, entry.dimension)])
+    return write_encoder_files(folder, name, entry.spec, vectors, build_config)
 
 
 def _fold_documents(base: Path, folder: Path, gone: pa.Array, new_docs: pa.Table) -> tuple[int, str]:
@@ -349,7 +371,13 @@ def _fold_faiss(base: Path, folder: Path, old: ShardManifest, kept: np.ndarray, 
     flat (as cheap) or past ``dead_fraction`` dead. (its manifest entry, checksums, dead ids, whether rebuilt)"""
     import faiss
 
-    from .faiss_index import FaissSpec, build_faiss_index, index_description, resolved_kind, search_options
+    from .faiss_index import (
+        build_faiss_index,
+        index_description,
+        resolved_kind,
+        search_options,
+        spec_of_config,
+    )
 
     base_rows = np.load(base / FAISS_ROWS_FILE) if (base / FAISS_ROWS_FILE).is_file() \
         else np.arange(old.counts["chunks"], dtype=np.int64)
@@ -364,10 +392,7 @@ def _fold_faiss(base: Path, folder: Path, old: ShardManifest, kept: np.ndarray, 
     (folder / FAISS_ROWS_FILE).unlink(missing_ok=True)
     sums = {}
     if rebuilt:  # from the vectors as the table now holds them: the kept rows, then the new
-        c = build_config
-        spec = FaissSpec(kind, int(c.get("hnsw_m", 32)), int(c.get("hnsw_ef_construction", 80)),
-                         int(c.get("ivf_nlist", 0)), "cpu", int(c.get("hnsw_ef_search", 0)),
-                         int(c.get("ivf_nprobe", 0)), int(c.get("pq_m", 0)), int(c.get("refine", 0)))
+        spec = spec_of_config(build_config, kind, device="cpu")
         stored = np.load(base / EMBEDDINGS_FILE, mmap_mode="r")
         vectors = np.concatenate([stored[kept], np.asarray(new_vectors, dtype=np.float32).reshape(-1, stored.shape[1])])
         index = build_faiss_index(vectors, spec)
@@ -460,9 +485,9 @@ def fold_workers(count: int) -> list:
 def _worker_modules() -> list:
     import index_format.lucene
 
-    from . import faiss_index, tables
+    from . import add_encoder, faiss_index, tables
 
-    return [sys.modules[__name__], index_format.lucene, faiss_index, tables]
+    return [sys.modules[__name__], index_format.lucene, faiss_index, tables, add_encoder]
 
 
 # ---------------------------------------------------------------- the fold
@@ -514,7 +539,8 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
     workers = fold_workers(max(1, min(manifest.num_shards, cpus // SHARD_THREADS)))
     t = time.perf_counter()
     prepared = ray.get(workers[0].prepare.remote(
-        absolute_root(root), str(work), manifest.log_seq, through, manifest.num_shards, manifest.build_config, EncoderSpec.of(manifest)))
+        absolute_root(root), str(work), manifest.log_seq, through, manifest.num_shards, manifest.build_config,
+        EncoderSpec.of(manifest), {n: e.spec for n, e in manifest.encoders.items()}))
     seconds["read+embed"] = time.perf_counter() - t
     summary = FoldSummary(None, base, prepared["log_seq"], prepared["upserted"], prepared["deleted"])
     if prepared["log_seq"] == manifest.log_seq:

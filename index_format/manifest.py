@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +31,24 @@ EMBEDDINGS_FILE = "embeddings.npy"
 FAISS_FILE = "dense.faiss"
 LUCENE_DIR = "lucene"
 TERMS_FILE = "terms.parquet"
+# A named encoder's files in a shard: ``encoders/<name>/embeddings.npy`` (row i: chunk-table row i) and its FAISS
+# index ``encoders/<name>/dense.faiss`` (ids are rows).
+ENCODERS_DIR = "encoders"
+ENCODER_NAME = re.compile(r"^[a-z][a-z0-9]{0,31}$")
+
+
+def encoder_dir(name: str) -> str:
+    """A named encoder's folder in a shard, relative to it."""
+    return f"{ENCODERS_DIR}/{name}"
+
+
+def checked_encoder_name(name: str) -> str:
+    """A named encoder's name as a feature, a folder and a request field take it: lower-case letters and digits
+    (``dense_<name>`` and ``dense_gap_<name>`` are its ranking features, so no ``_``)."""
+    if not ENCODER_NAME.match(name or ""):
+        raise ValueError(f"encoder name {name!r} is not valid: a lower-case letter, then letters or digits "
+                         "(at most 32)")
+    return name
 
 
 def terms_file(field: str) -> str:
@@ -43,6 +62,28 @@ FAISS_ROWS_FILE = "faiss_rows.npy"
 
 class IndexMismatch(RuntimeError):
     """An index on disk does not match its manifest, or not what the reader expects."""
+
+
+class NamedEncoder(BaseModel):
+    """An encoder a version holds beside its own (``python -m index_build.add_encoder``): its model, dimension and
+    prompts, and in a shard's manifest its FAISS index's description. Its cosine is a ranking feature
+    (``dense_<name>``), and a request may search the dense leg with it (``encoder``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    encoder: str
+    dimension: int
+    query_prompt: str = ""
+    document_prompt: str = ""
+    faiss: dict[str, Any] = {}  # a shard's index of these vectors ({} in a version's manifest)
+
+    @property
+    def spec(self) -> EncoderSpec:
+        return EncoderSpec(self.encoder, self.query_prompt, self.document_prompt)
+
+    def described(self) -> dict[str, Any]:
+        """What a version and each of its shards must agree on (everything but the shard's FAISS index)."""
+        return self.model_dump(exclude={"faiss"})
 
 
 class ShardManifest(BaseModel):
@@ -63,6 +104,7 @@ class ShardManifest(BaseModel):
     # The shard's own Lucene stats of ``contents`` (documents, non_empty_documents, total_terms, ...), and under
     # ``fields`` those of each field beside it (non_empty_documents, total_terms, unique_terms).
     lucene: dict[str, Any]
+    encoders: dict[str, NamedEncoder] = {}  # the named encoders beside ``encoder`` (``encoders/<name>/``)
     checksums: dict[str, str]  # relative path -> sha256
     build_config: dict[str, Any]
     code_version: str
@@ -96,10 +138,17 @@ class VersionManifest(BaseModel):
     # The change log's writes (documents written through the API) this version holds: every one through this
     # sequence number (``index_build.fold``); 0 for none. Serving searches the later ones from its fresh segment.
     log_seq: int = 0
+    # Encoders held beside ``encoder``, by name (``NamedEncoder``); each shard holds their vectors.
+    encoders: dict[str, NamedEncoder] = {}
 
     def shard_expect(self) -> dict[str, Any]:
         """The fields every shard's manifest must share with this version's (``verify_shard``'s ``expect``)."""
         return encoder_fields(EncoderSpec.of(self), self.dimension)
+
+
+def named_encoders_agree(version: VersionManifest, shard: ShardManifest) -> bool:
+    return ({n: e.described() for n, e in version.encoders.items()}
+            == {n: e.described() for n, e in shard.encoders.items()})
 
 
 def encoder_fields(spec: EncoderSpec, dimension: int) -> dict[str, Any]:

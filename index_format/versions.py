@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .manifest import MANIFEST, IndexMismatch, VersionManifest, counts_agree
+from .manifest import MANIFEST, IndexMismatch, VersionManifest, counts_agree, named_encoders_agree
 from .store import fsync_dir, is_remote
 
 ACTIVE = "ACTIVE"
@@ -180,6 +180,9 @@ def verify_version(version_dir: Path, checksums: bool = True) -> VersionManifest
                          checksums=checksums)
         if not counts_agree(m.counts):
             raise IndexMismatch(f"{version_dir.name}/{shard}: counts disagree: {m.counts}")
+        if not named_encoders_agree(manifest, m):
+            raise IndexMismatch(f"{version_dir.name}/{shard}: its named encoders {sorted(m.encoders)} are not the "
+                                f"version's {sorted(manifest.encoders)}")
         chunks += m.counts["chunks"]
     if chunks != manifest.counts["chunks"]:
         raise IndexMismatch(f"{version_dir.name}: its shards hold {chunks} chunks, its manifest says "

@@ -98,6 +98,11 @@ class SearchRequest(BaseModel):
         " is the weighted sum of each field's corpus-exact BM25 (0 leaves a field out). "
         "Default: the collection's, else contents alone. A field the served index version does "
         "not index is refused (400, naming those it has).")
+    encoder: str | None = Field(None, pattern="^[a-z][a-z0-9]{0,31}$",
+        description="A named encoder the served index version holds (index_build.add_encoder): the dense "
+        "leg embeds the query with it and searches its vectors. Default: the version's own "
+        "encoder. An encoder the version does not hold is refused (400, naming those it has). "
+        "Not with MMR.")
     mmr_lambda: float | None = Field(None, ge=0, le=1,
         description="Diversify with MMR; 1 = pure relevance. Null: the service's setting (off unless "
         "tuned).")

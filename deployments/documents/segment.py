@@ -296,7 +296,9 @@ class FreshSegment:
             answer.filter_error = str(e)
             return answer
         rows = np.flatnonzero(self.alive) if allowed is None else allowed[self.alive[allowed]]
-        if query.dense and len(rows):
+        # Written documents are embedded with the version's own encoder only: a dense leg under a named encoder
+        # finds them once a fold put them in a version (their BM25 leg finds them at once).
+        if query.dense and query.encoder is None and len(rows):
             answer.dense = self._top(rows, self.matrix[rows] @ np.asarray(query.vector, dtype=np.float32), query.k_dense)
         if query.keyword and len(rows):
             keyword = self._bm25(query.text, query.field_weights)[rows]

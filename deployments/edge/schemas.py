@@ -135,6 +135,11 @@ class SearchRequest(RequestBody):
         None, description='BM25 field weights of the keyword leg, e.g. {"contents": 1.0, "title": 0.5}: its score is '
         "the weighted sum of each field's corpus-exact BM25 (0 leaves a field out). Default: the collection's, else "
         "contents alone. A field the served index version does not index is refused (400, naming those it has).")
+    encoder: str | None = Field(
+        None, pattern=r"^[a-z][a-z0-9]{0,31}$", description="A named encoder the served index version holds "
+        "(index_build.add_encoder): the dense leg embeds the query with it and searches its vectors. Default: the "
+        "version's own encoder. An encoder the version does not hold is refused (400, naming those it has). Not "
+        "with MMR.")
     mmr_lambda: float | None = Field(
         None, ge=0, le=1, description="Diversify with MMR; 1 = pure relevance. Null: the service's setting (off "
         "unless tuned).")
@@ -189,6 +194,9 @@ class SearchRequest(RequestBody):
             raise ValueError("send offset or cursor, not both: a cursor knows where its page starts")
         if self.group_size > 1 and self.group_by is None:
             raise ValueError(f"group_size {self.group_size} needs group_by (doc_id or a metadata field)")
+        if self.encoder is not None and self.mmr_lambda is not None:
+            raise ValueError("encoder and mmr_lambda cannot be used together: MMR compares the stored vectors of the "
+                             "version's own encoder; drop one of them")
         if self.group_by is not None and self.mmr_lambda is not None:
             raise ValueError("group_by and mmr_lambda cannot be used together: MMR diversifies one page of chunks, "
                              "grouping pages over groups; drop one of them")

@@ -55,6 +55,12 @@ class DeployedCollection:
     rerank: bool = True
     ann: AnnParams | None = None  # the collection's approximate search options
     field_weights: dict[str, float] | None = None  # the collection's BM25 field weights, as configured
+    # The named encoders it was deployed with: name -> (spec, query encoder). A version may hold fewer, not others.
+    named: dict[str, tuple[EncoderSpec, EncoderClient]] = field(default_factory=dict)
+
+    def encoders_of(self, manifest: VersionManifest) -> dict[str, EncoderClient]:
+        """The query encoders of ``manifest``'s named encoders (``check_switchable`` has checked they are deployed)."""
+        return {n: self.named[n][1] for n in manifest.encoders}
 
     @property
     def follows_active(self) -> bool:
@@ -70,6 +76,11 @@ def check_switchable(deployed: DeployedCollection, manifest: VersionManifest) ->
         raise ActivationError(
             f"version {manifest.version!r} was embedded with {built} ({manifest.dimension} dims); this app "
             f"encodes queries with {deployed.encoder_spec} ({deployed.dimension} dims): redeploy to serve it")
+    for n, e in manifest.encoders.items():
+        if n not in deployed.named or deployed.named[n][0] != e.spec:
+            have = ", ".join(f"{k}: {v[0]}" for k, v in deployed.named.items()) or "none"
+            raise ActivationError(f"version {manifest.version!r} holds the encoder {n!r} ({e.spec}); this app was "
+                                  f"deployed with the named encoders {have}: redeploy to serve it")
     wanted = list(manifest.shards)
     deployed_shards = [shard for _, _, shards in deployed.slots for shard in shards]
     if deployed_shards[: len(wanted)] != wanted:
@@ -152,7 +163,8 @@ class VersionSwitch:
             self.collections[name] = Collection.at_version(name, version, shards, deployed.encoder, fields=fields,
                                                            counts=manifest.counts, rerank=deployed.rerank,
                                                            ann=deployed.ann, fresh=fresh, bm25=manifest.bm25,
-                                                           field_weights=deployed.field_weights)
+                                                           field_weights=deployed.field_weights,
+                                                           encoders=deployed.encoders_of(manifest))
             self.state.errors.pop(name, None)
             warm_ms = round((time.perf_counter() - t0) * 1000, 1)
             logger.info(f"collection {name!r}: now serving index version {version!r} (was {current.version!r}; "

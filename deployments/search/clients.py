@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from deployments.edge.schemas import AnnParams
-from deployments.errors import UnknownCollection
+from deployments.errors import InvalidRequest, UnknownCollection
 from deployments.search.field_weights import held_weights, version_fields
 from deployments.shard.query import ShardAnswer, ShardQuery
 
@@ -89,19 +89,21 @@ class Collection:
     # Documents written through the API since the version (``deployments.documents.segment.FreshSegment``): searched
     # as one more shard after the version's, and masking the version's copies of the documents it holds.
     fresh: Any = None
+    # The query encoders of the version's named encoders (``index_build.add_encoder``), by name.
+    encoders: dict[str, EncoderClient] = field(default_factory=dict)
 
     @classmethod
     def at_version(cls, name: str, version: str, shards: Sequence[ShardClient], encoder: EncoderClient, *,
                    fields: Mapping[str, str] | None = None, counts: Mapping[str, int] | None = None,
                    rerank: bool = True, ann: AnnParams | None = None, fresh: Any = None,
-                   bm25: Mapping[str, Any] | None = None, field_weights: Mapping[str, float] | None = None
-                   ) -> Collection:
+                   bm25: Mapping[str, Any] | None = None, field_weights: Mapping[str, float] | None = None,
+                   encoders: Mapping[str, EncoderClient] | None = None) -> Collection:
         """The collection as searched at ``version``: its shard clients pinned to it, the metadata fields they hold
         (``fields_of``), the version manifest's ``counts`` (docs, chunks), and the fresh segment of the writes that
         version lacks. Made whole, once: a switch to another version makes another (requests that began on this
         one finish on it). ``bm25``: the manifest's block, which names the Lucene fields beside ``contents``;
         ``field_weights``: the collection's configured weights, kept for the fields the version has
-        (``deployments.search.field_weights``)."""
+        (``deployments.search.field_weights``); ``encoders``: the query encoders of the version's named encoders."""
         counts = counts or {}
         bm25_fields = version_fields(bm25 or {})
         weights, left_out = held_weights(field_weights, bm25_fields)
@@ -110,7 +112,18 @@ class Collection:
                            "searching with %s", name, version, left_out, weights or {"contents": 1.0})
         return cls(name=name, version=version, shards=list(shards), encoder=encoder, fields=dict(fields or {}),
                    rerank=rerank, ann=ann, documents=counts.get("docs", 0), chunks=counts.get("chunks", 0),
-                   fresh=fresh, bm25_fields=bm25_fields, field_weights=weights)
+                   fresh=fresh, bm25_fields=bm25_fields, field_weights=weights, encoders=dict(encoders or {}))
+
+    def encoder_for(self, name: str | None) -> EncoderClient:
+        """The query encoder of the named encoder ``name`` (None: the version's own); refused (400) with the names
+        the version holds when it holds no such encoder."""
+        if name is None:
+            return self.encoder
+        try:
+            return self.encoders[name]
+        except KeyError:
+            raise InvalidRequest(f"collection {self.name!r} (index version {self.version!r}) holds no encoder named "
+                                 f"{name!r}; it holds: {', '.join(sorted(self.encoders)) or 'only its own'}") from None
 
     def slot(self, i: int) -> ShardClient:
         """The shard client a hit's ``shard`` names: a shard slot of the version, or (past them) the fresh segment."""

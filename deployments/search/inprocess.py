@@ -89,7 +89,9 @@ def open_collection(name: str, index: Path, version: str | None = None, threaded
         fields.update(g.fields())
     return Collection.at_version(name, manifest.version, [InProcessShard(g, threaded) for g in groups],
                                  InProcessEncoder(EncoderSpec.of(manifest), encoder_backend), fields=fields,
-                                 counts=manifest.counts, bm25=manifest.bm25)
+                                 counts=manifest.counts, bm25=manifest.bm25,
+                                 encoders={n: InProcessEncoder(e.spec, encoder_backend)
+                                           for n, e in manifest.encoders.items()})
 
 
 def inprocess_pipeline(collections: dict[str, Path], settings: RouterSettings | None = None,

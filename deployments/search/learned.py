@@ -9,6 +9,8 @@ The features of a candidate (``FEATURES``; a model reads those it was trained on
   the query's terms the chunk holds, the cosine, lengths, the chunk's position in its document;
 - relative to the other candidates of the query: ``bm25_share`` (BM25 over the best BM25 among them),
   ``dense_gap`` (the best cosine among them minus this one's), ``doc_chunks`` (candidates of the same document);
+- for each named encoder the version holds (``index_build.add_encoder``): ``dense_<name>``, its cosine, and
+  ``dense_gap_<name>``, as ``dense_gap``;
 - ``rerank``: the cross-encoder's probability, where it scored the candidate (NaN past its depth).
 
 Every column is computed the same way when training (``relevance.train_ranker`` runs this module through the
@@ -26,7 +28,7 @@ import numpy as np
 
 from deployments.search.hits import Hit
 from deployments.search.retrieval import Retrieved
-from deployments.search.stages import SearchContext, gathered, within
+from deployments.search.stages import SearchContext, failure, gathered, within
 from deployments.shard.features import SHARD_FEATURES, FeatureQuery, merge_features
 from index_format.chunk_ids import doc_of
 
@@ -46,7 +48,16 @@ GROUPS = {
 
 
 def in_group(name: str, group: str) -> bool:
+    if group == "dense" and named_encoder_of(name) is not None:
+        return True
     return any(name == f or (f.endswith("_") and name.startswith(f)) for f in GROUPS[group])
+
+
+def named_encoder_of(feature: str) -> str | None:
+    """The named encoder a feature comes from (``dense_<name>``, ``dense_gap_<name>``), else None."""
+    if feature in FEATURES or not feature.startswith("dense_"):
+        return None
+    return feature.removeprefix("dense_gap_") if feature.startswith("dense_gap_") else feature.removeprefix("dense_")
 
 
 @dataclass
@@ -89,8 +100,11 @@ def relative(columns: dict[str, np.ndarray], pool: Sequence[Hit]) -> None:
     best = np.nanmax(bm25) if np.isfinite(bm25).any() else np.nan
     # (A column the shards were not asked for is all NaN; so are the features made from it.)
     columns["bm25_share"] = (bm25 / best if best and best > 0 else np.zeros_like(bm25)).astype(np.float32)
-    dense = columns["dense"]
-    columns["dense_gap"] = ((np.nanmax(dense) - dense) if np.isfinite(dense).any() else dense).astype(np.float32)
+    for name in [n for n in columns if n == "dense" or named_encoder_of(n) is not None and
+                 not n.startswith("dense_gap")]:
+        dense = columns[name]
+        gap = "dense_gap" if name == "dense" else f"dense_gap_{name.removeprefix('dense_')}"
+        columns[gap] = ((np.nanmax(dense) - dense) if np.isfinite(dense).any() else dense).astype(np.float32)
     docs = [doc_of(h.chunk_id) for h in pool]
     counts: dict[str, int] = {}
     for d in docs:
@@ -103,7 +117,24 @@ def shard_names(names: Sequence[str] | None) -> frozenset[str] | None:
     if names is None:
         return None
     made_from = {"bm25_share": "bm25_contents", "dense_gap": "dense"}
+    made_from |= {n: f"dense_{named_encoder_of(n)}" for n in names if n.startswith("dense_gap_")}
     return frozenset(names) | {made_from[n] for n in names if n in made_from}
+
+
+async def query_vectors(ctx: SearchContext, target, wanted: frozenset[str] | None) -> tuple[object, dict]:
+    """The query's vector under the version's own encoder (None where not wanted) and under each named encoder whose
+    cosine is wanted (``wanted`` None: all): the dense leg's vector where the leg searched with that encoder, else
+    embedded now, all at once."""
+    searched, leg = ctx.vectors.get(target.name), ctx.req.encoder
+    sides: list[str | None] = [n for n in target.encoders if wanted is None or f"dense_{n}" in wanted]
+    if wanted is None or "dense" in wanted:
+        sides.append(None)
+    have = {leg: searched} if searched is not None else {}
+    need = [n for n in sides if n not in have]
+    got = await within(gathered([target.encoder_for(n).embed(ctx.text) for n in need]),
+                       ctx.settings.encoder_timeout_s) if need else []
+    have.update(zip(need, got, strict=True))
+    return have.get(None), {n: have[n] for n in sides if n is not None}
 
 
 async def candidate_features(ctx: SearchContext, got: Retrieved, pool: list[Hit],
@@ -116,11 +147,16 @@ async def candidate_features(ctx: SearchContext, got: Retrieved, pool: list[Hit]
     by_slot: dict[int, list[int]] = {}
     for i, h in enumerate(pool):
         by_slot.setdefault(h.shard, []).append(i)
-    vector = ctx.vectors.get(target.name)
     slots = sorted(by_slot)
     wanted = shard_names(names)
+    try:
+        vector, named = await query_vectors(ctx, target, wanted)
+    except Exception as exc:  # noqa: BLE001 - the cosines are NaN, as where the query encoder failed for the leg
+        vector, named = ctx.vectors.get(target.name) if ctx.req.encoder is None else None, {}
+        ctx.work.warnings.append(f"ranking features: a query encoder {failure(exc)}; its cosines left out")
     calls = [within(target.slot(s).features(FeatureQuery(ctx.text, [pool[i].chunk_id for i in by_slot[s]], vector,
-                                                         wanted)), ctx.settings.shard_timeout_s) for s in slots]
+                                                         wanted, named)), ctx.settings.shard_timeout_s)
+             for s in slots]
     answers = await gathered(calls, return_exceptions=True)
     failed = [target.slot(s).name for s, a in zip(slots, answers, strict=True) if isinstance(a, BaseException)]
     if failed:

@@ -221,8 +221,10 @@ class SearchPipeline:
                 continue  # answered as that request's error below
             text = self._query_text(req, {})
             for c in targets:
-                encoders[id(c.encoder)] = c.encoder
-                texts.setdefault(id(c.encoder), []).append(text)
+                if req.encoder is None or req.encoder in c.encoders:  # else refused as that request's error
+                    encoder = c.encoder_for(req.encoder)
+                    encoders[id(encoder)] = encoder
+                    texts.setdefault(id(encoder), []).append(text)
         ready: dict[tuple[int, str], np.ndarray] = {}
         for key, encoder in encoders.items():
             distinct = list(dict.fromkeys(texts[key]))
@@ -327,7 +329,7 @@ class SearchPipeline:
         s, defaults = self.settings, {}
         # A tuned MMR stays off under group_by: MMR diversifies one page of chunks, grouping pages over groups.
         if (req.method is Method.hybrid and req.mmr_lambda is None and s.mmr_lambda is not None
-                and req.group_by is None):
+                and req.group_by is None and req.encoder is None):
             defaults["mmr_lambda"] = s.mmr_lambda
         if (req.method is Method.hybrid and not rerank and req.min_relevance_score is None
                 and s.min_relevance_score is not None):
@@ -365,9 +367,12 @@ class SearchPipeline:
         t = time.perf_counter()
         vectors: dict[str, np.ndarray] = {}
         try:
-            got = await within(gathered([_embed(c.encoder, ctx.text, embedded) for c in targets]),
+            encoders = [c.encoder_for(req.encoder) for c in targets]  # an encoder a version lacks: a 400 here
+            got = await within(gathered([_embed(e, ctx.text, embedded) for e in encoders]),
                                ctx.settings.encoder_timeout_s)
             vectors = dict(zip((c.name for c in targets), got, strict=True))
+        except ServiceError:
+            raise
         except Exception as exc:  # a hybrid search can still answer from its keyword leg
             if req.method is not Method.hybrid or req.mmr_lambda is not None:
                 raise Unavailable(f"the query encoder {failure(exc)}; retry shortly") from exc

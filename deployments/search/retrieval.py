@@ -98,7 +98,7 @@ class Retrieval:
         merged legs are those of every slot asked for k."""
         req, timeout_s, work = ctx.req, ctx.settings.shard_timeout_s, ctx.work
         t = time.perf_counter()
-        base = ShardQuery(text=ctx.text, filters=req.filters, acl=ctx.acl)
+        base = ShardQuery(text=ctx.text, filters=req.filters, acl=ctx.acl, encoder=req.encoder)
         calls = []
         for c in ctx.targets:
             vector = ctx.vectors.get(c.name) if k_dense else None

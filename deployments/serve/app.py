@@ -144,7 +144,8 @@ def logical_cpus_needed(cfg: AppConfig) -> float:
             groups = len(shard_groups(list(manifests[-1].shards), s.group_size))
             need += sum(s.group(i).num_replicas for i in range(groups)) * s.num_cpus
     if not cfg.encoder.in_router:
-        need += len({m.encoder for m in manifests}) * cfg.encoder.num_replicas * cfg.encoder.num_cpus
+        models = {m.encoder for m in manifests} | {e.encoder for m in manifests for e in m.encoders.values()}
+        need += len(models) * cfg.encoder.num_replicas * cfg.encoder.num_cpus
     need += cfg.router.num_replicas * cfg.router.num_cpus
     if cfg.reranker.model:
         need += max(1, cfg.reranker.autoscaling.min_replicas) * cfg.reranker.num_cpus
@@ -259,8 +260,9 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
         follows = coll.version is None and (is_remote(index) or not (Path(index) / MANIFEST).is_file())
         host_root = index if follows or is_remote(index) else None
         spec = EncoderSpec.of(manifest)  # one query encoder a model and its prompts, shared by the collections
-        if spec not in encoders:
-            encoders[spec] = None if cfg.encoder.in_router else encoder_deployment(cfg, spec, len(encoders))
+        for each in (spec, *(e.spec for e in manifest.encoders.values())):
+            if each not in encoders:
+                encoders[each] = None if cfg.encoder.in_router else encoder_deployment(cfg, each, len(encoders))
         s = cfg.shards_of(name)
         host = HostSpec(index_root=host_root, version_dir=str(version_dir) if version_dir else None,
                         version=manifest.version,
@@ -278,7 +280,8 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
             encoder=encoders[spec], encoder_backend=cfg.encoder.backend,
             encoder_threads=cfg.encoder.router_threads, root=str(index) if follows else None,
             rerank=coll.rerank, ann=coll.ann, counts=dict(manifest.counts), bm25=dict(manifest.bm25),
-            field_weights=coll.field_weights)
+            field_weights=coll.field_weights,
+            named_encoders={n: (e.spec, encoders[e.spec]) for n, e in manifest.encoders.items()})
     # Never a failure: a node that can hold the group may join later. Ray keeps its replicas pending meanwhile.
     nodes = cluster_nodes()
     for warning in unplaceable(needs, nodes) if nodes else []:

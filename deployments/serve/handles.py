@@ -77,18 +77,22 @@ def deployed_collections(specs: dict[str, CollectionSpec]) -> dict[str, Deployed
     """Each collection as the app builder deployed it, with the router's clients of its shard slots and of its query
     encoder (one encoder a model embedded in the router, shared by the collections that use it)."""
     local: dict[EncoderSpec, LocalEncoder] = {}
+
+    def client(encoder_spec: EncoderSpec, handle, spec: CollectionSpec):
+        if handle is not None:
+            return HandleEncoder(handle)
+        if encoder_spec not in local:
+            local[encoder_spec] = LocalEncoder(encoder_spec, spec.encoder_backend, spec.encoder_threads)
+        return local[encoder_spec]
+
     deployed = {}
     for name, spec in specs.items():
-        if spec.encoder is not None:
-            encoder = HandleEncoder(spec.encoder)
-        else:
-            if spec.encoder_spec not in local:
-                local[spec.encoder_spec] = LocalEncoder(spec.encoder_spec, spec.encoder_backend, spec.encoder_threads)
-            encoder = local[spec.encoder_spec]
         deployed[name] = DeployedCollection(
             name=name, root=spec.root or None, encoder_spec=spec.encoder_spec,
             dimension=spec.dimension, slots=[(slot.name, held_slot(slot.target), slot.shards) for slot in spec.slots],
-            encoder=encoder, rerank=spec.rerank, ann=spec.ann, field_weights=spec.field_weights)
+            encoder=client(spec.encoder_spec, spec.encoder, spec), rerank=spec.rerank, ann=spec.ann,
+            field_weights=spec.field_weights,
+            named={n: (e, client(e, handle, spec)) for n, (e, handle) in spec.named_encoders.items()})
     return deployed
 
 

@@ -96,6 +96,7 @@ class SearchRouter:
         opened = {name: Collection.at_version(name, collections[name].version, shards[name], d.encoder, fields=f,
                                              counts=collections[name].counts, rerank=d.rerank, ann=d.ann,
                                              bm25=collections[name].bm25, field_weights=d.field_weights,
+                                             encoders={n: client for n, (_, client) in d.named.items()},
                                              fresh=documents[name].segment if name in documents else None)
                   for (name, d), f in zip(deployed.items(), fields, strict=True)}
         self.stages = {"reranker": HandleReranker(reranker) if reranker is not None else None,

@@ -63,3 +63,6 @@ class CollectionSpec:
     counts: dict[str, int] = field(default_factory=dict)  # the manifest's counts (docs, chunks)
     bm25: dict[str, Any] = field(default_factory=dict)  # the manifest's BM25 block (names the Lucene fields)
     field_weights: dict[str, float] | None = None  # the collection's configured BM25 field weights
+    # The version's named encoders (``index_build.add_encoder``): name -> (its spec, its query-encoder deployment's
+    # handle, None: embedded in the router).
+    named_encoders: dict[str, tuple[EncoderSpec, Any]] = field(default_factory=dict)

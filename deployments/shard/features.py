@@ -11,7 +11,8 @@ float per candidate, NaN where it cannot be had (no query vector, a chunk this s
 - ``term_coverage``, ``idf_coverage``: the share of the query's distinct analyzed terms the chunk holds,
   plain and weighted by each term's corpus idf. BM25 sums evidence; coverage says how much of the
   question the chunk speaks to.
-- ``dense``: cosine of the chunk's stored vector with the query's.
+- ``dense``: cosine of the chunk's stored vector with the query's; ``dense_<name>``: the same for each named
+  encoder the version holds (``index_build.add_encoder``), given the query's vector under it.
 - ``length``, ``title_length``: words in the chunk's text and its title; ``position``: the chunk's index
   within its document (a document's opening chunk carries its title and abstract).
 """
@@ -19,7 +20,7 @@ float per candidate, NaN where it cannot be had (no query vector, a chunk this s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,6 +38,7 @@ class FeatureQuery:
     chunk_ids: list[str]
     vector: np.ndarray | None = None
     names: frozenset[str] | None = None
+    vectors: dict[str, np.ndarray] = field(default_factory=dict)  # the query under each named encoder
 
     def wants(self, *names: str) -> bool:
         return self.names is None or any(n in self.names or (n.endswith("_") and any(m.startswith(n) for m in
@@ -99,6 +101,10 @@ def shard_features(service, query: FeatureQuery) -> dict[str, np.ndarray]:
     if query.vector is not None and query.wants("dense"):
         vectors = np.asarray(service.embeddings[rows], dtype=np.float32)
         out["dense"][at] = vectors @ np.asarray(query.vector, dtype=np.float32)
+    for name, vector in query.vectors.items():
+        if name in service.named and query.wants(f"dense_{name}"):
+            column = out.setdefault(f"dense_{name}", np.full(n, np.nan, dtype=np.float32))
+            column[at] = np.asarray(service.named[name].vectors[rows], dtype=np.float32) @ np.asarray(vector, np.float32)
     text_words, title_words, positions = service.row_facts()
     out["length"][at] = text_words[rows]
     out["title_length"][at] = title_words[rows]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -137,11 +137,12 @@ class ShardGroup:
         HNSW this is also what lets each shard explore less (efSearch is never below the depth asked)."""
         if not query.dense:
             return []
-        vector, k, ann = query.vector, query.k_dense, query.ann
+        vector, k, ann, encoder = query.vector, query.k_dense, query.ann, query.encoder
         depth = shard_depth(k, self.size)
-        parts = [_timed(s.dense_leg, vector, depth, rows, ann) for s, rows in zip(self.services, allowed, strict=True)]
+        parts = [_timed(s.dense_leg, vector, depth, rows, ann, encoder)
+                 for s, rows in zip(self.services, allowed, strict=True)]
         self.deepened["dense"] += complete_legs(
-            parts, k, depth, lambda i: _timed(self.services[i].dense_leg, vector, k, allowed[i], ann))
+            parts, k, depth, lambda i: _timed(self.services[i].dense_leg, vector, k, allowed[i], ann, encoder))
         return parts
 
     def keyword_legs(self, query: ShardQuery, allowed: list[np.ndarray | None]) -> list[LegPart]:
@@ -232,7 +233,7 @@ class ShardGroup:
         for s in self.services:
             at = [i for i, c in enumerate(query.chunk_ids) if c in s.row_of]
             if at:
-                mine = FeatureQuery(query.text, [query.chunk_ids[i] for i in at], query.vector)
+                mine = replace(query, chunk_ids=[query.chunk_ids[i] for i in at])
                 parts.append((at, s.features(mine)))
         return merge_features(len(query.chunk_ids), parts)
 

@@ -22,7 +22,8 @@ class ShardQuery:
     the principals exist for this search. ``ann`` overrides the index's approximate search options
     (``ef_search``, ``nprobe``, ``exact``). ``rows_for_top``: the chunk rows of each leg's best that many hits
     are sent along with the answer. ``field_weights`` {Lucene field: weight}: the keyword leg scores their
-    weighted sum of BM25 (None: ``contents`` alone; checked against the version by the router)."""
+    weighted sum of BM25 (None: ``contents`` alone; checked against the version by the router). ``encoder``: the
+    named encoder ``vector`` was embedded with, whose index the dense leg searches (None: the version's own)."""
 
     vector: np.ndarray | None = None
     text: str | None = None
@@ -33,6 +34,7 @@ class ShardQuery:
     acl: tuple[str, list[str]] | None = None
     ann: dict[str, Any] | None = None
     field_weights: dict[str, float] | None = None
+    encoder: str | None = None
 
     @property
     def dense(self) -> bool:

@@ -31,6 +31,7 @@ from index_format.manifest import (
     FAISS_ROWS_FILE,
     LUCENE_DIR,
     ShardManifest,
+    encoder_dir,
     verify_shard,
 )
 from index_format.versions import read_version_manifest, resolve_version_dir
@@ -76,6 +77,12 @@ class ShardService:
                                     options=self.manifest.faiss,
                                     vectors=np.load(self.folder / EMBEDDINGS_FILE, mmap_mode="r"),
                                     vector_rows=vector_rows)
+        # The version's named encoders (``index_build.add_encoder``): a dense leg each, searched when a request names
+        # it, and their vectors read for a ranking model's ``dense_<name>``.
+        self.named = {name: DenseShard(faiss.read_index(str(self.folder / encoder_dir(name) / FAISS_FILE)), chunk_ids,
+                                       self.shard, options=entry.faiss,
+                                       vectors=np.load(self.folder / encoder_dir(name) / EMBEDDINGS_FILE, mmap_mode="r"))
+                      for name, entry in self.manifest.encoders.items()}
         if fields is None:
             fields = version_fields(self.folder.parent.parent) if self.manifest.lucene.get("fields") else {}
         self.lucene = LuceneShard(self.folder / LUCENE_DIR, chunk_ids, self.manifest.lucene, corpus, corpus_df,
@@ -127,10 +134,12 @@ class ShardService:
         return allowed
 
     def dense_leg(self, vector: np.ndarray, k: int, allowed: np.ndarray | None = None,
-                  ann: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  ann: dict[str, Any] | None = None, encoder: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The dense leg's top-k as (chunk-table rows, float32 scores), best first. ``ann`` overrides the
-        index's search options for this call (see ``DenseShard``)."""
-        return self.dense.search_rows(np.asarray(vector, dtype=np.float32), k, allowed, ann)
+        index's search options for this call (see ``DenseShard``); ``encoder`` names one of the version's named
+        encoders (None: its own), whose query vector ``vector`` is."""
+        dense = self.dense if encoder is None else self.named[encoder]
+        return dense.search_rows(np.asarray(vector, dtype=np.float32), k, allowed, ann)
 
     def keyword_leg(self, terms: list[str], k: int, allowed: np.ndarray | None = None,
                     keyword_top=None, weights: Mapping[str, float] | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from deployments.edge.guard import new_key
+from index_build.add_encoder import add_encoder
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_format.versions import active_version, rollback
@@ -42,6 +43,9 @@ def root(ray_local, tmp_path_factory):
                                               ("v3-three-shards", docs, 3, False), ("v4-one-shard", renamed, 1, False)):
         corpus = write_jsonl(folder / f"{version}.jsonl", records)
         build_index(BuildConfig(corpus=corpus, shards=shards, version=version, activate=active, **common))
+    # v1 with a named encoder the app is not deployed with: a running app cannot embed queries for it
+    add_encoder(folder / "index", "small", "hashing:16", base="v1", version="v5-named", do_activate=False,
+                progress=False)
     return folder / "index"
 
 
@@ -121,7 +125,8 @@ def test_admin_routes_need_an_admin_key(served):
     assert r.status_code == 403 and "admin_key_digests" in r.json()["error"]
     state = client.get("/admin/versions", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
     assert state["collections"]["default"]["serving"] == "v1"
-    assert state["collections"]["default"]["published"] == ["v1", "v2", "v3-three-shards", "v4-one-shard"]
+    assert state["collections"]["default"]["published"] == ["v1", "v2", "v3-three-shards", "v4-one-shard",
+                                                                   "v5-named"]
 
 
 def test_refused_activations_say_why_and_change_nothing(served, root):
@@ -129,6 +134,9 @@ def test_refused_activations_say_why_and_change_nothing(served, root):
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     r = client.post("/admin/collections/default/activate", json={"version": "v3-three-shards"}, headers=admin)
     assert r.status_code == 409 and "3 shards" in r.json()["error"] and "redeploy" in r.json()["error"]
+    r = client.post("/admin/collections/default/activate", json={"version": "v5-named"}, headers=admin)
+    assert r.status_code == 409 and "holds the encoder 'small'" in r.json()["error"], r.text
+    assert "redeploy" in r.json()["error"]
     r = client.post("/admin/collections/default/activate", json={"version": "v9"}, headers=admin)
     assert r.status_code == 404 and "published: v1, v2" in r.json()["error"]
     assert client.post("/admin/collections/default/activate", json={"version": "../../etc"},

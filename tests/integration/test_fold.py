@@ -72,7 +72,9 @@ def _rows_by_chunk(version_dir):
     return rows, vectors
 
 
-@pytest.fixture(scope="module", params=["flat", "hnsw"])
+# HNSW is the path with most to check (appended to, dead ids kept); flat (made again from the vectors) is
+# `make test-slow`, and every other fold test folds flat shards.
+@pytest.fixture(scope="module", params=[pytest.param("flat", marks=pytest.mark.slow), "hnsw"])
 def folded(request, ray_local, tmp_path_factory):
     kind = request.param
     folder = tmp_path_factory.mktemp(f"fold-{kind}")

@@ -19,7 +19,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStore
-from pydantic import ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from raysearch_client.calls import SearchServiceError
 from raysearch_client.connection import Connection, check_fields, result_metadata, search_request
@@ -38,8 +38,6 @@ class RaySearchRetriever(BaseRetriever):
     """The service's ranked chunks for a query, best first: ``k`` of them (a call's ``k=`` keyword wins), searched
     with ``search_kwargs`` (any field of ``POST /search``: method, filters, collections, rerank, group_by, ...) and
     a call's other keywords on top."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     url: str = "http://127.0.0.1:8000"
     api_key: str | None = None

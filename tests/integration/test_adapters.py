@@ -5,12 +5,15 @@ examples, run as written.
 
 One app serves two collections: ``default``, a small readable corpus the retrievers search, and ``store``, the
 vector store's, emptied when the app starts (its one built document deleted through the API) and emptied again
-after each standard test (what the test wrote, found by searching the store for everything)."""
+after each standard test (what the test wrote, found by searching the store for everything). No test may open a
+connection beyond this machine: the frameworks (LLM defaults, telemetry, downloads) must reach nothing but the
+service."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,7 @@ PORT = 18263
 URL = f"http://127.0.0.1:{PORT}"
 README = (Path(__file__).parents[2] / "README.md").read_text()
 QUERY = "compress a file with gzip"
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 # What README's examples search: a few modules' documentation, with the metadata they filter on.
 DOCS = [
@@ -78,6 +82,24 @@ def served(ray_local, tmp_path_factory):
         yield client
     serve.delete("adapters")
     serve.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def loopback_only(monkeypatch):
+    """Every connection a test's process opens to another machine is refused and recorded (a framework's background
+    thread may swallow the refusal: the record fails the test)."""
+    left: list = []
+    connect = socket.socket.connect
+
+    def guarded(sock, address):
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in LOOPBACK:
+            left.append(address)
+            raise ConnectionRefusedError(f"tests/integration/test_adapters.py: no connection to {address}")
+        return connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+    yield
+    assert left == [], f"connections beyond this machine: {left}"
 
 
 def expected(client: SearchClient, query: str = QUERY, **fields):

@@ -19,7 +19,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStore
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
 from raysearch_client.calls import SearchServiceError
 from raysearch_client.connection import Connection, check_fields, result_metadata, search_request
@@ -40,7 +40,7 @@ class RaySearchRetriever(BaseRetriever):
     a call's other keywords on top."""
 
     url: str = "http://127.0.0.1:8000"
-    api_key: str | None = None
+    api_key: SecretStr | None = None
     k: int = Field(4, ge=1, le=100, description="Results to return (the request's limit).")
     search_kwargs: dict[str, Any] = Field(default_factory=dict, description="Fields of POST /search.")
     timeout_s: float = 60.0
@@ -52,7 +52,8 @@ class RaySearchRetriever(BaseRetriever):
         return check_fields(value)
 
     def model_post_init(self, context: Any) -> None:
-        self._connection = Connection(self.url, self.api_key, self.timeout_s)
+        key = self.api_key.get_secret_value() if self.api_key is not None else None
+        self._connection = Connection(self.url, key, self.timeout_s)
 
     def _documents(self, page: SearchResponse) -> list[Document]:
         return [chunk_document(r) for r in page.results]
@@ -82,8 +83,8 @@ class RaySearchVectorStore(VectorStore):
 
     A search answers documents, not chunks: grouped by ``doc_id`` (``k`` documents), each with the text of its
     best chunk (the whole text of a document that fits one chunk), its id and its metadata as written; scores
-    are ``relevance_score``, in [0, 1], higher is better. ``search_kwargs`` (fields of ``POST /search``) apply
-    to every search, a call's keywords on top, ``filter`` being ``filters``.
+    are ``relevance_score``, in [0, 1], higher is better; ``k`` is at most 100 (the API's limit). ``search_kwargs``
+    (fields of ``POST /search``) apply to every search, a call's keywords on top, ``filter`` being ``filters``.
     """
 
     def __init__(self, url: str = "http://127.0.0.1:8000", collection: str = "default", api_key: str | None = None,

@@ -166,6 +166,16 @@ def test_a_misspelt_search_field_fails_before_anything_is_sent():
         rs_langchain.RaySearchRetriever(url="http://127.0.0.1:9").invoke(QUERY, k=1000)
 
 
+def test_each_adapter_sends_its_key_and_keeps_it_out_of_what_it_shows():
+    adapters = [rs_langchain.RaySearchRetriever(url=URL, api_key="rsk_secret"),
+                rs_langchain.RaySearchVectorStore(URL, api_key="rsk_secret"),
+                rs_llamaindex.RaySearchRetriever(URL, api_key="rsk_secret"),
+                rs_haystack.RaySearchRetriever(url=URL, api_key="rsk_secret")]
+    for adapter in adapters:
+        assert adapter._connection.sync.http.headers["authorization"] == "Bearer rsk_secret"
+    assert "rsk_secret" not in repr(adapters[0]) and "rsk_secret" not in str(adapters[3].to_dict())
+
+
 def test_the_vector_store_searches_documents_and_scores_them_in_0_1(served):
     store = rs_langchain.RaySearchVectorStore.from_texts(
         ["gzip streams large files now", "tarfile reads xz archives", "zipfile writes zip64 archives"],
@@ -178,6 +188,9 @@ def test_the_vector_store_searches_documents_and_scores_them_in_0_1(served):
                                                                                            reverse=True)
         assert {d.id for d in store.similarity_search("archives", k=3, filter={"kind": "notes"})} == {"n1", "n2"}
         assert [d.id for d in store.as_retriever(search_kwargs={"k": 1}).invoke("zip64")] == ["n3"]
+        assert store.similarity_search_with_relevance_scores("xz archives", k=3) == scored  # already in [0, 1]
+        diverse = store.max_marginal_relevance_search("archives", k=2, fetch_k=10, lambda_mult=0.5)
+        assert len(diverse) == 2 and {d.id for d in diverse} <= {"n1", "n2", "n3"}
         assert [d.metadata for d in store.get_by_ids(["n3", "missing", "n1"])] == [{"kind": "other", "n": 3},
                                                                                  {"kind": "notes", "n": 1}]
     finally:

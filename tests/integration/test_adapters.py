@@ -4,7 +4,7 @@ component inside a ``Pipeline``, each answering what the client's ``search`` ans
 examples, run as written.
 
 One app serves two collections: ``default``, a small readable corpus the retrievers search, and ``store``, the
-vector store's, emptied when the app starts (its one built document deleted through the API) and emptied again
+vector store's: a copy of the first, emptied when the app starts (its documents deleted through the API) and again
 after each standard test (what the test wrote, found by searching the store for everything). No test may open a
 connection beyond this machine: the frameworks (LLM defaults, telemetry, downloads) must reach nothing but the
 service."""
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import socket
 from pathlib import Path
 
@@ -68,17 +69,14 @@ def served(ray_local, tmp_path_factory):
     corpus = write_jsonl(folder / "corpus.jsonl", [
         {"id": name, "title": name, "text": text, "metadata": {"kind": kind, "module": name.split(".")[0]}}
         for name, kind, text in DOCS])
-    seed = write_jsonl(folder / "store.jsonl", [{"id": "seed", "text": "a document the store starts without",
-                                                   "metadata": {"kind": "seed"}}])
-    roots = {}
-    for name, path in (("default", corpus), ("store", seed)):
-        build_index(BuildConfig(corpus=path, out=folder / name, shards=1, encoder="hashing:32", progress=False))
-        roots[name] = {"index": str(folder / name)}
+    build_index(BuildConfig(corpus=corpus, out=folder / "default", shards=1, encoder="hashing:32", progress=False))
+    shutil.copytree(folder / "default", folder / "store")  # a second build would cost seconds; a copy, nothing
+    roots = {name: {"index": str(folder / name)} for name in ("default", "store")}
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     serve.run(build_app({"collections": roots, "router": {"shard_timeout_s": 10}}), name="adapters",
               route_prefix="/", blocking=False)
     with SearchClient(URL) as client:
-        client.delete_documents("store", ["seed"])  # the vector store's collection, empty
+        client.delete_documents("store", [name for name, _, _ in DOCS])  # the vector store's collection, empty
         yield client
     serve.delete("adapters")
     serve.shutdown()

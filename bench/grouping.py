@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<16} {figures[name]}", flush=True)
     write_record(args.out, {"bench": "grouping", "machine": machine(),
                             "config": {"index": str(args.index) if args.index else None, "url": args.url,
-                                       "path": "in process" if args.index else "HTTP", "data": str(args.data), "method": args.method,
-                                       "limit": args.limit, "queries": len(queries)},
+                                       "path": "in process" if args.index else "HTTP", "data": str(args.data),
+                                       "method": args.method, "limit": args.limit, "queries": len(queries)},
                             "figures": figures})
     return 0
 

@@ -29,16 +29,17 @@ print(json.dumps({"file": raysearch_client.__file__, "loaded": [m for m, v in sy
 
 
 def test_the_client_imports_without_the_server_any_framework_or_fcntl(tmp_path):
-    answer = imported(tmp_path, [*SERVER_SIDE, *FRAMEWORKS.values()], "raysearch_client.models, raysearch_client.events")
+    blocked = [*SERVER_SIDE, *FRAMEWORKS.values()]
+    answer = imported(tmp_path, blocked, "raysearch_client.models, raysearch_client.events")
     assert answer["file"] == str(CLIENT / "raysearch_client" / "__init__.py")
-    assert [m for m in answer["loaded"] if m.split(".")[0] in [*SERVER_SIDE, *FRAMEWORKS.values()]] == []
+    assert [m for m in answer["loaded"] if m.split(".")[0] in blocked] == []
 
 
 def imported(cwd, blocked: list[str], modules: str) -> dict:
     code = CODE.replace("BLOCKED", repr(blocked)).replace("raysearch_client.models, raysearch_client.events", modules)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd,
-                          env={"PYTHONPATH": str(CLIENT), "PATH": "/usr/bin:/bin", "HAYSTACK_TELEMETRY_ENABLED": "False"},
-                          timeout=120)
+                          env={"PYTHONPATH": str(CLIENT), "PATH": "/usr/bin:/bin",
+                               "HAYSTACK_TELEMETRY_ENABLED": "False"}, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
 

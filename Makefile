@@ -13,6 +13,8 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export OPENAI_API_KEY ?= unused
 export TOKENIZERS_PARALLELISM := false
+# No usage events from Haystack (the client's haystack adapter) to its vendor.
+export HAYSTACK_TELEMETRY_ENABLED := False
 
 # pip 23 prints a harmless warning per missing local index folder; keep real errors visible.
 PIP_QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }

@@ -17,6 +17,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("OPENAI_API_KEY", "unused")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Haystack (the client's adapter tests) would send usage events to its vendor at a pipeline's first run.
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
 
 def _free_port() -> int:

@@ -63,11 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--held-out-from", type=Path, default=None,
                     help="a trained model folder whose training.json (or ranker.json) lists held-out query ids: judge "
                          "only those")
+    ap.add_argument("--ranking-models", nargs="*", default=[], metavar="ID",
+                    help="ranking models published under each --index root, each scored over the same queries as "
+                         "if it were active (a row each), beside the active one")
     ap.add_argument("--out", type=Path, default=Path("bench/results/learned.json"))
     args = ap.parse_args(argv)
 
     from deployments.config import RouterSettings
     from deployments.search.inprocess import InProcessReranker, inprocess_pipeline
+    from relevance.rankers import load_model
 
     queries, qrels = load_beir(args.data / args.dataset, args.test_split)
     if args.held_out_from is not None:
@@ -101,14 +105,19 @@ def main(argv: list[str] | None = None) -> int:
                        "seconds": round(time.perf_counter() - t, 1)}
                 record["rows"].append(row)
                 print(row, flush=True)
-        if "default" in pipeline.models:  # the root's active ranking model, over the same queries
+        active = pipeline.models.get("default")
+        others = [load_model(path, m)[1] for m in args.ranking_models if active is None or m != active.id]
+        for model in ([active] if active is not None else []) + others:  # each as if active, the same queries
+            pipeline.models["default"] = model
             t = time.perf_counter()
             ranked, _ = run_queries(pipeline, queries, rerank=False, ranking_model=True)
             row = {"index": label, "path": path, "method": "hybrid", "candidates": "default", "rerank_depth": 0,
-                   "ranking_model": pipeline.models["default"].id, "queries": len(queries),
+                   "ranking_model": model.id, "active": model is active, "queries": len(queries),
                    **evaluate(ranked, {q: qrels[q] for q in queries}), "seconds": round(time.perf_counter() - t, 1)}
             record["rows"].append(row)
             print(row, flush=True)
+        if active is not None:
+            pipeline.models["default"] = active
         run, _ = run_queries(pipeline, queries, rerank=False, ranking_model=False)
         if scorer is None:
             continue
@@ -127,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| index | method | candidates | rerank depth | queries | nDCG@10 | R@100 | rerank ms/query |\n"
           "|---|---|---|---|---|---|---|---|")
     for r in record["rows"]:
-        print(f"| {r['index']} | {r['method']}{' + ranking model' if r.get('ranking_model') else ''} | {r['candidates']} | {r['rerank_depth'] or '-'} | {r['queries']} | "
+        print(f"| {r['index']} | {r['method']}{' + ranking model ' + r['ranking_model'] if r.get('ranking_model') else ''} | {r['candidates']} | {r['rerank_depth'] or '-'} | {r['queries']} | "
               f"{r['nDCG@10']:.4f} | {'-' if r['R@100'] is None else format(r['R@100'], '.4f')} | "
               f"{r.get('rerank_ms_per_query', '-')} |")
     return 0

@@ -3,7 +3,8 @@
 A collection's writes land in its change log (``index_format.change_log``); each router replica reads the log
 and keeps what it holds here, in memory: every live document chunked as the build chunks it
 (``index_format.chunking``, with the version's chunk size, overlap and title rule), its chunks embedded by the
-collection's query encoder (the build's model), and their terms analyzed by Lucene's own analyzer. The pipeline
+collection's query encoder (the build's model) and by that of each named encoder the version holds, and their
+terms analyzed by Lucene's own analyzer. The pipeline
 searches it as one more shard, exactly (every chunk scored on both legs), with the request's filters and ACL,
 and drops from the version's answers every document the segment replaces or deletes (``masked``).
 
@@ -60,6 +61,7 @@ class _Doc:
     rows: list[dict] = field(default_factory=list)
     vectors: np.ndarray | None = None
     terms: dict[str, list[Counter]] = field(default_factory=dict)  # Lucene field -> each row's analyzed terms
+    named: dict[str, np.ndarray] = field(default_factory=dict)  # named encoder -> its vectors of the rows
     at: list[int] = field(default_factory=list)  # its rows' positions in the segment's arrays
 
 
@@ -118,10 +120,13 @@ class FreshSegment:
     size = 0  # not a shard of the version: coverage counts the version's shards
 
     def __init__(self, name: str, chunking: Chunking, corpus: Corpus, analyze: Callable[[str], list[str]],
-                 dimension: int, log_seq: int = 0, fields: Mapping[str, Corpus] | None = None):
+                 dimension: int, log_seq: int = 0, fields: Mapping[str, Corpus] | None = None,
+                 named: Mapping[str, int] | None = None):
         """``corpus``: the version's statistics of ``contents``; ``fields``: those of its Lucene fields beside it
-        (chunk-row keys, e.g. ``title``; none in a version built before fields)."""
+        (chunk-row keys, e.g. ``title``; none in a version built before fields); ``named``: the dimension of each
+        named encoder the version holds."""
         self.name, self.chunking, self.corpus, self.analyze, self.dimension = name, chunking, corpus, analyze, dimension
+        self.named_dimensions: dict[str, int] = dict(named or {})
         self.corpora: dict[str, Corpus] = {CONTENTS: corpus} | dict(fields or {})
         self.docs: dict[str, _Doc] = {}
         self.in_version: set[str] = set()  # masked documents the version was seen to answer for (retrieval adds)
@@ -139,7 +144,7 @@ class FreshSegment:
             raise ValueError("a segment carries writes forward only; an earlier version replays the log")
         for doc_id, held in sorted(self.docs.items(), key=lambda item: item[1].seq):
             if held.seq > other.log_seq:
-                copy = _Doc(held.seq, held.document, held.rows, held.vectors, dict(held.terms))
+                copy = _Doc(held.seq, held.document, held.rows, held.vectors, dict(held.terms), dict(held.named))
                 if copy.document is not None:
                     other._add(copy)
                 other.docs[doc_id] = copy
@@ -161,8 +166,10 @@ class FreshSegment:
             out.append((doc.doc_id, rows, texts))
         return out
 
-    def apply(self, change: Change, embedded: dict[str, np.ndarray]) -> bool:
-        """Apply one change (its documents' chunks embedded already: doc id -> vectors, from ``chunk``), once:
+    def apply(self, change: Change, embedded: dict[str, np.ndarray],
+              named: Mapping[str, dict[str, np.ndarray]] | None = None) -> bool:
+        """Apply one change (its documents' chunks embedded already: doc id -> vectors, from ``chunk``; ``named``:
+        the same under each named encoder), once:
         a change at or before the last applied sequence number is skipped (False). Costs what the change holds:
         new rows are appended, a replaced or deleted document's rows are marked dead (and compacted away once
         they outnumber the live ones)."""
@@ -180,7 +187,8 @@ class FreshSegment:
             self._drop(doc_id)
             terms = {CONTENTS: [Counter(self.analyze(t)) for t in texts]}
             terms |= {f: [Counter(self.analyze(r.get(f) or "")) for r in rows] for f in self.corpora if f != CONTENTS}
-            held = _Doc(change.seq, document, rows, embedded[doc_id], terms)
+            held = _Doc(change.seq, document, rows, embedded[doc_id], terms,
+                        {n: vectors[doc_id] for n, vectors in (named or {}).items()})
             self._add(held)
             self.docs[doc_id] = held
         self.applied_seq = change.seq
@@ -196,6 +204,7 @@ class FreshSegment:
         self.live = 0
         self.row_of: dict[str, int] = {}  # chunk id -> its live row
         self.matrix = np.zeros((0, self.dimension), dtype=np.float32)
+        self.named = {n: np.zeros((0, d), dtype=np.float32) for n, d in self.named_dimensions.items()}
         self.postings = {f: _Postings() for f in self.corpora}  # Lucene field -> its lengths and postings
         self._metadata: MetadataTable | None = None
         for held in self.docs.values():
@@ -212,6 +221,13 @@ class FreshSegment:
         self.live += len(held.rows)
         if held.vectors is not None and len(held.vectors):
             self.matrix = np.concatenate([self.matrix, np.asarray(held.vectors, dtype=np.float32)])
+        for name, matrix in self.named.items():
+            # NaN rows for a document embedded before its segment's version held this encoder (carried over from the
+            # segment of a version without it): no cosine, so neither found by that leg nor given the feature.
+            vectors = held.named.get(name)
+            if vectors is None or len(vectors) != len(held.rows):
+                vectors = np.full((len(held.rows), matrix.shape[1]), np.nan, dtype=np.float32)
+            self.named[name] = np.concatenate([matrix, np.asarray(vectors, dtype=np.float32)])
         for name, postings in self.postings.items():
             if name not in held.terms:  # carried over from a segment of a version without this field
                 held.terms[name] = [Counter(self.analyze(r.get(name) or "")) for r in held.rows]
@@ -296,10 +312,11 @@ class FreshSegment:
             answer.filter_error = str(e)
             return answer
         rows = np.flatnonzero(self.alive) if allowed is None else allowed[self.alive[allowed]]
-        # Written documents are embedded with the version's own encoder only: a dense leg under a named encoder
-        # finds them once a fold put them in a version (their BM25 leg finds them at once).
-        if query.dense and query.encoder is None and len(rows):
-            answer.dense = self._top(rows, self.matrix[rows] @ np.asarray(query.vector, dtype=np.float32), query.k_dense)
+        if query.dense and len(rows) and (query.encoder is None or query.encoder in self.named):
+            matrix = self.matrix if query.encoder is None else self.named[query.encoder]
+            scores = matrix[rows] @ np.asarray(query.vector, dtype=np.float32)
+            embedded = ~np.isnan(scores)
+            answer.dense = self._top(rows[embedded], scores[embedded], query.k_dense)
         if query.keyword and len(rows):
             keyword = self._bm25(query.text, query.field_weights)[rows]
             held = keyword > 0
@@ -335,6 +352,10 @@ class FreshSegment:
             out["term_coverage"][at], out["idf_coverage"][at] = coverage(masks, idf, len(rows))
         if query.vector is not None and query.wants("dense"):
             out["dense"][at] = self.matrix[rows] @ np.asarray(query.vector, dtype=np.float32)
+        for name, vector in query.vectors.items():
+            if name in self.named and query.wants(f"dense_{name}"):
+                column = out.setdefault(f"dense_{name}", np.full(n, np.nan, dtype=np.float32))
+                column[at] = self.named[name][rows] @ np.asarray(vector, dtype=np.float32)
         held = [self.rows[r] for r in rows]
         out["length"][at] = words([r["text"] for r in held])
         out["title_length"][at] = words([r["title"] for r in held])

@@ -31,8 +31,12 @@ log = logging.getLogger(__name__)
 
 
 class CollectionDocuments:
-    def __init__(self, name: str, root: str | Path, segment: FreshSegment, encoder: EncoderClient):
+    def __init__(self, name: str, root: str | Path, segment: FreshSegment, encoder: EncoderClient,
+                 named: dict[str, EncoderClient] | None = None):
+        """``named``: the query encoders of the named encoders deployed for the collection; a segment is embedded
+        with those its version holds."""
         self.name, self.root, self.segment, self.encoder = name, root, segment, encoder
+        self.named = dict(named or {})
         # Beside the versions of a folder root; in the store for a root in object storage (any node writes it).
         self.log = open_change_log(root, after=segment.log_seq)  # the version holds the rest
         self.pending: list[Change] = []
@@ -54,15 +58,19 @@ class CollectionDocuments:
         todo = [c for c in changes if c.seq > segment.applied_seq]  # the version or the segment holds the rest
         pieces = [(change, segment.chunk(change)) for change in todo]
         texts = [t for _, parts in pieces for _, _, ts in parts for t in ts]
-        vectors = list(await self.encoder.embed_documents(texts)) if texts else []
+        names = [n for n in segment.named_dimensions if n in self.named]
+        encoders = [self.encoder, *(self.named[n] for n in names)]
+        every = await asyncio.gather(*(e.embed_documents(texts) for e in encoders)) if texts else [[]] * len(encoders)
+        dimensions = [segment.dimension, *(segment.named_dimensions[n] for n in names)]
         at = 0
         for change, parts in pieces:
-            embedded = {}
+            embedded: list[dict[str, np.ndarray]] = [{} for _ in encoders]
             for doc_id, _, ts in parts:
-                embedded[doc_id] = (np.stack(vectors[at:at + len(ts)]).astype(np.float32) if ts
-                                    else np.zeros((0, segment.dimension), dtype=np.float32))
+                for out, vectors, dimension in zip(embedded, every, dimensions, strict=True):
+                    out[doc_id] = (np.stack(list(vectors[at:at + len(ts)])).astype(np.float32) if ts
+                                   else np.zeros((0, dimension), dtype=np.float32))
                 at += len(ts)
-            segment.apply(change, embedded)
+            segment.apply(change, embedded[0], dict(zip(names, embedded[1:], strict=True)))
 
     async def rebase(self, version_dir: Path) -> FreshSegment:
         """The segment to search beside another version (a switch, a fold's activation, a rollback): the writes
@@ -154,11 +162,11 @@ class CollectionDocuments:
                     done.set_result((change, live))
 
 
-def open_documents(name: str, root: str | Path, version_dir: Path, encoder: EncoderClient, dimension: int
-                   ) -> CollectionDocuments:
+def open_documents(name: str, root: str | Path, version_dir: Path, encoder: EncoderClient, dimension: int,
+                   named: dict[str, EncoderClient] | None = None) -> CollectionDocuments:
     """A collection's documents API over the index root ``root``, its segment searched beside the version at
-    ``version_dir`` (``new_segment``)."""
-    return CollectionDocuments(name, root, new_segment(name, version_dir, dimension), encoder)
+    ``version_dir`` (``new_segment``); ``named``: the query encoders of its named encoders."""
+    return CollectionDocuments(name, root, new_segment(name, version_dir, dimension), encoder, named)
 
 
 def new_segment(name: str, version_dir: Path, dimension: int) -> FreshSegment:
@@ -199,4 +207,4 @@ def new_segment(name: str, version_dir: Path, dimension: int) -> FreshSegment:
 
     fields = {name: corpus(name) for name in extra_fields(version_dir / "bm25")}
     return FreshSegment(name, Chunking.of(manifest.build_config), corpus(CONTENTS_FIELD), analyze, dimension,
-                        manifest.log_seq, fields)
+                        manifest.log_seq, fields, {n: e.dimension for n, e in manifest.encoders.items()})

@@ -89,7 +89,8 @@ class SearchRouter:
         # Documents written through the API, per collection that follows an index root (a pinned version is
         # read-only): their change log beside the versions, and the fresh segment searched beside the version.
         documents = {name: open_documents(name, d.root, version_dir(d.root, collections[name].version),
-                                         d.encoder, d.dimension) for name, d in deployed.items() if d.root is not None}
+                                         d.encoder, d.dimension, {n: client for n, (_, client) in d.named.items()})
+                     for name, d in deployed.items() if d.root is not None}
         shards = {name: [shard_client(slot, handle, collections[name].version, names) for slot, handle, names in d.slots]
                   for name, d in deployed.items()}
         fields = await asyncio.gather(*(fields_of(shards[name]) for name in deployed))

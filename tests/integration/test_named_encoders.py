@@ -12,17 +12,21 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from deployments.documents.service import open_documents
 from deployments.edge.schemas import SearchRequest
 from deployments.errors import InvalidRequest
-from deployments.search.inprocess import inprocess_pipeline
+from deployments.search.inprocess import InProcessEncoder, inprocess_pipeline
+from deployments.shard.features import FeatureQuery
+from deployments.shard.query import ShardQuery
 from index_build.add_encoder import add_encoder
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_build.fold import fold
 from index_build.tables import contents_of
-from index_format.change_log import CHANGES_DIR, ChangeLog
+from index_format.change_log import CHANGES_DIR, Change, ChangeLog
 from index_format.encoders import HashingEncoder
 from index_format.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, IndexMismatch, encoder_dir
+from index_format.prompts import EncoderSpec
 from index_format.versions import active_version, read_version_manifest, verify_version
 from tests.conftest import make_corpus, write_jsonl
 from tests.waiting import wait_until
@@ -156,6 +160,26 @@ def test_a_fold_embeds_written_documents_with_every_encoder(root):
     assert any(c.startswith("n001#") for c in stored) and not any(c.startswith("d007#") for c in stored)
     for cid, vector in oracle.items():
         np.testing.assert_allclose(stored[cid], vector, atol=1e-6, err_msg=cid)
+
+
+def test_written_documents_are_embedded_with_every_encoder(root):
+    """The fresh segment of a version holding a named encoder: a written document's chunks get that encoder's
+    vectors at once, so its dense leg and its cosine feature find them before any fold."""
+    version_dir = version_of(root["root"], root["added"].version)
+    manifest = read_version_manifest(version_dir)
+    docs = open_documents("default", root["root"], version_dir, InProcessEncoder(EncoderSpec.of(manifest)), 32,
+                          {"small": InProcessEncoder(manifest.encoders["small"].spec)})
+    change = Change(1, [{"id": "fresh-1", "title": "zebra", "text": "a zebra crossed the savanna at dusk " * 12,
+                         "metadata": {}}])
+    asyncio.run(docs._apply([change]))
+    ids = [r["chunk_id"] for _, rows, _ in docs.segment.chunk(change) for r in rows]
+    texts = [t for *_, ts in docs.segment.chunk(change) for t in ts]
+    oracle = dict(zip(ids, HashingEncoder(16).encode(texts, prompt="passage: "), strict=True))
+    query = HashingEncoder(16).encode(["zebra savanna"])[0]
+    got = asyncio.run(docs.segment.search(ShardQuery(vector=query, k_dense=10, encoder="small")))
+    assert dict(got.dense) == pytest.approx({c: float(v @ query) for c, v in oracle.items()}, abs=1e-5)
+    features = asyncio.run(docs.segment.features(FeatureQuery("zebra savanna", ids, None, None, {"small": query})))
+    np.testing.assert_allclose(features["dense_small"], [oracle[c] @ query for c in ids], atol=1e-5)
 
 
 PORT = 18273

@@ -154,3 +154,27 @@ def test_the_versions_command_takes_a_url(builds, capsys):
     assert [line.split()[1] for line in capsys.readouterr().out.splitlines()] == ["v1", "v2", "v1", "v2"]
     assert versions_main(["verify", url, "v1"]) == 0 and "v1: 3 shards verified" in capsys.readouterr().out
     assert versions_main(["activate", url, "nope"]) == 1 and "no such version" in capsys.readouterr().err
+
+
+def test_an_encoder_added_to_a_root_in_object_storage_is_published_there(builds):
+    """``add_encoder`` on a URL: the base fetched to this node's cache, the new version uploaded beside it (only its
+    encoder's files are new bytes), its vectors the encoder's own, the active version left alone when asked."""
+    from index_build.add_encoder import add_encoder
+    from index_build.tables import contents_of
+    from index_format.encoders import HashingEncoder
+    from index_format.manifest import encoder_dir
+    from index_format.versions import verify_published, version_dir
+
+    url = builds["url"]
+    live = active_version(url)
+    added = add_encoder(url, "small", "hashing:16", base="v2", version="v2-small", do_activate=False,
+                        progress=False)
+    assert added.embedded == added.chunks > 0
+    assert "v2-small" in list_versions(url) and active_version(url) == live
+    manifest = verify_published(url, "v2-small")
+    assert manifest.encoders["small"].encoder == "hashing:16"
+    folder = version_dir(url, "v2-small", shards=None)
+    for shard in manifest.shards:
+        table = pq.read_table(folder / "shards" / shard / CHUNKS_FILE)
+        stored = np.load(folder / "shards" / shard / encoder_dir("small") / EMBEDDINGS_FILE)
+        np.testing.assert_allclose(stored, HashingEncoder(16).encode(contents_of(table, True)), atol=1e-6)

@@ -39,7 +39,6 @@ from index_format.manifest import (
     NamedEncoder,
     VersionManifest,
     checked_encoder_name,
-    checksum_tree,
     code_version,
     encoder_dir,
     now_iso,
@@ -57,9 +56,11 @@ from index_format.versions import (
     version_dir,
 )
 
-from .reuse import link_shard, text_key
+from .reuse import link_shard, linked_checksums, text_key
 from .tables import contents_of
 from .target import Target
+
+BLOCK = 512  # chunks embedded per call (the progress bar's step)
 
 
 @dataclass
@@ -232,25 +233,28 @@ def _add_encoder(root, name, encoder, base, version, query_prompt, document_prom
         contents = _shard_contents(source, prepend_title)
         vectors, found = _reused([text_key(t) for t in contents], holders, prepend_title, summary.reused_from, seen)
         todo = np.flatnonzero(~found)
-        if len(todo):
-            t = time.perf_counter()
+        bar.update(len(contents) - len(todo))
+        t = time.perf_counter()
+        for start in range(0, len(todo), BLOCK):  # a block at a time, so the bar moves
+            rows = todo[start:start + BLOCK]
             model = model or load_encoder(spec.model)
-            fresh = model.encode([contents[i] for i in todo], batch_size, spec.document_prompt).astype(np.float32)
+            fresh = model.encode([contents[i] for i in rows], batch_size, spec.document_prompt).astype(np.float32)
             if vectors is None:
                 vectors = np.zeros((len(contents), fresh.shape[1]), dtype=np.float32)
-            vectors[todo] = fresh
-            embed_s += time.perf_counter() - t
+            vectors[rows] = fresh
+            bar.update(len(rows))
+        embed_s += time.perf_counter() - t
         if vectors is None:  # an empty shard: the model says its dimension
             model = model or load_encoder(spec.model)
             vectors = np.zeros((0, model.dimension), dtype=np.float32)
         summary.chunks += len(contents)
         summary.embedded += len(todo)
         summary.reused += len(contents) - len(todo)
-        bar.update(len(contents))
         entry = write_encoder_files(target, name, spec, vectors, c)
         entries[shard] = entry
         old = read_shard_manifest(source)
-        body = old.model_copy(update={"encoders": old.encoders | {name: entry}, "checksums": checksum_tree(target)})
+        body = old.model_copy(update={"encoders": old.encoders | {name: entry},
+                                      "checksums": linked_checksums(target, source, old.checksums, {})})
         write_json_atomic(target / MANIFEST, body.model_dump(mode="json"))
     bar.close()
     dimension = next(iter(entries.values())).dimension if entries else 0

@@ -89,7 +89,7 @@ from index_format.versions import (
     version_dir,
 )
 
-from .reuse import link_shard
+from .reuse import link_shard, linked_checksums
 from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, ROW_GROUP
 from .target import Target
 
@@ -313,7 +313,7 @@ def fold_shard(base_shard: str, shard_dir: str, part: str, build_key: str, build
     written = {DOCUMENTS_FILE: docs_sum, CHUNKS_FILE: chunks_sum, EMBEDDINGS_FILE: vectors_sum} | faiss_sums
     body = ShardManifest(shard=old.shard, num_shards=old.num_shards, build_key=build_key,
                          **encoder_fields(EncoderSpec.of(old), old.dimension), metric=old.metric, faiss=faiss_info, counts=counts, lucene=lucene, encoders=encoders,
-                         checksums=_checksums(folder, base, old.checksums, written), build_config=old.build_config,
+                         checksums=linked_checksums(folder, base, old.checksums, written), build_config=old.build_config,
                          code_version=code_version(), created=now_iso())
     write_json_atomic(folder / MANIFEST, body.model_dump(mode="json"))
     return {"shard": old.shard, "counts": counts, "rebuilt_faiss": rebuilt,
@@ -419,26 +419,6 @@ def _runs(rows: np.ndarray) -> list[tuple[int, int]]:
     starts = np.concatenate([[0], breaks])
     ends = np.concatenate([breaks, [len(rows)]])
     return [(int(rows[a]), int(rows[b - 1]) + 1) for a, b in zip(starts, ends, strict=True)]
-
-
-def _checksums(folder: Path, base: Path, base_sums: dict[str, str], written: dict[str, str]) -> dict[str, str]:
-    """Every file's checksum: ``written`` (taken as they were written); a file that is still a hard link to the
-    base's has the base's (verified when the base was published, and never written since: versions are
-    immutable); the others (Lucene's new files) are read."""
-    out = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = Path(root) / name
-            rel = path.relative_to(folder).as_posix()
-            if rel == MANIFEST:
-                continue
-            if rel in written:
-                out[rel] = written[rel]
-                continue
-            source = base / rel
-            same = rel in base_sums and source.exists() and os.stat(source).st_ino == os.stat(path).st_ino
-            out[rel] = base_sums[rel] if same else sha256_file(path)
-    return dict(sorted(out.items()))
 
 
 # ---------------------------------------------------------------- the workers

@@ -32,7 +32,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from index_format.manifest import MANIFEST, IndexMismatch, VersionManifest
+from index_format.manifest import MANIFEST, IndexMismatch, VersionManifest, sha256_file
 from index_format.prompts import EncoderSpec
 from index_format.store import is_remote
 from index_format.versions import active_version, list_versions, read_version_manifest, versions_dir
@@ -177,3 +177,23 @@ def link_shard(donor: Path, target: Path) -> None:
             os.link(path, dest)
         except OSError:
             shutil.copy2(path, dest)
+
+
+def linked_checksums(folder: Path, base: Path, base_sums: dict[str, str], written: dict[str, str]) -> dict[str, str]:
+    """Every file's checksum in a shard folder made from ``base``'s by ``link_shard`` and then partly written:
+    ``written`` (taken as they were written); a file that is still a hard link to the base's has the base's (verified when the base was published, and never written since: versions are
+    immutable); the others (Lucene's new files) are read."""
+    out = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = Path(root) / name
+            rel = path.relative_to(folder).as_posix()
+            if rel == MANIFEST:
+                continue
+            if rel in written:
+                out[rel] = written[rel]
+                continue
+            source = base / rel
+            same = rel in base_sums and source.exists() and os.stat(source).st_ino == os.stat(path).st_ino
+            out[rel] = base_sums[rel] if same else sha256_file(path)
+    return dict(sorted(out.items()))

@@ -49,9 +49,12 @@ def root(ray_local, tmp_path_factory):
     return folder / "index"
 
 
-# Shards in deployments (2 replicas each, which Serve's multiplexing keeps versions on), and in the router.
+# Shards in deployments (2 replicas each, which Serve's multiplexing keeps versions on), and in the router (`make
+# test-slow`; the default placement, auto, holds one replica's shards in the router, and test_builds_api switches
+# versions there).
 @pytest.fixture(scope="module", params=[{"shards": {"num_replicas": 2, "num_cpus": 0.1}},
-                                        {"shards": {"placement": "router"}}], ids=["deployment", "router"])
+                                        pytest.param({"shards": {"placement": "router"}}, marks=pytest.mark.slow)],
+                ids=["deployment", "router"])
 def served(root, request):
     from ray import serve
 

@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -61,6 +62,7 @@ from .tables import contents_of
 from .target import Target
 
 BLOCK = 512  # chunks embedded per call (the progress bar's step)
+VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # as a build's --version
 
 
 @dataclass
@@ -199,6 +201,11 @@ def _add_encoder(root, name, encoder, base, version, query_prompt, document_prom
     from index_format.encoders import load_encoder
 
     t0 = time.perf_counter()
+    if version is not None and not VERSION_NAME.match(version):
+        raise ValueError(f"version name {version!r} is not valid: a letter or digit, then letters, digits, '.', '_' "
+                         "or '-' (at most 64)")
+    if version is not None and version in list_versions(root):
+        raise ValueError(f"index version {version!r} already exists under {root}; pick another --version")
     dest = Target.open(root)
     base = base or (dest.active_at_start[0] if dest.remote else None) or _active(root)
     base_dir = version_dir(root, base, shards=None)

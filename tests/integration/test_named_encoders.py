@@ -104,6 +104,10 @@ def test_vectors_are_reused_by_text_and_names_are_checked(root):
         add_encoder(root["root"], "small", "hashing:8", progress=False)
     with pytest.raises(ValueError, match="not valid"):
         add_encoder(root["root"], "Dense_2", "hashing:8", progress=False)
+    with pytest.raises(ValueError, match="already exists"):
+        add_encoder(root["root"], "other", "hashing:8", version=again.version, progress=False)
+    with pytest.raises(ValueError, match="version name '../x' is not valid"):
+        add_encoder(root["root"], "other", "hashing:8", version="../x", progress=False)
     assert active_version(root["root"]) == root["added"].version
 
 

@@ -80,12 +80,19 @@ def held_by_rows(chunk_ids: Sequence[str], row_of: dict[str, int]) -> tuple[list
 
 def shard_features(service, query: FeatureQuery) -> dict[str, np.ndarray]:
     """The features of ``query.chunk_ids`` in one ``ShardService`` (NaN for ids it does not hold)."""
+    out = empty_features(len(query.chunk_ids))
+    fill_features(service, query, out)
+    return out
+
+
+def fill_features(service, query: FeatureQuery, out: dict[str, np.ndarray], terms: list[str] | None = None) -> None:
+    """Write into ``out`` (columns over all of ``query.chunk_ids``) the features of the candidates ``service``
+    holds; ``terms``: the query as analyzed (shards of one group share the analyzer: once for all of them)."""
     n = len(query.chunk_ids)
-    out = empty_features(n)
     at, rows = held_by_rows(query.chunk_ids, service.row_of)
     if not at:
-        return out
-    terms = service.analyze(query.text)
+        return
+    terms = service.analyze(query.text) if terms is None else terms
     if query.wants("bm25_"):
         for field, scores in service.field_scores(terms, rows).items():
             column = out.setdefault(f"bm25_{field}", np.full(n, np.nan, dtype=np.float32))
@@ -109,7 +116,6 @@ def shard_features(service, query: FeatureQuery) -> dict[str, np.ndarray]:
     out["length"][at] = text_words[rows]
     out["title_length"][at] = title_words[rows]
     out["position"][at] = positions[rows]
-    return out
 
 
 def merge_features(n: int, parts: list[tuple[list[int], dict[str, np.ndarray]]]) -> dict[str, np.ndarray]:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from deployments.shard.features import FeatureQuery, merge_features
+from deployments.shard.features import FeatureQuery, empty_features, fill_features
 from deployments.shard.filters import FilterError
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.service import ShardService
@@ -227,15 +227,11 @@ class ShardGroup:
 
     def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
         """Each shard's features of the candidates it holds, as one table in the order asked."""
-        if len(self.services) == 1:
-            return self.services[0].features(query)
-        parts = []
+        out = empty_features(len(query.chunk_ids))
+        terms = self.services[0].analyze(query.text) if self.services else []  # one analyzer for every shard
         for s in self.services:
-            at = [i for i, c in enumerate(query.chunk_ids) if c in s.row_of]
-            if at:
-                mine = replace(query, chunk_ids=[query.chunk_ids[i] for i in at])
-                parts.append((at, s.features(mine)))
-        return merge_features(len(query.chunk_ids), parts)
+            fill_features(s, query, out, terms)
+        return out
 
     def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]:
         df: dict[str, int] = {}

@@ -124,17 +124,21 @@ def shard_names(names: Sequence[str] | None) -> frozenset[str] | None:
 async def query_vectors(ctx: SearchContext, target, wanted: frozenset[str] | None) -> tuple[object, dict]:
     """The query's vector under the version's own encoder (None where not wanted) and under each named encoder whose
     cosine is wanted (``wanted`` None: all): the dense leg's vector where the leg searched with that encoder, else
-    embedded now, all at once."""
+    embedded now, all at once. A keyword search embeds nothing, so its cosines are NaN."""
     searched, leg = ctx.vectors.get(target.name), ctx.req.encoder
+    if ctx.req.method.value == "keyword":  # a keyword search embeds nothing for its ranking either: no cosines
+        return searched, {}
     sides: list[str | None] = [n for n in target.encoders if wanted is None or f"dense_{n}" in wanted]
     if wanted is None or "dense" in wanted:
         sides.append(None)
     have = {leg: searched} if searched is not None else {}
-    need = [n for n in sides if n not in have]
+    # A leg that needed a vector and has none: its encoder just failed (a warning says so); not asked again.
+    failed = searched is None
+    need = [n for n in sides if n not in have and not (failed and n == leg)]
     got = await within(gathered([target.encoder_for(n).embed(ctx.text) for n in need]),
                        ctx.settings.encoder_timeout_s) if need else []
     have.update(zip(need, got, strict=True))
-    return have.get(None), {n: have[n] for n in sides if n is not None}
+    return have.get(None), {n: have[n] for n in sides if n is not None and n in have}
 
 
 async def candidate_features(ctx: SearchContext, got: Retrieved, pool: list[Hit],

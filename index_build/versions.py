@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             live = active_version(args.root)
             for name in list_versions(args.root):
                 m = version_manifest(args.root, name)
+                named = "".join(f" + {n} ({e.encoder})" for n, e in m.encoders.items())
                 print(f"{'*' if name == live else ' '} {name}  {m.counts['docs']:>9,} docs {m.counts['chunks']:>10,} chunks"
-                      f"  {m.num_shards} shards  {m.encoder}  {m.created}")
+                      f"  {m.num_shards} shards  {m.encoder}{named}  {m.created}")
         elif args.command == "activate":
             previous = activate(args.root, args.version)
             if previous == args.version:

@@ -156,7 +156,7 @@ def test_the_versions_command_takes_a_url(builds, capsys):
     assert versions_main(["activate", url, "nope"]) == 1 and "no such version" in capsys.readouterr().err
 
 
-def test_an_encoder_added_to_a_root_in_object_storage_is_published_there(builds):
+def test_an_encoder_added_to_a_root_in_object_storage_is_published_there(builds, capsys):
     """``add_encoder`` on a URL: the base fetched to this node's cache, the new version uploaded beside it (only its
     encoder's files are new bytes), its vectors the encoder's own, the active version left alone when asked."""
     from index_build.add_encoder import add_encoder
@@ -173,6 +173,10 @@ def test_an_encoder_added_to_a_root_in_object_storage_is_published_there(builds)
     assert "v2-small" in list_versions(url) and active_version(url) == live
     manifest = verify_published(url, "v2-small")
     assert manifest.encoders["small"].encoder == "hashing:16"
+    capsys.readouterr()
+    assert versions_main(["list", url]) == 0
+    assert any(line.split()[0] == "v2-small" and "+ small (hashing:16)" in line
+               for line in capsys.readouterr().out.splitlines())
     folder = version_dir(url, "v2-small", shards=None)
     for shard in manifest.shards:
         table = pq.read_table(folder / "shards" / shard / CHUNKS_FILE)

@@ -223,8 +223,10 @@ def _add_encoder(root, name, encoder, base, version, query_prompt, document_prom
     shutil.rmtree(staging, ignore_errors=True)  # nothing to resume: the vectors are reused from where they are
     (staging / "shards").mkdir(parents=True)
     for entry in base_dir.iterdir():  # the BM25 statistics, the build's record: the base's bytes
-        if entry.name not in ("shards", MANIFEST):
-            link_shard(entry, staging / entry.name) if entry.is_dir() else os.link(entry, staging / entry.name)
+        if entry.is_dir() and entry.name != "shards":
+            link_shard(entry, staging / entry.name)
+        elif entry.is_file() and entry.name != MANIFEST:
+            os.link(entry, staging / entry.name)
     summary = AddEncoderSummary("", base, name, {"encoder": spec.model, "dimension": 0,
                                                  "query_prompt": spec.query_prompt,
                                                  "document_prompt": spec.document_prompt})

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from deployments.edge.schemas import Method
 from deployments.search.hits import Hit
 from deployments.search.retrieval import Retrieved
 from deployments.search.stages import SearchContext, failure, gathered, within
@@ -126,7 +127,7 @@ async def query_vectors(ctx: SearchContext, target, wanted: frozenset[str] | Non
     cosine is wanted (``wanted`` None: all): the dense leg's vector where the leg searched with that encoder, else
     embedded now, all at once. A keyword search embeds nothing, so its cosines are NaN."""
     searched, leg = ctx.vectors.get(target.name), ctx.req.encoder
-    if ctx.req.method.value == "keyword":  # a keyword search embeds nothing for its ranking either: no cosines
+    if ctx.req.method is Method.keyword:  # a keyword search embeds nothing for its ranking either: no cosines
         return searched, {}
     sides: list[str | None] = [n for n in target.encoders if wanted is None or f"dense_{n}" in wanted]
     if wanted is None or "dense" in wanted:

@@ -366,13 +366,11 @@ class SearchPipeline:
             return {}
         t = time.perf_counter()
         vectors: dict[str, np.ndarray] = {}
+        encoders = [c.encoder_for(req.encoder) for c in targets]  # an encoder a version lacks: a 400, not a failure
         try:
-            encoders = [c.encoder_for(req.encoder) for c in targets]  # an encoder a version lacks: a 400 here
             got = await within(gathered([_embed(e, ctx.text, embedded) for e in encoders]),
                                ctx.settings.encoder_timeout_s)
             vectors = dict(zip((c.name for c in targets), got, strict=True))
-        except ServiceError:
-            raise
         except Exception as exc:  # a hybrid search can still answer from its keyword leg
             if req.method is not Method.hybrid or req.mmr_lambda is not None:
                 raise Unavailable(f"the query encoder {failure(exc)}; retry shortly") from exc

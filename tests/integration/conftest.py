@@ -61,6 +61,20 @@ def _live_in_group(pgid: int) -> bool:
     return False
 
 
+def auth(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def tenant_docs() -> list[dict]:
+    """30 documents split among tenants by their ``acl`` metadata field: d000 t1's, d001 t2's, d002 public, ...;
+    every 7th has none (nobody's). The corpus of the tenant and MCP tests, whose oracle is ``visible_by_principal``."""
+    docs = make_corpus(30, seed=11)
+    for i, d in enumerate(docs):
+        if i % 7 != 6:
+            d["metadata"]["acl"] = ["t1", "t2", "public"][i % 3]
+    return docs
+
+
 def visible_by_principal(version_dir: Path, principals: tuple[str, ...] = ("t1", "t2")) -> dict[str, set[str]]:
     """principal -> the doc ids it may see (``acl`` equal to it or ``public``): the oracle of the tenant tests,
     read from the stored chunk tables, never through the service."""

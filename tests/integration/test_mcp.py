@@ -16,8 +16,8 @@ from mcp.client.streamable_http import streamable_http_client
 from deployments.edge.guard import new_key
 from index_build.build import build_index
 from index_build.config import BuildConfig
-from tests.conftest import make_corpus, write_jsonl
-from tests.integration.conftest import visible_by_principal
+from tests.conftest import write_jsonl
+from tests.integration.conftest import auth, tenant_docs, visible_by_principal
 
 PORT = 18261
 URL = f"http://127.0.0.1:{PORT}/mcp"
@@ -27,18 +27,10 @@ W1_KEY, W1_DIGEST = new_key()  # write key of tenant t1
 QUERY = "telescope galaxy bread piano"
 
 
-def auth(key: str) -> dict:
-    return {"Authorization": f"Bearer {key}"}
-
-
 @pytest.fixture(scope="module")
 def root(ray_local, tmp_path_factory):
-    docs = make_corpus(30, seed=11)
-    for i, d in enumerate(docs):  # d000 t1's, d001 t2's, d002 public, ...; every 7th has no ACL (nobody's)
-        if i % 7 != 6:
-            d["metadata"]["acl"] = ["t1", "t2", "public"][i % 3]
     folder = tmp_path_factory.mktemp("mcp")
-    corpus = write_jsonl(folder / "corpus.jsonl", docs)
+    corpus = write_jsonl(folder / "corpus.jsonl", tenant_docs())
     summary = build_index(BuildConfig(corpus=corpus, out=folder / "index", shards=2, encoder="hashing:32",
                                       chunk_size=40, chunk_overlap=8, progress=False))
     return folder / "index", summary.version_dir

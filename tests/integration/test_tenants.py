@@ -10,8 +10,8 @@ from deployments.edge.guard import new_key
 from deployments.judgments import query_id
 from index_build.build import build_index
 from index_build.config import BuildConfig
-from tests.conftest import make_corpus, write_jsonl
-from tests.integration.conftest import visible_by_principal
+from tests.conftest import write_jsonl
+from tests.integration.conftest import auth, tenant_docs, visible_by_principal
 
 PORT = 18235
 T1_KEY, T1_DIGEST = new_key()
@@ -19,17 +19,9 @@ T2_KEY, T2_DIGEST = new_key()
 ADMIN_KEY, ADMIN_DIGEST = new_key()
 
 
-def auth(key: str) -> dict:
-    return {"Authorization": f"Bearer {key}"}
-
-
 @pytest.fixture(scope="module")
 def acl_version(ray_local, tmp_path_factory):
-    docs = make_corpus(30, seed=11)
-    for i, d in enumerate(docs):  # d000 t1's, d001 t2's, d002 public, ...; every 7th has no ACL (nobody's)
-        if i % 7 != 6:
-            d["metadata"]["acl"] = ["t1", "t2", "public"][i % 3]
-    corpus = write_jsonl(tmp_path_factory.mktemp("tenants") / "corpus.jsonl", docs)
+    corpus = write_jsonl(tmp_path_factory.mktemp("tenants") / "corpus.jsonl", tenant_docs())
     cfg = BuildConfig(corpus=corpus, out=tmp_path_factory.mktemp("tenants-index"), shards=2, encoder="hashing:32",
                       chunk_size=40, chunk_overlap=8, progress=False)
     return build_index(cfg).version_dir

@@ -39,14 +39,18 @@ def load_model(root, model_id: str):
 def compare(root, model_id: str, pipeline=None) -> dict:
     """The model against what ``root`` serves now, on the model's held-out queries (nDCG@10, documents at their
     best chunk, the same candidates for both)."""
-    from relevance.ranking_data import collect, ndcg_of, open_pipeline
+    from relevance.ranking_data import collect, cross_fit_encoders, ndcg_of, open_pipeline
 
     description, model = load_model(root, model_id)
     served = active_ranker(root)
     held = description["validation"]
     qrels = {q: {d: int(g) for d, g in docs.items()} for q, docs in held["qrels"].items()}
     pipeline = pipeline or open_pipeline(root, description["depth"], description.get("reranker"))
-    data = collect(pipeline, held["queries"], qrels, **({"rerank": True} if description.get("reranker") else {}))
+    # Cross-fitted as in training: each held-out query searched with the encoder that never saw it.
+    names = description.get("cross_fit") or []
+    stand_in = cross_fit_encoders(root, names, held["queries"]) if names else None
+    data = collect(pipeline, held["queries"], qrels, None, stand_in,
+                   **({"rerank": True} if description.get("reranker") else {}))
 
     def scores_of(m):
         return lambda q: m.booster.predict(q.matrix(m.features), num_threads=1)

@@ -9,7 +9,7 @@ of the documents in the order their first chunk appears.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,25 +57,70 @@ def ndcg_of(queries: Sequence[QueryData], qrels: Mapping[str, Mapping[str, int]]
 
 
 def collect(pipeline, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], progress=None,
-            **request) -> list[QueryData]:
+            stand_in: Mapping[str, str] | None = None, **request) -> list[QueryData]:
     """Every query's candidates and features, searched as the service would (``request`` adds search fields,
-    e.g. ``rerank: true`` to have the cross-encoder's scores among the features)."""
+    e.g. ``rerank: true`` to have the cross-encoder's scores among the features).
+
+    ``stand_in`` (cross-fitting, ``cross_fit_encoders``): a query it names is searched with that named encoder,
+    whose cosine stands in for the version's own encoder's, so none of the query's features comes from an
+    encoder trained on it; the stand-ins' own columns are dropped from every query."""
     from deployments.edge.schemas import SearchRequest
 
+    stand_in = stand_in or {}
     out: list[QueryData] = []
 
     async def go() -> None:
         for qid, text in queries.items():
-            table = await pipeline.ranking_features(SearchRequest(query=text, ranking_model=False, **request))
+            name = stand_in.get(qid)
+            table = await pipeline.ranking_features(SearchRequest(query=text, ranking_model=False, encoder=name,
+                                                                  **request))
+            columns = dict(table.columns)
+            if name is not None:
+                columns["dense"], columns["dense_gap"] = columns[f"dense_{name}"], columns[f"dense_gap_{name}"]
+            for other in set(stand_in.values()):
+                columns.pop(f"dense_{other}", None)
+                columns.pop(f"dense_gap_{other}", None)
             ids = [h.chunk_id for h in table.hits]
             grades = qrels.get(qid, {})
             labels = np.array([max(0, int(grades.get(doc_of(c), 0))) for c in ids], dtype=np.int32)
-            out.append(QueryData(qid, text, ids, dict(table.columns), labels))
+            out.append(QueryData(qid, text, ids, columns, labels))
             if progress:
                 progress(1)
 
     asyncio.run(go())
     return out
+
+
+def cross_fit_encoders(index: str | Path, names: Sequence[str], query_ids: Iterable[str]) -> dict[str, str]:
+    """Each query of ``query_ids`` -> the named encoder of ``names`` (held by the version ``index`` serves) that
+    was trained without it: each was trained with ``relevance.train_encoder --leave-out-fold K/N``, whose
+    ``training.json`` lists the queries it left out. Every query needs one, or the ranker would learn from an
+    encoder's score on a query that encoder was trained on (and trust it more than it deserves on new ones)."""
+    import json
+
+    from index_format.versions import read_version_manifest, resolve_version_dir
+
+    held = read_version_manifest(resolve_version_dir(index)).encoders
+    left_out: dict[str, str] = {}
+    for name in names:
+        if name not in held:
+            raise SystemExit(f"--cross-fit {name}: the version {index} serves holds no encoder of that name "
+                             f"(it holds: {', '.join(sorted(held)) or 'none'}; python -m index_build.add_encoder)")
+        record = Path(held[name].encoder) / "training.json"
+        ids = (json.loads(record.read_text()).get("data", {}).get("left_out_query_ids")
+               if record.is_file() else None)
+        if ids is None:
+            raise SystemExit(f"--cross-fit {name}: its model {held[name].encoder} has no training.json listing "
+                             "the queries it left out (train it with relevance.train_encoder --leave-out-fold K/N)")
+        for q in ids:
+            left_out.setdefault(q, name)
+    wanted = list(query_ids)
+    missing = [q for q in wanted if q not in left_out]
+    if missing:
+        raise SystemExit(f"--cross-fit {' '.join(names)}: {len(missing)} of {len(wanted)} training queries were "
+                         f"left out by none of them (e.g. {', '.join(missing[:3])}); train one encoder per fold "
+                         "with the same N")
+    return {q: left_out[q] for q in wanted}
 
 
 def open_pipeline(index: str | Path, depth: int, reranker: str | None = None):

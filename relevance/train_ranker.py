@@ -23,7 +23,6 @@ scores, the held-out queries with their judgments, and the comparison.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import pickle
 import sys
@@ -32,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from relevance.ranking_data import K, QueryData, collect, ndcg_of, open_pipeline
+from relevance.ranking_data import K, QueryData, collect, cross_fit_encoders, ndcg_of, open_pipeline
+from relevance.tuning import fold_of
 
 PARAMS = {
     "objective": "lambdarank", "metric": "ndcg", "eval_at": [K], "learning_rate": 0.1, "num_leaves": 15,
@@ -43,10 +43,6 @@ PARAMS = {
 # the stage's budget is 1 ms.
 MAX_ROUNDS = 200
 STEP = 10  # cross-validation reads the held-out score every STEP trees
-
-
-def fold_of(query_id: str, folds: int) -> int:
-    return int.from_bytes(hashlib.sha256(f"fold:{query_id}".encode()).digest()[:4], "big") % folds
 
 
 def usable(data: list[QueryData]) -> list[QueryData]:
@@ -146,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reranker", default=None, metavar="MODEL",
                     help="a cross-encoder (hub name or folder) whose scores become a feature; serve it with the same "
                          "reranker.model and rerank on")
+    ap.add_argument("--cross-fit", nargs="+", default=None, metavar="NAME",
+                    help="named encoders of the version, each trained with relevance.train_encoder "
+                         "--leave-out-fold K/N: a training query is searched with the one that left it out, whose "
+                         "cosine stands in for the version's own encoder's (when that encoder was trained on these "
+                         "judgments)")
     ap.add_argument("--validation-share", type=float, default=0.2, metavar="SHARE",
                     help="training queries held out to compare the model with what is served (default: %(default)s)")
     ap.add_argument("--folds", type=int, default=5, help="cross-validation folds by query (default: %(default)s)")
@@ -177,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{len(queries)} judged queries with a relevant document in {judged.source}: too few to "
                          f"train and cross-validate in {args.folds} folds")
     fit_ids, validation_ids = split_queries(queries, args.validation_share, seed="ranker")
+    stand_in = cross_fit_encoders(args.index, args.cross_fit, queries) if args.cross_fit else None
     t0 = time.time()
     pipeline = open_pipeline(args.index, args.depth, args.reranker)
     from tqdm import tqdm
@@ -185,16 +187,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.candidates is not None and args.candidates.is_file():
         with open(args.candidates, "rb") as f:
             kept = pickle.load(f)
-        if kept["key"] == [str(args.index), args.depth, args.reranker, sorted(queries)]:
+        if kept["key"] == [str(args.index), args.depth, args.reranker, sorted(queries), args.cross_fit]:
             data = kept["data"]
         else:
             print(f"{args.candidates} holds other queries or options: searching again", file=sys.stderr)
     if data is None:
         with tqdm(total=len(queries), desc="features", unit="query", disable=args.no_progress) as bar:
-            data = collect(pipeline, queries, judged.qrels, bar.update, **({"rerank": True} if args.reranker else {}))
+            data = collect(pipeline, queries, judged.qrels, bar.update, stand_in,
+                           **({"rerank": True} if args.reranker else {}))
         if args.candidates is not None:
             with open(args.candidates, "wb") as f:
-                pickle.dump({"key": [str(args.index), args.depth, args.reranker, sorted(queries)], "data": data}, f)
+                pickle.dump({"key": [str(args.index), args.depth, args.reranker, sorted(queries), args.cross_fit],
+                             "data": data}, f)
     by_id = {q.query_id: q for q in data}
     fit_data = [by_id[q] for q in fit_ids]
     validation = [by_id[q] for q in validation_ids]
@@ -209,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
 
     description = {
         "name": args.name, "features": names, "params": PARAMS, "trees": cv["trees"], "depth": args.depth,
-        "reranker": args.reranker, "index": str(args.index),
+        "reranker": args.reranker, "cross_fit": args.cross_fit or [], "index": str(args.index),
         "data": {"source": judged.source, "held_out": judged.held_out, "queries": len(queries),
                  "fit_queries": len(fit_data), "usable_fit_queries": len(usable(fit_data)),
                  "validation_queries": len(validation), "held_out_query_ids": judged.held_out_ids},

@@ -64,6 +64,33 @@ class Judged:
     held_out: str  # the split (or file) kept out of training
     held_out_queries: int  # judged queries of the held-out split that were dropped from training
     held_out_ids: list[str] | None = None  # when the held-out queries were chosen here (a share of one split)
+    left_out_ids: list[str] | None = None  # training queries left out as one cross-fitting fold (``--leave-out-fold``)
+
+
+def leave_out_fold(judged: Judged, fold: tuple[int, int] | None) -> Judged:
+    """``judged`` without the queries of fold K of N (``tuning.fold_of``), which are listed: a model trained on
+    each fold's complement has, for every training query, one that never saw it (``train_ranker --cross-fit``)."""
+    if fold is None:
+        return judged
+    from relevance.tuning import fold_of
+
+    k, n = fold
+    out = sorted(q for q in judged.qrels if fold_of(q, n) == k)
+    gone = set(out)
+    judged.qrels = {q: d for q, d in judged.qrels.items() if q not in gone}
+    judged.queries = {q: t for q, t in judged.queries.items() if q not in gone}
+    judged.left_out_ids = out
+    return judged
+
+
+def parse_fold(value: str) -> tuple[int, int]:
+    try:
+        k, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: give K/N, e.g. 0/2 (fold 0 of 2)") from None
+    if not (n >= 2 and 0 <= k < n):
+        raise argparse.ArgumentTypeError(f"{value!r}: N must be 2 or more and K one of 0 .. N-1")
+    return k, n
 
 
 def beir_judgments(folder: Path, split: str = "train", held_out: str = "test",
@@ -200,6 +227,10 @@ def build_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     ap.add_argument("--held-out-share", type=float, default=None, metavar="SHARE",
                     help="with --data whose only split is --train-split: hold out this share of its queries (by a "
                          "stable hash of the query id) instead of another split; their ids go into training.json")
+    ap.add_argument("--leave-out-fold", type=parse_fold, default=None, metavar="K/N",
+                    help="also leave out the training queries of fold K of N (by a hash of the query id; their ids "
+                         "go into training.json): train one model per fold to cross-fit a ranker on its scores "
+                         "(relevance.train_ranker --cross-fit)")
     ap.add_argument("--index", required=True, metavar="ROOT",
                     help="the index whose hybrid candidates give the hard negatives (root or version folder)")
     ap.add_argument("--out", type=Path, required=True, help="the folder the trained model is written to")
@@ -225,6 +256,7 @@ def load_pairs(args: argparse.Namespace) -> tuple[list, dict]:
     else:
         judged = service_judgments(args.judgments)
         corpus = index_documents(args.index)
+    judged = leave_out_fold(judged, args.leave_out_fold)
     pairs = positive_pairs(judged, corpus)
     if not pairs:
         raise SystemExit(f"no relevant judgment in {judged.source} names a document of the corpus: nothing to train")
@@ -241,6 +273,9 @@ def load_pairs(args: argparse.Namespace) -> tuple[list, dict]:
             "negatives_from": str(args.index)}
     if judged.held_out_ids is not None:
         data["held_out_query_ids"] = judged.held_out_ids
+    if judged.left_out_ids is not None:
+        data["left_out_fold"] = list(args.leave_out_fold)
+        data["left_out_query_ids"] = judged.left_out_ids
     return pairs, data
 
 

@@ -237,6 +237,12 @@ def paired_bootstrap(before: Mapping[str, float], after: Mapping[str, float], re
     )
 
 
+def fold_of(query_id: str, folds: int) -> int:
+    """The query's fold of ``folds``, by a hash of its id: the ranker's cross-validation folds and the folds an
+    encoder is cross-fitted on (``train_encoder --leave-out-fold``) are the same for the same count."""
+    return int.from_bytes(hashlib.sha256(f"fold:{query_id}".encode()).digest()[:4], "big") % folds
+
+
 def split_queries(qids: Iterable[str], held_out: float, seed: str = "raysearch") -> tuple[list[str], list[str]]:
     """(train, held-out), decided by a hash of each query id: stable across runs and machines, and a
     query never moves between the two when judgments are added."""

@@ -64,15 +64,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="a trained model folder whose training.json (or ranker.json) lists held-out query ids: judge "
                          "only those")
     ap.add_argument("--ranking-models", nargs="*", default=[], metavar="ID",
-                    help="ranking models published under each --index root, each scored over the same queries as "
-                         "if it were active (a row each), beside the active one")
+                    help="ranking models published under the --index roots, each scored over the same queries as "
+                         "if it were active (a row each), beside the active one, on the root that holds it")
     ap.add_argument("--out", type=Path, default=Path("bench/results/learned.json"))
     args = ap.parse_args(argv)
 
     from deployments.config import RouterSettings
     from deployments.search.inprocess import InProcessReranker, inprocess_pipeline
+    from index_format.rankers import list_rankers
     from relevance.rankers import load_model
 
+    unknown = set(args.ranking_models) - {m for spec in args.index for m in list_rankers(spec.split("=", 1)[1])}
+    if unknown:
+        raise SystemExit(f"--ranking-models: {', '.join(sorted(unknown))} published under none of the --index roots")
     queries, qrels = load_beir(args.data / args.dataset, args.test_split)
     if args.held_out_from is not None:
         import json
@@ -106,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                 record["rows"].append(row)
                 print(row, flush=True)
         active = pipeline.models.get("default")
-        others = [load_model(path, m)[1] for m in args.ranking_models if active is None or m != active.id]
+        held = set(list_rankers(path)) if args.ranking_models else set()
+        others = [load_model(path, m)[1] for m in args.ranking_models
+                  if m in held and (active is None or m != active.id)]
         for model in ([active] if active is not None else []) + others:  # each as if active, the same queries
             pipeline.models["default"] = model
             t = time.perf_counter()

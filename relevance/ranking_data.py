@@ -75,8 +75,10 @@ def collect(pipeline, queries: Mapping[str, str], qrels: Mapping[str, Mapping[st
             table = await pipeline.ranking_features(SearchRequest(query=text, ranking_model=False, encoder=name,
                                                                   **request))
             columns = dict(table.columns)
-            if name is not None:
-                columns["dense"], columns["dense_gap"] = columns[f"dense_{name}"], columns[f"dense_gap_{name}"]
+            if name is not None:  # NaN where its encoder failed, as the version's own would be
+                missing = np.full(len(table.hits), np.nan, dtype=np.float32)
+                columns["dense"] = columns.get(f"dense_{name}", missing)
+                columns["dense_gap"] = columns.get(f"dense_gap_{name}", missing)
             for other in set(stand_in.values()):
                 columns.pop(f"dense_{other}", None)
                 columns.pop(f"dense_gap_{other}", None)

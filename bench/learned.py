@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     from index_format.rankers import list_rankers
     from relevance.rankers import load_model
 
-    unknown = set(args.ranking_models) - {m for spec in args.index for m in list_rankers(spec.split("=", 1)[1])}
+    published = {spec: set(list_rankers(spec.split("=", 1)[1])) if args.ranking_models else set() for spec in args.index}
+    unknown = set(args.ranking_models) - set().union(*published.values())
     if unknown:
         raise SystemExit(f"--ranking-models: {', '.join(sorted(unknown))} published under none of the --index roots")
     queries, qrels = load_beir(args.data / args.dataset, args.test_split)
@@ -110,9 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                 record["rows"].append(row)
                 print(row, flush=True)
         active = pipeline.models.get("default")
-        held = set(list_rankers(path)) if args.ranking_models else set()
         others = [load_model(path, m)[1] for m in args.ranking_models
-                  if m in held and (active is None or m != active.id)]
+                  if m in published[spec] and (active is None or m != active.id)]
         for model in ([active] if active is not None else []) + others:  # each as if active, the same queries
             pipeline.models["default"] = model
             t = time.perf_counter()

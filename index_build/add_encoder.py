@@ -57,12 +57,13 @@ from index_format.versions import (
     version_dir,
 )
 
+from .config import VERSION_PATTERN
 from .reuse import link_shard, linked_checksums, text_key
 from .tables import contents_of
 from .target import Target
 
 BLOCK = 512  # chunks embedded per call (the progress bar's step)
-VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # as a build's --version
+VERSION_NAME = re.compile(VERSION_PATTERN)
 
 
 @dataclass

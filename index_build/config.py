@@ -26,6 +26,10 @@ DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 Location = Annotated[str, BeforeValidator(lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v)]
 
 
+# A version's name as --version gives it (a build, add_encoder): one path segment, never "..".
+VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
 class FaissIndexType(StrEnum):
     auto = "auto"
     flat = "flat"
@@ -57,7 +61,7 @@ class BuildConfig(BaseModel):
     shards: int = Field(1, ge=1, le=1024, description="Number of shards; a document's chunks all go to one shard.")
     version: str | None = Field(
         None,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        pattern=VERSION_PATTERN,
         description="Name of the new version (default: UTC timestamp + build key).",
     )
     activate: bool = Field(True, description="Point OUT/ACTIVE at the new version once it is complete.")

@@ -67,6 +67,7 @@ def collect(pipeline, queries: Mapping[str, str], qrels: Mapping[str, Mapping[st
     from deployments.edge.schemas import SearchRequest
 
     stand_in = stand_in or {}
+    stand_ins = set(stand_in.values())
     out: list[QueryData] = []
 
     async def go() -> None:
@@ -79,7 +80,7 @@ def collect(pipeline, queries: Mapping[str, str], qrels: Mapping[str, Mapping[st
                 missing = np.full(len(table.hits), np.nan, dtype=np.float32)
                 columns["dense"] = columns.get(f"dense_{name}", missing)
                 columns["dense_gap"] = columns.get(f"dense_gap_{name}", missing)
-            for other in set(stand_in.values()):
+            for other in stand_ins:
                 columns.pop(f"dense_{other}", None)
                 columns.pop(f"dense_gap_{other}", None)
             ids = [h.chunk_id for h in table.hits]

@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from deployments.judgments import JudgmentStore
@@ -77,10 +77,8 @@ def leave_out_fold(judged: Judged, fold: tuple[int, int] | None) -> Judged:
     k, n = fold
     out = sorted(q for q in judged.qrels if fold_of(q, n) == k)
     gone = set(out)
-    judged.qrels = {q: d for q, d in judged.qrels.items() if q not in gone}
-    judged.queries = {q: t for q, t in judged.queries.items() if q not in gone}
-    judged.left_out_ids = out
-    return judged
+    return replace(judged, qrels={q: d for q, d in judged.qrels.items() if q not in gone},
+                   queries={q: t for q, t in judged.queries.items() if q not in gone}, left_out_ids=out)
 
 
 def parse_fold(value: str) -> tuple[int, int]:

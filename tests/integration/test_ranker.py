@@ -194,3 +194,37 @@ def test_the_stage_costs_little(planted, trained):
     booster = lightgbm.Booster(model_str=text)
     assert booster.num_trees() <= train_ranker.MAX_ROUNDS
     assert booster.predict(np.zeros((200, len(description["features"]))), num_threads=1).shape == (200,)
+
+
+def test_the_compiled_trees_score_as_lightgbm(planted, trained, monkeypatch):
+    """The served model scores with its trees compiled to native code: the same scores as LightGBM's ``predict`` on
+    the candidates' real features and on rows with missing values (which the trees route on their own); where the
+    trees cannot compile, the booster scores instead, the same."""
+    import lleaves
+
+    from deployments.search.learned import FeatureTable, RankingModel
+
+    root, data = planted
+    _, description = trained
+    pipeline = inprocess_pipeline({"default": root})
+    model = pipeline.models["default"]
+    assert model.compiled is not None
+    queries = [q["text"] for q in map(json.loads, (data / "queries.jsonl").read_text().splitlines())][:10]
+    tables = [asyncio.run(pipeline.ranking_features(SearchRequest(query=t))) for t in queries]
+    rng = np.random.default_rng(0)
+    noisy = rng.normal(size=(300, len(model.features))) * 10
+    noisy[rng.random(noisy.shape) < 0.3] = np.nan
+    tables.append(FeatureTable([None] * 300, dict(zip(model.features, noisy.T, strict=True))))
+    for table in tables:
+        expect = model.booster.predict(table.matrix(model.features), num_threads=1)
+        assert np.allclose(model.score(table), expect, rtol=0, atol=1e-9)
+    _, text = read_ranker(root, description["id"])
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("no LLVM here")
+
+    monkeypatch.setattr(lleaves.Model, "compile", broken)
+    fallback = RankingModel(description["id"], description["features"], text)
+    assert fallback.compiled is None
+    assert np.array_equal(fallback.score(tables[0]), model.booster.predict(tables[0].matrix(model.features),
+                                                                            num_threads=1))

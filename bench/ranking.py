@@ -1,7 +1,7 @@
 """What the learned ranking stage costs a query: the model alone over a query's 200 candidates (its compiled trees
-against LightGBM's ``predict``); the shards' BM25 of each field for them, by Lucene doc number against a filtered
-search; the whole stage in-process (the shards' features and the model) and the server CPU over HTTP, each against
-the same searches without the model (``ranking_model: false``) in the same run.
+against LightGBM's ``predict``); the shards' BM25 of each field and term masks for them, in one pass over the
+postings against the ways before it; the whole stage in-process (the shards' features and the model) and the
+server CPU over HTTP, each against the same searches without the model (``ranking_model: false``) in the same run.
 
     python -m bench.ranking --index ROOT --queries DATA/scifact/queries.jsonl --out bench/results/ranking.json
 
@@ -61,10 +61,13 @@ def model_alone(pipeline, texts: list[str], repeats: int) -> dict:
 
 
 def field_scoring(index: Path, texts: list[str], per_shard: int, repeats: int, warm: int = 10) -> dict:
-    """One shard-side feature alone, two ways, alternating in one run: each field's BM25 of ``per_shard`` chosen
-    rows of each shard (half the shard's BM25 top, half drawn at random: a fused pool holds chunks the keyword
-    leg never returned) by Lucene doc number (``LuceneShard.scores_of``, what serving does) and by a search
-    filtered to the rows' ids (a ``TermInSetQuery``, what it did before). Asserts both give the same scores."""
+    """The shards' BM25 of each field and term masks (coverage) for ``per_shard`` chosen rows of each shard (half
+    the shard's BM25 top, half drawn at random: a fused pool holds chunks the keyword leg never returned), three
+    ways alternating in one run: one pass over the postings for every field and the masks
+    (``LuceneShard.candidate_facts``, what serving does); each field by advancing its query's scorer to the rows'
+    Lucene doc numbers (``scores_of``) and the masks apart (``term_masks``), what it did before; each field by a
+    search filtered to the rows' ids (a ``TermInSetQuery``) and the masks apart, before that. Asserts all three
+    give the same scores and masks."""
     import numpy as np
 
     from deployments.shard.service import ShardService, open_version
@@ -79,30 +82,38 @@ def field_scoring(index: Path, texts: list[str], per_shard: int, repeats: int, w
             terms = shard.analyze(text)
             top = shard.keyword_leg(terms, per_shard // 2)[0]
             rows = np.unique(np.concatenate([top, rng.integers(0, shard.chunks, per_shard - len(top))]))
-            work.append((shard, terms, rows))
+            work.append((shard, terms, rows, sorted(set(terms))[:64]))
 
-    def by_docs(shard, terms, rows):
-        return [shard.lucene.scores_of(terms, rows, {f: 1.0}) for f in shard.lucene.fields]
+    def one_pass(shard, terms, rows, distinct):
+        return shard.lucene.candidate_facts(terms, rows, distinct)
 
-    def by_filter(shard, terms, rows):
-        out = []
+    def by_docs(shard, terms, rows, distinct):
+        return ({f: shard.lucene.scores_of(terms, rows, {f: 1.0}) for f in shard.lucene.fields},
+                shard.lucene.term_masks(distinct, rows))
+
+    def by_filter(shard, terms, rows, distinct):
+        out = {}
         for f in shard.lucene.fields:
             scores = np.zeros(len(rows), dtype=np.float32)
             hit_rows, hit_scores = shard.lucene.search_rows(terms, len(rows), rows.tolist(), weights={f: 1.0})
             scores[np.searchsorted(rows, hit_rows)] = hit_scores
-            out.append(scores)
-        return out
+            out[f] = scores
+        return out, shard.lucene.term_masks(distinct, rows)
 
+    ways = {"one_pass": one_pass, "by_doc_number": by_docs, "by_filter": by_filter}
     for item in work:
-        for a, b in zip(by_docs(*item), by_filter(*item), strict=True):
-            assert np.allclose(a, b, rtol=1e-5, atol=1e-6), "the two ways disagree"
-    cpu = {"by_doc_number": 0.0, "by_filter": 0.0}
-    for _ in range(warm):  # the JIT compiles both paths: the first rounds cost 2-4x the later ones
-        for how in (by_docs, by_filter):
+        (a, a_masks), (b, b_masks), (c, _) = (how(*item) for how in ways.values())
+        assert a_masks.tolist() == b_masks.tolist(), "the masks disagree"
+        for f in a:
+            assert np.allclose(a[f], b[f], rtol=1e-5, atol=1e-6) and np.allclose(b[f], c[f], rtol=1e-5, atol=1e-6), \
+                "the ways disagree"
+    cpu = dict.fromkeys(ways, 0.0)
+    for _ in range(warm):  # the JIT compiles each path: the first rounds cost 2-4x the later ones
+        for how in ways.values():
             for item in work:
                 how(*item)
     for _ in range(repeats):
-        for label, how in (("by_doc_number", by_docs), ("by_filter", by_filter)):
+        for label, how in ways.items():
             c = time.process_time()
             for item in work:
                 how(*item)

@@ -343,13 +343,15 @@ class FreshSegment:
                 out.setdefault(f"bm25_{name}", np.full(n, np.nan, dtype=np.float32))[at] = scores[at]
         if query.wants("term_coverage", "idf_coverage"):
             distinct = sorted(set(self.analyze(query.text)))
-            masks = {t: np.isin(rows, self._posting(t)[0]) if t in self.postings[CONTENTS] else np.zeros(len(rows), dtype=bool)
-                     for t in distinct}
+            held = np.zeros((len(distinct), len(rows)), dtype=bool)
+            for i, t in enumerate(distinct):
+                if t in self.postings[CONTENTS]:
+                    held[i] = np.isin(rows, self._posting(t)[0])
             n_docs = self.corpus.doc_count + self.live
             held_by = {t: int(self.alive[self._posting(t)[0]].sum()) if t in self.postings[CONTENTS] else 0
                        for t in distinct}
-            idf = {t: lucene_idf(n_docs, self.corpus.df(t) + held_by[t]) for t in distinct}
-            out["term_coverage"][at], out["idf_coverage"][at] = coverage(masks, idf, len(rows))
+            idf = [lucene_idf(n_docs, self.corpus.df(t) + held_by[t]) for t in distinct]
+            out["term_coverage"][at], out["idf_coverage"][at] = coverage(held, idf)
         if query.vector is not None and query.wants("dense"):
             out["dense"][at] = self.matrix[rows] @ np.asarray(query.vector, dtype=np.float32)
         for name, vector in query.vectors.items():

@@ -23,8 +23,11 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +40,7 @@ from deployments.shard.features import SHARD_FEATURES, FeatureQuery, merge_featu
 from index_format.chunk_ids import doc_of
 
 logger = logging.getLogger("ray.serve")
+_chunk_id, _score = itemgetter(0), itemgetter(1)  # of a Hit
 
 LEG_FEATURES = ("dense_rank", "keyword_rank", "fused_score", "fused_rank")
 RELATIVE_FEATURES = ("bm25_share", "dense_gap", "doc_chunks")
@@ -90,14 +94,14 @@ def feature_matrix(columns: Mapping[str, np.ndarray], n: int, names: Sequence[st
 
 def leg_ranks(hits: Sequence[Hit], pool: Sequence[Hit]) -> np.ndarray:
     """Each of ``pool``'s rank (1-based) in ``hits``, NaN where absent; both of one collection, so a chunk id is a
-    key (no tuple made per hit: this runs over every leg hit of every query a model ranks)."""
-    rank = {h[0]: i for i, h in enumerate(hits, 1)}
-    return np.fromiter((rank.get(h[0], np.nan) for h in pool), dtype=np.float32, count=len(pool))
+    key (no tuple made per hit, and the loops in C: this runs over every leg hit of every query a model ranks)."""
+    rank = dict(zip(map(_chunk_id, hits), range(1, len(hits) + 1), strict=True))
+    return np.fromiter(map(rank.get, map(_chunk_id, pool), repeat(np.nan)), dtype=np.float32, count=len(pool))
 
 
 def leg_scores(hits: Sequence[Hit], pool: Sequence[Hit]) -> np.ndarray:
-    score = {h[0]: h[1] for h in hits}
-    return np.fromiter((score.get(h[0], np.nan) for h in pool), dtype=np.float32, count=len(pool))
+    score = dict(zip(map(_chunk_id, hits), map(_score, hits), strict=True))
+    return np.fromiter(map(score.get, map(_chunk_id, pool), repeat(np.nan)), dtype=np.float32, count=len(pool))
 
 
 def relative(columns: dict[str, np.ndarray], pool: Sequence[Hit]) -> None:
@@ -111,11 +115,9 @@ def relative(columns: dict[str, np.ndarray], pool: Sequence[Hit]) -> None:
         dense = columns[name]
         gap = "dense_gap" if name == "dense" else f"dense_gap_{name.removeprefix('dense_')}"
         columns[gap] = ((np.nanmax(dense) - dense) if np.isfinite(dense).any() else dense).astype(np.float32)
-    docs = [doc_of(h.chunk_id) for h in pool]
-    counts: dict[str, int] = {}
-    for d in docs:
-        counts[d] = counts.get(d, 0) + 1
-    columns["doc_chunks"] = np.array([counts[d] for d in docs], dtype=np.float32)
+    docs = list(map(doc_of, map(_chunk_id, pool)))
+    counts = Counter(docs)
+    columns["doc_chunks"] = np.fromiter(map(counts.__getitem__, docs), dtype=np.float32, count=len(docs))
 
 
 def shard_names(names: Sequence[str] | None) -> frozenset[str] | None:
@@ -241,5 +243,6 @@ def compiled_trees(model_id: str, model_text: str):
 
 def reordered(pool: list[Hit], scores: np.ndarray) -> list[Hit]:
     """The pool by the model's scores, best first; ties keep the order before (a stable sort)."""
-    order = np.argsort(-scores, kind="stable")
-    return [Hit(pool[i].chunk_id, float(scores[i]), pool[i].shard, pool[i].collection) for i in order.tolist()]
+    values = scores.tolist()
+    return [Hit(pool[i].chunk_id, values[i], pool[i].shard, pool[i].collection)
+            for i in np.argsort(-scores, kind="stable").tolist()]

@@ -60,16 +60,22 @@ def position_of(chunk_id: str) -> float:
         return np.nan
 
 
-def coverage(per_term: dict[str, np.ndarray], idf: dict[str, float], n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(share of the distinct terms each candidate holds, the same weighted by idf) from each term's hit mask."""
-    if not per_term:
-        return np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
-    held = np.stack([per_term[t] for t in per_term]).astype(np.float32)
-    weights = np.array([idf[t] for t in per_term], dtype=np.float32)
+def coverage(held: np.ndarray, idf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(share of the distinct terms each candidate holds, the same weighted by each term's idf) from ``held``: one
+    row per distinct term, one column per candidate, true where the candidate holds the term."""
+    if len(held) == 0:
+        return np.zeros(held.shape[1], dtype=np.float32), np.zeros(held.shape[1], dtype=np.float32)
+    held = held.astype(np.float32)
+    weights = np.asarray(idf, dtype=np.float32)
     total = float(weights.sum())
     plain = held.mean(axis=0)
     weighted = (weights @ held) / total if total > 0 else plain
     return plain.astype(np.float32), weighted.astype(np.float32)
+
+
+def held_of_bits(bits: np.ndarray, terms: int) -> np.ndarray:
+    """``coverage``'s ``held`` from a row's bits (``LuceneShard.term_masks``: bit i set when it holds term i)."""
+    return (bits[None, :] >> np.arange(terms, dtype=np.uint64)[:, None]) & np.uint64(1) == 1
 
 
 def held_by_rows(chunk_ids: Sequence[str], row_of: dict[str, int]) -> tuple[list[int], np.ndarray]:
@@ -85,26 +91,29 @@ def shard_features(service, query: FeatureQuery) -> dict[str, np.ndarray]:
     return out
 
 
-def fill_features(service, query: FeatureQuery, out: dict[str, np.ndarray], terms: list[str] | None = None) -> None:
+def fill_features(service, query: FeatureQuery, out: dict[str, np.ndarray], terms: list[str] | None = None,
+                  held: tuple[list[int], np.ndarray] | None = None) -> None:
     """Write into ``out`` (columns over all of ``query.chunk_ids``) the features of the candidates ``service``
-    holds; ``terms``: the query as analyzed (shards of one group share the analyzer: once for all of them)."""
+    holds; ``terms``: the query as analyzed (shards of one group share the analyzer: once for all of them);
+    ``held``: those candidates' positions and rows (as ``held_by_rows`` gives them), where the caller has found them."""
     n = len(query.chunk_ids)
-    at, rows = held_by_rows(query.chunk_ids, service.row_of)
-    if not at:
+    at, rows = held_by_rows(query.chunk_ids, service.row_of) if held is None else held
+    if len(at) == 0:
         return
     terms = service.analyze(query.text) if terms is None else terms
-    if query.wants("bm25_"):
-        for field, scores in service.field_scores(terms, rows).items():
+    want_bm25, want_coverage = query.wants("bm25_"), query.wants("term_coverage", "idf_coverage")
+    if want_bm25 or want_coverage:
+        # Each field's BM25 and the postings of each distinct term, read for these rows in one pass
+        # (``LuceneShard.candidate_facts``).
+        lucene = service.lucene
+        distinct = sorted(set(terms))[:64] if want_coverage else []
+        fields, bits = lucene.candidate_facts(terms if want_bm25 else [], rows, distinct)
+        for field, scores in fields.items() if want_bm25 else ():
             column = out.setdefault(f"bm25_{field}", np.full(n, np.nan, dtype=np.float32))
             column[at] = scores
-    if query.wants("term_coverage", "idf_coverage"):
-        # The postings of each distinct term, read for these rows (``LuceneShard.term_masks``).
-        distinct = sorted(set(terms))[:64]
-        lucene = service.lucene
-        idf = {t: lucene_idf(lucene.corpus.doc_count, int(lucene.corpus_df.get(t, 0))) for t in distinct}
-        bits = lucene.term_masks(distinct, rows)
-        masks = {t: (bits >> np.uint64(i)) & np.uint64(1) == 1 for i, t in enumerate(distinct)}
-        out["term_coverage"][at], out["idf_coverage"][at] = coverage(masks, idf, len(rows))
+        if want_coverage:
+            idf = [lucene_idf(lucene.corpus.doc_count, int(lucene.corpus_df.get(t, 0))) for t in distinct]
+            out["term_coverage"][at], out["idf_coverage"][at] = coverage(held_of_bits(bits, len(distinct)), idf)
     if query.vector is not None and query.wants("dense"):
         vectors = np.asarray(service.embeddings[rows], dtype=np.float32)
         out["dense"][at] = vectors @ np.asarray(query.vector, dtype=np.float32)
@@ -120,6 +129,8 @@ def fill_features(service, query: FeatureQuery, out: dict[str, np.ndarray], term
 
 def merge_features(n: int, parts: list[tuple[list[int], dict[str, np.ndarray]]]) -> dict[str, np.ndarray]:
     """One table for ``n`` candidates from several shards' answers, each about the candidates at its positions."""
+    if len(parts) == 1 and len(parts[0][0]) == n:  # one answer about all of them, in order: its columns as they are
+        return empty_features(n) | parts[0][1]
     out = empty_features(n)
     for at, features in parts:
         for name, values in features.items():

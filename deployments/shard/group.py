@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from deployments.bounded import BoundedCache
 from deployments.shard.features import FeatureQuery, empty_features, fill_features
 from deployments.shard.filters import FilterError
 from deployments.shard.query import ShardAnswer, ShardQuery
@@ -72,6 +73,9 @@ def id_ranks(services: Sequence[ShardService]) -> list[np.ndarray]:
     return [rank[bounds[i]:bounds[i + 1]] for i in range(len(services))]
 
 
+ANALYZED_TEXTS = 256  # recent queries' analyzed terms a group keeps (``ShardGroup.terms``)
+
+
 class ShardGroup:
     def __init__(self, services: Sequence[ShardService]):
         if not services:
@@ -85,10 +89,20 @@ class ShardGroup:
         # Shards asked again for a leg's whole k (``complete_legs``) since opened, per leg (the legs may run on two
         # threads at once, each counting its own).
         self.deepened = {"dense": 0, "keyword": 0}
+        self.analyzed: BoundedCache[str, tuple[str, ...]] = BoundedCache(ANALYZED_TEXTS)
 
     @property
     def size(self) -> int:
         return len(self.services)
+
+    def terms(self, text: str) -> list[str]:
+        """The text as the group's shards analyze it (one analyzer for all), kept for the most recent texts: a
+        search's ranking features are asked of the text its keyword leg analyzed a moment before."""
+        terms = self.analyzed.get(text)
+        if terms is None:
+            terms = tuple(self.services[0].analyze(text))
+            self.analyzed.put(text, terms)
+        return list(terms)
 
     def check(self) -> None:
         for s in self.services:
@@ -153,7 +167,7 @@ class ShardGroup:
         if not query.keyword:
             return []
         k = query.k_keyword
-        terms = self.services[0].analyze(query.text)
+        terms = self.terms(query.text)
         depth = shard_depth(k, self.size)
         shared = self.services[0].lucene.shared_top_k(k) if self.size > 1 and depth == k else None
         weights = query.field_weights
@@ -226,11 +240,15 @@ class ShardGroup:
         return np.stack(out) if out else np.zeros((0, 0), dtype=np.float32)
 
     def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
-        """Each shard's features of the candidates it holds, as one table in the order asked."""
+        """Each shard's features of the candidates it holds, as one table in the order asked (each candidate found
+        in one lookup, ``where``)."""
         out = empty_features(len(query.chunk_ids))
-        terms = self.services[0].analyze(query.text) if self.services else []  # one analyzer for every shard
-        for s in self.services:
-            fill_features(s, query, out, terms)
+        none = (-1, -1)
+        found = np.array([self.where.get(c, none) for c in query.chunk_ids], dtype=np.int64).reshape(-1, 2)
+        terms = self.terms(query.text) if (found[:, 0] >= 0).any() else []
+        for i, s in enumerate(self.services):
+            at = np.flatnonzero(found[:, 0] == i)
+            fill_features(s, query, out, terms, (at, found[at, 1]))
         return out
 
     def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]:

@@ -237,6 +237,22 @@ class LuceneShard:
             masks[np.isin(rows, self.search_rows([term], len(rows), rows.tolist())[0])] |= np.uint64(1 << i)
         return masks
 
+    def candidate_facts(self, terms: list[str], rows: np.ndarray, mask_terms: Sequence[str]
+                        ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """A ranking model's view of the chunk-table ``rows``: each field's ``scores_of`` with that field alone, and
+        ``term_masks`` of ``mask_terms`` (at most 64). On the helper's path one call reads both from the postings
+        (``ShardSearch.candidateFacts``); without it, one call each."""
+        rows = np.asarray(rows, dtype=np.int64)
+        mask_terms = list(mask_terms)[:64]
+        if not self.fast:
+            return ({f: self.scores_of(terms, rows, {f: 1.0}) for f in self.fields},
+                    self.term_masks(mask_terms, rows) if mask_terms else np.zeros(len(rows), dtype=np.uint64))
+        names = list(self.weights_of(dict.fromkeys(self.fields, 1.0)))
+        facts = self.j.ShardSearch.candidateFacts(*self._helper_clauses(terms, dict.fromkeys(names, 1.0)), names,
+                                                  CONTENTS_FIELD, mask_terms, self.doc_of_row[rows].tolist())
+        scores = np.asarray(facts.scores, dtype=np.float32).reshape(len(names), len(rows))
+        return dict(zip(names, scores, strict=True)), np.asarray(facts.masks, dtype=np.int64).view(np.uint64)
+
     def shared_top_k(self, k: int):
         """One query's top-k collector, shared by shards searched one after another in this process (pass it
         as ``shared`` to each): once a shard has k hits, its k-th score bounds the group's k-th score, and

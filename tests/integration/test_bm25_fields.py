@@ -101,6 +101,11 @@ def test_field_scores_are_each_fields_exact_bm25_of_the_given_rows(local, oracle
             assert got.dtype == np.float32 and len(got) == len(rows)
             assert np.allclose(got, expected, rtol=1e-5, atol=0), field
         assert (scores["title"] > 0).any() and (scores["title"] == 0).any()
+        # The ranking features' one pass over the postings (every field at once, no query built) agrees.
+        together, _ = shard.lucene.candidate_facts(terms, rows, [])
+        assert sorted(together) == sorted(scores)
+        for field, got in together.items():
+            assert np.allclose(got, scores[field], rtol=1e-6, atol=0), field
         assert shard.lucene.fast  # the helper scored them by doc number; the filtered search agrees
         shard.lucene.fast = False
         try:
@@ -175,3 +180,54 @@ def test_a_version_without_fields_serves_as_before(unfielded, local):
         old.bm25("boat", weights={"contents": 1.0, "title": 0.5})
 
 
+
+
+@pytest.mark.parametrize("group_size", [0, 2], ids=["one-group", "groups-of-2"])
+def test_each_candidates_ranking_features_equal_their_oracles(built, oracle, group_size):
+    """The table a ranking model reads, made as serving makes it (the shards in one group, or in groups of 2: a
+    candidate found in its shard of its group, the groups' answers merged), against oracles: each field's BM25 from
+    the one unsharded index, coverage from the chunk's own analyzed text, the lengths and position from its row,
+    the relative features counted over the table."""
+    import asyncio
+    from collections import Counter
+
+    from deployments.edge.schemas import SearchRequest
+    from deployments.search.inprocess import inprocess_pipeline
+    from deployments.shard.lucene import QueryAnalyzer
+    from index_format.chunk_ids import doc_of
+
+    _, summary = built[3]
+    *_, index_dir = oracle
+    pipeline = inprocess_pipeline({"default": summary.version_dir}, group_size=group_size)
+    local = LocalIndex(summary.version_dir)
+    rows = {r["chunk_id"]: r for s in local.shards for r in s.fetch(s.id_array.tolist())}
+    analyzer = QueryAnalyzer()
+    for query in ["sailing boat wind", "astronomy telescope galaxy", "music note piano piano"]:
+        table = asyncio.run(pipeline.ranking_features(SearchRequest(query=query)))
+        ids = [h.chunk_id for h in table.hits]
+        assert len(ids) > 20 and len(set(ids)) == len(ids)
+        col = table.columns
+        terms = analyzer.analyze(query)
+        for field in ("contents", "title"):
+            truth = _lucene_scores(index_dir, terms, {field: 1.0})
+            assert np.allclose(col[f"bm25_{field}"], [truth.get(c, 0.0) for c in ids], rtol=1e-5, atol=1e-6), field
+        distinct = sorted(set(terms))
+        held = [set(analyzer.analyze(f"{rows[c]['title']}\n{rows[c]['text']}" if rows[c]["text"] else rows[c]["title"]))
+                for c in ids]
+        assert col["term_coverage"].tolist() == pytest.approx([sum(t in h for t in distinct) / len(distinct)
+                                                               for h in held])
+        assert col["length"].tolist() == [len(rows[c]["text"].split()) for c in ids]
+        assert col["title_length"].tolist() == [len(rows[c]["title"].split()) for c in ids]
+        assert col["position"].tolist() == [float(c.rsplit("#", 1)[1]) for c in ids]
+        docs = Counter(doc_of(c) for c in ids)
+        assert col["doc_chunks"].tolist() == [docs[doc_of(c)] for c in ids]
+        assert col["fused_rank"].tolist() == list(range(1, len(ids) + 1))
+        best = max(col["bm25_contents"])
+        assert np.allclose(col["bm25_share"], col["bm25_contents"] / best)
+        # The keyword leg ranked by BM25 of contents: its ranks are distinct, and in their order BM25 never rises.
+        ranked = sorted((r, s) for r, s in zip(col["keyword_rank"], col["bm25_contents"], strict=True)
+                        if not np.isnan(r))
+        assert len({r for r, _ in ranked}) == len(ranked) > 0
+        assert all(a[1] >= b[1] - 1e-5 for a, b in zip(ranked, ranked[1:], strict=False))
+        dense = col["dense"]
+        assert np.isfinite(dense).all() and np.allclose(col["dense_gap"], dense.max() - dense)

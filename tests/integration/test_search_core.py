@@ -157,6 +157,9 @@ def test_term_masks_say_which_query_terms_each_chunk_holds(local):
             terms = sorted(set(fast.analyzer.analyze(q)))
             masks = fast.term_masks(terms, rows)
             assert masks.tolist() == slow.term_masks(terms, rows).tolist()
+            # Read beside each field's BM25 in one pass (the masks of terms a clause holds come from its postings).
+            assert fast.candidate_facts(fast.analyzer.analyze(q), rows, terms)[1].tolist() == masks.tolist()
+            assert slow.candidate_facts(fast.analyzer.analyze(q), rows, terms)[1].tolist() == masks.tolist()
             for row, mask in zip(rows.tolist(), masks.tolist(), strict=True):
                 held = set(fast.analyzer.analyze(f"{titles[row]}\n{texts[row]}" if texts[row] else titles[row]))
                 assert [bool(mask >> i & 1) for i in range(len(terms))] == [t in held for t in terms]

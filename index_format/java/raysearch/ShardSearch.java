@@ -10,11 +10,17 @@ import org.apache.lucene.analysis.TokenStream;
 import org.apache.lucene.analysis.tokenattributes.CharTermAttribute;
 import org.apache.lucene.index.IndexReader;
 import org.apache.lucene.index.LeafReaderContext;
+import org.apache.lucene.index.NumericDocValues;
 import org.apache.lucene.index.PostingsEnum;
 import org.apache.lucene.index.Term;
+import org.apache.lucene.index.TermState;
+import org.apache.lucene.index.TermStates;
+import org.apache.lucene.index.Terms;
+import org.apache.lucene.index.TermsEnum;
 import org.apache.lucene.search.BooleanClause;
 import org.apache.lucene.search.BooleanQuery;
 import org.apache.lucene.search.BoostQuery;
+import org.apache.lucene.search.CollectionStatistics;
 import org.apache.lucene.search.CollectorManager;
 import org.apache.lucene.search.DocIdSetIterator;
 import org.apache.lucene.search.IndexSearcher;
@@ -24,6 +30,7 @@ import org.apache.lucene.search.ScoreMode;
 import org.apache.lucene.search.Scorer;
 import org.apache.lucene.search.TermInSetQuery;
 import org.apache.lucene.search.TermQuery;
+import org.apache.lucene.search.TermStatistics;
 import org.apache.lucene.search.TopDocs;
 import org.apache.lucene.search.TopScoreDocCollector;
 import org.apache.lucene.search.Weight;
@@ -209,6 +216,135 @@ public final class ShardSearch {
     return out;
   }
 
+  /** What {@link #candidateFacts} reads of chosen documents. */
+  public static final class CandidateFacts {
+    /** The BM25 of {@code fieldNames[i]} of {@code docs[j]}, at {@code scores[i * docs.length + j]}. */
+    public final float[] scores;
+    /** Bit t of {@code masks[j]} set when the mask field of {@code docs[j]} holds {@code maskTerms[t]}. */
+    public final long[] masks;
+
+    private CandidateFacts(float[] scores, long[] masks) {
+      this.scores = scores;
+      this.masks = masks;
+    }
+  }
+
+  /**
+   * A ranking model's BM25 of each field and query-term coverage of the Lucene documents {@code docs}, in one pass
+   * over the postings: each field's score is what {@link #scoreDocs} gives with that field's clauses alone (the
+   * clauses as {@link #addClauses} keeps them, at most {@code maxClauses} a field), computed the way Lucene's
+   * TermQuery and BooleanQuery do (each term's similarity scorer of its frequency and the document's norm, summed
+   * in double), without building the query; {@code masks} are {@link #termMasks} of {@code maskTerms} in {@code
+   * maskField}, read from the same postings where a clause holds the term. The scorer of a disjunction, advanced
+   * to each candidate, cost more than the postings it reads.
+   */
+  public static CandidateFacts candidateFacts(
+      IndexSearcher searcher, String[] fields, String[] terms, double[] factors, long[] corpusDf, long[] corpusDocs,
+      long[] shardDocs, int maxClauses, String[] fieldNames, String maskField, String[] maskTerms, int[] docs)
+      throws IOException {
+    int n = docs.length;
+    double[] sums = new double[fieldNames.length * n];
+    long[] masks = new long[n];
+    if (n == 0) {
+      return new CandidateFacts(new float[0], masks);
+    }
+    Map<String, Integer> fieldIndex = new HashMap<>();
+    for (int f = 0; f < fieldNames.length; f++) {
+      fieldIndex.put(fieldNames[f], f);
+    }
+    Map<String, Integer> maskBit = new HashMap<>();
+    for (int t = 0; t < Math.min(maskTerms.length, 64); t++) {
+      maskBit.put(maskTerms[t], t);
+    }
+    Similarity similarity = searcher.getSimilarity();
+    List<Term> kept = new ArrayList<>();
+    List<TermStates> states = new ArrayList<>();
+    List<Similarity.SimScorer> scorers = new ArrayList<>();
+    List<Integer> fieldOf = new ArrayList<>();
+    List<Integer> bitOf = new ArrayList<>();
+    int[] clauses = new int[fieldNames.length];
+    long covered = 0L; // mask bits read from a clause's postings
+    for (int i = 0; i < terms.length; i++) {
+      Integer f = fieldIndex.get(fields[i]);
+      if (f == null || clauses[f] >= maxClauses) {
+        continue;
+      }
+      Term term = new Term(fields[i], terms[i]);
+      TermStates termStates = TermStates.build(searcher, term, true);
+      long shardDf = termStates.docFreq();
+      if (shardDf == 0 || corpusDf[i] == 0) {
+        continue;
+      }
+      clauses[f]++;
+      float boost = (float) (factors[i] * idf(corpusDocs[i], corpusDf[i]) / idf(shardDocs[i], shardDf));
+      CollectionStatistics collection = searcher.collectionStatistics(fields[i]);
+      TermStatistics stats = searcher.termStatistics(term, termStates.docFreq(), termStates.totalTermFreq());
+      kept.add(term);
+      states.add(termStates);
+      scorers.add(similarity.scorer(boost, collection, stats));
+      fieldOf.add(f);
+      Integer bit = fields[i].equals(maskField) ? maskBit.get(terms[i]) : null;
+      bitOf.add(bit == null ? -1 : bit);
+      if (bit != null) {
+        covered |= 1L << bit;
+      }
+    }
+    Integer[] order = inDocOrder(docs);
+    for (LeafReaderContext leaf : searcher.getIndexReader().leaves()) {
+      int start = leaf.docBase;
+      int end = start + leaf.reader().maxDoc();
+      for (int c = 0; c < kept.size(); c++) {
+        Term term = kept.get(c);
+        TermState state = states.get(c).get(leaf);
+        Terms fieldTerms = leaf.reader().terms(term.field());
+        if (state == null || fieldTerms == null) {
+          continue;
+        }
+        TermsEnum termsEnum = fieldTerms.iterator();
+        termsEnum.seekExact(term.bytes(), state);
+        PostingsEnum postings = termsEnum.postings(null, PostingsEnum.FREQS);
+        NumericDocValues norms = leaf.reader().getNormValues(term.field());
+        Similarity.SimScorer scorer = scorers.get(c);
+        int offset = fieldOf.get(c) * n;
+        int bit = bitOf.get(c);
+        int at = -1;
+        for (Integer j : order) {
+          int doc = docs[j];
+          if (doc < start || doc >= end) {
+            continue;
+          }
+          int local = doc - start;
+          if (at < local) {
+            at = postings.advance(local);
+          }
+          if (at == DocIdSetIterator.NO_MORE_DOCS) {
+            break;
+          }
+          if (at == local) {
+            long norm = norms == null ? 1L : (norms.advanceExact(local) ? norms.longValue() : 0L);
+            sums[offset + j] += scorer.score(postings.freq(), norm);
+            if (bit >= 0) {
+              masks[j] |= 1L << bit;
+            }
+          }
+        }
+      }
+    }
+    String[] rest = new String[Math.min(maskTerms.length, 64)];
+    for (int t = 0; t < rest.length; t++) {
+      rest[t] = (covered >> t & 1L) == 0 ? maskTerms[t] : null; // held in no clause: read on their own
+    }
+    long[] others = termMasks(searcher.getIndexReader(), maskField, rest, docs);
+    for (int j = 0; j < n; j++) {
+      masks[j] |= others[j];
+    }
+    float[] scores = new float[sums.length];
+    for (int k = 0; k < sums.length; k++) {
+      scores[k] = (float) sums[k];
+    }
+    return new CandidateFacts(scores, masks);
+  }
+
   private static Integer[] inDocOrder(int[] docs) {
     Integer[] order = new Integer[docs.length];
     for (int j = 0; j < docs.length; j++) {
@@ -231,6 +367,9 @@ public final class ShardSearch {
       int start = leaf.docBase;
       int end = start + leaf.reader().maxDoc();
       for (int i = 0; i < Math.min(terms.length, 64); i++) {
+        if (terms[i] == null) { // already read by candidateFacts
+          continue;
+        }
         PostingsEnum postings = leaf.reader().postings(new Term(field, terms[i]), PostingsEnum.NONE);
         if (postings == null) {
           continue;

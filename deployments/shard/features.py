@@ -86,45 +86,47 @@ def held_by_rows(chunk_ids: Sequence[str], row_of: dict[str, int]) -> tuple[list
 
 def shard_features(service, query: FeatureQuery) -> dict[str, np.ndarray]:
     """The features of ``query.chunk_ids`` in one ``ShardService`` (NaN for ids it does not hold)."""
-    out = empty_features(len(query.chunk_ids))
-    fill_features(service, query, out)
-    return out
+    at, rows = held_by_rows(query.chunk_ids, service.row_of)
+    return candidates_features([service], query, [(np.asarray(at, dtype=np.int64), rows)],
+                               service.analyze(query.text) if at else [])
 
 
-def fill_features(service, query: FeatureQuery, out: dict[str, np.ndarray], terms: list[str] | None = None,
-                  held: tuple[list[int], np.ndarray] | None = None) -> None:
-    """Write into ``out`` (columns over all of ``query.chunk_ids``) the features of the candidates ``service``
-    holds; ``terms``: the query as analyzed (shards of one group share the analyzer: once for all of them);
-    ``held``: those candidates' positions and rows (as ``held_by_rows`` gives them), where the caller has found them."""
+def candidates_features(services: Sequence, query: FeatureQuery, located: Sequence[tuple[np.ndarray, np.ndarray]],
+                        terms: list[str]) -> dict[str, np.ndarray]:
+    """The features of ``query.chunk_ids`` (NaN for those no service holds) from ``services``, shards of one version:
+    ``located`` gives, for each, the positions of the candidates it holds and their rows there; ``terms``, the query
+    as their one analyzer makes it. Each shard reads its own (its postings, vectors, rows); what does not depend on
+    the shard (the distinct terms, their corpus idf, the coverage arithmetic) is done once."""
     n = len(query.chunk_ids)
-    at, rows = held_by_rows(query.chunk_ids, service.row_of) if held is None else held
-    if len(at) == 0:
-        return
-    terms = service.analyze(query.text) if terms is None else terms
+    out = empty_features(n)
     want_bm25, want_coverage = query.wants("bm25_"), query.wants("term_coverage", "idf_coverage")
-    if want_bm25 or want_coverage:
-        # Each field's BM25 and the postings of each distinct term, read for these rows in one pass
-        # (``LuceneShard.candidate_facts``).
-        lucene = service.lucene
-        distinct = sorted(set(terms))[:64] if want_coverage else []
-        fields, bits = lucene.candidate_facts(terms if want_bm25 else [], rows, distinct)
-        for field, scores in fields.items() if want_bm25 else ():
-            column = out.setdefault(f"bm25_{field}", np.full(n, np.nan, dtype=np.float32))
-            column[at] = scores
-        if want_coverage:
-            idf = [lucene_idf(lucene.corpus.doc_count, int(lucene.corpus_df.get(t, 0))) for t in distinct]
-            out["term_coverage"][at], out["idf_coverage"][at] = coverage(held_of_bits(bits, len(distinct)), idf)
-    if query.vector is not None and query.wants("dense"):
-        vectors = np.asarray(service.embeddings[rows], dtype=np.float32)
-        out["dense"][at] = vectors @ np.asarray(query.vector, dtype=np.float32)
-    for name, vector in query.vectors.items():
-        if name in service.named and query.wants(f"dense_{name}"):
-            column = out.setdefault(f"dense_{name}", np.full(n, np.nan, dtype=np.float32))
-            column[at] = np.asarray(service.named[name].vectors[rows], dtype=np.float32) @ np.asarray(vector, np.float32)
-    text_words, title_words, positions = service.row_facts()
-    out["length"][at] = text_words[rows]
-    out["title_length"][at] = title_words[rows]
-    out["position"][at] = positions[rows]
+    distinct = sorted(set(terms))[:64] if want_coverage else []
+    bits = np.zeros(n, dtype=np.uint64)
+    for service, (at, rows) in zip(services, located, strict=True):
+        if len(at) == 0:
+            continue
+        if want_bm25 or want_coverage:
+            # Each field's BM25 and which distinct terms each holds, in one pass (``LuceneShard.candidate_facts``).
+            fields, bits[at] = service.lucene.candidate_facts(terms if want_bm25 else [], rows, distinct)
+            for field, scores in fields.items() if want_bm25 else ():
+                out.setdefault(f"bm25_{field}", np.full(n, np.nan, dtype=np.float32))[at] = scores
+        if query.vector is not None and query.wants("dense"):
+            out["dense"][at] = service.embeddings[rows] @ np.asarray(query.vector, dtype=np.float32)
+        for name, vector in query.vectors.items():
+            if name in service.named and query.wants(f"dense_{name}"):
+                column = out.setdefault(f"dense_{name}", np.full(n, np.nan, dtype=np.float32))
+                column[at] = np.asarray(service.named[name].vectors[rows], dtype=np.float32) @ np.asarray(vector,
+                                                                                                           np.float32)
+        text_words, title_words, positions = service.row_facts()
+        out["length"][at] = text_words[rows]
+        out["title_length"][at] = title_words[rows]
+        out["position"][at] = positions[rows]
+    if want_coverage and services:
+        held = np.concatenate([at for at, _ in located])
+        corpus = services[0].lucene
+        idf = [lucene_idf(corpus.corpus.doc_count, int(corpus.corpus_df.get(t, 0))) for t in distinct]
+        out["term_coverage"][held], out["idf_coverage"][held] = coverage(held_of_bits(bits[held], len(distinct)), idf)
+    return out
 
 
 def merge_features(n: int, parts: list[tuple[list[int], dict[str, np.ndarray]]]) -> dict[str, np.ndarray]:

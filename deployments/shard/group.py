@@ -13,11 +13,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
 from deployments.bounded import BoundedCache
-from deployments.shard.features import FeatureQuery, empty_features, fill_features
+from deployments.shard.features import FeatureQuery, candidates_features
 from deployments.shard.filters import FilterError
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.service import ShardService
@@ -74,6 +75,7 @@ def id_ranks(services: Sequence[ShardService]) -> list[np.ndarray]:
 
 
 ANALYZED_TEXTS = 256  # recent queries' analyzed terms a group keeps (``ShardGroup.terms``)
+ROWS = 1 << 40  # more rows than a shard holds: ``ShardGroup.where`` packs (shard, row) as shard * ROWS + row
 
 
 class ShardGroup:
@@ -84,8 +86,8 @@ class ShardGroup:
         self.name = ",".join(s.name for s in self.services)
         self.id_arrays = [s.id_array for s in self.services]
         self.ranks = id_ranks(self.services)
-        # chunk id -> (shard, row): a page's rows are found in one pass, whichever shards hold them.
-        self.where = {cid: (i, row) for i, s in enumerate(self.services) for cid, row in s.row_of.items()}
+        # chunk id -> shard * ROWS + row: a page's rows are found in one pass, whichever shards hold them.
+        self.where = {cid: i * ROWS + row for i, s in enumerate(self.services) for cid, row in s.row_of.items()}
         # Shards asked again for a leg's whole k (``complete_legs``) since opened, per leg (the legs may run on two
         # threads at once, each counting its own).
         self.deepened = {"dense": 0, "keyword": 0}
@@ -94,6 +96,10 @@ class ShardGroup:
     @property
     def size(self) -> int:
         return len(self.services)
+
+    def locate(self, chunk_id: str) -> tuple[int, int]:
+        """(the shard that holds the chunk, its row there); KeyError when none of the group's does."""
+        return divmod(self.where[chunk_id], ROWS)
 
     def terms(self, text: str) -> list[str]:
         """The text as the group's shards analyze it (one analyzer for all), kept for the most recent texts: a
@@ -219,7 +225,7 @@ class ShardGroup:
         """Chunk rows for the ids this group holds, in the order asked."""
         if len(self.services) == 1:
             return self.services[0].fetch(chunk_ids)
-        located = [self.where[c] for c in chunk_ids if c in self.where]
+        located = [self.locate(c) for c in chunk_ids if c in self.where]
         per_shard: list[list[int]] = [[] for _ in self.services]
         for shard, row in located:
             per_shard[shard].append(row)
@@ -242,14 +248,11 @@ class ShardGroup:
     def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
         """Each shard's features of the candidates it holds, as one table in the order asked (each candidate found
         in one lookup, ``where``)."""
-        out = empty_features(len(query.chunk_ids))
-        none = (-1, -1)
-        found = np.array([self.where.get(c, none) for c in query.chunk_ids], dtype=np.int64).reshape(-1, 2)
-        terms = self.terms(query.text) if (found[:, 0] >= 0).any() else []
-        for i, s in enumerate(self.services):
-            at = np.flatnonzero(found[:, 0] == i)
-            fill_features(s, query, out, terms, (at, found[at, 1]))
-        return out
+        code = np.fromiter(map(self.where.get, query.chunk_ids, repeat(-1)), dtype=np.int64, count=len(query.chunk_ids))
+        shard, rows = np.divmod(code, ROWS)
+        located = [(at, rows[at]) for at in (np.flatnonzero((code >= 0) & (shard == i)) for i in range(self.size))]
+        terms = self.terms(query.text) if (code >= 0).any() else []
+        return candidates_features(self.services, query, located, terms)
 
     def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]:
         df: dict[str, int] = {}

@@ -327,13 +327,13 @@ def test_fetched_rows_are_the_chunk_tables_rows_in_the_order_asked(built, monkey
             table[row["chunk_id"]] = row | {"metadata": json.loads(row["metadata_json"])}
     ids = sorted(table)
     asked = ids[::-3][:12] + ["no-such-chunk#0"] + ids[:5]
-    assert len({group.where[c][0] for c in asked if c in table}) == 3  # rows of every shard, interleaved
+    assert len({group.locate(c)[0] for c in asked if c in table}) == 3  # rows of every shard, interleaved
     for bound in (service_module.ROWS_KEPT, 4):
         for s in group.services:
             s._rows = BoundedCache(bound)
         for _ in range(2):  # read, then kept (or dropped and read again under the small bound)
             assert group.fetch(asked) == [table[c] for c in asked if c in table]
-    per_shard = [sum(group.where[c][0] == i for c in asked if c in table) for i in range(3)]
+    per_shard = [sum(group.locate(c)[0] == i for c in asked if c in table) for i in range(3)]
     assert all(len(s._rows) <= max(4, n) for s, n in zip(group.services, per_shard, strict=True))
 
 

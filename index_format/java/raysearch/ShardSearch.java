@@ -263,21 +263,28 @@ public final class ShardSearch {
     List<Integer> fieldOf = new ArrayList<>();
     List<Integer> bitOf = new ArrayList<>();
     int[] clauses = new int[fieldNames.length];
+    CollectionStatistics[] collections = new CollectionStatistics[fieldNames.length];
     long covered = 0L; // mask bits read from a clause's postings
     for (int i = 0; i < terms.length; i++) {
       Integer f = fieldIndex.get(fields[i]);
       if (f == null || clauses[f] >= maxClauses) {
         continue;
       }
+      if (corpusDf[i] == 0) {
+        continue;
+      }
       Term term = new Term(fields[i], terms[i]);
       TermStates termStates = TermStates.build(searcher, term, true);
       long shardDf = termStates.docFreq();
-      if (shardDf == 0 || corpusDf[i] == 0) {
+      if (shardDf == 0) {
         continue;
       }
       clauses[f]++;
       float boost = (float) (factors[i] * idf(corpusDocs[i], corpusDf[i]) / idf(shardDocs[i], shardDf));
-      CollectionStatistics collection = searcher.collectionStatistics(fields[i]);
+      if (collections[f] == null) {
+        collections[f] = searcher.collectionStatistics(fields[i]);
+      }
+      CollectionStatistics collection = collections[f];
       TermStatistics stats = searcher.termStatistics(term, termStates.docFreq(), termStates.totalTermFreq());
       kept.add(term);
       states.add(termStates);
@@ -290,6 +297,7 @@ public final class ShardSearch {
       }
     }
     Integer[] order = inDocOrder(docs);
+    PostingsEnum[] reuse = new PostingsEnum[fieldNames.length]; // one enum a field, reset for each of its terms
     for (LeafReaderContext leaf : searcher.getIndexReader().leaves()) {
       int start = leaf.docBase;
       int end = start + leaf.reader().maxDoc();
@@ -302,7 +310,8 @@ public final class ShardSearch {
         }
         TermsEnum termsEnum = fieldTerms.iterator();
         termsEnum.seekExact(term.bytes(), state);
-        PostingsEnum postings = termsEnum.postings(null, PostingsEnum.FREQS);
+        PostingsEnum postings = termsEnum.postings(reuse[fieldOf.get(c)], PostingsEnum.FREQS);
+        reuse[fieldOf.get(c)] = postings;
         NumericDocValues norms = leaf.reader().getNormValues(term.field());
         Similarity.SimScorer scorer = scorers.get(c);
         int offset = fieldOf.get(c) * n;

@@ -63,13 +63,14 @@ def model_alone(pipeline, texts: list[str], repeats: int) -> dict:
 def field_scoring(index: Path, texts: list[str], per_shard: int, repeats: int, warm: int = 10) -> dict:
     """The shards' BM25 of each field and term masks (coverage) for ``per_shard`` chosen rows of each shard (half
     the shard's BM25 top, half drawn at random: a fused pool holds chunks the keyword leg never returned), three
-    ways alternating in one run: one pass over the postings for every field and the masks
-    (``LuceneShard.candidate_facts``, what serving does); each field by advancing its query's scorer to the rows'
+    ways alternating in one run: one pass over the postings for every field and the masks, all shards in one call
+    (``lucene.candidate_facts_of``, what a shard group does); each field by advancing its query's scorer to the rows'
     Lucene doc numbers (``scores_of``) and the masks apart (``term_masks``), what it did before; each field by a
     search filtered to the rows' ids (a ``TermInSetQuery``) and the masks apart, before that. Asserts all three
     give the same scores and masks."""
     import numpy as np
 
+    from deployments.shard.lucene import candidate_facts_of
     from deployments.shard.service import ShardService, open_version
 
     version_dir, manifest, stats, df, expect = open_version(index)
@@ -78,35 +79,41 @@ def field_scoring(index: Path, texts: list[str], per_shard: int, repeats: int, w
     rng = np.random.default_rng(0)
     work = []
     for text in texts:
+        terms = shards[0].analyze(text)  # one analyzer for every shard of a version
+        rows = []
         for shard in shards:
-            terms = shard.analyze(text)
             top = shard.keyword_leg(terms, per_shard // 2)[0]
-            rows = np.unique(np.concatenate([top, rng.integers(0, shard.chunks, per_shard - len(top))]))
-            work.append((shard, terms, rows, sorted(set(terms))[:64]))
+            rows.append(np.unique(np.concatenate([top, rng.integers(0, shard.chunks, per_shard - len(top))])))
+        work.append((terms, rows, sorted(set(terms))[:64]))
 
-    def one_pass(shard, terms, rows, distinct):
-        return shard.lucene.candidate_facts(terms, rows, distinct)
+    def one_pass(terms, rows, distinct):  # every shard in one call, as a shard group does
+        fields, masks = candidate_facts_of([s.lucene for s in shards], rows, terms, distinct)
+        bounds = np.cumsum([0] + [len(r) for r in rows])
+        return [({f: v[a:b] for f, v in fields.items()}, masks[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
-    def by_docs(shard, terms, rows, distinct):
-        return ({f: shard.lucene.scores_of(terms, rows, {f: 1.0}) for f in shard.lucene.fields},
-                shard.lucene.term_masks(distinct, rows))
+    def by_docs(terms, rows, distinct):
+        return [({f: shard.lucene.scores_of(terms, r, {f: 1.0}) for f in shard.lucene.fields},
+                 shard.lucene.term_masks(distinct, r)) for shard, r in zip(shards, rows, strict=True)]
 
-    def by_filter(shard, terms, rows, distinct):
-        out = {}
-        for f in shard.lucene.fields:
-            scores = np.zeros(len(rows), dtype=np.float32)
-            hit_rows, hit_scores = shard.lucene.search_rows(terms, len(rows), rows.tolist(), weights={f: 1.0})
-            scores[np.searchsorted(rows, hit_rows)] = hit_scores
-            out[f] = scores
-        return out, shard.lucene.term_masks(distinct, rows)
+    def by_filter(terms, rows, distinct):
+        out = []
+        for shard, r in zip(shards, rows, strict=True):
+            fields = {}
+            for f in shard.lucene.fields:
+                scores = np.zeros(len(r), dtype=np.float32)
+                hit_rows, hit_scores = shard.lucene.search_rows(terms, len(r), r.tolist(), weights={f: 1.0})
+                scores[np.searchsorted(r, hit_rows)] = hit_scores
+                fields[f] = scores
+            out.append((fields, shard.lucene.term_masks(distinct, r)))
+        return out
 
     ways = {"one_pass": one_pass, "by_doc_number": by_docs, "by_filter": by_filter}
     for item in work:
-        (a, a_masks), (b, b_masks), (c, _) = (how(*item) for how in ways.values())
-        assert a_masks.tolist() == b_masks.tolist(), "the masks disagree"
-        for f in a:
-            assert np.allclose(a[f], b[f], rtol=1e-5, atol=1e-6) and np.allclose(b[f], c[f], rtol=1e-5, atol=1e-6), \
-                "the ways disagree"
+        for (a, a_masks), (b, b_masks), (c, _) in zip(*(how(*item) for how in ways.values()), strict=True):
+            assert a_masks.tolist() == b_masks.tolist(), "the masks disagree"
+            for f in a:
+                assert np.allclose(a[f], b[f], rtol=1e-5, atol=1e-6) and np.allclose(b[f], c[f], rtol=1e-5,
+                                                                                     atol=1e-6), "the ways disagree"
     cpu = dict.fromkeys(ways, 0.0)
     for _ in range(warm):  # the JIT compiles each path: the first rounds cost 2-4x the later ones
         for how in ways.values():

@@ -20,6 +20,7 @@ is NaN, which the trees route on their own (LightGBM learns where a missing valu
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import tempfile
@@ -40,7 +41,7 @@ from deployments.shard.features import SHARD_FEATURES, FeatureQuery, merge_featu
 from index_format.chunk_ids import doc_of
 
 logger = logging.getLogger("ray.serve")
-_chunk_id, _score = itemgetter(0), itemgetter(1)  # of a Hit
+_chunk_id, _score, _slot = itemgetter(0), itemgetter(1), itemgetter(2)  # of a Hit
 
 LEG_FEATURES = ("dense_rank", "keyword_rank", "fused_score", "fused_rank")
 RELATIVE_FEATURES = ("bm25_share", "dense_gap", "doc_chunks")
@@ -120,7 +121,8 @@ def relative(columns: dict[str, np.ndarray], pool: Sequence[Hit]) -> None:
     columns["doc_chunks"] = np.fromiter(map(counts.__getitem__, docs), dtype=np.float32, count=len(docs))
 
 
-def shard_names(names: Sequence[str] | None) -> frozenset[str] | None:
+@functools.lru_cache(maxsize=64)  # a served model asks with the same names every query
+def shard_names(names: tuple[str, ...] | None) -> frozenset[str] | None:
     """The shards' features a model reading ``names`` needs (the relative ones are made from theirs)."""
     if names is None:
         return None
@@ -156,31 +158,32 @@ async def candidate_features(ctx: SearchContext, got: Retrieved, pool: list[Hit]
     holds, under ``shard_timeout_s``; a slot that fails leaves its candidates' shard features NaN. ``names``: only
     what a model reads is asked of the shards (None: everything, as training asks)."""
     target = ctx.targets[0]
-    by_slot: dict[int, list[int]] = {}
-    for i, h in enumerate(pool):
-        by_slot.setdefault(h.shard, []).append(i)
-    slots = sorted(by_slot)
-    wanted = shard_names(names)
+    ids = list(map(_chunk_id, pool))
+    slot_of = np.fromiter(map(_slot, pool), dtype=np.int64, count=len(pool))
+    slots = np.unique(slot_of).tolist()
+    by_slot = {s: np.flatnonzero(slot_of == s) for s in slots} if len(slots) > 1 else {s: None for s in slots}
+    wanted = shard_names(None if names is None else tuple(names))
     try:
         vector, named = await query_vectors(ctx, target, wanted)
     except Exception as exc:  # noqa: BLE001 - the cosines are NaN, as where the query encoder failed for the leg
         vector, named = ctx.vectors.get(target.name) if ctx.req.encoder is None else None, {}
         ctx.work.warnings.append(f"ranking features: a query encoder {failure(exc)}; its cosines left out")
-    calls = [within(target.slot(s).features(FeatureQuery(ctx.text, [pool[i].chunk_id for i in by_slot[s]], vector,
+    calls = [within(target.slot(s).features(FeatureQuery(ctx.text, ids if at is None else [ids[i] for i in at], vector,
                                                          wanted, named)), ctx.settings.shard_timeout_s)
-             for s in slots]
+             for s, at in by_slot.items()]
     answers = await gathered(calls, return_exceptions=True)
     failed = [target.slot(s).name for s, a in zip(slots, answers, strict=True) if isinstance(a, BaseException)]
     if failed:
         ctx.work.warnings.append(f"ranking features: shards {', '.join(failed)} did not answer; their candidates "
                                  "were ranked without their shard features")
-    parts = [(by_slot[s], a) for s, a in zip(slots, answers, strict=True) if not isinstance(a, BaseException)]
+    parts = [(np.arange(len(pool)) if by_slot[s] is None else by_slot[s], a)
+             for s, a in zip(slots, answers, strict=True) if not isinstance(a, BaseException)]
     columns = merge_features(len(pool), parts)
     dense, keyword = got.legs[target.name]
     columns["dense_rank"] = leg_ranks(dense, pool)
     columns["keyword_rank"] = leg_ranks(keyword, pool)
     if got.fused[:len(pool)] == pool:  # the fused order's head, as served and trained: ranks are positions
-        columns["fused_score"] = np.fromiter((h.score for h in pool), dtype=np.float32, count=len(pool))
+        columns["fused_score"] = np.fromiter(map(_score, pool), dtype=np.float32, count=len(pool))
         columns["fused_rank"] = np.arange(1, len(pool) + 1, dtype=np.float32)
     else:
         columns["fused_score"] = leg_scores(got.fused, pool)

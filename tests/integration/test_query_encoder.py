@@ -117,3 +117,25 @@ def test_a_folder_saved_by_this_sentence_transformers_encodes_as_torch(encoders,
     monkeypatch.setenv("RAYSEARCH_CACHE", str(tmp_path / "cache"))
     onnx = load_encoder(str(saved), backend="onnx")
     assert (onnx.encode(TEXTS) * torch_encoder.encode(TEXTS)).sum(axis=1).min() > 0.99999
+
+
+def test_named_encoders_load_on_first_use(tmp_path):
+    """In the router, a collection's own query encoder is loaded when the app starts; a named one (a version's
+    second encoder, or a ranking model's fold encoders, which no served query uses) only when a request first needs
+    it, and then embeds as the one loaded at once does. A named encoder that is also a collection's own is loaded."""
+    import asyncio
+
+    from deployments.serve.handles import LocalEncoder, deployed_collections
+    from deployments.serve.specs import CollectionSpec
+
+    own, named = EncoderSpec("all-MiniLM-L6-v2"), EncoderSpec("all-MiniLM-L6-v2", query_prompt="query: ")
+    specs = {"a": CollectionSpec("a", "v1", [], own, 384, str(tmp_path), named_encoders={"fold0": (named, None)})}
+    deployed = deployed_collections(specs)
+    assert deployed["a"].encoder.loaded
+    lazy = deployed["a"].named["fold0"][1]
+    assert isinstance(lazy, LocalEncoder) and not lazy.loaded and lazy.encoder is None
+    got = asyncio.run(lazy.embed(TEXTS[0]))
+    assert lazy.loaded
+    assert np.abs(got - LocalEncoder(named, "onnx").encoder.encode([TEXTS[0]], prompt="query: ")[0]).max() < 1e-6
+    both = {"a": specs["a"], "b": CollectionSpec("b", "v1", [], named, 384, str(tmp_path))}
+    assert deployed_collections(both)["a"].named["fold0"][1].loaded  # b's own encoder: loaded at start

@@ -195,23 +195,7 @@ public final class ShardSearch {
       if (scorer == null) {
         continue;
       }
-      DocIdSetIterator it = scorer.iterator();
-      int start = leaf.docBase;
-      int end = start + leaf.reader().maxDoc();
-      for (Integer j : order) {
-        int doc = docs[j];
-        if (doc < start || doc >= end) {
-          continue;
-        }
-        int local = doc - start;
-        int at = it.docID() < local ? it.advance(local) : it.docID();
-        if (at == DocIdSetIterator.NO_MORE_DOCS) {
-          break;
-        }
-        if (at == local) {
-          out[j] = scorer.score();
-        }
-      }
+      eachHeld(scorer.iterator(), docs, order, leaf, (j, local) -> out[j] = scorer.score());
     }
     return out;
   }
@@ -299,8 +283,6 @@ public final class ShardSearch {
     Integer[] order = inDocOrder(docs);
     PostingsEnum[] reuse = new PostingsEnum[fieldNames.length]; // one enum a field, reset for each of its terms
     for (LeafReaderContext leaf : searcher.getIndexReader().leaves()) {
-      int start = leaf.docBase;
-      int end = start + leaf.reader().maxDoc();
       for (int c = 0; c < kept.size(); c++) {
         Term term = kept.get(c);
         TermState state = states.get(c).get(leaf);
@@ -316,27 +298,13 @@ public final class ShardSearch {
         Similarity.SimScorer scorer = scorers.get(c);
         int offset = fieldOf.get(c) * n;
         int bit = bitOf.get(c);
-        int at = -1;
-        for (Integer j : order) {
-          int doc = docs[j];
-          if (doc < start || doc >= end) {
-            continue;
+        eachHeld(postings, docs, order, leaf, (j, local) -> {
+          long norm = norms == null ? 1L : (norms.advanceExact(local) ? norms.longValue() : 0L);
+          sums[offset + j] += scorer.score(postings.freq(), norm);
+          if (bit >= 0) {
+            masks[j] |= 1L << bit;
           }
-          int local = doc - start;
-          if (at < local) {
-            at = postings.advance(local);
-          }
-          if (at == DocIdSetIterator.NO_MORE_DOCS) {
-            break;
-          }
-          if (at == local) {
-            long norm = norms == null ? 1L : (norms.advanceExact(local) ? norms.longValue() : 0L);
-            sums[offset + j] += scorer.score(postings.freq(), norm);
-            if (bit >= 0) {
-              masks[j] |= 1L << bit;
-            }
-          }
-        }
+        });
       }
     }
     String[] rest = new String[Math.min(maskTerms.length, 64)];
@@ -384,6 +352,36 @@ public final class ShardSearch {
     return new CandidateFacts(scores, masks);
   }
 
+  /** What {@link #eachHeld} does at each candidate an iterator holds: {@code j}, its index in the candidates. */
+  private interface Held {
+    void at(int j, int local) throws IOException;
+  }
+
+  /**
+   * Advances {@code it} (a leaf's postings, or a scorer's iterator) through the candidates {@code docs} that lie in
+   * {@code leaf}, in doc order ({@code order}), and calls {@code held} at each one it holds, with the candidate's
+   * doc number within the leaf: the one walk every candidate-reading method here makes.
+   */
+  private static void eachHeld(DocIdSetIterator it, int[] docs, Integer[] order, LeafReaderContext leaf, Held held)
+      throws IOException {
+    int start = leaf.docBase;
+    int end = start + leaf.reader().maxDoc();
+    for (Integer j : order) {
+      int doc = docs[j];
+      if (doc < start || doc >= end) {
+        continue;
+      }
+      int local = doc - start;
+      int at = it.docID() < local ? it.advance(local) : it.docID();
+      if (at == DocIdSetIterator.NO_MORE_DOCS) {
+        break;
+      }
+      if (at == local) {
+        held.at(j, local);
+      }
+    }
+  }
+
   private static Integer[] inDocOrder(int[] docs) {
     Integer[] order = new Integer[docs.length];
     for (int j = 0; j < docs.length; j++) {
@@ -403,32 +401,14 @@ public final class ShardSearch {
     long[] masks = new long[docs.length];
     Integer[] order = inDocOrder(docs);
     for (LeafReaderContext leaf : reader.leaves()) {
-      int start = leaf.docBase;
-      int end = start + leaf.reader().maxDoc();
       for (int i = 0; i < Math.min(terms.length, 64); i++) {
         if (terms[i] == null) { // already read by candidateFacts
           continue;
         }
         PostingsEnum postings = leaf.reader().postings(new Term(field, terms[i]), PostingsEnum.NONE);
-        if (postings == null) {
-          continue;
-        }
-        int at = -1;
-        for (Integer j : order) {
-          int doc = docs[j];
-          if (doc < start || doc >= end) {
-            continue;
-          }
-          int local = doc - start;
-          if (at < local) {
-            at = postings.advance(local);
-          }
-          if (at == PostingsEnum.NO_MORE_DOCS) {
-            break;
-          }
-          if (at == local) {
-            masks[j] |= 1L << i;
-          }
+        if (postings != null) {
+          long bit = 1L << i;
+          eachHeld(postings, docs, order, leaf, (j, local) -> masks[j] |= bit);
         }
       }
     }

@@ -290,8 +290,8 @@ class FreshSegment:
     def field_scores(self, terms: list[str], chunk_ids: Sequence[str]) -> dict[str, np.ndarray]:
         """Each Lucene field's BM25 (as ``search`` scores it) of the chunks ``chunk_ids`` for the query's analyzed
         ``terms``, float32 in the order of ``chunk_ids``: 0 where no term matches and for a chunk the segment does
-        not hold (live). The fresh side of ``ShardService.field_scores``, asked by chunk id: the segment has no
-        chunk table whose rows a caller could know."""
+        not hold (live). The fresh side of the field scores ``LuceneShard.candidate_facts`` reads, asked by chunk
+        id: the segment has no chunk table whose rows a caller could know."""
         at, rows = held_by_rows(chunk_ids, self.row_of)
         out = {}
         for name, postings in self.postings.items():

@@ -160,24 +160,23 @@ async def candidate_features(ctx: SearchContext, got: Retrieved, pool: list[Hit]
     target = ctx.targets[0]
     ids = list(map(_chunk_id, pool))
     slot_of = np.fromiter(map(_slot, pool), dtype=np.int64, count=len(pool))
-    slots = np.unique(slot_of).tolist()
-    by_slot = {s: np.flatnonzero(slot_of == s) for s in slots} if len(slots) > 1 else {s: None for s in slots}
+    by_slot = {s: np.flatnonzero(slot_of == s) for s in np.unique(slot_of).tolist()}  # positions in the pool
+    slots = list(by_slot)
     wanted = shard_names(None if names is None else tuple(names))
     try:
         vector, named = await query_vectors(ctx, target, wanted)
     except Exception as exc:  # noqa: BLE001 - the cosines are NaN, as where the query encoder failed for the leg
         vector, named = ctx.vectors.get(target.name) if ctx.req.encoder is None else None, {}
         ctx.work.warnings.append(f"ranking features: a query encoder {failure(exc)}; its cosines left out")
-    calls = [within(target.slot(s).features(FeatureQuery(ctx.text, ids if at is None else [ids[i] for i in at], vector,
-                                                         wanted, named)), ctx.settings.shard_timeout_s)
+    calls = [within(target.slot(s).features(FeatureQuery(ctx.text, ids if len(at) == len(ids) else [ids[i] for i in at],
+                                                         vector, wanted, named)), ctx.settings.shard_timeout_s)
              for s, at in by_slot.items()]
     answers = await gathered(calls, return_exceptions=True)
     failed = [target.slot(s).name for s, a in zip(slots, answers, strict=True) if isinstance(a, BaseException)]
     if failed:
         ctx.work.warnings.append(f"ranking features: shards {', '.join(failed)} did not answer; their candidates "
                                  "were ranked without their shard features")
-    parts = [(np.arange(len(pool)) if by_slot[s] is None else by_slot[s], a)
-             for s, a in zip(slots, answers, strict=True) if not isinstance(a, BaseException)]
+    parts = [(by_slot[s], a) for s, a in zip(slots, answers, strict=True) if not isinstance(a, BaseException)]
     columns = merge_features(len(pool), parts)
     dense, keyword = got.legs[target.name]
     columns["dense_rank"] = leg_ranks(dense, pool)

@@ -154,10 +154,11 @@ class LocalEncoder:
                 max_workers=self.threads if getattr(self.encoder, "thread_safe", False) else 1,
                 thread_name_prefix="query-encoder")
 
-    async def _ready(self):
+    async def _worker(self):
+        """The worker threads, the model loaded first where it is not yet (off the event loop)."""
         if self.worker is None:
             await asyncio.to_thread(self.load)
-        return asyncio.get_running_loop()
+        return self.worker
 
     async def embed(self, text: str):
         return (await self.embed_many([text]))[0]
@@ -165,12 +166,14 @@ class LocalEncoder:
     async def embed_many(self, texts: list[str]):
         from index_format.encoders import encode_queries
 
-        loop = await self._ready()
-        return list(await loop.run_in_executor(self.worker, encode_queries, self.encoder, texts, self.spec.query_prompt))
+        worker = await self._worker()
+        return list(await asyncio.get_running_loop().run_in_executor(worker, encode_queries, self.encoder, texts,
+                                                                     self.spec.query_prompt))
 
     async def embed_documents(self, texts: list[str]):
-        loop = await self._ready()
-        return list(await loop.run_in_executor(self.worker, self.encoder.encode, texts, 64, self.spec.document_prompt))
+        worker = await self._worker()
+        return list(await asyncio.get_running_loop().run_in_executor(worker, self.encoder.encode, texts, 64,
+                                                                     self.spec.document_prompt))
 
 
 class HandleReranker:

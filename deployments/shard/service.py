@@ -154,12 +154,6 @@ class ShardService:
         weighted sum of the fields' BM25 (None: ``contents`` alone)."""
         return self.lucene.search_rows(terms, k, None if allowed is None else allowed.tolist(), keyword_top, weights)
 
-    def field_scores(self, terms: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Each indexed Lucene field's corpus-exact BM25 (``contents``, and e.g. ``title``) of the chunk-table
-        ``rows`` for the query's analyzed ``terms``, float32 in the order of ``rows``, 0 where no term matches:
-        the keyword leg's score of one field, for chosen chunks (``LuceneShard.scores_of``)."""
-        return {name: self.lucene.scores_of(terms, rows, {name: 1.0}) for name in self.lucene.fields}
-
     def row_facts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Words in each chunk's text and in its title, and its position in its document, by row: read once, on the
         first call (a ranking model's length features; a shard that serves no model never pays for them)."""

@@ -88,12 +88,15 @@ def test_the_title_field_alone_finds_titles(local):
 
 
 def test_field_scores_are_each_fields_exact_bm25_of_the_given_rows(local, oracle):
+    """A ranking model's BM25 of each field for chosen rows, read in one pass over the postings (every field at once,
+    no query built), against the unsharded index; a field's own query advanced to the rows (``scores_of``) and a
+    search filtered to them (the path without the helper) agree."""
     *_, index_dir = oracle
     query = "sailing boat telescope astronomy"
     for shard in local.shards:
         rows = np.arange(shard.chunks - 1, -1, -2, dtype=np.int64)  # every other row, in reverse
         terms = shard.analyze(query)
-        scores = shard.field_scores(terms, rows)
+        scores, _ = shard.lucene.candidate_facts(terms, rows, [])
         assert sorted(scores) == ["contents", "title"]
         for field, got in scores.items():
             truth = _lucene_scores(index_dir, terms, {field: 1.0})
@@ -101,19 +104,17 @@ def test_field_scores_are_each_fields_exact_bm25_of_the_given_rows(local, oracle
             assert got.dtype == np.float32 and len(got) == len(rows)
             assert np.allclose(got, expected, rtol=1e-5, atol=0), field
         assert (scores["title"] > 0).any() and (scores["title"] == 0).any()
-        # The ranking features' one pass over the postings (every field at once, no query built) agrees.
-        together, _ = shard.lucene.candidate_facts(terms, rows, [])
-        assert sorted(together) == sorted(scores)
-        for field, got in together.items():
-            assert np.allclose(got, scores[field], rtol=1e-6, atol=0), field
-        assert shard.lucene.fast  # the helper scored them by doc number; the filtered search agrees
+        assert shard.lucene.fast
+        for field, got in scores.items():  # the helper's field query advanced to the rows' doc numbers
+            assert np.allclose(got, shard.lucene.scores_of(terms, rows, {field: 1.0}), rtol=1e-6, atol=0)
         shard.lucene.fast = False
         try:
-            for field, got in scores.items():
+            for field, got in scores.items():  # a search filtered to the rows, one field at a time
                 assert np.allclose(got, shard.lucene.scores_of(terms, rows, {field: 1.0}), rtol=1e-6, atol=0)
         finally:
             shard.lucene.fast = True
-    assert all(len(v) == 0 for v in local.shards[0].field_scores(["boat"], np.zeros(0, dtype=np.int64)).values())
+    nothing, _ = local.shards[0].lucene.candidate_facts(["boat"], np.zeros(0, dtype=np.int64), [])
+    assert all(len(v) == 0 for v in nothing.values())
 
 
 def test_every_weighted_score_equals_plain_lucene_unrounded(local, oracle):
@@ -172,7 +173,7 @@ def test_a_version_without_fields_serves_as_before(unfielded, local):
     for shard in old.shards:
         assert list(shard.lucene.fields) == ["contents"]
         assert "fields" not in shard.manifest.lucene
-        assert list(shard.field_scores(["boat"], np.arange(3))) == ["contents"]
+        assert list(shard.lucene.candidate_facts(["boat"], np.arange(3), [])[0]) == ["contents"]
     for q in QUERIES:  # the same contents-only scores as a version with a title field beside
         a, b = old.bm25(q, k=10), local.bm25(q, k=10)
         assert [h.chunk_id for h in a] == [h.chunk_id for h in b] and [h.score for h in a] == [h.score for h in b]

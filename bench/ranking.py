@@ -64,13 +64,13 @@ def field_scoring(index: Path, texts: list[str], per_shard: int, repeats: int, w
     """The shards' BM25 of each field and term masks (coverage) for ``per_shard`` chosen rows of each shard (half
     the shard's BM25 top, half drawn at random: a fused pool holds chunks the keyword leg never returned), three
     ways alternating in one run: one pass over the postings for every field and the masks, all shards in one call
-    (``lucene.candidate_facts_of``, what a shard group does); each field by advancing its query's scorer to the rows'
+    (a ``lucene.FactsReader`` over them, what a shard group does); each field by advancing its query's scorer to the rows'
     Lucene doc numbers (``scores_of``) and the masks apart (``term_masks``), what it did before; each field by a
     search filtered to the rows' ids (a ``TermInSetQuery``) and the masks apart, before that. Asserts all three
     give the same scores and masks."""
     import numpy as np
 
-    from deployments.shard.lucene import candidate_facts_of
+    from deployments.shard.lucene import FactsReader
     from deployments.shard.service import ShardService, open_version
 
     version_dir, manifest, stats, df, expect = open_version(index)
@@ -86,8 +86,10 @@ def field_scoring(index: Path, texts: list[str], per_shard: int, repeats: int, w
             rows.append(np.unique(np.concatenate([top, rng.integers(0, shard.chunks, per_shard - len(top))])))
         work.append((terms, rows, sorted(set(terms))[:64]))
 
+    reader = FactsReader([s.lucene for s in shards])
+
     def one_pass(terms, rows, distinct):  # every shard in one call, as a shard group does
-        fields, masks = candidate_facts_of([s.lucene for s in shards], rows, terms, distinct)
+        fields, masks = reader.read(rows, terms, distinct)
         bounds = np.cumsum([0] + [len(r) for r in rows])
         return [({f: v[a:b] for f, v in fields.items()}, masks[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from deployments.shard.lucene import candidate_facts_of
+from deployments.shard.lucene import FactsReader
 from index_format.bm25_stats import lucene_idf
 
 SHARD_FEATURES = ("bm25_contents", "term_coverage", "idf_coverage", "dense", "length", "title_length", "position")
@@ -88,17 +88,17 @@ def held_by_rows(chunk_ids: Sequence[str], row_of: dict[str, int]) -> tuple[list
 def shard_features(service, query: FeatureQuery) -> dict[str, np.ndarray]:
     """The features of ``query.chunk_ids`` in one ``ShardService`` (NaN for ids it does not hold)."""
     at, rows = held_by_rows(query.chunk_ids, service.row_of)
-    return candidates_features([service], query, [(np.asarray(at, dtype=np.int64), rows)],
+    return candidates_features([service], service.lucene.facts_reader, query, [(np.asarray(at, dtype=np.int64), rows)],
                                service.analyze(query.text) if at else [])
 
 
-def candidates_features(services: Sequence, query: FeatureQuery, located: Sequence[tuple[np.ndarray, np.ndarray]],
-                        terms: list[str]) -> dict[str, np.ndarray]:
-    """The features of ``query.chunk_ids`` (NaN for those no service holds) from ``services``, shards of one version:
-    ``located`` gives, for each, the positions of the candidates it holds and their rows there; ``terms``, the query
-    as their one analyzer makes it. The shards' postings are read in one call into the JVM, their vectors and rows
-    each from its own; what does not depend on the shard (the distinct terms, their corpus idf, the coverage
-    arithmetic) is done once."""
+def candidates_features(services: Sequence, reader: FactsReader, query: FeatureQuery,
+                        located: Sequence[tuple[np.ndarray, np.ndarray]], terms: list[str]) -> dict[str, np.ndarray]:
+    """The features of ``query.chunk_ids`` (NaN for those no service holds) from ``services``, shards of one version
+    whose postings ``reader`` reads: ``located`` gives, for each, the positions of the candidates it holds and their
+    rows there; ``terms``, the query as their one analyzer makes it. The shards' postings are read in one call into
+    the JVM, their vectors and rows each from its own; what does not depend on the shard (the distinct terms, their
+    corpus idf, the coverage arithmetic) is done once."""
     n = len(query.chunk_ids)
     out = empty_features(n)
     want_bm25, want_coverage = query.wants("bm25_"), query.wants("term_coverage", "idf_coverage")
@@ -106,11 +106,10 @@ def candidates_features(services: Sequence, query: FeatureQuery, located: Sequen
     busy = [(service, at, rows) for service, (at, rows) in zip(services, located, strict=True) if len(at)]
     if not busy:
         return out
-    held = np.concatenate([at for _, at, _ in busy])
+    held = np.concatenate([at for at, _ in located])
     if want_bm25 or want_coverage:
-        # Each field's BM25 and which distinct terms each holds, in one pass and one call (``candidate_facts_of``).
-        fields, bits = candidate_facts_of([s.lucene for s, _, _ in busy], [rows for *_, rows in busy],
-                                          terms if want_bm25 else [], distinct)
+        # Each field's BM25 and which distinct terms each holds, in one pass and one call (``FactsReader``).
+        fields, bits = reader.read([rows for _, rows in located], terms if want_bm25 else [], distinct)
         for field, scores in fields.items() if want_bm25 else ():
             out.setdefault(f"bm25_{field}", np.full(n, np.nan, dtype=np.float32))[held] = scores
         if want_coverage:

@@ -10,6 +10,7 @@ deployment wraps it, tests and the in-process pipeline call it directly.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import numpy as np
 from deployments.bounded import BoundedCache
 from deployments.shard.features import FeatureQuery, candidates_features
 from deployments.shard.filters import FilterError
+from deployments.shard.lucene import FactsReader
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.service import ShardService
 from deployments.shard.shares import Share, shard_depth, short_shares
@@ -92,6 +94,11 @@ class ShardGroup:
         # threads at once, each counting its own).
         self.deepened = {"dense": 0, "keyword": 0}
         self.analyzed: BoundedCache[str, tuple[str, ...]] = BoundedCache(ANALYZED_TEXTS)
+
+    @functools.cached_property
+    def facts_reader(self) -> FactsReader:
+        """The group's shards as a ranking model's features read them (one call into the JVM a query)."""
+        return FactsReader([s.lucene for s in self.services])
 
     @property
     def size(self) -> int:
@@ -252,7 +259,7 @@ class ShardGroup:
         shard, rows = np.divmod(code, ROWS)
         located = [(at, rows[at]) for at in (np.flatnonzero((code >= 0) & (shard == i)) for i in range(self.size))]
         terms = self.terms(query.text) if (code >= 0).any() else []
-        return candidates_features(self.services, query, located, terms)
+        return candidates_features(self.services, self.facts_reader, query, located, terms)
 
     def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]:
         df: dict[str, int] = {}

@@ -29,6 +29,7 @@ query is built and read clause by clause and hit by hit through pyjnius proxies 
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -84,8 +85,9 @@ class _Java:
                 setattr(cls, name, autoclass(path))
             try:
                 cls.ShardSearch = autoclass(HELPER_CLASS)
+                cls.Shards = autoclass(f"{HELPER_CLASS}$Shards")
             except Exception:  # no JDK compiled it (see index_format.lucene.helper_classes)
-                cls.ShardSearch = None
+                cls.ShardSearch = cls.Shards = None
             cls._loaded = True
         return cls
 
@@ -247,7 +249,11 @@ class LuceneShard:
         if not self.fast:
             return ({f: self.scores_of(terms, rows, {f: 1.0}) for f in self.fields},
                     self.term_masks(mask_terms, rows) if mask_terms else np.zeros(len(rows), dtype=np.uint64))
-        return candidate_facts_of([self], [rows], terms, mask_terms)
+        return self.facts_reader.read([rows], terms, mask_terms)
+
+    @functools.cached_property
+    def facts_reader(self) -> FactsReader:
+        return FactsReader([self])
 
     def shared_top_k(self, k: int):
         """One query's top-k collector, shared by shards searched one after another in this process (pass it
@@ -353,25 +359,41 @@ class LuceneShard:
         return self.row_of_doc[docs], np.array([s for _, s in best], dtype=np.float32)
 
 
-def candidate_facts_of(shards: Sequence[LuceneShard], rows: Sequence[np.ndarray], terms: list[str],
-                       mask_terms: Sequence[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """``LuceneShard.candidate_facts`` of several shards of one version, each of its chunk-table ``rows``, as
-    columns over those rows one shard after another. On the helper's path, one call into the JVM for them all
-    (``ShardSearch.candidateFactsOfShards``): the shards share the clauses but for their document counts."""
-    rows = [np.asarray(r, dtype=np.int64) for r in rows]
-    mask_terms = list(mask_terms)[:64]
-    if not all(s.fast for s in shards):
-        parts = [s.candidate_facts(terms, r, mask_terms) for s, r in zip(shards, rows, strict=True)]
-        return ({f: np.concatenate([fields[f] for fields, _ in parts]) for f in shards[0].fields},
-                np.concatenate([masks for _, masks in parts]))
-    first = shards[0]
-    names = list(first.weights_of(dict.fromkeys(first.fields, 1.0)))
-    _, fields, clause_terms, factors, corpus_df, corpus_docs, _, cap = first._helper_clauses(
-        terms, dict.fromkeys(names, 1.0))
-    shard_docs = [int(s.fields[f].doc_count) for s in shards for f in fields]
-    docs = np.concatenate([s.doc_of_row[r] for s, r in zip(shards, rows, strict=True)])
-    facts = first.j.ShardSearch.candidateFactsOfShards(
-        [s.searcher for s in shards], shard_docs, fields, clause_terms, factors, corpus_df, corpus_docs, cap, names,
-        CONTENTS_FIELD, mask_terms, [len(r) for r in rows], docs.tolist())
-    scores = np.asarray(facts.scores, dtype=np.float32).reshape(len(names), len(docs))
-    return dict(zip(names, scores, strict=True)), np.asarray(facts.masks, dtype=np.int64).view(np.uint64)
+class FactsReader:
+    """``LuceneShard.candidate_facts`` of fixed shards of one version (a shard group's, or one shard's), read for a
+    query's candidates in all of them at once. On the helper's path the shards are held in the JVM
+    (``ShardSearch.Shards``) with their fields' document counts, and a query's call carries only its clauses, its
+    mask terms and its candidates' doc numbers (as bytes): what crosses through pyjnius costs by its elements."""
+
+    def __init__(self, shards: Sequence[LuceneShard]):
+        self.shards = list(shards)
+        first = self.shards[0]
+        self.weights = first.weights_of(dict.fromkeys(first.fields, 1.0))  # every field, in the order scored
+        self.names = list(self.weights)
+        self.java = None
+        if all(s.fast for s in self.shards):
+            self.java = first.j.Shards(
+                [s.searcher for s in self.shards], self.names,
+                [int(s.fields[f].doc_count) for s in self.shards for f in self.names],
+                [int(first.fields[f].stats.corpus.doc_count) for f in self.names], CONTENTS_FIELD)
+
+    def read(self, rows: Sequence[np.ndarray], terms: list[str], mask_terms: Sequence[str]
+             ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Each field's BM25 and the ``mask_terms`` masks (at most 64 terms) of each shard's chunk-table ``rows``, as
+        columns over those rows one shard after another."""
+        rows = [np.asarray(r, dtype=np.int64) for r in rows]
+        mask_terms = list(mask_terms)[:64]
+        if self.java is None:
+            parts = [s.candidate_facts(terms, r, mask_terms) for s, r in zip(self.shards, rows, strict=True)]
+            return ({f: np.concatenate([fields[f] for fields, _ in parts]) for f in self.names},
+                    np.concatenate([masks for _, masks in parts]))
+        first = self.shards[0]
+        clauses = first.clauses(terms, self.weights)
+        field_at = {f: i for i, f in enumerate(self.names)}
+        docs = np.concatenate([s.doc_of_row[r] for s, r in zip(self.shards, rows, strict=True)]).astype("<i4")
+        facts = self.java.facts(
+            [field_at[f] for f, _, _ in clauses], "\n".join(t for _, t, _ in clauses),
+            [float(factor) for *_, factor in clauses], [int(first.fields[f].stats.df.get(t, 0)) for f, t, _ in clauses],
+            MAX_CLAUSES, "\n".join(mask_terms), [len(r) for r in rows], docs.tobytes())
+        scores = np.asarray(facts.scores, dtype=np.float32).reshape(len(self.names), len(docs))
+        return dict(zip(self.names, scores, strict=True)), np.asarray(facts.masks, dtype=np.int64).view(np.uint64)

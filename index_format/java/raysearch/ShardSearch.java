@@ -1,7 +1,10 @@
 package raysearch;
 
 import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -189,7 +192,7 @@ public final class ShardSearch {
     }
     Query query = searcher.rewrite(builder.build());
     Weight weight = searcher.createWeight(query, ScoreMode.COMPLETE, 1f);
-    Integer[] order = inDocOrder(docs);
+    int[] order = inDocOrder(docs);
     for (LeafReaderContext leaf : searcher.getIndexReader().leaves()) {
       Scorer scorer = weight.scorer(leaf);
       if (scorer == null) {
@@ -280,7 +283,7 @@ public final class ShardSearch {
         covered |= 1L << bit;
       }
     }
-    Integer[] order = inDocOrder(docs);
+    int[] order = inDocOrder(docs);
     PostingsEnum[] reuse = new PostingsEnum[fieldNames.length]; // one enum a field, reset for each of its terms
     for (LeafReaderContext leaf : searcher.getIndexReader().leaves()) {
       for (int c = 0; c < kept.size(); c++) {
@@ -323,33 +326,81 @@ public final class ShardSearch {
   }
 
   /**
-   * {@link #candidateFacts} of several shards of one version in one call (each call from Python costs tens of
-   * microseconds of plumbing): shard s is {@code searchers[s]}, its documents the next {@code counts[s]} of {@code
-   * docs}, and its document count for clause i {@code shardDocs[s * terms.length + i]}; every other argument is
-   * the same for all of them. The facts come back in the order of {@code docs}.
+   * The shards of one version as a ranking model's features read them, kept in the JVM: a query's call then carries
+   * only what changes with the query. Every argument that crosses from Python costs by its elements (a list of 200
+   * ints about 70 us, a searcher or a string a few us each), so the searchers and the fields' document counts are
+   * given once, and the query's terms and candidates cross as one string and one byte array.
    */
-  public static CandidateFacts candidateFactsOfShards(
-      IndexSearcher[] searchers, long[] shardDocs, String[] fields, String[] terms, double[] factors, long[] corpusDf,
-      long[] corpusDocs, int maxClauses, String[] fieldNames, String maskField, String[] maskTerms, int[] counts,
-      int[] docs) throws IOException {
-    int total = docs.length;
-    float[] scores = new float[fieldNames.length * total];
-    long[] masks = new long[total];
-    int offset = 0;
-    for (int s = 0; s < searchers.length; s++) {
-      int n = counts[s];
-      if (n > 0) {
-        long[] own = java.util.Arrays.copyOfRange(shardDocs, s * terms.length, (s + 1) * terms.length);
-        CandidateFacts facts = candidateFacts(searchers[s], fields, terms, factors, corpusDf, corpusDocs, own,
-            maxClauses, fieldNames, maskField, maskTerms, java.util.Arrays.copyOfRange(docs, offset, offset + n));
-        for (int f = 0; f < fieldNames.length; f++) {
-          System.arraycopy(facts.scores, f * n, scores, f * total + offset, n);
-        }
-        System.arraycopy(facts.masks, 0, masks, offset, n);
-      }
-      offset += n;
+  public static final class Shards {
+    private final IndexSearcher[] searchers;
+    private final String[] fieldNames;
+    private final long[] fieldDocs;
+    private final long[] corpusDocs;
+    private final String maskField;
+
+    /**
+     * {@code fieldNames}: the fields scored, in the order of the scores; {@code fieldDocs[s * fieldNames.length + f]}:
+     * Lucene's document count of field f in shard s; {@code corpusDocs[f]}: the corpus's; {@code maskField}: the
+     * field whose terms the masks read.
+     */
+    public Shards(IndexSearcher[] searchers, String[] fieldNames, long[] fieldDocs, long[] corpusDocs,
+        String maskField) {
+      this.searchers = searchers;
+      this.fieldNames = fieldNames;
+      this.fieldDocs = fieldDocs;
+      this.corpusDocs = corpusDocs;
+      this.maskField = maskField;
     }
-    return new CandidateFacts(scores, masks);
+
+    /**
+     * {@link #candidateFacts} of each shard for one query, in the order of {@code docs}: clause i is the term
+     * {@code terms.split("\n")[i]} of the field {@code fieldNames[clauseFields[i]]} with {@code factors[i]} and
+     * {@code corpusDf[i]}; {@code maskTerms} are joined by newlines too; {@code docs} holds the candidates' Lucene doc
+     * numbers as little-endian 32-bit integers, shard s's the next {@code counts[s]}.
+     */
+    public CandidateFacts facts(int[] clauseFields, String terms, double[] factors, long[] corpusDf, int maxClauses,
+        String maskTerms, int[] counts, byte[] docs) throws IOException {
+      int clauses = clauseFields.length;
+      String[] termOf = lines(terms, clauses);
+      String[] fieldOf = new String[clauses];
+      long[] corpusDocsOf = new long[clauses];
+      for (int i = 0; i < clauses; i++) {
+        fieldOf[i] = fieldNames[clauseFields[i]];
+        corpusDocsOf[i] = corpusDocs[clauseFields[i]];
+      }
+      int[] all = new int[docs.length / 4];
+      ByteBuffer.wrap(docs).order(ByteOrder.LITTLE_ENDIAN).asIntBuffer().get(all);
+      String[] masked = lines(maskTerms, -1);
+      int total = all.length;
+      float[] scores = new float[fieldNames.length * total];
+      long[] masks = new long[total];
+      int offset = 0;
+      for (int s = 0; s < searchers.length; s++) {
+        int n = counts[s];
+        if (n > 0) {
+          long[] shardDocs = new long[clauses];
+          for (int i = 0; i < clauses; i++) {
+            shardDocs[i] = fieldDocs[s * fieldNames.length + clauseFields[i]];
+          }
+          CandidateFacts facts = candidateFacts(searchers[s], fieldOf, termOf, factors, corpusDf, corpusDocsOf,
+              shardDocs, maxClauses, fieldNames, maskField, masked, Arrays.copyOfRange(all, offset, offset + n));
+          for (int f = 0; f < fieldNames.length; f++) {
+            System.arraycopy(facts.scores, f * n, scores, f * total + offset, n);
+          }
+          System.arraycopy(facts.masks, 0, masks, offset, n);
+        }
+        offset += n;
+      }
+      return new CandidateFacts(scores, masks);
+    }
+
+    private static String[] lines(String joined, int expected) {
+      String[] out = joined.isEmpty() ? new String[0] : joined.split("\n", -1);
+      if (expected >= 0 && out.length != expected) {
+        throw new IllegalArgumentException(out.length + " terms for " + expected + " clauses");
+      }
+      return out;
+    }
   }
 
   /** What {@link #eachHeld} does at each candidate an iterator holds: {@code j}, its index in the candidates. */
@@ -362,11 +413,11 @@ public final class ShardSearch {
    * {@code leaf}, in doc order ({@code order}), and calls {@code held} at each one it holds, with the candidate's
    * doc number within the leaf: the one walk every candidate-reading method here makes.
    */
-  private static void eachHeld(DocIdSetIterator it, int[] docs, Integer[] order, LeafReaderContext leaf, Held held)
+  private static void eachHeld(DocIdSetIterator it, int[] docs, int[] order, LeafReaderContext leaf, Held held)
       throws IOException {
     int start = leaf.docBase;
     int end = start + leaf.reader().maxDoc();
-    for (Integer j : order) {
+    for (int j : order) {
       int doc = docs[j];
       if (doc < start || doc >= end) {
         continue;
@@ -382,12 +433,17 @@ public final class ShardSearch {
     }
   }
 
-  private static Integer[] inDocOrder(int[] docs) {
-    Integer[] order = new Integer[docs.length];
+  /** The indices of {@code docs} in doc order, sorted as packed longs (doc number, then index): no boxing. */
+  private static int[] inDocOrder(int[] docs) {
+    long[] keys = new long[docs.length];
     for (int j = 0; j < docs.length; j++) {
-      order[j] = j;
+      keys[j] = ((long) docs[j] << 32) | j;
     }
-    java.util.Arrays.sort(order, (a, b) -> Integer.compare(docs[a], docs[b]));
+    Arrays.sort(keys);
+    int[] order = new int[docs.length];
+    for (int j = 0; j < docs.length; j++) {
+      order[j] = (int) keys[j];
+    }
     return order;
   }
 
@@ -399,7 +455,7 @@ public final class ShardSearch {
    */
   public static long[] termMasks(IndexReader reader, String field, String[] terms, int[] docs) throws IOException {
     long[] masks = new long[docs.length];
-    Integer[] order = inDocOrder(docs);
+    int[] order = inDocOrder(docs);
     for (LeafReaderContext leaf : reader.leaves()) {
       for (int i = 0; i < Math.min(terms.length, 64); i++) {
         if (terms[i] == null) { // already read by candidateFacts

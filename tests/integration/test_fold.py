@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from deployments.search.inprocess import LocalIndex
+from deployments.shard.lucene import FactsReader
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_build.fold import _log_changes, fold
@@ -141,6 +142,29 @@ def test_the_folded_version_answers_as_a_full_build(folded):
         assert a == pytest.approx(b, abs=1e-5), q  # a graph this small is searched whole: exact either way
     deleted = {"d005#0", "n002#0", "d011#0"}
     assert not deleted & {h.chunk_id for q in QUERIES for h in got.bm25(q, 200)}
+
+
+def test_the_folded_version_reads_a_ranking_models_features_as_a_full_build(folded):
+    """Each field's BM25 and the query-term masks of every chunk (``FactsReader``: one pass over the postings of each
+    of a shard's segments) equal the full build's, where a folded shard holds several segments and deleted
+    documents."""
+    got = LocalIndex(folded["root"] / "versions" / folded["summary"].version)
+    want = LocalIndex(folded["full"].version_dir)
+    assert any(s.lucene.reader.leaves().size() > 1 for s in got.shards)  # the path under test: several segments
+    readers = [(index, FactsReader([s.lucene for s in index.shards])) for index in (got, want)]
+    for q in QUERIES:
+        terms = want.shards[0].analyze(q)
+        distinct = sorted(set(terms))
+        facts = []
+        for index, reader in readers:
+            fields, masks = reader.read([np.arange(s.chunks) for s in index.shards], terms, distinct)
+            ids = [c for s in index.shards for c in s.id_array]
+            facts.append({c: ({f: float(v[i]) for f, v in fields.items()}, int(masks[i])) for i, c in enumerate(ids)})
+        assert facts[0].keys() == facts[1].keys(), q
+        for chunk_id, (scores, mask) in facts[1].items():
+            assert facts[0][chunk_id][1] == mask, (q, chunk_id)
+            assert facts[0][chunk_id][0] == pytest.approx(scores, rel=1e-5, abs=1e-6), (q, chunk_id)
+        assert any(mask for _, mask in facts[1].values()) or not distinct, q  # the masks are not all empty
 
 
 def test_a_fold_changes_only_the_touched_shards_and_never_the_base(folded):

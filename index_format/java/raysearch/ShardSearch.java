@@ -17,7 +17,6 @@ import org.apache.lucene.index.NumericDocValues;
 import org.apache.lucene.index.PostingsEnum;
 import org.apache.lucene.index.Term;
 import org.apache.lucene.index.TermState;
-import org.apache.lucene.index.TermStates;
 import org.apache.lucene.index.Terms;
 import org.apache.lucene.index.TermsEnum;
 import org.apache.lucene.search.BooleanClause;
@@ -244,8 +243,13 @@ public final class ShardSearch {
       maskBit.put(maskTerms[t], t);
     }
     Similarity similarity = searcher.getSimilarity();
-    List<Term> kept = new ArrayList<>();
-    List<TermStates> states = new ArrayList<>();
+    List<LeafReaderContext> leaves = searcher.getIndexReader().leaves();
+    // One terms enum a field and leaf, seeked for each of the field's terms: the term's statistics and its state
+    // in each leaf come from one seek (TermStates.build would open an enum a term and leaf, and the postings then
+    // another).
+    TermsEnum[][] enums = new TermsEnum[fieldNames.length][leaves.size()];
+    List<BytesRef> kept = new ArrayList<>();
+    List<TermState[]> states = new ArrayList<>();
     List<Similarity.SimScorer> scorers = new ArrayList<>();
     List<Integer> fieldOf = new ArrayList<>();
     List<Integer> bitOf = new ArrayList<>();
@@ -260,9 +264,18 @@ public final class ShardSearch {
       if (corpusDf[i] == 0) {
         continue;
       }
-      Term term = new Term(fields[i], terms[i]);
-      TermStates termStates = TermStates.build(searcher, term, true);
-      long shardDf = termStates.docFreq();
+      BytesRef bytes = new BytesRef(terms[i]);
+      TermState[] perLeaf = new TermState[leaves.size()];
+      long shardDf = 0L;
+      long totalTermFreq = 0L;
+      for (int l = 0; l < leaves.size(); l++) {
+        TermsEnum termsEnum = termsEnum(enums, f, l, leaves.get(l), fieldNames[f]);
+        if (termsEnum != null && termsEnum.seekExact(bytes)) {
+          shardDf += termsEnum.docFreq();
+          totalTermFreq += termsEnum.totalTermFreq();
+          perLeaf[l] = termsEnum.termState();
+        }
+      }
       if (shardDf == 0) {
         continue;
       }
@@ -271,11 +284,9 @@ public final class ShardSearch {
       if (collections[f] == null) {
         collections[f] = searcher.collectionStatistics(fields[i]);
       }
-      CollectionStatistics collection = collections[f];
-      TermStatistics stats = searcher.termStatistics(term, termStates.docFreq(), termStates.totalTermFreq());
-      kept.add(term);
-      states.add(termStates);
-      scorers.add(similarity.scorer(boost, collection, stats));
+      kept.add(bytes);
+      states.add(perLeaf);
+      scorers.add(similarity.scorer(boost, collections[f], new TermStatistics(bytes, shardDf, totalTermFreq)));
       fieldOf.add(f);
       Integer bit = fields[i].equals(maskField) ? maskBit.get(terms[i]) : null;
       bitOf.add(bit == null ? -1 : bit);
@@ -285,25 +296,29 @@ public final class ShardSearch {
     }
     int[] order = inDocOrder(docs);
     PostingsEnum[] reuse = new PostingsEnum[fieldNames.length]; // one enum a field, reset for each of its terms
-    for (LeafReaderContext leaf : searcher.getIndexReader().leaves()) {
+    for (int l = 0; l < leaves.size(); l++) {
+      LeafReaderContext leaf = leaves.get(l);
+      // Each field's norm of each candidate in this leaf, read once (in doc order) for all the field's terms.
+      long[][] normOf = new long[fieldNames.length][];
       for (int c = 0; c < kept.size(); c++) {
-        Term term = kept.get(c);
-        TermState state = states.get(c).get(leaf);
-        Terms fieldTerms = leaf.reader().terms(term.field());
-        if (state == null || fieldTerms == null) {
+        TermState state = states.get(c)[l];
+        if (state == null) {
           continue;
         }
-        TermsEnum termsEnum = fieldTerms.iterator();
-        termsEnum.seekExact(term.bytes(), state);
-        PostingsEnum postings = termsEnum.postings(reuse[fieldOf.get(c)], PostingsEnum.FREQS);
-        reuse[fieldOf.get(c)] = postings;
-        NumericDocValues norms = leaf.reader().getNormValues(term.field());
+        int f = fieldOf.get(c);
+        if (normOf[f] == null) {
+          normOf[f] = norms(leaf, fieldNames[f], docs, order);
+        }
+        long[] norm = normOf[f];
+        TermsEnum termsEnum = enums[f][l];
+        termsEnum.seekExact(kept.get(c), state);
+        PostingsEnum postings = termsEnum.postings(reuse[f], PostingsEnum.FREQS);
+        reuse[f] = postings;
         Similarity.SimScorer scorer = scorers.get(c);
-        int offset = fieldOf.get(c) * n;
+        int offset = f * n;
         int bit = bitOf.get(c);
         eachHeld(postings, docs, order, leaf, (j, local) -> {
-          long norm = norms == null ? 1L : (norms.advanceExact(local) ? norms.longValue() : 0L);
-          sums[offset + j] += scorer.score(postings.freq(), norm);
+          sums[offset + j] += scorer.score(postings.freq(), norm[j]);
           if (bit >= 0) {
             masks[j] |= 1L << bit;
           }
@@ -431,6 +446,34 @@ public final class ShardSearch {
         held.at(j, local);
       }
     }
+  }
+
+  /** The terms enum of field {@code f} in leaf {@code l}, opened on first use; null where the leaf has no such field. */
+  private static TermsEnum termsEnum(TermsEnum[][] enums, int f, int l, LeafReaderContext leaf, String field)
+      throws IOException {
+    if (enums[f][l] == null) {
+      Terms terms = leaf.reader().terms(field);
+      if (terms == null) {
+        return null;
+      }
+      enums[f][l] = terms.iterator();
+    }
+    return enums[f][l];
+  }
+
+  /** The norm of {@code field} of each of {@code docs} in {@code leaf} (1 without norms, 0 where a doc has none). */
+  private static long[] norms(LeafReaderContext leaf, String field, int[] docs, int[] order) throws IOException {
+    long[] out = new long[docs.length];
+    NumericDocValues norms = leaf.reader().getNormValues(field);
+    int start = leaf.docBase;
+    int end = start + leaf.reader().maxDoc();
+    for (int j : order) {
+      int doc = docs[j];
+      if (doc >= start && doc < end) {
+        out[j] = norms == null ? 1L : (norms.advanceExact(doc - start) ? norms.longValue() : 0L);
+      }
+    }
+    return out;
   }
 
   /** The indices of {@code docs} in doc order, sorted as packed longs (doc number, then index): no boxing. */

@@ -247,9 +247,14 @@ class LuceneShard:
         rows = np.asarray(rows, dtype=np.int64)
         mask_terms = list(mask_terms)[:64]
         if not self.fast:
-            return ({f: self.scores_of(terms, rows, {f: 1.0}) for f in self.fields},
-                    self.term_masks(mask_terms, rows) if mask_terms else np.zeros(len(rows), dtype=np.uint64))
+            return self._facts_apart(terms, rows, mask_terms)
         return self.facts_reader.read([rows], terms, mask_terms)
+
+    def _facts_apart(self, terms: list[str], rows: np.ndarray, mask_terms: list[str]
+                     ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """``candidate_facts`` without the helper: each field's ``scores_of`` and the ``term_masks`` apart."""
+        return ({f: self.scores_of(terms, rows, {f: 1.0}) for f in self.fields},
+                self.term_masks(mask_terms, rows) if mask_terms else np.zeros(len(rows), dtype=np.uint64))
 
     @functools.cached_property
     def facts_reader(self) -> FactsReader:
@@ -370,6 +375,7 @@ class FactsReader:
         first = self.shards[0]
         self.weights = first.weights_of(dict.fromkeys(first.fields, 1.0))  # every field, in the order scored
         self.names = list(self.weights)
+        self.field_at = {f: i for i, f in enumerate(self.names)}
         self.java = None
         if all(s.fast for s in self.shards):
             self.java = first.j.Shards(
@@ -384,15 +390,14 @@ class FactsReader:
         rows = [np.asarray(r, dtype=np.int64) for r in rows]
         mask_terms = list(mask_terms)[:64]
         if self.java is None:
-            parts = [s.candidate_facts(terms, r, mask_terms) for s, r in zip(self.shards, rows, strict=True)]
+            parts = [s._facts_apart(terms, r, mask_terms) for s, r in zip(self.shards, rows, strict=True)]
             return ({f: np.concatenate([fields[f] for fields, _ in parts]) for f in self.names},
                     np.concatenate([masks for _, masks in parts]))
         first = self.shards[0]
         clauses = first.clauses(terms, self.weights)
-        field_at = {f: i for i, f in enumerate(self.names)}
         docs = np.concatenate([s.doc_of_row[r] for s, r in zip(self.shards, rows, strict=True)]).astype("<i4")
         facts = self.java.facts(
-            [field_at[f] for f, _, _ in clauses], "\n".join(t for _, t, _ in clauses),
+            [self.field_at[f] for f, _, _ in clauses], "\n".join(t for _, t, _ in clauses),
             [float(factor) for *_, factor in clauses], [int(first.fields[f].stats.df.get(t, 0)) for f, t, _ in clauses],
             MAX_CLAUSES, "\n".join(mask_terms), [len(r) for r in rows], docs.tobytes())
         scores = np.asarray(facts.scores, dtype=np.float32).reshape(len(self.names), len(docs))

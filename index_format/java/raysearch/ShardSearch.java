@@ -222,21 +222,18 @@ public final class ShardSearch {
    * TermQuery and BooleanQuery do (each term's similarity scorer of its frequency and the document's norm, summed
    * in double), without building the query; {@code masks} are {@link #termMasks} of {@code maskTerms} in {@code
    * maskField}, read from the same postings where a clause holds the term. The scorer of a disjunction, advanced
-   * to each candidate, cost more than the postings it reads.
+   * to each candidate, cost more than the postings it reads. Clause i is {@code terms[i]} of the field {@code
+   * fieldNames[clauseFields[i]]}; {@code corpusDocs} and {@code shardDocs} are the fields' document counts.
    */
-  public static CandidateFacts candidateFacts(
-      IndexSearcher searcher, String[] fields, String[] terms, double[] factors, long[] corpusDf, long[] corpusDocs,
-      long[] shardDocs, int maxClauses, String[] fieldNames, String maskField, String[] maskTerms, int[] docs)
-      throws IOException {
+  private static CandidateFacts candidateFacts(
+      IndexSearcher searcher, String[] fieldNames, int[] clauseFields, String[] terms, double[] factors,
+      long[] corpusDf, long[] corpusDocs, long[] shardDocs, int maxClauses, String maskField, String[] maskTerms,
+      int[] docs) throws IOException {
     int n = docs.length;
     double[] sums = new double[fieldNames.length * n];
     long[] masks = new long[n];
     if (n == 0) {
       return new CandidateFacts(new float[0], masks);
-    }
-    Map<String, Integer> fieldIndex = new HashMap<>();
-    for (int f = 0; f < fieldNames.length; f++) {
-      fieldIndex.put(fieldNames[f], f);
     }
     Map<String, Integer> maskBit = new HashMap<>();
     for (int t = 0; t < Math.min(maskTerms.length, 64); t++) {
@@ -257,11 +254,8 @@ public final class ShardSearch {
     CollectionStatistics[] collections = new CollectionStatistics[fieldNames.length];
     long covered = 0L; // mask bits read from a clause's postings
     for (int i = 0; i < terms.length; i++) {
-      Integer f = fieldIndex.get(fields[i]);
-      if (f == null || clauses[f] >= maxClauses) {
-        continue;
-      }
-      if (corpusDf[i] == 0) {
+      int f = clauseFields[i];
+      if (clauses[f] >= maxClauses || corpusDf[i] == 0) {
         continue;
       }
       BytesRef bytes = new BytesRef(terms[i]);
@@ -280,15 +274,15 @@ public final class ShardSearch {
         continue;
       }
       clauses[f]++;
-      float boost = (float) (factors[i] * idf(corpusDocs[i], corpusDf[i]) / idf(shardDocs[i], shardDf));
+      float boost = (float) (factors[i] * idf(corpusDocs[f], corpusDf[i]) / idf(shardDocs[f], shardDf));
       if (collections[f] == null) {
-        collections[f] = searcher.collectionStatistics(fields[i]);
+        collections[f] = searcher.collectionStatistics(fieldNames[f]);
       }
       kept.add(bytes);
       states.add(perLeaf);
       scorers.add(similarity.scorer(boost, collections[f], new TermStatistics(bytes, shardDf, totalTermFreq)));
       fieldOf.add(f);
-      Integer bit = fields[i].equals(maskField) ? maskBit.get(terms[i]) : null;
+      Integer bit = fieldNames[f].equals(maskField) ? maskBit.get(terms[i]) : null;
       bitOf.add(bit == null ? -1 : bit);
       if (bit != null) {
         covered |= 1L << bit;
@@ -375,31 +369,22 @@ public final class ShardSearch {
      */
     public CandidateFacts facts(int[] clauseFields, String terms, double[] factors, long[] corpusDf, int maxClauses,
         String maskTerms, int[] counts, byte[] docs) throws IOException {
-      int clauses = clauseFields.length;
-      String[] termOf = lines(terms, clauses);
-      String[] fieldOf = new String[clauses];
-      long[] corpusDocsOf = new long[clauses];
-      for (int i = 0; i < clauses; i++) {
-        fieldOf[i] = fieldNames[clauseFields[i]];
-        corpusDocsOf[i] = corpusDocs[clauseFields[i]];
-      }
+      String[] termOf = lines(terms, clauseFields.length);
+      String[] masked = lines(maskTerms, -1);
       int[] all = new int[docs.length / 4];
       ByteBuffer.wrap(docs).order(ByteOrder.LITTLE_ENDIAN).asIntBuffer().get(all);
-      String[] masked = lines(maskTerms, -1);
+      int fields = fieldNames.length;
       int total = all.length;
-      float[] scores = new float[fieldNames.length * total];
+      float[] scores = new float[fields * total];
       long[] masks = new long[total];
       int offset = 0;
       for (int s = 0; s < searchers.length; s++) {
         int n = counts[s];
         if (n > 0) {
-          long[] shardDocs = new long[clauses];
-          for (int i = 0; i < clauses; i++) {
-            shardDocs[i] = fieldDocs[s * fieldNames.length + clauseFields[i]];
-          }
-          CandidateFacts facts = candidateFacts(searchers[s], fieldOf, termOf, factors, corpusDf, corpusDocsOf,
-              shardDocs, maxClauses, fieldNames, maskField, masked, Arrays.copyOfRange(all, offset, offset + n));
-          for (int f = 0; f < fieldNames.length; f++) {
+          CandidateFacts facts = candidateFacts(searchers[s], fieldNames, clauseFields, termOf, factors, corpusDf,
+              corpusDocs, Arrays.copyOfRange(fieldDocs, s * fields, (s + 1) * fields), maxClauses, maskField, masked,
+              Arrays.copyOfRange(all, offset, offset + n));
+          for (int f = 0; f < fields; f++) {
             System.arraycopy(facts.scores, f * n, scores, f * total + offset, n);
           }
           System.arraycopy(facts.masks, 0, masks, offset, n);

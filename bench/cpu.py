@@ -59,3 +59,22 @@ def by_process(before: dict[int, tuple[str, float]], after: dict[int, tuple[str,
         if spent > 0:
             totals[label] = totals.get(label, 0.0) + spent
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def compiler_threads_cpu_s() -> float | None:
+    """CPU seconds this process's JVM compiler threads (``C1/C2 CompilerThread``) have spent so far, None where
+    ``/proc`` does not tell. Process CPU counts them: a JVM still compiling a path bills its searches for it."""
+    total = 0
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            task = Path("/proc/self/task") / tid
+            try:
+                if "Compiler" not in (task / "comm").read_text():
+                    continue
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    except OSError:
+        return None
+    return total * JIFFY_S

@@ -135,8 +135,12 @@ def field_scoring(index: Path, texts: list[str], per_shard: int, repeats: int, w
             **{f"cpu_ms_per_query_{label}": 1000 * total / n for label, total in cpu.items()}}
 
 
-def in_process(pipeline, texts: list[str], rounds: int) -> dict:
-    """Searches alternating with and without the model, each side's CPU summed apart."""
+def in_process(pipeline, texts: list[str], rounds: int, warm_rounds: int) -> dict:
+    """Searches alternating with and without the model, each side's CPU summed apart, after ``warm_rounds`` rounds
+    unmeasured: the JVM's compiler threads count in process CPU, and they go on compiling the search and feature
+    paths for the first few hundred searches (on the 2-core Xeon, 1.9 s over each of the first two rounds of 100
+    queries a side, 0.07 s over the fourth); the record says what they spent over the measured rounds."""
+    from bench.cpu import compiler_threads_cpu_s
     from deployments.edge.schemas import SearchRequest
 
     cpu = {"with": 0.0, "without": 0.0}
@@ -155,25 +159,34 @@ def in_process(pipeline, texts: list[str], rounds: int) -> dict:
                 await one(text, "with")
                 await one(text, "without")
 
-    asyncio.run(go(1))  # warm: the JVM compiles Lucene's paths, the caches fill
+    asyncio.run(go(warm_rounds))  # warm: the JVM compiles Lucene's and the helper's paths, the caches fill
     cpu = {"with": 0.0, "without": 0.0}
     stage_ms.clear()
+    compiling = compiler_threads_cpu_s()
     asyncio.run(go(rounds))
+    if compiling is not None:
+        compiling = compiler_threads_cpu_s() - compiling
     n = rounds * len(texts)
-    return {"searches_per_side": n, "cpu_ms_per_query_with": 1000 * cpu["with"] / n,
+    return {"searches_per_side": n, "warm_rounds": warm_rounds, "jit_compiler_cpu_s_measured": compiling,
+            "cpu_ms_per_query_with": 1000 * cpu["with"] / n,
             "cpu_ms_per_query_without": 1000 * cpu["without"] / n,
             "stage_cpu_ms_per_query": 1000 * (cpu["with"] - cpu["without"]) / n,
             "stage_wall_ms_mean": sum(stage_ms) / len(stage_ms)}
 
 
-def over_http(index: Path, texts: list[str], seconds: float, clients: int, port: int, rounds: int) -> dict:
+def over_http(index: Path, texts: list[str], seconds: float, clients: int, port: int, rounds: int,
+              warm_seconds: float) -> dict:
     """Levels of ``seconds`` each, without and with the model, alternating ``rounds`` times on one served app (the
-    machine's load drifts over minutes: one level a side would compare two moments), and each side's mean."""
+    machine's load drifts over minutes: one level a side would compare two moments), and each side's mean; each side
+    first searched ``warm_seconds`` unmeasured, so the shard replicas' JVM has compiled both paths."""
+    from bench.loadgen import closed_loop
     from bench.serving import level
 
     bodies = {"without": {"limit": 10, "ranking_model": False}, "with": {"limit": 10}}
     levels = []
     with served(index, port, ["--router.cache-size", "0"]) as base:
+        for body in bodies.values():
+            closed_loop(base, "/search", [{"query": t} | body for t in texts], clients, warm_seconds)
         for i in range(rounds):
             for side, body in bodies.items():
                 levels.append({"side": side, "round": i, **level(base, texts, body, clients, seconds)})
@@ -194,8 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows-per-shard", type=int, default=67,
                     help="candidates a shard scores in the field-scoring part (200 over 3 shards: %(default)s)")
     ap.add_argument("--rounds", type=int, default=2, help="in-process rounds over the queries")
+    ap.add_argument("--warm-rounds", type=int, default=4,
+                    help="in-process rounds over the queries before measuring (default: %(default)s)")
     ap.add_argument("--http-seconds", type=float, default=30, help="0: no HTTP measurement")
     ap.add_argument("--http-rounds", type=int, default=3, help="levels a side over HTTP, alternating")
+    ap.add_argument("--http-warm-seconds", type=float, default=30,
+                    help="each side searched unmeasured over HTTP first (default: %(default)s)")
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--port", type=int, default=18480)
     ap.add_argument("--out", type=Path, default=Path("bench/results/ranking.json"))
@@ -214,10 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(record["model_alone"]), flush=True)
     record["field_scoring"] = field_scoring(args.index, texts, args.rows_per_shard, args.repeats)
     print(json.dumps(record["field_scoring"]), flush=True)
-    record["in_process"] = in_process(pipeline, texts, args.rounds)
+    record["in_process"] = in_process(pipeline, texts, args.rounds, args.warm_rounds)
     print(json.dumps(record["in_process"]), flush=True)
     if args.http_seconds > 0:
-        record["http"] = over_http(args.index, texts, args.http_seconds, args.clients, args.port, args.http_rounds)
+        record["http"] = over_http(args.index, texts, args.http_seconds, args.clients, args.port, args.http_rounds,
+                                   args.http_warm_seconds)
         for row in record["http"]["levels"]:
             print(row["side"], {k: row[k] for k in ("qps", "p50_ms", "p99_ms", "server_cpu_ms_per_query")}, flush=True)
         print("stage over HTTP, server CPU ms a query:", record["http"]["stage_server_cpu_ms_per_query"], flush=True)

@@ -351,7 +351,7 @@ class FreshSegment:
             held_by = {t: int(self.alive[self._posting(t)[0]].sum()) if t in self.postings[CONTENTS] else 0
                        for t in distinct}
             idf = [lucene_idf(n_docs, self.corpus.df(t) + held_by[t]) for t in distinct]
-            out["term_coverage"][at], out["idf_coverage"][at] = coverage(held, idf)
+            out["term_coverage"][at], out["idf_coverage"][at] = coverage(held.T, idf)
         if query.vector is not None and query.wants("dense"):
             out["dense"][at] = self.matrix[rows] @ np.asarray(query.vector, dtype=np.float32)
         for name, vector in query.vectors.items():

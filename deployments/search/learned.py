@@ -108,14 +108,13 @@ def leg_scores(hits: Sequence[Hit], pool: Sequence[Hit]) -> np.ndarray:
 def relative(columns: dict[str, np.ndarray], pool: Sequence[Hit]) -> None:
     """The features that compare a candidate with the query's other candidates (``RELATIVE_FEATURES``)."""
     bm25 = columns["bm25_contents"]
-    best = np.nanmax(bm25) if np.isfinite(bm25).any() else np.nan
-    # (A column the shards were not asked for is all NaN; so are the features made from it.)
-    columns["bm25_share"] = (bm25 / best if best and best > 0 else np.zeros_like(bm25)).astype(np.float32)
+    best = np.fmax.reduce(bm25, initial=np.nan)  # the largest that is not NaN (NaN when none is)
+    columns["bm25_share"] = bm25 / best if best > 0 else np.zeros_like(bm25)
     for name in [n for n in columns if n == "dense" or named_encoder_of(n) is not None and
                  not n.startswith("dense_gap")]:
         dense = columns[name]
         gap = "dense_gap" if name == "dense" else f"dense_gap_{name.removeprefix('dense_')}"
-        columns[gap] = ((np.nanmax(dense) - dense) if np.isfinite(dense).any() else dense).astype(np.float32)
+        columns[gap] = np.fmax.reduce(dense, initial=np.nan) - dense  # all NaN where the cosines are
     docs = list(map(doc_of, map(_chunk_id, pool)))
     counts = Counter(docs)
     columns["doc_chunks"] = np.fromiter(map(counts.__getitem__, docs), dtype=np.float32, count=len(docs))
@@ -151,6 +150,14 @@ async def query_vectors(ctx: SearchContext, target, wanted: frozenset[str] | Non
     return have.get(None), {n: have[n] for n in sides if n is not None and n in have}
 
 
+def at_slots(slot_of: list[int]) -> dict[int, np.ndarray]:
+    """The positions in a pool of the candidates of each shard slot (often one slot holds them all)."""
+    if slot_of and slot_of.count(slot_of[0]) == len(slot_of):
+        return {slot_of[0]: np.arange(len(slot_of))}
+    slots = np.asarray(slot_of, dtype=np.int64)
+    return {s: np.flatnonzero(slots == s) for s in np.unique(slots).tolist()}
+
+
 async def candidate_features(ctx: SearchContext, got: Retrieved, pool: list[Hit],
                              rerank: dict[tuple[str, str], float] | None = None,
                              names: Sequence[str] | None = None) -> FeatureTable:
@@ -159,8 +166,7 @@ async def candidate_features(ctx: SearchContext, got: Retrieved, pool: list[Hit]
     what a model reads is asked of the shards (None: everything, as training asks)."""
     target = ctx.targets[0]
     ids = list(map(_chunk_id, pool))
-    slot_of = np.fromiter(map(_slot, pool), dtype=np.int64, count=len(pool))
-    by_slot = {s: np.flatnonzero(slot_of == s) for s in np.unique(slot_of).tolist()}  # positions in the pool
+    by_slot = at_slots(list(map(_slot, pool)))
     slots = list(by_slot)
     wanted = shard_names(None if names is None else tuple(names))
     try:
@@ -245,6 +251,6 @@ def compiled_trees(model_id: str, model_text: str):
 
 def reordered(pool: list[Hit], scores: np.ndarray) -> list[Hit]:
     """The pool by the model's scores, best first; ties keep the order before (a stable sort)."""
-    values = scores.tolist()
-    return [Hit(pool[i].chunk_id, values[i], pool[i].shard, pool[i].collection)
-            for i in np.argsort(-scores, kind="stable").tolist()]
+    values, make = scores.tolist(), Hit._make  # (``_make`` skips the keyword handling of ``Hit(...)``)
+    return [make((hit[0], values[i], hit[2], hit[3])) for i in np.argsort(-scores, kind="stable").tolist()
+            for hit in (pool[i],)]

@@ -47,7 +47,8 @@ class FeatureQuery:
 
 
 def empty_features(n: int) -> dict[str, np.ndarray]:
-    return {name: np.full(n, np.nan, dtype=np.float32) for name in SHARD_FEATURES}
+    """``SHARD_FEATURES`` for ``n`` candidates, all NaN: rows of one block, allocated once."""
+    return dict(zip(SHARD_FEATURES, np.full((len(SHARD_FEATURES), n), np.nan, dtype=np.float32), strict=True))
 
 
 def words(texts: Sequence[str | None]) -> np.ndarray:
@@ -61,22 +62,23 @@ def position_of(chunk_id: str) -> float:
         return np.nan
 
 
-def coverage(held: np.ndarray, idf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def coverage(held: np.ndarray, idf: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     """(share of the distinct terms each candidate holds, the same weighted by each term's idf) from ``held``: one
-    row per distinct term, one column per candidate, true where the candidate holds the term."""
-    if len(held) == 0:
-        return np.zeros(held.shape[1], dtype=np.float32), np.zeros(held.shape[1], dtype=np.float32)
+    row per candidate, one column per distinct term, nonzero where the candidate holds the term."""
+    if held.shape[1] == 0:
+        return np.zeros(len(held), dtype=np.float32), np.zeros(len(held), dtype=np.float32)
     held = held.astype(np.float32)
     weights = np.asarray(idf, dtype=np.float32)
     total = float(weights.sum())
-    plain = held.mean(axis=0)
-    weighted = (weights @ held) / total if total > 0 else plain
+    plain = held.mean(axis=1)
+    weighted = (held @ weights) / total if total > 0 else plain
     return plain.astype(np.float32), weighted.astype(np.float32)
 
 
 def held_of_bits(bits: np.ndarray, terms: int) -> np.ndarray:
-    """``coverage``'s ``held`` from a row's bits (``LuceneShard.term_masks``: bit i set when it holds term i)."""
-    return (bits[None, :] >> np.arange(terms, dtype=np.uint64)[:, None]) & np.uint64(1) == 1
+    """``coverage``'s ``held`` from each candidate's bits (``FactsReader.read``: bit i set when it holds term i)."""
+    return np.unpackbits(np.asarray(bits, dtype="<u8").view(np.uint8).reshape(len(bits), 8), axis=1, count=terms,
+                         bitorder="little")
 
 
 def held_by_rows(chunk_ids: Sequence[str], row_of: dict[str, int]) -> tuple[list[int], np.ndarray]:
@@ -101,11 +103,11 @@ def candidates_features(services: Sequence, reader: FactsReader, query: FeatureQ
     corpus idf, the coverage arithmetic) is done once."""
     n = len(query.chunk_ids)
     out = empty_features(n)
-    want_bm25, want_coverage = query.wants("bm25_"), query.wants("term_coverage", "idf_coverage")
-    distinct = sorted(set(terms))[:64] if want_coverage else []
     busy = [(service, at, rows) for service, (at, rows) in zip(services, located, strict=True) if len(at)]
     if not busy:
         return out
+    want_bm25, want_coverage = query.wants("bm25_"), query.wants("term_coverage", "idf_coverage")
+    distinct = sorted(set(terms))[:64] if want_coverage else []
     held = np.concatenate([at for at, _ in located])
     if want_bm25 or want_coverage:
         # Each field's BM25 and which distinct terms each holds, in one pass and one call (``FactsReader``).
@@ -116,14 +118,15 @@ def candidates_features(services: Sequence, reader: FactsReader, query: FeatureQ
             corpus = busy[0][0].lucene
             idf = [lucene_idf(corpus.corpus.doc_count, int(corpus.corpus_df.get(t, 0))) for t in distinct]
             out["term_coverage"][held], out["idf_coverage"][held] = coverage(held_of_bits(bits, len(distinct)), idf)
+    vector = np.asarray(query.vector, dtype=np.float32) if query.vector is not None and query.wants("dense") else None
+    named = {name: np.asarray(v, dtype=np.float32) for name, v in query.vectors.items() if query.wants(f"dense_{name}")}
     for service, at, rows in busy:
-        if query.vector is not None and query.wants("dense"):
-            out["dense"][at] = service.embeddings[rows] @ np.asarray(query.vector, dtype=np.float32)
-        for name, vector in query.vectors.items():
-            if name in service.named and query.wants(f"dense_{name}"):
+        if vector is not None:
+            out["dense"][at] = service.embeddings[rows] @ vector
+        for name, v in named.items():
+            if name in service.named:
                 column = out.setdefault(f"dense_{name}", np.full(n, np.nan, dtype=np.float32))
-                column[at] = np.asarray(service.named[name].vectors[rows], dtype=np.float32) @ np.asarray(vector,
-                                                                                                           np.float32)
+                column[at] = np.asarray(service.named[name].vectors[rows], dtype=np.float32) @ v
         text_words, title_words, positions = service.row_facts()
         out["length"][at] = text_words[rows]
         out["title_length"][at] = title_words[rows]

@@ -111,13 +111,14 @@ def candidates_features(services: Sequence, reader: FactsReader, query: FeatureQ
     held = np.concatenate([at for at, _ in located])
     if want_bm25 or want_coverage:
         # Each field's BM25 and which distinct terms each holds, in one pass and one call (``FactsReader``).
-        fields, bits = reader.read([rows for _, rows in located], terms if want_bm25 else [], distinct)
-        for field, scores in fields.items() if want_bm25 else ():
+        corpus = busy[0][0].lucene
+        idf = [lucene_idf(corpus.corpus.doc_count, int(corpus.corpus_df.get(t, 0))) for t in distinct]
+        facts = reader.read([rows for _, rows in located], terms if want_bm25 else [], distinct, idf)
+        for field, scores in facts.fields.items() if want_bm25 else ():
             out.setdefault(f"bm25_{field}", np.full(n, np.nan, dtype=np.float32))[held] = scores
         if want_coverage:
-            corpus = busy[0][0].lucene
-            idf = [lucene_idf(corpus.corpus.doc_count, int(corpus.corpus_df.get(t, 0))) for t in distinct]
-            out["term_coverage"][held], out["idf_coverage"][held] = coverage(held_of_bits(bits, len(distinct)), idf)
+            out["term_coverage"][held], out["idf_coverage"][held] = (
+                facts.coverage or coverage(held_of_bits(facts.masks, len(distinct)), idf))
     vector = np.asarray(query.vector, dtype=np.float32) if query.vector is not None and query.wants("dense") else None
     named = {name: np.asarray(v, dtype=np.float32) for name, v in query.vectors.items() if query.wants(f"dense_{name}")}
     for service, at, rows in busy:

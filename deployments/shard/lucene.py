@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -248,7 +248,7 @@ class LuceneShard:
         mask_terms = list(mask_terms)[:64]
         if not self.fast:
             return self._facts_apart(terms, rows, mask_terms)
-        return self.facts_reader.read([rows], terms, mask_terms)
+        return self.facts_reader.read([rows], terms, mask_terms)[:2]
 
     def _facts_apart(self, terms: list[str], rows: np.ndarray, mask_terms: list[str]
                      ) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -364,11 +364,23 @@ class LuceneShard:
         return self.row_of_doc[docs], np.array([s for _, s in best], dtype=np.float32)
 
 
+class Facts(NamedTuple):
+    """What ``FactsReader.read`` reads of candidates: each field's BM25 and the mask terms' bits (bit t: the candidate
+    holds mask term t), in the candidates' order; and, where the JVM read them and was given the terms' weights, the
+    shares of the mask terms each candidate holds, plain and weighted (else None: ``features.coverage`` of the bits
+    gives them)."""
+
+    fields: dict[str, np.ndarray]
+    masks: np.ndarray
+    coverage: tuple[np.ndarray, np.ndarray] | None = None
+
+
 class FactsReader:
     """``LuceneShard.candidate_facts`` of fixed shards of one version (a shard group's, or one shard's), read for a
     query's candidates in all of them at once. On the helper's path the shards are held in the JVM
     (``ShardSearch.Shards``) with their fields' document counts, and a query's call carries only its clauses, its
-    mask terms and its candidates' doc numbers (as bytes): what crosses through pyjnius costs by its elements."""
+    mask terms and its candidates' doc numbers (as bytes), and its answer comes back as one byte array: what crosses
+    through pyjnius costs by its elements."""
 
     def __init__(self, shards: Sequence[LuceneShard]):
         self.shards = list(shards)
@@ -383,22 +395,28 @@ class FactsReader:
                 [int(s.fields[f].doc_count) for s in self.shards for f in self.names],
                 [int(first.fields[f].stats.corpus.doc_count) for f in self.names], CONTENTS_FIELD)
 
-    def read(self, rows: Sequence[np.ndarray], terms: list[str], mask_terms: Sequence[str]
-             ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def read(self, rows: Sequence[np.ndarray], terms: list[str], mask_terms: Sequence[str],
+             mask_weights: Sequence[float] | None = None) -> Facts:
         """Each field's BM25 and the ``mask_terms`` masks (at most 64 terms) of each shard's chunk-table ``rows``, as
-        columns over those rows one shard after another."""
+        columns over those rows one shard after another; with ``mask_weights`` (one a mask term), their coverage
+        too where the JVM reads them."""
         rows = [np.asarray(r, dtype=np.int64) for r in rows]
         mask_terms = list(mask_terms)[:64]
         if self.java is None:
             parts = [s._facts_apart(terms, r, mask_terms) for s, r in zip(self.shards, rows, strict=True)]
-            return ({f: np.concatenate([fields[f] for fields, _ in parts]) for f in self.names},
-                    np.concatenate([masks for _, masks in parts]))
+            return Facts({f: np.concatenate([fields[f] for fields, _ in parts]) for f in self.names},
+                         np.concatenate([masks for _, masks in parts]))
         first = self.shards[0]
         clauses = first.clauses(terms, self.weights)
         docs = np.concatenate([s.doc_of_row[r] for s, r in zip(self.shards, rows, strict=True)]).astype("<i4")
-        facts = self.java.facts(
+        weights = [float(w) for w in mask_weights][:64] if mask_weights is not None else [0.0] * len(mask_terms)
+        packed = self.java.facts(
             [self.field_at[f] for f, _, _ in clauses], "\n".join(t for _, t, _ in clauses),
             [float(factor) for *_, factor in clauses], [int(first.fields[f].stats.df.get(t, 0)) for f, t, _ in clauses],
-            MAX_CLAUSES, "\n".join(mask_terms), [len(r) for r in rows], docs.tobytes())
-        scores = np.asarray(facts.scores, dtype=np.float32).reshape(len(self.names), len(docs))
-        return dict(zip(self.names, scores, strict=True)), np.asarray(facts.masks, dtype=np.int64).view(np.uint64)
+            MAX_CLAUSES, "\n".join(mask_terms), weights, [len(r) for r in rows], docs.tobytes()).tostring()
+        n, fields = len(docs), len(self.names)
+        floats = np.frombuffer(packed, dtype="<f4", count=(fields + 2) * n)
+        scores, plain, weighted = floats[:fields * n].reshape(fields, n), floats[fields * n:-n], floats[-n:]
+        masks = np.frombuffer(packed, dtype="<u8", offset=4 * len(floats))
+        return Facts(dict(zip(self.names, scores, strict=True)), masks,
+                     (plain, weighted) if mask_weights is not None else None)

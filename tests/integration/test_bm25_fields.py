@@ -11,6 +11,7 @@ from deployments.search.inprocess import LocalIndex
 from deployments.shard.lucene import LuceneShard, UnknownField
 from index_build.build import build_index
 from index_build.config import BuildConfig
+from index_format.bm25_stats import lucene_idf
 from index_format.lucene import boot
 from tests.integration.conftest import ENCODER, unsharded_oracle
 
@@ -217,6 +218,10 @@ def test_each_candidates_ranking_features_equal_their_oracles(built, oracle, gro
                 for c in ids]
         assert col["term_coverage"].tolist() == pytest.approx([sum(t in h for t in distinct) / len(distinct)
                                                                for h in held])
+        corpus = local.shards[0].lucene  # each term weighed by its corpus idf
+        idf = {t: lucene_idf(corpus.corpus.doc_count, corpus.corpus_df.get(t, 0)) for t in distinct}
+        assert col["idf_coverage"].tolist() == pytest.approx([sum(idf[t] for t in distinct if t in h) /
+                                                              sum(idf.values()) for h in held])
         assert col["length"].tolist() == [len(rows[c]["text"].split()) for c in ids]
         assert col["title_length"].tolist() == [len(rows[c]["title"].split()) for c in ids]
         assert col["position"].tolist() == [float(c.rsplit("#", 1)[1]) for c in ids]

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from deployments.search.inprocess import LocalIndex
+from deployments.shard.features import coverage, held_of_bits
 from deployments.shard.lucene import FactsReader
 from index_build.build import build_index
 from index_build.config import BuildConfig
@@ -157,7 +158,11 @@ def test_the_folded_version_reads_a_ranking_models_features_as_a_full_build(fold
         distinct = sorted(set(terms))
         facts = []
         for index, reader in readers:
-            fields, masks = reader.read([np.arange(s.chunks) for s in index.shards], terms, distinct)
+            weights = [1.0 + i for i in range(len(distinct))]
+            fields, masks, shares = reader.read([np.arange(s.chunks) for s in index.shards], terms, distinct, weights)
+            # The JVM's coverage is the Python rule's over the same bits.
+            expected = coverage(held_of_bits(masks, len(distinct)), weights)
+            assert np.allclose(shares, expected, rtol=1e-6, atol=0), q
             ids = [c for s in index.shards for c in s.id_array]
             facts.append({c: ({f: float(v[i]) for f, v in fields.items()}, int(masks[i])) for i, c in enumerate(ids)})
         assert facts[0].keys() == facts[1].keys(), q

@@ -362,19 +362,27 @@ public final class ShardSearch {
     }
 
     /**
-     * {@link #candidateFacts} of each shard for one query, in the order of {@code docs}: clause i is the term
-     * {@code terms.split("\n")[i]} of the field {@code fieldNames[clauseFields[i]]} with {@code factors[i]} and
-     * {@code corpusDf[i]}; {@code maskTerms} are joined by newlines too; {@code docs} holds the candidates' Lucene doc
-     * numbers as little-endian 32-bit integers, shard s's the next {@code counts[s]}.
+     * {@link #candidateFacts} of each shard for one query, in the order of {@code docs}, with each candidate's
+     * query-term coverage: clause i is the term {@code terms.split("\n")[i]} of the field
+     * {@code fieldNames[clauseFields[i]]} with {@code factors[i]} and {@code corpusDf[i]}; {@code maskTerms} are
+     * joined by newlines too, {@code maskWeights[t]} the weight (the corpus idf) of mask term t; {@code docs} holds
+     * the candidates' Lucene doc numbers as little-endian 32-bit integers, shard s's the next {@code counts[s]}.
+     *
+     * <p>One little-endian byte array comes back (a Java array of numbers would cross to Python element by
+     * element): for {@code total} candidates, each field's BM25 as {@code float}s (field after field), the share of
+     * the mask terms each holds, the same weighted by {@code maskWeights} (both {@code float}s, 0 without mask
+     * terms), then the masks as {@code long}s. The shares are the arithmetic of the Python
+     * {@code deployments.shard.features.coverage}, in {@code float}.
      */
-    public CandidateFacts facts(int[] clauseFields, String terms, double[] factors, long[] corpusDf, int maxClauses,
-        String maskTerms, int[] counts, byte[] docs) throws IOException {
+    public byte[] facts(int[] clauseFields, String terms, double[] factors, long[] corpusDf, int maxClauses,
+        String maskTerms, double[] maskWeights, int[] counts, byte[] docs) throws IOException {
       String[] termOf = lines(terms, clauseFields.length);
-      String[] masked = lines(maskTerms, -1);
+      String[] masked = lines(maskTerms, maskWeights.length);
       int[] all = new int[docs.length / 4];
       ByteBuffer.wrap(docs).order(ByteOrder.LITTLE_ENDIAN).asIntBuffer().get(all);
       int fields = fieldNames.length;
       int total = all.length;
+      ByteBuffer out = ByteBuffer.allocate((fields + 2) * 4 * total + 8 * total).order(ByteOrder.LITTLE_ENDIAN);
       float[] scores = new float[fields * total];
       long[] masks = new long[total];
       int offset = 0;
@@ -391,7 +399,35 @@ public final class ShardSearch {
         }
         offset += n;
       }
-      return new CandidateFacts(scores, masks);
+      out.asFloatBuffer().put(scores);
+      out.position(fields * 4 * total);
+      coverage(masks, maskWeights, out);
+      out.asLongBuffer().put(masks);
+      return out.array();
+    }
+
+    /** Writes the plain and the weighted share of the mask terms each of {@code masks} holds, at {@code out}'s
+     * position, and moves past them. */
+    private static void coverage(long[] masks, double[] weights, ByteBuffer out) {
+      int terms = Math.min(weights.length, 64);
+      float[] w = new float[terms];
+      float sum = 0f;
+      for (int t = 0; t < terms; t++) {
+        w[t] = (float) weights[t];
+        sum += w[t];
+      }
+      float[] plain = new float[masks.length];
+      float[] weighted = new float[masks.length];
+      for (int j = 0; j < masks.length && terms > 0; j++) {
+        float held = 0f;
+        for (long bits = masks[j]; bits != 0; bits &= bits - 1) {
+          held += w[Long.numberOfTrailingZeros(bits)];
+        }
+        plain[j] = (float) Long.bitCount(masks[j]) / (float) terms;
+        weighted[j] = sum > 0 ? held / sum : plain[j];
+      }
+      out.asFloatBuffer().put(plain).put(weighted);
+      out.position(out.position() + 8 * masks.length);
     }
 
     private static String[] lines(String joined, int expected) {

@@ -89,7 +89,7 @@ def field_scoring(index: Path, texts: list[str], per_shard: int, repeats: int, w
     reader = FactsReader([s.lucene for s in shards])
 
     def one_pass(terms, rows, distinct):  # every shard in one call, as a shard group does
-        fields, masks, _ = reader.read(rows, terms, distinct)
+        fields, masks = reader.read(rows, terms, distinct)[:2]
         bounds = np.cumsum([0] + [len(r) for r in rows])
         return [({f: v[a:b] for f, v in fields.items()}, masks[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 

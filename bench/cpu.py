@@ -61,15 +61,16 @@ def by_process(before: dict[int, tuple[str, float]], after: dict[int, tuple[str,
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
-def compiler_threads_cpu_s() -> float | None:
-    """CPU seconds this process's JVM compiler threads (``C1/C2 CompilerThread``) have spent so far, None where
-    ``/proc`` does not tell. Process CPU counts them: a JVM still compiling a path bills its searches for it."""
+def threads_cpu_s(*names: str) -> float | None:
+    """CPU seconds this process's threads whose name holds one of ``names`` have spent so far (the JVM's
+    ``C2 CompilerThread``, ``GC Thread#0``, ``G1 Refine#0``, ...), None where ``/proc`` does not tell. Process CPU
+    counts them: a JVM still compiling a path, or collecting what a path left, bills the searches of the moment."""
     total = 0
     try:
         for tid in os.listdir("/proc/self/task"):
             task = Path("/proc/self/task") / tid
             try:
-                if "Compiler" not in (task / "comm").read_text():
+                if not any(name in (task / "comm").read_text() for name in names):
                     continue
                 fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:  # the thread ended meanwhile

@@ -139,8 +139,9 @@ def in_process(pipeline, texts: list[str], rounds: int, warm_rounds: int) -> dic
     """Searches alternating with and without the model, each side's CPU summed apart, after ``warm_rounds`` rounds
     unmeasured: the JVM's compiler threads count in process CPU, and they go on compiling the search and feature
     paths for the first few hundred searches (on the 2-core Xeon, 1.9 s over each of the first two rounds of 100
-    queries a side, 0.07 s over the fourth); the record says what they spent over the measured rounds."""
-    from bench.cpu import compiler_threads_cpu_s
+    queries a side, 0.07 s over the fourth); the record says what they and the JVM's collector threads spent over
+    the measured rounds. Run first, before the parts that open the shards a second time."""
+    from bench.cpu import threads_cpu_s
     from deployments.edge.schemas import SearchRequest
 
     cpu = {"with": 0.0, "without": 0.0}
@@ -162,12 +163,13 @@ def in_process(pipeline, texts: list[str], rounds: int, warm_rounds: int) -> dic
     asyncio.run(go(warm_rounds))  # warm: the JVM compiles Lucene's and the helper's paths, the caches fill
     cpu = {"with": 0.0, "without": 0.0}
     stage_ms.clear()
-    compiling = compiler_threads_cpu_s()
+    jvm = {"compiler": ("Compiler",), "gc": ("GC Thread", "G1 ")}
+    before = {kind: threads_cpu_s(*names) for kind, names in jvm.items()}
     asyncio.run(go(rounds))
-    if compiling is not None:
-        compiling = compiler_threads_cpu_s() - compiling
+    spent = {kind: None if before[kind] is None else threads_cpu_s(*jvm[kind]) - before[kind] for kind in jvm}
     n = rounds * len(texts)
-    return {"searches_per_side": n, "warm_rounds": warm_rounds, "jit_compiler_cpu_s_measured": compiling,
+    return {"searches_per_side": n, "warm_rounds": warm_rounds, "jit_compiler_cpu_s_measured": spent["compiler"],
+            "jvm_gc_cpu_s_measured": spent["gc"],
             "cpu_ms_per_query_with": 1000 * cpu["with"] / n,
             "cpu_ms_per_query_without": 1000 * cpu["without"] / n,
             "stage_cpu_ms_per_query": 1000 * (cpu["with"] - cpu["without"]) / n,
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows-per-shard", type=int, default=67,
                     help="candidates a shard scores in the field-scoring part (200 over 3 shards: %(default)s)")
     ap.add_argument("--rounds", type=int, default=2, help="in-process rounds over the queries")
-    ap.add_argument("--warm-rounds", type=int, default=4,
+    ap.add_argument("--warm-rounds", type=int, default=6,
                     help="in-process rounds over the queries before measuring (default: %(default)s)")
     ap.add_argument("--http-seconds", type=float, default=30, help="0: no HTTP measurement")
     ap.add_argument("--http-rounds", type=int, default=3, help="levels a side over HTTP, alternating")
@@ -227,12 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     if "default" not in pipeline.models:
         raise SystemExit(f"{args.index} has no active ranking model (python -m relevance.rankers list {args.index})")
     record = {"machine": machine(), "index": str(args.index), "queries": len(texts),
-              "model_alone": model_alone(pipeline, texts, args.repeats)}
+              "in_process": in_process(pipeline, texts, args.rounds, args.warm_rounds)}
+    print(json.dumps(record["in_process"]), flush=True)
+    record["model_alone"] = model_alone(pipeline, texts, args.repeats)
     print(json.dumps(record["model_alone"]), flush=True)
     record["field_scoring"] = field_scoring(args.index, texts, args.rows_per_shard, args.repeats)
     print(json.dumps(record["field_scoring"]), flush=True)
-    record["in_process"] = in_process(pipeline, texts, args.rounds, args.warm_rounds)
-    print(json.dumps(record["in_process"]), flush=True)
     if args.http_seconds > 0:
         record["http"] = over_http(args.index, texts, args.http_seconds, args.clients, args.port, args.http_rounds,
                                    args.http_warm_seconds)

@@ -114,7 +114,7 @@ def relative(columns: dict[str, np.ndarray], pool: Sequence[Hit]) -> None:
                  not n.startswith("dense_gap")]:
         dense = columns[name]
         gap = "dense_gap" if name == "dense" else f"dense_gap_{name.removeprefix('dense_')}"
-        columns[gap] = np.fmax.reduce(dense, initial=np.nan) - dense  # all NaN where the cosines are
+        columns[gap] = np.fmax.reduce(dense, initial=np.nan) - dense  # NaN where the cosine is
     docs = list(map(doc_of, map(_chunk_id, pool)))
     counts = Counter(docs)
     columns["doc_chunks"] = np.fromiter(map(counts.__getitem__, docs), dtype=np.float32, count=len(docs))

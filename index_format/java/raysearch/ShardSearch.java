@@ -3,6 +3,7 @@ package raysearch;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.nio.FloatBuffer;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -383,7 +384,7 @@ public final class ShardSearch {
       int fields = fieldNames.length;
       int total = all.length;
       ByteBuffer out = ByteBuffer.allocate((fields + 2) * 4 * total + 8 * total).order(ByteOrder.LITTLE_ENDIAN);
-      float[] scores = new float[fields * total];
+      FloatBuffer scores = out.asFloatBuffer(); // each field's scores first, written in place
       long[] masks = new long[total];
       int offset = 0;
       for (int s = 0; s < searchers.length; s++) {
@@ -393,13 +394,13 @@ public final class ShardSearch {
               corpusDocs, Arrays.copyOfRange(fieldDocs, s * fields, (s + 1) * fields), maxClauses, maskField, masked,
               Arrays.copyOfRange(all, offset, offset + n));
           for (int f = 0; f < fields; f++) {
-            System.arraycopy(facts.scores, f * n, scores, f * total + offset, n);
+            scores.position(f * total + offset);
+            scores.put(facts.scores, f * n, n);
           }
           System.arraycopy(facts.masks, 0, masks, offset, n);
         }
         offset += n;
       }
-      out.asFloatBuffer().put(scores);
       out.position(fields * 4 * total);
       coverage(masks, maskWeights, out);
       out.asLongBuffer().put(masks);
@@ -430,10 +431,11 @@ public final class ShardSearch {
       out.position(out.position() + 8 * masks.length);
     }
 
+    /** {@code joined} split at newlines, which must give {@code expected} lines (one a clause, or a weight). */
     private static String[] lines(String joined, int expected) {
       String[] out = joined.isEmpty() ? new String[0] : joined.split("\n", -1);
-      if (expected >= 0 && out.length != expected) {
-        throw new IllegalArgumentException(out.length + " terms for " + expected + " clauses");
+      if (out.length != expected) {
+        throw new IllegalArgumentException(out.length + " terms for " + expected + " clauses or weights");
       }
       return out;
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import time
 from pathlib import Path
@@ -140,9 +141,13 @@ def in_process(pipeline, texts: list[str], rounds: int, warm_rounds: int) -> dic
     unmeasured: the JVM's compiler threads count in process CPU, and they go on compiling the search and feature
     paths for the first few hundred searches (on the 2-core Xeon, 1.9 s over each of the first two rounds of 100
     queries a side, 0.07 s over the fourth); the record says what they and the JVM's collector threads spent over
-    the measured rounds. Run first, before the parts that open the shards a second time."""
+    the measured rounds. Run first, before the parts that open the shards a second time. Python's collector is
+    settled after the warm-up as a served replica settles it (``settle_heap``): with the interpreter's defaults, a
+    search with the model set off a young collection every time and a full one every few hundred searches, about 0.2
+    ms a search that no replica pays."""
     from bench.cpu import threads_cpu_s
     from deployments.edge.schemas import SearchRequest
+    from deployments.serve.heap import settle_heap
 
     cpu = {"with": 0.0, "without": 0.0}
     stage_ms: list[float] = []
@@ -161,15 +166,18 @@ def in_process(pipeline, texts: list[str], rounds: int, warm_rounds: int) -> dic
                 await one(text, "without")
 
     asyncio.run(go(warm_rounds))  # warm: the JVM compiles Lucene's and the helper's paths, the caches fill
+    settle_heap()
     cpu = {"with": 0.0, "without": 0.0}
     stage_ms.clear()
     jvm = {"compiler": ("Compiler",), "gc": ("GC Thread", "G1 ")}
     before = {kind: threads_cpu_s(*names) for kind, names in jvm.items()}
+    collections = [g["collections"] for g in gc.get_stats()]
     asyncio.run(go(rounds))
+    collections = [g["collections"] - c for g, c in zip(gc.get_stats(), collections, strict=True)]
     spent = {kind: None if before[kind] is None else threads_cpu_s(*jvm[kind]) - before[kind] for kind in jvm}
     n = rounds * len(texts)
     return {"searches_per_side": n, "warm_rounds": warm_rounds, "jit_compiler_cpu_s_measured": spent["compiler"],
-            "jvm_gc_cpu_s_measured": spent["gc"],
+            "jvm_gc_cpu_s_measured": spent["gc"], "python_gc_collections_measured": collections,
             "cpu_ms_per_query_with": 1000 * cpu["with"] / n,
             "cpu_ms_per_query_without": 1000 * cpu["without"] / n,
             "stage_cpu_ms_per_query": 1000 * (cpu["with"] - cpu["without"]) / n,

@@ -7,7 +7,9 @@ server CPU over HTTP, each against the same searches without the model (``rankin
 
 ``ROOT`` must have an active ranking model (``python -m relevance.train_ranker ... --activate``). CPU is process
 time (user + system): in-process, this process's; over HTTP, the machine's busy time less the load generator's
-(``bench.cpu``), per answered search.
+(``bench.cpu``), per answered search, and the router replica's own (where the stage runs, with the shards the router
+holds on one node). Over HTTP each side is measured at its own capacity (closed loops) and at one fixed rate
+(``--http-rate``), where Ray's and Serve's steady background weighs the same on every request of both sides.
 """
 
 from __future__ import annotations
@@ -185,26 +187,39 @@ def in_process(pipeline, texts: list[str], rounds: int, warm_rounds: int) -> dic
 
 
 def over_http(index: Path, texts: list[str], seconds: float, clients: int, port: int, rounds: int,
-              warm_seconds: float) -> dict:
+              warm_seconds: float, rate: float) -> dict:
     """Levels of ``seconds`` each, without and with the model, alternating ``rounds`` times on one served app (the
     machine's load drifts over minutes: one level a side would compare two moments), and each side's mean; each side
-    first searched ``warm_seconds`` unmeasured, so the shard replicas' JVM has compiled both paths."""
+    first searched ``warm_seconds`` unmeasured, so the shard replicas' JVM has compiled both paths. Two kinds of
+    level: ``clients`` closed loops (each side at its own capacity), then, with ``rate``, both sides at that many
+    requests a second (``serving.level``): the same throughput, so what the machine spends per second whatever the
+    load is shared by as many requests on each side, and the difference is the stage's own."""
     from bench.loadgen import closed_loop
     from bench.serving import level
 
     bodies = {"without": {"limit": 10, "ranking_model": False}, "with": {"limit": 10}}
+    kinds = {"closed_loop": None} | ({"fixed_rate": rate} if rate else {})
     levels = []
     with served(index, port, ["--router.cache-size", "0"]) as base:
         for body in bodies.values():
             closed_loop(base, "/search", [{"query": t} | body for t in texts], clients, warm_seconds)
-        for i in range(rounds):
-            for side, body in bodies.items():
-                levels.append({"side": side, "round": i, **level(base, texts, body, clients, seconds)})
-    means = {side: {key: sum(r[key] for r in levels if r["side"] == side) / rounds
-                    for key in ("qps", "p50_ms", "p99_ms", "server_cpu_ms_per_query")} for side in bodies}
-    return {"levels": levels, "means": means,
-            "stage_server_cpu_ms_per_query": means["with"]["server_cpu_ms_per_query"]
-            - means["without"]["server_cpu_ms_per_query"]}
+        for kind, at in kinds.items():
+            for i in range(rounds):
+                for side, body in bodies.items():
+                    levels.append({"kind": kind, "side": side, "round": i,
+                                   **level(base, texts, body, clients, seconds, rate=at)})
+    for row in levels:  # the router replica alone: the stage runs there (the shards too, placed in the router)
+        row["router_cpu_ms_per_query"] = row["cpu_ms_per_query_by_process"].get("replica router")
+    out: dict = {"levels": levels}
+    keys = ("qps", "p50_ms", "p99_ms", "server_cpu_ms_per_query", "router_cpu_ms_per_query")
+    for kind in kinds:
+        rows = {side: [r for r in levels if r["side"] == side and r["kind"] == kind] for side in bodies}
+        means = {side: {key: None if any(r[key] is None for r in got) else sum(r[key] for r in got) / len(got)
+                        for key in keys} for side, got in rows.items()}
+        out[kind] = {"means": means} | {
+            f"stage_{key}": None if means["with"][key] is None else means["with"][key] - means["without"][key]
+            for key in ("server_cpu_ms_per_query", "router_cpu_ms_per_query")}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--http-rounds", type=int, default=3, help="levels a side over HTTP, alternating")
     ap.add_argument("--http-warm-seconds", type=float, default=30,
                     help="each side searched unmeasured over HTTP first (default: %(default)s)")
+    ap.add_argument("--http-rate", type=float, default=50,
+                    help="requests a second of the fixed-rate levels over HTTP, below both sides' capacity; 0: closed "
+                         "loops only (default: %(default)s)")
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--port", type=int, default=18480)
     ap.add_argument("--out", type=Path, default=Path("bench/results/ranking.json"))
@@ -245,10 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(record["field_scoring"]), flush=True)
     if args.http_seconds > 0:
         record["http"] = over_http(args.index, texts, args.http_seconds, args.clients, args.port, args.http_rounds,
-                                   args.http_warm_seconds)
+                                   args.http_warm_seconds, args.http_rate)
         for row in record["http"]["levels"]:
-            print(row["side"], {k: row[k] for k in ("qps", "p50_ms", "p99_ms", "server_cpu_ms_per_query")}, flush=True)
-        print("stage over HTTP, server CPU ms a query:", record["http"]["stage_server_cpu_ms_per_query"], flush=True)
+            print(row["kind"], row["side"], {k: row[k] for k in ("qps", "p50_ms", "p99_ms", "server_cpu_ms_per_query",
+                                                                 "router_cpu_ms_per_query")}, flush=True)
+        for kind in ("closed_loop", "fixed_rate"):
+            if kind in record["http"]:
+                got = record["http"][kind]
+                print(f"stage over HTTP ({kind}), CPU ms a query: server {got['stage_server_cpu_ms_per_query']}, "
+                      f"the router replica {got['stage_router_cpu_ms_per_query']}", flush=True)
     record["own_cpu_s"] = own_cpu_s()
     write_record(args.out, record)
     return 0

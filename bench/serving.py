@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -38,7 +39,7 @@ import numpy as np
 
 from bench.common import load_beir, machine, service_process, write_record
 from bench.cpu import by_process, machine_busy_s, own_cpu_s, process_cpu
-from bench.loadgen import closed_loop
+from bench.loadgen import closed_loop, open_loop
 from bench.quality import evaluate, rank_run
 
 
@@ -47,25 +48,38 @@ def partial_body(body: bytes) -> bool:
     return b'"degraded":true' in body or b'"warnings":["' in body
 
 
-def level(base: str, texts: list[str], body: dict, clients: int, seconds: float, check=None) -> dict:
+def level(base: str, texts: list[str], body: dict, clients: int, seconds: float, check=None,
+          rate: float | None = None) -> dict:
+    """One load level: ``clients`` closed-loop connections (the capacity they reach), or, with ``rate``, requests
+    arriving at that many a second whatever the answers (``loadgen.open_loop``). At a fixed rate two configurations
+    are compared at the same throughput, so what the machine spends per second whatever the load (Ray's and Serve's
+    own processes) weighs the same on each request of both; closed loops run the cheaper one faster and spread
+    that over more requests. ``check`` (closed loop only) flags a partial answer."""
     bodies = [{"query": t} | body for t in texts]
     closed_loop(base, "/search", bodies[-50:], clients, min(5.0, seconds / 2), check)  # warm this level
     busy0, own0, procs0, t0 = machine_busy_s(), own_cpu_s(), process_cpu(), time.perf_counter()
-    out = closed_loop(base, "/search", bodies, clients, seconds, check)
+    if rate is None:
+        out = closed_loop(base, "/search", bodies, clients, seconds, check)
+        latencies, statuses, partial, kb = out.latencies_s, out.statuses, out.flagged, out.bytes_in
+    else:
+        arrivals = open_loop(base, "/search", bodies, rate, seconds)
+        latencies = [a.latency_s for a in arrivals if a.status == 200]
+        statuses = dict(Counter(a.status for a in arrivals))
+        partial, kb = None, None
     wall = time.perf_counter() - t0
     server_cpu = (machine_busy_s() - busy0) - (own_cpu_s() - own0)
     procs = by_process(procs0, process_cpu())
-    lat = np.sort(np.array(out.latencies_s)) * 1000
-    n = out.answered
+    lat = np.sort(np.array(latencies)) * 1000
+    n = len(latencies)
     return {
-        "clients": clients, "limit": body.get("limit"), "seconds": round(wall, 2), "answered": n,
-        "statuses": {str(k): v for k, v in sorted(out.statuses.items())}, "partial": out.flagged,
-        "qps": n / wall, "p50_ms": float(np.percentile(lat, 50)) if n else None,
+        "clients": clients if rate is None else None, "rate": rate, "limit": body.get("limit"),
+        "seconds": round(wall, 2), "answered": n, "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "partial": partial, "qps": n / wall, "p50_ms": float(np.percentile(lat, 50)) if n else None,
         "p99_ms": float(np.percentile(lat, 99)) if n else None,
         "server_cpu_ms_per_query": 1000 * server_cpu / n if n else None,
         "client_cpu_ms_per_query": 1000 * (own_cpu_s() - own0) / n if n else None,
         "cpu_ms_per_query_by_process": {k: round(1000 * v / n, 3) for k, v in list(procs.items())[:12]} if n else {},
-        "kb_per_response": out.bytes_in / max(1, sum(out.statuses.values())) / 1024,
+        "kb_per_response": None if kb is None else kb / max(1, sum(statuses.values())) / 1024,
     }
 
 

@@ -106,15 +106,16 @@ def candidates_features(services: Sequence, reader: FactsReader, query: FeatureQ
     busy = [(service, at, rows) for service, (at, rows) in zip(services, located, strict=True) if len(at)]
     if not busy:
         return out
-    want_bm25, want_coverage = query.wants("bm25_"), query.wants("term_coverage", "idf_coverage")
+    fields = [f for f in reader.names if query.wants(f"bm25_{f}")]
+    want_coverage = query.wants("term_coverage", "idf_coverage")
     distinct = sorted(set(terms))[:64] if want_coverage else []
     held = np.concatenate([at for at, _ in located])
-    if want_bm25 or want_coverage:
-        # Each field's BM25 and which distinct terms each holds, in one pass and one call (``FactsReader``).
+    if fields or want_coverage:
+        # The wanted fields' BM25 and which distinct terms each holds, in one pass and one call (``FactsReader``).
         corpus = busy[0][0].lucene
         idf = [lucene_idf(corpus.corpus.doc_count, int(corpus.corpus_df.get(t, 0))) for t in distinct]
-        facts = reader.read([rows for _, rows in located], terms if want_bm25 else [], distinct, idf)
-        for field, scores in facts.fields.items() if want_bm25 else ():
+        facts = reader.read([rows for _, rows in located], terms if fields else [], distinct, idf, fields)
+        for field, scores in facts.fields.items() if fields else ():
             out.setdefault(f"bm25_{field}", np.full(n, np.nan, dtype=np.float32))[held] = scores
         if want_coverage:
             out["term_coverage"][held], out["idf_coverage"][held] = (

@@ -250,10 +250,11 @@ class LuceneShard:
             return self._facts_apart(terms, rows, mask_terms)
         return self.facts_reader.read([rows], terms, mask_terms)[:2]
 
-    def _facts_apart(self, terms: list[str], rows: np.ndarray, mask_terms: list[str]
-                     ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """``candidate_facts`` without the helper: each field's ``scores_of`` and the ``term_masks`` apart."""
-        return ({f: self.scores_of(terms, rows, {f: 1.0}) for f in self.fields},
+    def _facts_apart(self, terms: list[str], rows: np.ndarray, mask_terms: list[str],
+                     fields: Sequence[str] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """``candidate_facts`` without the helper: each field's ``scores_of`` (of ``fields``, None: all) and the
+        ``term_masks`` apart."""
+        return ({f: self.scores_of(terms, rows, {f: 1.0}) for f in (self.fields if fields is None else fields)},
                 self.term_masks(mask_terms, rows) if mask_terms else np.zeros(len(rows), dtype=np.uint64))
 
     @functools.cached_property
@@ -396,18 +397,20 @@ class FactsReader:
                 [int(first.fields[f].stats.corpus.doc_count) for f in self.names], CONTENTS_FIELD)
 
     def read(self, rows: Sequence[np.ndarray], terms: list[str], mask_terms: Sequence[str],
-             mask_weights: Sequence[float] | None = None) -> Facts:
-        """Each field's BM25 and the ``mask_terms`` masks (at most 64 terms) of each shard's chunk-table ``rows``, as
-        columns over those rows one shard after another; with ``mask_weights`` (one a mask term), their coverage
-        too where the JVM reads them."""
+             mask_weights: Sequence[float] | None = None, fields: Sequence[str] | None = None) -> Facts:
+        """The BM25 of each of ``fields`` (None: every field) and the ``mask_terms`` masks (at most 64 terms) of each
+        shard's chunk-table ``rows``, as columns over those rows one shard after another; with ``mask_weights`` (one a
+        mask term), their coverage too where the JVM reads them. A field not asked for costs nothing: its terms are
+        not looked up."""
         rows = [np.asarray(r, dtype=np.int64) for r in rows]
         mask_terms = list(mask_terms)[:64]
+        names = self.names if fields is None else [f for f in self.names if f in fields]
         if self.java is None:
-            parts = [s._facts_apart(terms, r, mask_terms) for s, r in zip(self.shards, rows, strict=True)]
-            return Facts({f: np.concatenate([fields[f] for fields, _ in parts]) for f in self.names},
+            parts = [s._facts_apart(terms, r, mask_terms, names) for s, r in zip(self.shards, rows, strict=True)]
+            return Facts({f: np.concatenate([got[f] for got, _ in parts]) for f in names},
                          np.concatenate([masks for _, masks in parts]))
         first = self.shards[0]
-        clauses = first.clauses(terms, self.weights)
+        clauses = first.clauses(terms, self.weights if fields is None else {f: self.weights[f] for f in names})
         docs = np.concatenate([s.doc_of_row[r] for s, r in zip(self.shards, rows, strict=True)]).astype("<i4")
         weights = [float(w) for w in mask_weights][:64] if mask_weights is not None else [0.0] * len(mask_terms)
         packed = self.java.facts(
@@ -418,5 +421,5 @@ class FactsReader:
         floats = np.frombuffer(packed, dtype="<f4", count=(fields + 2) * n)
         scores, plain, weighted = floats[:fields * n].reshape(fields, n), floats[fields * n:-n], floats[-n:]
         masks = np.frombuffer(packed, dtype="<u8", offset=4 * len(floats))
-        return Facts(dict(zip(self.names, scores, strict=True)), masks,
+        return Facts({f: scores[self.field_at[f]] for f in names}, masks,
                      (plain, weighted) if mask_weights is not None else None)

@@ -237,3 +237,24 @@ def test_each_candidates_ranking_features_equal_their_oracles(built, oracle, gro
         assert all(a[1] >= b[1] - 1e-5 for a, b in zip(ranked, ranked[1:], strict=False))
         dense = col["dense"]
         assert np.isfinite(dense).all() and np.allclose(col["dense_gap"], dense.max() - dense)
+
+
+def test_a_model_that_reads_one_field_has_only_that_field_scored(built):
+    """A shard group asked only for ``bm25_title`` and coverage (a model that reads no ``bm25_contents``) scores the
+    title as when asked for everything, leaves ``contents`` unscored (NaN), and its coverage is unchanged (the masks
+    then read from the postings on their own, no contents clause holding their terms)."""
+    from deployments.shard.features import FeatureQuery
+    from deployments.shard.group import ShardGroup
+
+    _, summary = built[3]
+    local = LocalIndex(summary.version_dir)
+    group = ShardGroup(local.shards)
+    ids = [c for s in local.shards for c in s.id_array.tolist()[:15]]
+    for query in ["sailing boat wind", "music note piano piano"]:
+        every = group.features(FeatureQuery(query, ids))
+        one = group.features(FeatureQuery(query, ids, names=frozenset({"bm25_title", "term_coverage",
+                                                                         "idf_coverage"})))
+        assert np.array_equal(one["bm25_title"], every["bm25_title"]) and (every["bm25_title"] > 0).any()
+        assert np.isnan(one["bm25_contents"]).all() and (every["bm25_contents"] > 0).any()
+        for name in ("term_coverage", "idf_coverage"):
+            assert np.array_equal(one[name], every[name]) and (every[name] > 0).any()

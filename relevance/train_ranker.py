@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from deployments.search.learned import GROUPS, in_group
 from relevance.ranking_data import K, QueryData, collect, cross_fit_encoders, ndcg_of, open_pipeline
 from relevance.tuning import fold_of
 
@@ -106,7 +107,6 @@ def feature_names(data: list[QueryData], wanted: list[str] | None = None) -> lis
 
 def ablation(data: list[QueryData], qrels, names: list[str], folds: int) -> list[dict]:
     """Cross-validated nDCG@10 with every feature group, and without each one."""
-    from deployments.search.learned import GROUPS, in_group
 
     rows = [{"without": None, "features": len(names), **_cv_row(cross_validate(data, qrels, names, folds))}]
     for group in GROUPS:
@@ -152,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--folds", type=int, default=5, help="cross-validation folds by query (default: %(default)s)")
     ap.add_argument("--features", nargs="*", default=None, metavar="NAME",
                     help="exactly these features (default: every one the data has)")
+    ap.add_argument("--without", nargs="+", default=[], choices=list(GROUPS), metavar="GROUP",
+                    help=f"leave out these feature groups ({', '.join(GROUPS)}; as --ablate names them). A model "
+                         "reads only what it was trained on, and the shards compute only that: --without bm25 "
+                         "coverage gives a model that reads no postings, about half the stage's CPU (bench/README.md)")
     ap.add_argument("--candidates", type=Path, default=None, metavar="FILE",
                     help="keep the queries' candidates and features in FILE, and read them from it when it exists "
                          "(the same queries, index and options: for trying other features or parameters quickly)")
@@ -202,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     by_id = {q.query_id: q for q in data}
     fit_data = [by_id[q] for q in fit_ids]
     validation = [by_id[q] for q in validation_ids]
-    names = feature_names(data, args.features)
+    names = [n for n in feature_names(data, args.features) if not any(in_group(n, g) for g in args.without)]
+    if not names:
+        raise SystemExit(f"--features and --without {' '.join(args.without)} leave no feature to train on")
     print(f"features: {', '.join(names)}", file=sys.stderr)
     cv = cross_validate(fit_data, judged.qrels, names, args.folds)
     print(f"cross-validated ({args.folds} folds by query): nDCG@10 {cv['model_ndcg']:.4f} with {cv['trees']} trees, "

@@ -228,3 +228,31 @@ def test_the_compiled_trees_score_as_lightgbm(planted, trained, monkeypatch):
     assert fallback.compiled is None
     assert np.array_equal(fallback.score(tables[0]), model.booster.predict(tables[0].matrix(model.features),
                                                                             num_threads=1))
+
+
+def test_a_model_trained_without_bm25_and_coverage_reads_no_postings(planted, tmp_path, monkeypatch):
+    """``--without bm25 coverage`` trains on the other groups only, the planted rule is still learned, and served,
+    the model's features are had without reading a posting: the shards' pass over the postings, made to fail, is
+    never called, and the model still orders the search."""
+    from deployments.search.learned import RankingModel
+    from deployments.shard.lucene import FactsReader
+
+    root, data = planted
+    out = tmp_path / "no-postings"
+    description = train(root, data, out, "--without", "bm25", "coverage", "--name", "no-postings")
+    features = description["features"]
+    assert "length" in features and not [f for f in features if f.startswith("bm25_") or f.endswith("_coverage")]
+    assert description["validation"]["model_ndcg"] > description["validation"]["without_model_ndcg"] + 0.2
+    with pytest.raises(SystemExit) as refused:
+        train(root, data, tmp_path / "none", "--features", "length", "--without", "lengths")
+    assert "leave no feature" in str(refused.value), refused.value
+    pipeline = inprocess_pipeline({"default": root})
+    pipeline.models["default"] = RankingModel(description["id"], features, (out / "model.txt").read_text())
+
+    def read(self, *args, **kwargs):
+        raise AssertionError("a model that reads no BM25 or coverage read the postings")
+
+    monkeypatch.setattr(FactsReader, "read", read)
+    text = json.loads((data / "queries.jsonl").read_text().splitlines()[0])["text"]
+    response = search(pipeline, text)
+    assert response.ranking_model == description["id"] and not response.warnings

@@ -107,7 +107,6 @@ def feature_names(data: list[QueryData], wanted: list[str] | None = None) -> lis
 
 def ablation(data: list[QueryData], qrels, names: list[str], folds: int) -> list[dict]:
     """Cross-validated nDCG@10 with every feature group, and without each one."""
-
     rows = [{"without": None, "features": len(names), **_cv_row(cross_validate(data, qrels, names, folds))}]
     for group in GROUPS:
         kept = [n for n in names if not in_group(n, group)]
@@ -155,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--without", nargs="+", default=[], choices=list(GROUPS), metavar="GROUP",
                     help=f"leave out these feature groups ({', '.join(GROUPS)}; as --ablate names them). A model "
                          "reads only what it was trained on, and the shards compute only that: --without bm25 "
-                         "coverage gives a model that reads no postings, about half the stage's CPU (bench/README.md)")
+                         "coverage gives a model that reads no postings, a cheaper stage for part of the gain "
+                         "(bench/README.md, \"What a model reads decides what the stage costs\")")
     ap.add_argument("--candidates", type=Path, default=None, metavar="FILE",
                     help="keep the queries' candidates and features in FILE, and read them from it when it exists "
                          "(the same queries, index and options: for trying other features or parameters quickly)")
@@ -208,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     validation = [by_id[q] for q in validation_ids]
     names = [n for n in feature_names(data, args.features) if not any(in_group(n, g) for g in args.without)]
     if not names:
-        raise SystemExit(f"--features and --without {' '.join(args.without)} leave no feature to train on")
+        given = f"--features and --without {' '.join(args.without)} leave" if args.features else \
+            f"--without {' '.join(args.without)} leaves"
+        raise SystemExit(f"{given} no feature to train on")
     print(f"features: {', '.join(names)}", file=sys.stderr)
     cv = cross_validate(fit_data, judged.qrels, names, args.folds)
     print(f"cross-validated ({args.folds} folds by query): nDCG@10 {cv['model_ndcg']:.4f} with {cv['trees']} trees, "

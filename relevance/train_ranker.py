@@ -105,6 +105,16 @@ def feature_names(data: list[QueryData], wanted: list[str] | None = None) -> lis
     return names
 
 
+def chosen(names: list[str], args: argparse.Namespace) -> list[str]:
+    """``names`` less the ``--without`` groups; exits saying so when nothing is left."""
+    kept = [n for n in names if not any(in_group(n, g) for g in args.without)]
+    if not kept:
+        given = f"--features and --without {' '.join(args.without)} leave" if args.features else \
+            f"--without {' '.join(args.without)} leaves"
+        raise SystemExit(f"{given} no feature to train on")
+    return kept
+
+
 def ablation(data: list[QueryData], qrels, names: list[str], folds: int) -> list[dict]:
     """Cross-validated nDCG@10 with every feature group, and without each one."""
     rows = [{"without": None, "features": len(names), **_cv_row(cross_validate(data, qrels, names, folds))}]
@@ -169,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.features:  # refused before minutes of searching when the lists alone leave nothing
+        chosen(args.features, args)
     from index_format.process import configure_process
 
     configure_process()
@@ -206,11 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     by_id = {q.query_id: q for q in data}
     fit_data = [by_id[q] for q in fit_ids]
     validation = [by_id[q] for q in validation_ids]
-    names = [n for n in feature_names(data, args.features) if not any(in_group(n, g) for g in args.without)]
-    if not names:
-        given = f"--features and --without {' '.join(args.without)} leave" if args.features else \
-            f"--without {' '.join(args.without)} leaves"
-        raise SystemExit(f"{given} no feature to train on")
+    names = chosen(feature_names(data, args.features), args)
     print(f"features: {', '.join(names)}", file=sys.stderr)
     cv = cross_validate(fit_data, judged.qrels, names, args.folds)
     print(f"cross-validated ({args.folds} folds by query): nDCG@10 {cv['model_ndcg']:.4f} with {cv['trees']} trees, "

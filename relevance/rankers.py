@@ -61,6 +61,27 @@ def compare(root, model_id: str, pipeline=None) -> dict:
             "served_ndcg": round(ndcg_of(data, qrels, served_scores), 4)}
 
 
+def listing(root) -> list[str]:
+    """The published models, one line each, the active one starred: what each reads (features, trees, and whether
+    the shards read postings for it: a model that reads no BM25 or coverage costs less to serve), what
+    it scored on training judgments (cross-validated, and on its held-out queries against no model), when trained."""
+    from deployments.search.learned import in_group
+
+    state, _ = ranker_state(root)
+    lines = [f"  {'MODEL':<44} {'FEATURES':>8} {'TREES':>5} {'CV NDCG@10':>10} {'HELD OUT (NO MODEL)':>19}  POSTINGS  "
+             "TRAINED"]
+    for model_id in list_rankers(root):
+        d, _ = read_ranker(root, model_id)
+        features = d.get("features", [])
+        postings = any(in_group(f, g) for f in features for g in ("bm25", "coverage"))
+        cv, held = d.get("cross_validation", {}), d.get("validation", {})
+        scores = f"{held.get('model_ndcg', float('nan')):.4f} ({held.get('without_model_ndcg', float('nan')):.4f})"
+        lines.append(f"{'* ' if model_id == state['active'] else '  '}{model_id:<44} {len(features):>8} "
+                     f"{d.get('trees', 0):>5} {cv.get('model_ndcg', float('nan')):>10.4f} {scores:>19}  "
+                     f"{'yes' if postings else 'no':<8}  {d.get('trained', '')}")
+    return lines + [f"active: {state['active'] or 'none'}"]
+
+
 def activate(root, model_id: str, by: str = "cli", pipeline=None) -> int:
     comparison = compare(root, model_id, pipeline)
     print(json.dumps(comparison), file=sys.stderr)
@@ -91,10 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_process()
     try:
         if args.command == "list":
-            state, _ = ranker_state(args.root)
-            for model_id in list_rankers(args.root):
-                print(("* " if model_id == state["active"] else "  ") + model_id)
-            print(f"active: {state['active'] or 'none'}")
+            print("\n".join(listing(args.root)))
         elif args.command == "show":
             description, _ = read_ranker(args.root, args.model)
             description.pop("validation", None)

@@ -256,3 +256,17 @@ def test_a_model_trained_without_bm25_and_coverage_reads_no_postings(planted, tm
     text = json.loads((data / "queries.jsonl").read_text().splitlines()[0])["text"]
     response = search(pipeline, text)
     assert response.ranking_model == description["id"] and not response.warnings
+
+
+def test_the_listing_says_what_each_model_reads_and_scored(planted, trained, capsys):
+    root, _ = planted
+    _, description = trained
+    assert rankers.main(["list", str(root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["MODEL", "FEATURES"] and lines[-1] == f"active: {active_ranker(root)}"
+    line = next(line for line in lines if description["id"] in line)
+    assert line.startswith("* ") == (active_ranker(root) == description["id"])
+    row = line.removeprefix("* ").split()
+    assert row[:4] == [description["id"], str(len(description["features"])), str(description["trees"]),
+                       f"{description['cross_validation']['model_ndcg']:.4f}"]
+    assert row[6] == "yes"  # it reads BM25 and coverage: the shards read postings for it

@@ -74,12 +74,19 @@ def list_rankers(root: str | Path) -> list[str]:
 
 def read_ranker(root: str | Path, model_id: str) -> tuple[dict, str]:
     """(description, model text) of a published model; RankerError naming the published ones otherwise."""
+    description = ranker_description(root, model_id)
+    return description, open_store(root).get(f"{RANKERS}/{checked_id(model_id)}/{MODEL}").decode()
+
+
+def ranker_description(root: str | Path, model_id: str) -> dict:
+    """A published model's description alone (``ranker.json``; its trees not read); RankerError naming the
+    published ones where there is no such model."""
     store = open_store(root)
     key = f"{RANKERS}/{checked_id(model_id)}"
     if not store.exists(f"{key}/{MODEL}"):
         known = list_rankers(root)
         raise RankerError(f"no ranking model {model_id!r} under {root}; published: {', '.join(known) or 'none'}")
-    return json.loads(store.get(f"{key}/{DESCRIPTION}")), store.get(f"{key}/{MODEL}").decode()
+    return json.loads(store.get(f"{key}/{DESCRIPTION}"))
 
 
 def ranker_state(root: str | Path) -> tuple[dict[str, Any], str | None]:

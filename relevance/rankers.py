@@ -23,6 +23,7 @@ from index_format.rankers import (
     activate_ranker,
     active_ranker,
     list_rankers,
+    ranker_description,
     ranker_state,
     read_ranker,
     rollback_ranker,
@@ -65,15 +66,15 @@ def listing(root) -> list[str]:
     """The published models, one line each, the active one starred: what each reads (features, trees, and whether
     the shards read postings for it: a model that reads no BM25 or coverage costs less to serve), what
     it scored on training judgments (cross-validated, and on its held-out queries against no model), when trained."""
-    from deployments.search.learned import in_group
+    from deployments.shard.features import reads_postings
 
     state, _ = ranker_state(root)
     lines = [f"  {'MODEL':<44} {'FEATURES':>8} {'TREES':>5} {'CV NDCG@10':>10} {'HELD OUT (NO MODEL)':>19}  POSTINGS  "
              "TRAINED"]
     for model_id in list_rankers(root):
-        d, _ = read_ranker(root, model_id)
+        d = ranker_description(root, model_id)
         features = d.get("features", [])
-        postings = any(in_group(f, g) for f in features for g in ("bm25", "coverage"))
+        postings = reads_postings(features)
         cv, held = d.get("cross_validation", {}), d.get("validation", {})
         scores = f"{held.get('model_ndcg', float('nan')):.4f} ({held.get('without_model_ndcg', float('nan')):.4f})"
         lines.append(f"{'* ' if model_id == state['active'] else '  '}{model_id:<44} {len(features):>8} "
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list":
             print("\n".join(listing(args.root)))
         elif args.command == "show":
-            description, _ = read_ranker(args.root, args.model)
+            description = ranker_description(args.root, args.model)
             description.pop("validation", None)
             print(json.dumps(description, indent=1))
         elif args.command == "compare":

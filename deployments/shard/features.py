@@ -28,6 +28,9 @@ from deployments.shard.lucene import FactsReader
 from index_format.bm25_stats import lucene_idf
 
 SHARD_FEATURES = ("bm25_contents", "term_coverage", "idf_coverage", "dense", "length", "title_length", "position")
+COVERAGE = ("term_coverage", "idf_coverage")
+# What the shards read from the postings, in one pass (``FactsReader``): a model that reads none of these costs none.
+FROM_POSTINGS = ("bm25_", *COVERAGE)
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,6 +47,12 @@ class FeatureQuery:
     def wants(self, *names: str) -> bool:
         return self.names is None or any(n in self.names or (n.endswith("_") and any(m.startswith(n) for m in
                                                                                    self.names)) for n in names)
+
+
+def reads_postings(features: Sequence[str]) -> bool:
+    """Whether the shards read the postings for a model reading ``features`` (``bm25_share`` is made from
+    ``bm25_contents``, so it counts too)."""
+    return FeatureQuery("", [], names=frozenset(features)).wants(*FROM_POSTINGS)
 
 
 def empty_features(n: int) -> dict[str, np.ndarray]:
@@ -107,7 +116,7 @@ def candidates_features(services: Sequence, reader: FactsReader, query: FeatureQ
     if not busy:
         return out
     fields = [f for f in reader.names if query.wants(f"bm25_{f}")]
-    want_coverage = query.wants("term_coverage", "idf_coverage")
+    want_coverage = query.wants(*COVERAGE)
     distinct = sorted(set(terms))[:64] if want_coverage else []
     held = np.concatenate([at for at, _ in located])
     if fields or want_coverage:

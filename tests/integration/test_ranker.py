@@ -270,3 +270,7 @@ def test_the_listing_says_what_each_model_reads_and_scored(planted, trained, cap
     assert row[:4] == [description["id"], str(len(description["features"])), str(description["trees"]),
                        f"{description['cross_validation']['model_ndcg']:.4f}"]
     assert row[6] == "yes"  # it reads BM25 and coverage: the shards read postings for it
+    from deployments.shard.features import reads_postings
+
+    assert not reads_postings(["length", "dense", "dense_gap", "keyword_rank", "doc_chunks"])
+    assert all(reads_postings(["length", f]) for f in ("bm25_title", "bm25_share", "term_coverage", "idf_coverage"))

@@ -53,8 +53,7 @@ class ShardRetriever:
         return (await self._service()).vectors(chunk_ids)
 
     async def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
-        group = await self._service()
-        return await self.host.run(group.features, query)
+        return await self.host.features(await self._service(), query)
 
     async def vocabulary(self, acl=None) -> dict[str, int]:
         group = await self._service()

@@ -103,20 +103,20 @@ def shard_features(service, query: FeatureQuery) -> dict[str, np.ndarray]:
                                service.analyze(query.text) if at else [])
 
 
-def candidates_features(services: Sequence, reader: FactsReader, query: FeatureQuery,
+def candidates_features(services: Sequence, reader: FactsReader | None, query: FeatureQuery,
                         located: Sequence[tuple[np.ndarray, np.ndarray]], terms: list[str]) -> dict[str, np.ndarray]:
     """The features of ``query.chunk_ids`` (NaN for those no service holds) from ``services``, shards of one version
-    whose postings ``reader`` reads: ``located`` gives, for each, the positions of the candidates it holds and their
-    rows there; ``terms``, the query as their one analyzer makes it. The shards' postings are read in one call into
-    the JVM, their vectors and rows each from its own; what does not depend on the shard (the distinct terms, their
-    corpus idf, the coverage arithmetic) is done once."""
+    whose postings ``reader`` reads (None: the query wants nothing from them): ``located`` gives, for each, the
+    positions of the candidates it holds and their rows there; ``terms``, the query as their one analyzer makes it.
+    The shards' postings are read in one call into the JVM, their vectors and rows each from its own; what does not
+    depend on the shard (the distinct terms, their corpus idf, the coverage arithmetic) is done once."""
     n = len(query.chunk_ids)
     out = empty_features(n)
     busy = [(service, at, rows) for service, (at, rows) in zip(services, located, strict=True) if len(at)]
     if not busy:
         return out
-    fields = [f for f in reader.names if query.wants(f"bm25_{f}")]
-    want_coverage = query.wants(*COVERAGE)
+    fields = [f for f in reader.names if query.wants(f"bm25_{f}")] if reader is not None else []
+    want_coverage = reader is not None and query.wants(*COVERAGE)
     distinct = sorted(set(terms))[:64] if want_coverage else []
     held = np.concatenate([at for at, _ in located])
     if fields or want_coverage:

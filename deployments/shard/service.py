@@ -162,6 +162,10 @@ class ShardService:
             self._row_facts = (words(self.table["text"].to_pylist()), words(self.table["title"].to_pylist()), positions)
         return self._row_facts
 
+    @property
+    def row_facts_read(self) -> bool:
+        return self._row_facts is not None
+
     def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
         """What a ranking model needs to know of these candidates (``deployments.shard.features``)."""
         return shard_features(self, query)

@@ -229,6 +229,23 @@ def test_routers_follow_the_ranking_model_pointer(served, root, tmp_path):
         plain = client.post("/search", json=body | {"ranking_model": False}).json()
         assert plain.get("ranking_model") is None
         assert [r["chunk_id"] for r in plain["results"]] != [r["chunk_id"] for r in ranked["results"]]
+        # A model reading the length alone reads no postings: its features are computed without the hop to the
+        # shards' index thread once the lengths were read (``ShardHost.features``), and still order by length.
+        alone = lightgbm.train({"objective": "lambdarank", "verbose": -1, "min_data_in_leaf": 5},
+                               lightgbm.Dataset(x[:, [length]], labels, group=[40] * 10, feature_name=["length"]), 30)
+        folder = tmp_path / "length-alone"
+        folder.mkdir()
+        (folder / "model.txt").write_text(alone.model_to_string())
+        (folder / "ranker.json").write_text(json.dumps({"id": "length-alone", "features": ["length"]}))
+        publish_ranker(root, folder)
+        activate_ranker(root, "length-alone", hand_made | {"model": "length-alone", "served": "shortest-first"})
+        wait_until(lambda: client.post("/search", json=body).json().get("ranking_model") == "length-alone", 30,
+                   "the router to follow the second model", every_s=0.1)
+        for _ in range(2):
+            again = client.post("/search", json=body).json()
+            assert again["ranking_model"] == "length-alone" and not again.get("warnings"), again.get("warnings")
+            lengths = [len(r["content"].split()) for r in again["results"]]
+            assert lengths == sorted(lengths), lengths
     finally:
         activate_ranker(root, None, None)
     wait_until(lambda: client.post("/search", json=body).json().get("ranking_model") is None, 30,

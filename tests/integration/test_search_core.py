@@ -285,3 +285,52 @@ def test_shards_asked_for_their_share_merge_to_the_same_top_k(built, monkeypatch
             assert all(group.deepened[leg] > asked_again[leg] for leg in ("dense", "keyword"))
     assert any(a.keyword for a in expected) and any(a.dense for a in expected)
     group.close()
+
+
+def test_features_without_postings_are_read_on_the_callers_thread_and_equal_the_index_threads(built, monkeypatch):
+    """``ShardHost.features`` computes on the index thread whatever calls Lucene (the postings a model reads) or reads
+    a shard's chunk table (its lengths, the first time); a model's features that are array reads only are computed
+    where asked, without the hop, with no call into Lucene, and equal to those computed on the index thread."""
+    import asyncio
+    import threading
+
+    from deployments.shard.features import FeatureQuery
+    from deployments.shard.host import ShardHost
+    from deployments.shard.lucene import FactsReader
+    from index_format.encoders import load_encoder
+    from index_format.versions import read_version_manifest
+
+    _, summary = built[3]
+    manifest = read_version_manifest(summary.version_dir)
+    host = ShardHost(None, str(summary.version_dir), [p.name for p in shard_dirs(summary)],
+                     {"encoder": manifest.encoder, "dimension": manifest.dimension})
+    group = host.open_version(summary.version_dir.name)
+    where: list[str] = []
+    lucene: list[str] = []
+    computed = group.features
+    monkeypatch.setattr(group, "features", lambda q: where.append(threading.current_thread().name) or computed(q))
+    terms, read = group.terms, FactsReader.read
+    monkeypatch.setattr(group, "terms", lambda text: lucene.append("analyze") or terms(text))
+    monkeypatch.setattr(FactsReader, "read", lambda self, *a, **k: lucene.append("postings") or read(self, *a, **k))
+
+    text = "telescope galaxy piano"
+    ids = [str(c) for s in group.services for c in s.id_array[:7]] + ["no-such-chunk#0"]
+    vector = load_encoder(manifest.encoder).encode([text])[0]
+    no_postings = FeatureQuery(text, ids, vector, frozenset({"dense", "length", "title_length", "position"}))
+    every = FeatureQuery(text, ids, vector)
+
+    def ask(query):
+        return asyncio.run(host.features(group, query))
+
+    first = ask(no_postings)  # the lengths not read yet: on the index thread
+    assert where == ["shard-search_0"] and not lucene
+    again = ask(no_postings)  # now array reads only: here
+    assert where[1] == threading.current_thread().name != "shard-search_0" and not lucene
+    everything = ask(every)
+    assert where[2] == "shard-search_0" and lucene == ["analyze", "postings"]
+    assert every.wants("bm25_contents") and np.isfinite(everything["bm25_contents"][:-1]).all()
+    for name in ("dense", "length", "title_length", "position"):
+        assert np.isfinite(first[name][:-1]).all() and np.isnan(first[name][-1]), name
+        assert np.array_equal(first[name], again[name], equal_nan=True), name
+        assert np.array_equal(first[name], everything[name], equal_nan=True), name
+    group.close()

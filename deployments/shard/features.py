@@ -1,5 +1,5 @@
 """What a shard tells a ranking model about given candidates: the features it holds the data for, computed
-for a few hundred chunks of one query (``ShardService.features``), never for the whole shard.
+for a few hundred chunks of one query (``ShardGroup.features``), never for the whole shard.
 
 The router asks each shard slot about the candidates it holds after fusion (``deployments.search.learned``),
 so a candidate the keyword leg did not return still gets its exact BM25, and one the dense leg did not
@@ -19,6 +19,7 @@ float per candidate, NaN where it cannot be had (no query vector, a chunk this s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -44,6 +45,11 @@ class FeatureQuery:
     names: frozenset[str] | None = None
     vectors: dict[str, np.ndarray] = field(default_factory=dict)  # the query under each named encoder
 
+    @functools.cached_property
+    def reads_postings(self) -> bool:
+        """Whether the shards read the postings for it (``FROM_POSTINGS``): else its features make no Lucene call."""
+        return self.wants(*FROM_POSTINGS)
+
     def wants(self, *names: str) -> bool:
         return self.names is None or any(n in self.names or (n.endswith("_") and any(m.startswith(n) for m in
                                                                                    self.names)) for n in names)
@@ -52,7 +58,7 @@ class FeatureQuery:
 def reads_postings(features: Sequence[str]) -> bool:
     """Whether the shards read the postings for a model reading ``features`` (``bm25_share`` is made from
     ``bm25_contents``, so it counts too)."""
-    return FeatureQuery("", [], names=frozenset(features)).wants(*FROM_POSTINGS)
+    return FeatureQuery("", [], names=frozenset(features)).reads_postings
 
 
 def empty_features(n: int) -> dict[str, np.ndarray]:
@@ -94,13 +100,6 @@ def held_by_rows(chunk_ids: Sequence[str], row_of: dict[str, int]) -> tuple[list
     """(positions in ``chunk_ids`` of the candidates a shard or segment holds, their rows there)."""
     at = [i for i, c in enumerate(chunk_ids) if c in row_of]
     return at, np.array([row_of[chunk_ids[i]] for i in at], dtype=np.int64)
-
-
-def shard_features(service, query: FeatureQuery) -> dict[str, np.ndarray]:
-    """The features of ``query.chunk_ids`` in one ``ShardService`` (NaN for ids it does not hold)."""
-    at, rows = held_by_rows(query.chunk_ids, service.row_of)
-    return candidates_features([service], service.lucene.facts_reader, query, [(np.asarray(at, dtype=np.int64), rows)],
-                               service.analyze(query.text) if at else [])
 
 
 def candidates_features(services: Sequence, reader: FactsReader | None, query: FeatureQuery,

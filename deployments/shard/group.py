@@ -19,7 +19,7 @@ from itertools import repeat
 import numpy as np
 
 from deployments.bounded import BoundedCache
-from deployments.shard.features import FROM_POSTINGS, FeatureQuery, candidates_features
+from deployments.shard.features import FeatureQuery, candidates_features
 from deployments.shard.filters import FilterError
 from deployments.shard.lucene import FactsReader
 from deployments.shard.query import ShardAnswer, ShardQuery
@@ -258,14 +258,14 @@ class ShardGroup:
         code = np.fromiter(map(self.where.get, query.chunk_ids, repeat(-1)), dtype=np.int64, count=len(query.chunk_ids))
         shard, rows = np.divmod(code, ROWS)
         located = [(at, rows[at]) for at in (np.flatnonzero((code >= 0) & (shard == i)) for i in range(self.size))]
-        postings = query.wants(*FROM_POSTINGS) and bool((code >= 0).any())
+        postings = query.reads_postings and bool((code >= 0).any())
         return candidates_features(self.services, self.facts_reader if postings else None, query, located,
                                    self.terms(query.text) if postings else [])
 
     def features_in_memory(self, query: FeatureQuery) -> bool:
         """Whether ``features(query)`` is array reads only: no Lucene call (the query wants nothing from the postings)
         and no chunk table to read (each shard's lengths were read by an earlier call)."""
-        return not query.wants(*FROM_POSTINGS) and all(s.row_facts_read for s in self.services)
+        return not query.reads_postings and all(s.row_facts_read for s in self.services)
 
     def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]:
         df: dict[str, int] = {}

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from deployments.bounded import BoundedCache
 from deployments.shard.dense import DenseShard, TorchDenseShard
-from deployments.shard.features import FeatureQuery, position_of, shard_features, words
+from deployments.shard.features import position_of, words
 from deployments.shard.filters import MetadataTable
 from deployments.shard.lucene import FieldStats, LuceneShard
 from deployments.shard.vocabulary import document_frequencies
@@ -165,10 +165,6 @@ class ShardService:
     @property
     def row_facts_read(self) -> bool:
         return self._row_facts is not None
-
-    def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
-        """What a ranking model needs to know of these candidates (``deployments.shard.features``)."""
-        return shard_features(self, query)
 
     def _allowed(self, filters: dict[str, Any]) -> np.ndarray:
         # A field the collection knows but this shard never saw matches nothing here; the router

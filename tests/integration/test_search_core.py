@@ -328,7 +328,7 @@ def test_features_without_postings_are_read_on_the_callers_thread_and_equal_the_
     assert where[1] == threading.current_thread().name != "shard-search_0" and not lucene
     everything = ask(every)
     assert where[2] == "shard-search_0" and lucene == ["analyze", "postings"]
-    assert every.wants("bm25_contents") and np.isfinite(everything["bm25_contents"][:-1]).all()
+    assert np.isfinite(everything["bm25_contents"][:-1]).all()
     for name in ("dense", "length", "title_length", "position"):
         assert np.isfinite(first[name][:-1]).all() and np.isnan(first[name][-1]), name
         assert np.array_equal(first[name], again[name], equal_nan=True), name

@@ -1,33 +1,34 @@
-"""The build job: plan -> read+chunk (Ray tasks) -> assemble shards (tasks) -> embed (actors per node)
--> FAISS + Lucene (tasks) -> commit -> verify -> publish.
+"""The build job: scan -> read+parse+chunk -> fragments (Ray Data) -> assemble shards (tasks) -> embed (actors per
+node) -> FAISS + Lucene (tasks) -> commit -> verify -> publish.
 
-The driver plans and schedules; it never holds the corpus. It cuts the corpus into read splits in one
-streaming pass over the bytes (which also fingerprints it), and from then on only passes folder names, object
-references and small results: counts, bad records, statistics. Read tasks parse and chunk their split into
-per-shard fragments, returned through Ray's object store; one task per shard puts its fragments together in
-corpus order and decides what earlier versions can give (a whole shard, or the vectors of texts embedded
-before); embedding actors on that shard's node embed the remaining rows block by block, each block's vectors
-saved in the shard's work folder; as soon as a shard's last block is embedded its FAISS index is built, and its
-Lucene index is built as soon as its chunk table exists. A shard is committed by its manifest. A rerun with the
-same corpus and settings finds the staging folder by its build key and keeps every committed shard whose
-checksums still match (on the node that committed it; a shard whose node is gone is built again).
+The driver plans and schedules; it never holds, nor opens, the corpus. Ray Data scans the corpus's files (each
+file's fingerprint and its read splits, a task a file), reads each split, parses and chunks its records, and writes
+each shard's rows once as Parquet fragments in the staging area of the root (``read``): only counts, keys and bad
+records come back. One task per shard puts its fragments together in corpus order and decides what earlier versions
+can give (a whole shard, or the vectors of texts embedded before); embedding actors on that shard's node embed the
+remaining rows block by block, each block's vectors saved in the shard's work folder; as soon as a shard's last
+block is embedded its FAISS index is built, and its Lucene index is built as soon as its chunk table exists. A shard
+is committed by its manifest. A rerun with the same corpus and settings finds the staging folder by its build key
+and keeps every committed shard whose checksums still match (on the node that committed it; a shard whose node is
+gone is built again).
 
 Where each task runs (nodes share no disk; only files a task's own node wrote are read):
 
-- read tasks (``splits.read_split_fragments``; a delta's ``delta.*`` tasks): the driver's node, which holds the
-  corpus (or the files downloaded from its URL) and, for a delta, the fetched base;
+- the scan and the read (``read.scan_corpus``, ``read.read_corpus``): a corpus in object storage on any node, and its
+  fragments into object storage when the root is there too; else on the driver's node, which holds the corpus files
+  or the root's folder. A delta's tasks (``delta.*``): the driver's node, which holds the fetched base;
 - ``assemble_shard``: a root in object storage: any node (spread); a local root, or a delta (whose fragments are
   files): the driver's node. It returns its node's id: every later task of that shard (``EmbedBlocks`` actors,
   ``finish_dense``, ``build_lucene_shard``, ``commit_shard``, ``verify_shard_files``) is pinned there;
 - ``merge_bm25_returned``: the driver's node, from the statistics the verify tasks returned; the driver's staging
   then holds only the top-level files, which ``Target.publish`` sends (each shard task uploaded its shard).
 
-The driver sums what the read tasks gave each shard and fails the build (``IndexMismatch``) when a shard was
-assembled from other counts: a fragment lost on the way is never published as a smaller index.
+The read's sink counts what it wrote for each shard, and the driver fails the build (``IndexMismatch``) when a shard
+was assembled from other counts: a fragment lost on the way is never published as a smaller index.
 
 The root may be in object storage (``s3://bucket/prefix``): the build then stages in this node's mirror of it,
 each shard's task uploads the shard once committed, and the version is published and activated there
-(``target``); a corpus or a delta's files named by a URL are downloaded first (``inputs``).
+(``target``); a delta's files named by a URL are downloaded first (``inputs``).
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from index_format.chunking import Chunk, chunk_document
 from index_format.encoders import cpu_only
@@ -66,10 +67,10 @@ from index_format.versions import (
 )
 
 from .config import BuildConfig
-from .corpus import BadRecord, CorpusError, corpus_files, fingerprint, resolve_corpus_file
+from .corpus import BadRecord, CorpusError, fingerprint, resolve_corpus_file
 from .faiss_index import FaissSpec
 from .reuse import ReusePlan, find_sources, task_sources
-from .splits import DEFAULT_SPLIT_BYTES, Split, plan_splits
+from .splits import DEFAULT_SPLIT_BYTES, FRAGMENTS, Split, fragments_of
 from .target import Target
 
 CRASH_ENV = "INDEX_BUILD_CRASH_AFTER_SHARDS"  # fault injection: exit like a kill after N shard commits
@@ -95,6 +96,7 @@ class BuildSummary:
     publish: dict = field(default_factory=dict)  # a root in object storage: what was uploaded (Target.publish)
     fetched: dict = field(default_factory=dict)  # versions of a root in object storage fetched to reuse or apply to
     nodes: dict = field(default_factory=dict)  # shard name -> the Ray node that assembled, embedded and indexed it
+    stages: dict = field(default_factory=dict)  # stage -> its nodes, rows, bytes and seconds (``read.stage_report``)
 
     @property
     def total_s(self) -> float:
@@ -106,7 +108,8 @@ class BuildSummary:
                 "docs": self.docs, "chunks": self.chunks, "shards": self.shards, "reused_shards": self.reused_shards,
                 "bad_records": self.bad_count, "first_bad_records": [str(r) for r in self.bad_records],
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "reuse": self.reuse,
-                "delta": self.delta, "publish": self.publish, "fetched": self.fetched, "nodes": self.nodes}
+                "delta": self.delta, "publish": self.publish, "fetched": self.fetched, "nodes": self.nodes,
+                "stages": self.stages}
 
     def render(self) -> str:
         t = max(self.total_s, 1e-9)
@@ -125,6 +128,11 @@ class BuildSummary:
         if self.read:
             lines.append(f"read           {self.read['files']:,} file{'s' if self.read['files'] != 1 else ''} in "
                          f"{self.read['tasks']:,} parallel task{'s' if self.read['tasks'] != 1 else ''}")
+        for name, stage in self.stages.items():
+            nodes = len(stage.get("nodes") or [])
+            rows = f"{stage['rows']:,} rows" if stage.get("rows") is not None else ""
+            lines.append(f"  {name:<32} {rows:>16}  {stage.get('seconds') or 0:7.1f}s  on {nodes} node"
+                         f"{'s' if nodes != 1 else ''}")
         if self.delta:
             d = self.delta
             lines.append(f"delta          on {d['base']}: {d['replaced']:,} replaced, {d['added']:,} added, "
@@ -166,7 +174,7 @@ def _progress(total: int | None, desc: str, unit: str, enabled: bool):
 def read_and_chunk(cfg: BuildConfig) -> tuple[list[list[Chunk]], list[BadRecord]]:
     """The corpus's chunks per shard and its bad records, read in this process: for benchmarks and tests
     that need the chunks themselves. The build job never calls it (its driver holds no corpus)."""
-    from .corpus import iter_documents
+    from .corpus import corpus_files, iter_documents
 
     chunks: list[list[Chunk]] = [[] for _ in range(cfg.shards)]
     bad: list[BadRecord] = []
@@ -272,23 +280,24 @@ def _deal(shards: int, cpus: dict[str, float]) -> list[str | None]:
 
 @dataclass
 class _Fragments:
-    """What the read tasks gave each shard: (split, ObjectRef) of each fragment in split order (None: files in
-    the work folder, a delta's), and the documents and chunks they counted for it."""
+    """Each shard's fragments: their keys in corpus order in the store at ``root`` (the root in object storage, or a
+    folder on the driver's node), and the documents and chunks the read counted for it."""
 
-    refs: list[list] | None
+    keys: list[list[str]]
     counts: list[dict[str, int]]
+    root: str = ""
 
     @classmethod
     def empty(cls, shards: int) -> _Fragments:
-        return cls(None, [{"docs": 0, "chunks": 0} for _ in range(shards)])
+        return cls([[] for _ in range(shards)], [{"docs": 0, "chunks": 0} for _ in range(shards)])
 
     def add_counts(self, per_shard: list[dict[str, int]]) -> None:
         for mine, theirs in zip(self.counts, per_shard, strict=True):
             mine["docs"] += theirs["docs"]
             mine["chunks"] += theirs["chunks"]
 
-    def of(self, shard: int) -> list | None:
-        return None if self.refs is None else self.refs[shard]
+    def of(self, shard: int) -> list[str]:
+        return self.keys[shard]
 
 
 def _check_received(shards: list[dict], fragments: _Fragments) -> None:
@@ -303,7 +312,7 @@ def _check_received(shards: list[dict], fragments: _Fragments) -> None:
 
 @dataclass
 class _Plan:
-    """What the driver knows of the corpus before any task runs."""
+    """What the driver knows of the corpus before it is read."""
 
     record: dict  # what the version's manifest records as its corpus
     sha256: str
@@ -311,6 +320,7 @@ class _Plan:
     files: int = 0
     delta: dict | None = None  # a delta: {"base": name, "base_dir": Path, "changes": path, "deletes": path}
     fetched: dict | None = None  # a delta on a root in object storage: what fetching its base downloaded
+    scan: dict = field(default_factory=dict)  # a corpus: the scan's report (``read.scan_corpus``)
 
 
 def _local(location: str, scratch: Path) -> tuple[Path, dict[str, str]]:
@@ -322,25 +332,25 @@ def _local(location: str, scratch: Path) -> tuple[Path, dict[str, str]]:
     return download(location, scratch)
 
 
-def _plan(cfg: BuildConfig, inputs: Path) -> _Plan:
-    """The corpus's splits and fingerprint, or the delta's base and files; inputs named by a URL are downloaded
-    into ``inputs`` first, and recorded by their URL."""
+def _plan(cfg: BuildConfig, inputs: Path, home: str) -> _Plan:
+    """The corpus's splits and fingerprint, from its files scanned where they are (a local corpus on this node ``home``,
+    one in object storage on any), or the delta's base and files (those named by a URL downloaded into ``inputs``)."""
     if not cfg.is_delta:
-        corpus, urls = _local(cfg.corpus, inputs / "corpus")
-        files = corpus_files(corpus)
-        splits, shas = plan_splits(files, cfg.read_split_mb * 2**20 if cfg.read_split_mb else DEFAULT_SPLIT_BYTES)
-        if urls:
-            splits = [replace(s, source=urls[s.file]) for s in splits]
+        from .inputs import corpus_locations
+        from .read import placement, scan_corpus
+
+        files = corpus_locations(cfg.corpus)
+        split_bytes = cfg.read_split_mb * 2**20 if cfg.read_split_mb else DEFAULT_SPLIT_BYTES
+        splits, shas, scan = scan_corpus(files, split_bytes, placement(None if is_remote(cfg.corpus) else home))
         if len(files) == 1:
-            sha = shas[str(files[0])]
-            return _Plan({"path": urls.get(str(files[0])) or str(files[0].resolve()), "sha256": sha,
-                          "format": files[0].suffix.lstrip(".")}, sha, splits, 1)
+            sha, one = shas[files[0]], files[0]
+            return _Plan({"path": one if is_remote(one) else str(Path(one).resolve()), "sha256": sha,
+                          "format": PurePosixPath(one).suffix.lstrip(".")}, sha, splits, 1, scan=scan)
         sha = hashlib.sha256(json.dumps(shas, sort_keys=True).encode()).hexdigest()
-        if urls:
-            return _Plan({"path": cfg.corpus, "files": {urls[f]: h for f, h in shas.items()}, "sha256": sha,
-                          "format": "files"}, sha, splits, len(files))
-        return _Plan({"path": str(Path(cfg.corpus).resolve()) if Path(cfg.corpus).exists() else str(cfg.corpus),
-                      "files": shas, "sha256": sha, "format": "files"}, sha, splits, len(files))
+        path = str(cfg.corpus) if is_remote(cfg.corpus) or not Path(cfg.corpus).exists() else \
+            str(Path(cfg.corpus).resolve())
+        return _Plan({"path": path, "files": shas, "sha256": sha, "format": "files"}, sha, splits, len(files),
+                     scan=scan)
     base, base_dir, fetched = _delta_base(cfg)
     base_manifest = read_version_manifest(base_dir)
     parts = {"base": base, "base_build_key": base_manifest.build_key}
@@ -390,11 +400,15 @@ class _BadRecords:
     def __init__(self, path: Path):
         self.path = path
         self.first: list[BadRecord] = []
+        self.read_first: BadRecord | None = None  # the read's first, in corpus order (strict mode stops there)
         self.count = 0
         self._read = open(path.with_suffix(".read.jsonl"), "w")  # noqa: SIM115 (from the read tasks, in order)
 
     def add_read(self, split: int, records: list) -> None:
+        """Bad records the read found, given in corpus order."""
         for file, line, reason in records:
+            if self.read_first is None:
+                self.read_first = BadRecord(file, line, reason)
             self._read.write(json.dumps([split, line, file, line, reason]) + "\n")
 
     def finish(self, duplicates: list[list]) -> None:
@@ -415,22 +429,29 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
 
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
-    plan = _plan(cfg, staging_dir(target.local, INPUTS))
+    ensure_ray()
+    home = _driver_node()
+    plan = _plan(cfg, staging_dir(target.local, INPUTS), home)
+    seconds["scan"] = time.perf_counter() - t_start
     build_key = cfg.build_key(plan.sha256)
     staging = staging_dir(target.local, build_key)
     work = staging / "_work"
-    shutil.rmtree(work / "fragments", ignore_errors=True)
+    shutil.rmtree(work / FRAGMENTS, ignore_errors=True)
     shutil.rmtree(work / "delta", ignore_errors=True)
+    _remove_fragments(target, build_key)
     (staging / "shards").mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     write_json_atomic(staging / "build.json", {"build_key": build_key, "config": cfg.model_dump(mode="json")})
-    ensure_ray()
 
-    home = _driver_node()
     t = time.perf_counter()
     bad = _BadRecords(staging / "bad_records.jsonl")
-    delta_report, fragments = _read(cfg, plan, work, bad, home)
+    from .read import show_progress
+
+    show_progress(cfg.progress)
+    delta_report, fragments, stages = _read(cfg, plan, target, build_key, work, bad, home)
     seconds["read+chunk"] = time.perf_counter() - t
+    if cfg.strict and bad.read_first is not None:
+        raise CorpusError(f"{bad.read_first} (strict mode; drop --strict to skip and count bad records)")
 
     t = time.perf_counter()
     shard_dirs = [staging / "shards" / shard_name(s) for s in range(cfg.shards)]
@@ -442,15 +463,16 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
     sources_from = remote(reuse_root).url if sources and is_remote(reuse_root) else None
     # A local root is one node's folder, and a delta's fragments are files on the driver's node: their shards
     # are built there. A root in object storage: the shards spread over the cluster.
-    where = home if target.remote is None or fragments.refs is None else None
+    where = home if target.remote is None or plan.delta is not None else None
     assemble = ray.remote(num_cpus=1)(_task("assemble_shard"))
     refs = [assemble.options(**placed).remote(s, str(shard_dirs[s]), str(work), build_key, cfg.shards, cfg.prepend_title, cfg.strict,
                             sources, cfg.content_key(), target.upload_to, _shard_fragments(fragments, s),
-                            sources_from) for s, placed in enumerate(_assemble_on(where, work, cfg.shards))]
+                            fragments.root, sources_from)
+            for s, placed in enumerate(_assemble_on(where, work, cfg.shards))]
     shards = [_get(ref) for ref in refs]
     write_json_atomic(work / NODES, {str(r["shard"]): r["node"] for r in shards})
-    refs, fragments.refs = [], None  # the fragments leave the object store once no reference holds them
     _check_received(shards, fragments)
+    _remove_fragments(target, build_key)
     uploads = [r["upload"] for r in shards if r.get("upload")]
     bad.finish([r["bad"] for r in shards])
     if cfg.strict and bad.count:
@@ -528,11 +550,14 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
         target.activate(name)  # verified just above
     seconds["publish"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
+    stages["assemble shards"] = {"nodes": sorted({r["node"] for r in shards}), "rows": total_docs,
+                                 "seconds": round(seconds["assemble shards"], 3)}
     return BuildSummary(name, version_dir, cfg.activate, total_docs, total_chunks, cfg.shards,
                         sum(r["resumed"] for r in shards), bad.first, seconds,
                         reuse_plan.describe() if cfg.reuse else {}, delta_report, bad.count,
                         {"files": plan.files, "tasks": len(plan.splits)} if plan.splits else {}, published,
-                        _fetched(plan, reuse_plan.sources), {shard_name(r["shard"]): r["node"] for r in shards})
+                        _fetched(plan, reuse_plan.sources), {shard_name(r["shard"]): r["node"] for r in shards},
+                        stages)
 
 
 def _fetched(plan: _Plan, sources: list) -> dict:
@@ -564,30 +589,25 @@ def _get(ref):
         raise
 
 
-def _read(cfg: BuildConfig, plan: _Plan, work: Path, bad: _BadRecords, home: str) -> tuple[dict, _Fragments]:
-    """Run the read tasks on the driver's node ``home``, which holds the corpus (a corpus: one per split; a delta:
-    one per base shard and one for the additions); their bad records go to ``bad``. Returns what a delta did, and
-    the fragments: a corpus's in the object store, a delta's as files in ``work``."""
+def _read(cfg: BuildConfig, plan: _Plan, target: Target, build_key: str, work: Path, bad: _BadRecords,
+          home: str) -> tuple[dict, _Fragments, dict]:
+    """Read the corpus into each shard's fragments; their bad records go to ``bad``. A corpus: the read's Ray Data
+    pipeline (``read.read_corpus``), on every node when both the corpus and the root are in object storage, else on
+    this node ``home``, which holds them. A delta: its tasks on ``home``, which holds the fetched base, their fragments
+    files in ``work``. Returns what a delta did, the fragments and each stage's report."""
+    if plan.delta is None:
+        from .read import read_corpus
+
+        spread = is_remote(cfg.corpus) and target.remote is not None
+        root = target.root if target.remote is not None else str(target.local)
+        result = read_corpus(plan.splits, cfg.shards, cfg.chunk_size, cfg.chunk_overlap, cfg.id_fields,
+                             cfg.text_fields, root, _fragments_prefix(build_key), None if spread else home)
+        for split, position, reason in result.bad:
+            bad.add_read(split, [(plan.splits[split].name, position, reason)])
+        return {}, _Fragments(result.fragments, result.counts, root), {"scan": plan.scan} | result.stages
     import ray
 
-    from .splits import read_split_fragments
-
     fragments = _Fragments.empty(cfg.shards)
-    if plan.delta is None:
-        read = ray.remote(num_cpus=1, num_returns=1 + cfg.shards)(read_split_fragments).options(**_on(home))
-        refs = [read.remote(split, cfg.shards, cfg.chunk_size, cfg.chunk_overlap, cfg.id_fields, cfg.text_fields,
-                            cfg.strict) for split in plan.splits]
-        fragments.refs = [[] for _ in range(cfg.shards)]
-        with _progress(len(refs), "read+chunk", "split", cfg.progress) as bar:
-            for split, (summary, *parts) in zip(plan.splits, refs, strict=True):
-                result = _get(summary)
-                bad.add_read(split.index, result["bad"])
-                fragments.add_counts(result["shards"])
-                for shard, (part, counted) in enumerate(zip(parts, result["shards"], strict=True)):
-                    if counted["docs"]:  # an empty shard's None is dropped with its reference
-                        fragments.refs[shard].append((split.index, part))
-                bar.update(1)
-        return {}, fragments
     from .delta import add_new_documents, apply_to_base_shard, parse_delta
 
     d = plan.delta
@@ -608,11 +628,29 @@ def _read(cfg: BuildConfig, plan: _Plan, work: Path, bad: _BadRecords, home: str
     bad.add_read(len(base_shards), added["bad"])
     for r in [*results, added]:
         fragments.add_counts(r["shards"])
+    fragments.keys = [fragments_of(work, shard) for shard in range(cfg.shards)]
+    fragments.root = str(work)
     return ({"base": d["base"], "replaced": sum(r["replaced"] for r in results), "added": added["added"],
-             "deleted": sum(r["deleted"] for r in results)}, fragments)
+             "deleted": sum(r["deleted"] for r in results)}, fragments, {})
 
 
-def _shard_fragments(fragments: _Fragments, shard: int) -> list | None:
+def _fragments_prefix(build_key: str) -> str:
+    """Where in the root's store a build's fragments are written: its staging folder's work folder."""
+    return f"staging/{build_key}/_work"
+
+
+def _remove_fragments(target: Target, build_key: str) -> None:
+    """A root in object storage: the build's fragments there deleted (a local root's go with its work folder)."""
+    if target.remote is None:
+        return
+    from index_format.store import open_store
+
+    store = open_store(target.root)
+    prefix = f"{_fragments_prefix(build_key)}/{FRAGMENTS}/"
+    store.delete(list(store.list(prefix)))
+
+
+def _shard_fragments(fragments: _Fragments, shard: int) -> list[str]:
     """The fragments shard ``shard``'s task is given (its own, in split order; a test drops one here)."""
     return fragments.of(shard)
 

@@ -15,8 +15,7 @@ applies them to that shard's documents, and a last one adds the new documents; t
 These tasks pass files to each other in the build's work folder (the parsed changes, the ids used, the
 fragments) and read the base version fetched on the driver's node: ``build`` runs them all there, and the
 shards' tasks of a delta build too (they read the fragment files). A delta build is one node's work, safe on a
-cluster whose nodes share no disk but not spread over it; a corpus build's fragments travel through Ray's
-object store instead (``splits.read_split_fragments``).
+cluster whose nodes share no disk but not spread over it; a corpus build is read by Ray Data (``read``).
 """
 
 from __future__ import annotations
@@ -83,7 +82,7 @@ def parse_delta(changes: str | None, deletes: str | None, work: str, id_fields: 
             upserts.add(item.doc_id)
             for name, value in (("doc_id", item.doc_id), ("title", item.title), ("text", item.text),
                                 ("metadata_json", metadata_json(item.metadata)),
-                                ("source", item.source), ("position", len(rows["doc_id"]))):
+                                ("source", item.source), ("split", 0), ("position", len(rows["doc_id"]))):
                 rows[name].append(value)
     pq.write_table(pa.table(rows, schema=FRAGMENT_DOCS), folder / "changes.parquet")
     doomed: dict[str, list] = {"doc_id": [], "file": [], "line": []}
@@ -117,7 +116,7 @@ def apply_to_base_shard(base_shard: str, work: str, split: int, num_shards: int,
     changes = pq.read_table(folder / "changes.parquet")
     changed = {doc_id: i for i, doc_id in enumerate(changes["doc_id"].to_pylist())}
     doomed = set(pq.read_table(folder / "deletes.parquet", columns=["doc_id"])["doc_id"].to_pylist())
-    writer = FragmentWriter(num_shards, chunk_size, chunk_overlap)
+    writer = FragmentWriter(num_shards, chunk_size, chunk_overlap, split)
     used: list[str] = []
     replaced = deleted = 0
     position = 0
@@ -137,7 +136,7 @@ def apply_to_base_shard(base_shard: str, work: str, split: int, num_shards: int,
                                 row["source"]), position)
     pq.write_table(pa.table({"doc_id": used}, schema=pa.schema([("doc_id", pa.string())])),
                    folder / f"used-{split:06d}.parquet")
-    return {"split": split, "shards": writer.write(Path(work), split), "bad": [], "replaced": replaced,
+    return {"split": split, "shards": writer.write(Path(work)), "bad": [], "replaced": replaced,
             "deleted": deleted}
 
 
@@ -148,7 +147,7 @@ def add_new_documents(work: str, split: int, num_shards: int, chunk_size: int, c
     used = set()
     for path in sorted(folder.glob("used-*.parquet")):
         used.update(pq.read_table(path)["doc_id"].to_pylist())
-    writer = FragmentWriter(num_shards, chunk_size, chunk_overlap)
+    writer = FragmentWriter(num_shards, chunk_size, chunk_overlap, split)
     added = 0
     for row in pq.read_table(folder / "changes.parquet").to_pylist():
         if row["doc_id"] not in used:
@@ -157,4 +156,4 @@ def add_new_documents(work: str, split: int, num_shards: int, chunk_size: int, c
                                 row["source"]), row["position"])
     bad = [(r["file"], r["line"], "no document with this id in the base version; nothing deleted")
            for r in pq.read_table(folder / "deletes.parquet").to_pylist() if r["doc_id"] not in used]
-    return {"split": split, "shards": writer.write(Path(work), split), "bad": bad, "added": added}
+    return {"split": split, "shards": writer.write(Path(work)), "bad": bad, "added": added}

@@ -1,15 +1,12 @@
-"""A build's inputs named by a URL in object storage (a corpus, a delta's changes or deletes), brought to this node.
+"""A build's inputs: local files, or objects named by a URL in object storage (a corpus, a delta's changes or deletes).
 
-The simplest correct way: the object, or the corpus files under a prefix (in name order), are downloaded through
-the store layer (``index_format.store``) into a scratch folder on the build's node; the build then plans, fingerprints
-and reads them as local files. What the version records is the URL and the bytes' sha256 (the manifest's corpus
-record, each record's ``source``, each bad record's file), never the scratch path, so a build from the URL and a
-build from a local copy of the same bytes differ only in those names.
+A corpus is read where it is: its files are named by a location (a local path, or the object's URL), and every task
+that scans or reads one opens it through the store layer (``open_input``), so a corpus in object storage is read
+with ranged reads by the tasks of every node, never downloaded whole to one. What the version records is that
+location and the bytes' sha256 (the manifest's corpus record, each record's ``source``, each bad record's file).
 
-A multi-node build would not funnel the corpus through one node's disk: its driver would plan the splits from the
-objects' sizes (a JSONL cut found by a ranged read around each cut point, a Parquet split from the footer's row
-groups) and each read task would read its own byte range straight from object storage with ranged GETs, so no node
-holds the whole corpus and the reads scale with the tasks.
+A delta's files are small beside a corpus: those named by a URL are downloaded into a scratch folder on the build's
+node (``download``) and read there.
 """
 
 from __future__ import annotations
@@ -17,10 +14,11 @@ from __future__ import annotations
 import fnmatch
 import shutil
 from pathlib import Path
+from typing import BinaryIO
 
-from index_format.store import Store, open_store
+from index_format.store import Store, is_remote, open_store
 
-from .corpus import CORPUS_SUFFIXES, CorpusError
+from .corpus import CORPUS_SUFFIXES, CorpusError, corpus_files
 
 BEIR_FILES = ("corpus.jsonl", "corpus.parquet")
 
@@ -65,3 +63,20 @@ def download(url: str, scratch: Path) -> tuple[Path, dict[str, str]]:
         part.replace(local)
         names[str(local)] = f"{store.url}/{key}"
     return (scratch / keys[0] if len(keys) == 1 else scratch), names
+
+
+def corpus_locations(corpus: str | Path) -> list[str]:
+    """The files a corpus is read from, in corpus order: local paths (``corpus.corpus_files``), or the URLs of the
+    objects a URL names (``locate``)."""
+    if not is_remote(corpus):
+        return [str(f) for f in corpus_files(Path(corpus))]
+    store, keys = locate(str(corpus))
+    return [f"{store.url}/{key}" for key in keys]
+
+
+def open_input(location: str) -> BinaryIO:
+    """A corpus file for reading, wherever it is: a local path, or an object's URL (read in ranges as asked)."""
+    if not is_remote(location):
+        return open(location, "rb")  # noqa: SIM115 (the caller closes it)
+    head, _, key = location.rpartition("/")
+    return open_store(head).open(key)

@@ -2,11 +2,10 @@
 
 Every step of a shard runs on one node: ``assemble_shard`` runs wherever Ray puts it and returns its node's id,
 and the build pins every later step of that shard there (``NodeAffinitySchedulingStrategy``, hard), so no step
-reads a file a task on another node wrote. The driver of a build only passes folder names, object references and
-small results between these steps; no document, chunk text or vector of the corpus passes through it:
+reads a file a task on another node wrote. The driver of a build only passes folder names, keys and small results between these steps; no document, chunk text or vector of the corpus passes through it:
 
-1. ``assemble_shard``: the shard's fragments (objects in Ray's object store, returned by the read tasks; a
-   delta's: files in the work folder on the driver's node) put together in corpus order, a repeated id dropped
+1. ``assemble_shard``: the shard's fragments (Parquet files the read's Ray Data pipeline wrote in the store of the
+   root, ``read``; a delta's: files in the work folder on the driver's node) put together in corpus order, a repeated id dropped
    and reported, ``documents.parquet`` and ``chunks.parquet`` written; then what can be reused from earlier
    versions (the whole shard, or the vector of each chunk whose text was embedded before; a root in object
    storage: fetched into this node's cache first), and the rows still to embed written to the work folder in
@@ -60,7 +59,6 @@ from index_format.prompts import EncoderSpec
 from index_format.sharding import shard_of
 
 from .faiss_index import FaissSpec
-from .splits import fragment_table, fragments_of
 from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, RowGroupWriter, contents_of
 
 EMBED_BLOCK = 1024  # rows of a shard embedded in one call of an embedding actor
@@ -82,24 +80,29 @@ def _committed(folder: Path, build_key: str) -> ShardManifest | None:
         return None
 
 
-def _fragment_tables(work: Path, shard: int, refs: list | None):
-    """(split, documents, chunks) of each of the shard's fragments in split order, one in memory at a time:
-    from the object store (``refs``: (split, ObjectRef) pairs), or from the work folder's files (None)."""
-    if refs is None:
-        for docs_file, chunks_file in fragments_of(work, shard):
-            yield int(docs_file.name.split(".")[0]), pq.read_table(docs_file), pq.read_table(chunks_file)
-        return
-    import ray
+def _fragment_tables(root: str, keys: list[str]):
+    """(documents, chunks) of each of the shard's fragments (``keys`` in the store at ``root``, in corpus order), one
+    in memory at a time; all of them at once, sorted, in the one case where they are not in order (Ray Data handed
+    one write task rows of several read tasks)."""
+    from index_format.store import open_store
 
-    for split, ref in refs:
-        fragment = ray.get(ref)
-        if fragment is not None:
-            yield split, fragment_table(fragment[0]), fragment_table(fragment[1])
+    from .splits import fragment_range, read_fragment
+
+    store = open_store(root)
+    ranges = [fragment_range(k) for k in keys]
+    if all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False)):
+        for key in keys:
+            yield read_fragment(store, key)
+        return
+    tables = [read_fragment(store, key) for key in keys]
+    order = [("split", "ascending"), ("position", "ascending")]
+    yield (pa.concat_tables([d for d, _ in tables]).sort_by(order),
+           pa.concat_tables([c for _, c in tables]).sort_by([*order, ("chunk_index", "ascending")]))
 
 
 def _write_tables(shard: int, num_shards: int, fragments, folder: Path | None, strict: bool,
                   received: dict[str, int]) -> tuple[int, int, list[tuple[int, int, str, int, str]]]:
-    """Stream the fragments ((split, documents, chunks) tables, ``_fragment_tables``) into the shard's two tables
+    """Stream the fragments ((documents, chunks) tables, ``_fragment_tables``) into the shard's two tables
     (``folder`` None: only find the duplicates, and count no chunks); ``received`` counts the rows the fragments
     held. Returns (documents, chunks, duplicates as (split, position, file, line, reason))."""
     from .corpus import CorpusError
@@ -110,13 +113,13 @@ def _write_tables(shard: int, num_shards: int, fragments, folder: Path | None, s
     writers = (RowGroupWriter(folder / DOCUMENTS_FILE, DOCUMENT_SCHEMA),
                RowGroupWriter(folder / CHUNKS_FILE, CHUNK_SCHEMA)) if folder is not None else None
     try:
-        for split, table, chunk_table in fragments:
+        for table, chunk_table in fragments:
             received["docs"] += table.num_rows
             received["chunks"] += chunk_table.num_rows
             ids, sources = table["doc_id"].to_pylist(), table["source"].to_pylist()
-            positions = table["position"].to_pylist()
+            splits, positions = table["split"].to_pylist(), table["position"].to_pylist()
             keep, dropped = [], set()
-            for doc_id, source, position in zip(ids, sources, positions, strict=True):
+            for doc_id, source, split, position in zip(ids, sources, splits, positions, strict=True):
                 if shard_of(doc_id, num_shards) != shard:
                     raise IndexMismatch(f"document {doc_id!r} reached shard {shard} but hashes to another")
                 first = first_seen.setdefault(doc_id, (split, position, source))
@@ -124,7 +127,7 @@ def _write_tables(shard: int, num_shards: int, fragments, folder: Path | None, s
                     keep.append(True)
                     continue
                 keep.append(False)
-                dropped.add(position)
+                dropped.add((split, position))
                 file, _, line = source.rpartition(":")
                 reason = f"duplicate id {doc_id!r} (first seen at {first[2]}); kept the first"
                 if strict:
@@ -135,7 +138,9 @@ def _write_tables(shard: int, num_shards: int, fragments, folder: Path | None, s
                 continue
             writers[0].write(table.filter(pa.array(keep)) if dropped else table)
             if dropped:
-                chunk_table = chunk_table.filter(pc.invert(pc.is_in(chunk_table["position"], pa.array(sorted(dropped)))))
+                gone = [s * 2**40 + p for s, p in dropped]  # (split, position) as one integer: lines < 2**40
+                at = pc.add(pc.multiply(chunk_table["split"].cast(pa.int64()), 2**40), chunk_table["position"])
+                chunk_table = chunk_table.filter(pc.invert(pc.is_in(at, pa.array(gone, pa.int64()))))
             writers[1].write(chunk_table)
             chunks += chunk_table.num_rows
     finally:
@@ -191,10 +196,10 @@ def _find_vectors(keys: list[bytes], sources: list[dict], work: Path) -> tuple[i
 
 
 def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_shards: int, prepend_title: bool,
-                   strict: bool, sources: list[dict] | None, content_key: dict, upload_to: str | None = None,
-                   fragments: list | None = None, sources_from: str | None = None) -> dict:
-    """Ray task: step 1 of the module. ``fragments``: (split, ObjectRef) of each read task's fragment of this
-    shard, in split order (None: fragment files in ``work``, a delta's). ``sources``: the versions to reuse from
+                   strict: bool, sources: list[dict] | None, content_key: dict, upload_to: str | None,
+                   fragments: list[str], fragments_from: str, sources_from: str | None = None) -> dict:
+    """Ray task: step 1 of the module. ``fragments``: the keys of this shard's fragments in the store at
+    ``fragments_from`` (the root in object storage, or a local folder on this node), in corpus order. ``sources``: the versions to reuse from
     (None: reuse is off), each as ``reuse.task_sources`` gives them; ``sources_from``: the root in object storage
     they are fetched from into this node's cache (None: a local root, read where they are). A shard that needs no
     more work (committed by an interrupted run on this node, or linked whole) is uploaded here when the root is in
@@ -203,7 +208,7 @@ def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_sh
     import ray
 
     folder, mine = Path(shard_dir), work_dir(Path(work), Path(shard_dir).name)
-    tables = _fragment_tables(Path(work), shard, fragments)
+    tables = _fragment_tables(fragments_from, fragments)
     received = {"docs": 0, "chunks": 0}
     result = {"shard": shard, "resumed": False, "linked": None, "todo": 0, "blocks": 0, "reused": 0,
               "reused_from": {}, "dimension": 0, "node": ray.get_runtime_context().get_node_id(),

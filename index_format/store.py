@@ -19,12 +19,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import BinaryIO
 
 REMOTE_SCHEMES = ("s3://", "gs://", "az://", "abfs://")
 
@@ -64,6 +66,11 @@ class Store:
     def upload(self, path: Path, key: str) -> None: ...
     def download(self, key: str, path: Path) -> None: ...
     def delete(self, keys: list[str]) -> None: ...
+
+    def open(self, key: str) -> BinaryIO:
+        """The key's bytes as a seekable binary file (read, readline, seek, tell), read as they are asked for:
+        a task reads its byte range of a large object without fetching the rest."""
+        ...
 
     def text(self, key: str) -> str | None:
         """The key's bytes as text, or None when it does not exist."""
@@ -145,6 +152,9 @@ class FolderStore(Store):
 
     def download(self, key: str, path: Path) -> None:
         shutil.copyfile(self._path(key), path)
+
+    def open(self, key: str) -> BinaryIO:
+        return open(self._path(key), "rb")  # noqa: SIM115 (the caller closes it)
 
     def delete(self, keys: list[str]) -> None:
         for key in keys:
@@ -244,11 +254,50 @@ class ObjectStore(Store):
 
         self._call("read", key, fetch)
 
+    def open(self, key: str) -> BinaryIO:
+        import obstore
+
+        return _Reader(self._call("read", key, obstore.open_reader, key, buffer_size=8 << 20))
+
     def delete(self, keys: list[str]) -> None:
         import obstore
 
         for start in range(0, len(keys), 1000):
             self._call("delete", keys[start] if keys else "", obstore.delete, keys[start:start + 1000])
+
+
+class _Reader(io.RawIOBase):
+    """obstore's buffered reader as a Python binary file (its reads are ``bytes``, as pyarrow and ``json`` expect)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        return bytes(self.inner.read(None if size is None or size < 0 else size))
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def readline(self, size: int = -1) -> bytes:
+        return bytes(self.inner.readline())
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.inner.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.inner.tell()
+
+    def close(self) -> None:
+        self.inner.close()
+        super().close()
 
 
 def _first_line(e: BaseException) -> str:

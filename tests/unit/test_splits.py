@@ -10,8 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from index_build.corpus import Document, iter_documents
-from index_build.splits import fragment_table, fragments_of, plan_splits, read_split, read_split_fragments
+from index_build.read import _raw_block, parse_and_chunk, write_fragments
+from index_build.splits import fragments_of, plan_splits, raw_records, read_fragment, read_split
 from index_format.manifest import sha256_file
+from index_format.store import FolderStore
 from tests.conftest import make_corpus
 
 SHARDS = 3
@@ -26,9 +28,10 @@ def _read_all(path, split_bytes, work):
         counts.append(result["shards"])
     tables = []
     for shard in range(SHARDS):
-        parts = fragments_of(work, shard)
-        docs = pa.concat_tables([pq.read_table(d) for d, _ in parts]) if parts else None
-        chunks = pa.concat_tables([pq.read_table(c) for _, c in parts]) if parts else None
+        parts = [read_fragment(FolderStore(work), key) for key in fragments_of(work, shard)]
+        # which split a row came from differs with the cut; the rest must not
+        docs = pa.concat_tables([d for d, _ in parts]).drop_columns(["split"]) if parts else None
+        chunks = pa.concat_tables([c for _, c in parts]).drop_columns(["split"]) if parts else None
         tables.append((docs, chunks))
     return splits, shas, bad, tables
 
@@ -78,23 +81,27 @@ def test_a_parquet_file_is_cut_at_row_groups(tmp_path):
     assert rows["d049"] == f"{path}:50" and len(rows) == 50
 
 
-def test_fragments_returned_as_objects_equal_the_fragment_files(tmp_path):
-    """What a read task returns through the object store (the build's fragments) is, shard by shard, the tables
-    and counts ``read_split`` writes as files."""
+def test_the_pipelines_fragments_equal_one_readers(tmp_path):
+    """What the build's Ray Data stages make of a split (its raw records, parsed and chunked, written by the sink) is,
+    shard by shard, what ``read_split`` reads in one process: the same tables, counts and bad records."""
     path = _lines(tmp_path)
     splits, _ = plan_splits([path], 700)
     assert len(splits) > 2
+    names = [s.name for s in splits]
     for split in splits:
         work = tmp_path / f"work-{split.index}"
         written = read_split(split, str(work), SHARDS, 40, 8, ("_id",), ("text",), False)
-        summary, *fragments = read_split_fragments(split, SHARDS, 40, 8, ("_id",), ("text",), False)
-        assert summary == written
-        assert len(fragments) == SHARDS
-        files = {shard: fragments_of(work, shard) for shard in range(SHARDS)}
-        for shard, fragment in enumerate(fragments):
-            assert (fragment is None) == (not files[shard]) == (written["shards"][shard]["docs"] == 0)
-            if fragment is not None:
-                (docs_file, chunks_file), = files[shard]
-                assert fragment_table(fragment[0]).equals(pq.read_table(docs_file))
-                assert fragment_table(fragment[1]).equals(pq.read_table(chunks_file))
-                assert fragment_table(fragment[1]).num_rows == written["shards"][shard]["chunks"]
+        raw = list(raw_records(split))
+        batch = _raw_block(split.index, [r[0] for r in raw], [r[1] for r in raw], [r[2] for r in raw])
+        parsed = parse_and_chunk(batch, names, SHARDS, 40, 8, ("_id",), ("text",))
+        sunk = write_fragments(parsed, str(tmp_path / "sink"), f"s{split.index}")
+        assert [(str(path), line, reason) for _, line, reason in sunk["bad"]] == written["bad"]
+        for shard in range(SHARDS):
+            files = fragments_of(work, shard)
+            assert (shard in sunk["shards"]) == bool(files) == (written["shards"][shard]["docs"] > 0)
+            if not files:
+                continue
+            got = read_fragment(FolderStore(tmp_path / "sink"), sunk["shards"][shard]["key"])
+            want = read_fragment(FolderStore(work), files[0])
+            assert got[0].equals(want[0]) and got[1].equals(want[1])
+            assert sunk["shards"][shard]["chunks"] == written["shards"][shard]["chunks"] == want[1].num_rows

@@ -1,0 +1,306 @@
+"""The build's read on Ray Data: the corpus's files scanned, their splits read, parsed and chunked, and each shard's
+rows written once, as Parquet fragments, into the build's staging area.
+
+    scan    ray.data.from_items(files).map(ScanFile)             a file's sha256 and its splits, a task a file
+    read    ray.data.read_datasource(CorpusSplits(splits))       a read task a split: its raw records, in order
+    parse   .map_batches(parse_and_chunk)                        documents, their chunks and shard; bad records
+    write   .write_datasink(FragmentSink(...))                   each shard's rows of a block, as two Parquet files
+
+Ray Data fuses read, parse and write into one task a split, runs those tasks on every node that may read the
+corpus, streams blocks between them with backpressure, retries what a lost node was running, and counts each
+operator's rows, bytes, time and nodes (``stage_report``). Ray Data cannot cut one JSONL file at line starts, nor
+number its lines, so the scan does (``splits.plan_file``, where the file is): a 100M-line file is read by many tasks,
+and every record is still named ``file:line`` as one reader would name it.
+
+Where each runs: a corpus in object storage is scanned and read by any node, each task reading its byte range with
+ranged reads; a local corpus only on the driver's node, the only one that has its files. The fragments go to the
+store of the build's root (its staging area: ``staging/<build key>/_work/fragments/<shard>/``): object storage,
+from any node, for a root there; the root's folder, on the driver's node, for a local root. The write returns
+what it wrote for each shard (files, documents, chunks) and the bad records; the driver checks every assembled shard
+against those counts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import ray
+import ray.data
+from ray.data import Datasource, ReadTask
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasink
+
+from index_format.chunking import chunk_document
+from index_format.records import metadata_json
+from index_format.sharding import shard_of
+from index_format.store import open_store
+
+from .corpus import BadRecord, record_to_document
+from .splits import (
+    FRAGMENT_CHUNKS,
+    FRAGMENT_DOCS,
+    Split,
+    decode,
+    fragment_key,
+    plan_file,
+    raw_records,
+    write_fragment,
+)
+
+READ_BLOCK_ROWS = 8192  # raw records a read task hands on at a time
+RAW = pa.schema([("split", pa.int32()), ("position", pa.int64()), ("raw", pa.binary()), ("pickled", pa.bool_())])
+_CHUNK_FIELDS = [f for f in FRAGMENT_CHUNKS if f.name not in ("split", "position")]
+PARSED = pa.schema([
+    ("shard", pa.int32()), *[f for f in FRAGMENT_DOCS], ("chunks", pa.list_(pa.struct(_CHUNK_FIELDS))),
+    ("bad", pa.string()),
+])
+
+
+def _node() -> str:
+    """The node this task runs on ("" outside Ray: a test calling a stage's function)."""
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+
+
+# ---------------------------------------------------------------- scan
+
+
+def scan_file(row: dict, split_bytes: int) -> dict:
+    """Ray Data ``map``: one corpus file's sha256 and its splits (``plan_file``), where the file is read."""
+    splits, sha = plan_file(row["file"], split_bytes)
+    return {"index": row["index"], "file": row["file"], "sha256": sha, "node": _node(),
+            "splits": [asdict(s) for s in splits]}
+
+
+def scan_corpus(files: list[str], split_bytes: int, where: dict) -> tuple[list[Split], dict[str, str], dict]:
+    """Every file scanned in its own task: the corpus's splits in corpus order (numbered), file -> sha256, and the
+    stage's report."""
+    t = time.perf_counter()
+    ds = ray.data.from_items([{"index": i, "file": f} for i, f in enumerate(files)], override_num_blocks=len(files))
+    ds = ds.map(scan_file, fn_kwargs={"split_bytes": split_bytes}, num_cpus=1, **where)
+    rows = sorted(ds.take_all(), key=lambda r: r["index"])
+    splits: list[Split] = []
+    for row in rows:
+        for s in row["splits"]:
+            splits.append(Split(**(s | {"index": len(splits)})))
+    report = {"nodes": sorted({r["node"] for r in rows}), "rows": len(rows), "bytes": None,
+              "seconds": round(time.perf_counter() - t, 3)}
+    return splits, {r["file"]: r["sha256"] for r in rows}, report
+
+
+# ---------------------------------------------------------------- read
+
+
+class CorpusSplits(Datasource):
+    """A Ray Data datasource: one read task a split, yielding its raw records (``splits.raw_records``) in order."""
+
+    def __init__(self, splits: list[Split]):
+        super().__init__()
+        self.splits = splits
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return None
+
+    def get_name(self) -> str:
+        return "CorpusSplits"
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context=None) -> list:
+        return [ReadTask(_reader(s), BlockMetadata(num_rows=None, size_bytes=None, input_files=[s.file],
+                                                   exec_stats=None)) for s in self.splits]
+
+
+def _reader(split: Split):
+    def read():
+        lines, raws, pickled = [], [], []
+        for line, raw, is_pickled in raw_records(split):
+            lines.append(line)
+            raws.append(raw)
+            pickled.append(is_pickled)
+            if len(lines) == READ_BLOCK_ROWS:
+                yield _raw_block(split.index, lines, raws, pickled)
+                lines, raws, pickled = [], [], []
+        if lines:
+            yield _raw_block(split.index, lines, raws, pickled)
+
+    return read
+
+
+def _raw_block(split: int, lines: list[int], raws: list[bytes], pickled: list[bool]) -> pa.Table:
+    return pa.table({"split": pa.array([split] * len(lines), pa.int32()), "position": lines, "raw": raws,
+                     "pickled": pickled}, schema=RAW)
+
+
+# ---------------------------------------------------------------- parse
+
+
+def parse_and_chunk(batch: pa.Table, names: list[str], num_shards: int, chunk_size: int, chunk_overlap: int,
+                    id_fields: tuple[str, ...], text_fields: tuple[str, ...]) -> pa.Table:
+    """Ray Data ``map_batches``: each raw record as a document with its chunks and its shard, or as a bad record
+    (``bad``: why; ``shard`` -1). ``names``: each split's file, which records and bad records are named by."""
+    cols: dict[str, list] = {name: [] for name in PARSED.names if name != "chunks"}
+    chunk_cols: dict[str, list] = {f.name: [] for f in _CHUNK_FIELDS}
+    offsets = [0]
+    for split, line, raw, pickled in zip(batch["split"].to_pylist(), batch["position"].to_pylist(),
+                                         batch["raw"].to_pylist(), batch["pickled"].to_pylist(), strict=True):
+        name = names[split]
+        value = decode(raw, pickled, name, line)
+        doc = value if isinstance(value, BadRecord) else record_to_document(value, (name, line), id_fields,
+                                                                           text_fields)
+        cols["split"].append(split)
+        cols["position"].append(line)
+        if isinstance(doc, BadRecord):
+            for key in ("doc_id", "title", "text", "metadata_json", "source"):
+                cols[key].append(None)
+            cols["shard"].append(-1)
+            cols["bad"].append(doc.reason)
+            offsets.append(offsets[-1])
+            continue
+        as_json = metadata_json(doc.metadata)
+        for key, value in (("doc_id", doc.doc_id), ("title", doc.title), ("text", doc.text),
+                           ("metadata_json", as_json), ("source", doc.source)):
+            cols[key].append(value)
+        cols["shard"].append(shard_of(doc.doc_id, num_shards))
+        cols["bad"].append(None)
+        n = 0
+        for chunk in chunk_document(doc, chunk_size, chunk_overlap):
+            for key, value in chunk.row(as_json).items():
+                chunk_cols[key].append(value)
+            n += 1
+        offsets.append(offsets[-1] + n)
+    chunks = pa.StructArray.from_arrays([pa.array(chunk_cols[f.name], f.type) for f in _CHUNK_FIELDS],
+                                        fields=_CHUNK_FIELDS)
+    arrays = {name: pa.array(cols[name], PARSED.field(name).type) for name in cols}
+    arrays["chunks"] = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), chunks)
+    return pa.table([arrays[name] for name in PARSED.names], schema=PARSED)
+
+
+# ---------------------------------------------------------------- write
+
+
+class FragmentSink(Datasink):
+    """A Ray Data datasink: a write task's rows, each shard's sorted into corpus order and written as one fragment
+    (``splits.write_fragment``) under ``prefix`` in the store at ``root``. Returns, per task, what each shard got
+    (its fragment's key, documents, chunks), the bad records and the task's node; ``on_write_complete`` keeps them
+    all on the driver (``results``)."""
+
+    def __init__(self, root: str, prefix: str):
+        self.root, self.prefix = root, prefix
+        self.results: list[dict] = []
+
+    def get_name(self) -> str:
+        return "Fragments"
+
+    def write(self, blocks, ctx) -> dict:
+        return write_fragments(pa.concat_tables(list(blocks)), self.root, self.prefix)
+
+    def on_write_complete(self, write_result) -> None:
+        self.results = list(write_result.write_returns)
+
+
+def write_fragments(table: pa.Table, root: str, prefix: str) -> dict:
+    """``FragmentSink``'s write: the rows of ``table`` (``PARSED``) as one fragment a shard."""
+    store = open_store(root)
+    out: dict = {"node": _node(), "shards": {}, "bad": []}
+    if table.num_rows == 0:
+        return out
+    bad = table.filter(pc.equal(table["shard"], -1))
+    out["bad"] = list(zip(bad["split"].to_pylist(), bad["position"].to_pylist(), bad["bad"].to_pylist(),
+                          strict=True))
+    for shard in sorted(set(pc.unique(table["shard"]).to_pylist()) - {-1}):
+        rows = table.filter(pc.equal(table["shard"], shard)).sort_by([("split", "ascending"),
+                                                                      ("position", "ascending")])
+        docs = rows.select(FRAGMENT_DOCS.names).cast(FRAGMENT_DOCS)
+        parents = pc.list_parent_indices(rows["chunks"])
+        flat = pc.list_flatten(rows["chunks"])
+        chunk_arrays = {f.name: pc.struct_field(flat, f.name) for f in _CHUNK_FIELDS}
+        chunk_arrays["split"] = pc.take(rows["split"], parents)
+        chunk_arrays["position"] = pc.take(rows["position"], parents)
+        chunks = pa.table([chunk_arrays[name] for name in FRAGMENT_CHUNKS.names], schema=FRAGMENT_CHUNKS)
+        key = fragment_key(prefix, shard, (docs["split"][0].as_py(), docs["position"][0].as_py()),
+                           (docs["split"][-1].as_py(), docs["position"][-1].as_py()))
+        write_fragment(store, key, docs, chunks)
+        out["shards"][shard] = {"key": key, "docs": docs.num_rows, "chunks": chunks.num_rows}
+    return out
+
+
+# ---------------------------------------------------------------- the stage
+
+
+def show_progress(enabled: bool) -> None:
+    """Ray Data's progress bars on the console (a bar an operator), or none."""
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = enabled
+    ctx.enable_operator_progress_bars = enabled
+
+
+@dataclass
+class ReadResult:
+    """What the read gave: each shard's fragment keys (in corpus order) and counts, the bad records as (split,
+    position, reason) sorted, and each stage's report."""
+
+    fragments: list[list[str]]
+    counts: list[dict[str, int]]
+    bad: list[tuple[int, int, str]] = field(default_factory=list)
+    stages: dict = field(default_factory=dict)
+
+
+def placement(node: str | None) -> dict:
+    """Ray Data's arguments keeping a stage's tasks on ``node`` (None: wherever Ray Data puts them)."""
+    return {} if node is None else {"label_selector": {"ray.io/node-id": node}}
+
+
+def read_corpus(splits: list[Split], num_shards: int, chunk_size: int, chunk_overlap: int,
+                id_fields: tuple[str, ...], text_fields: tuple[str, ...], root: str, prefix: str,
+                node: str | None) -> ReadResult:
+    """Read, parse and write the fragments of every split (on ``node``, or anywhere when None)."""
+    where = placement(node)
+    names = [s.name for s in splits]
+    ds = ray.data.read_datasource(CorpusSplits(splits), override_num_blocks=len(splits), num_cpus=1, **where)
+    ds = ds.map_batches(parse_and_chunk, batch_size=None, batch_format="pyarrow", num_cpus=1, fn_kwargs={
+        "names": names, "num_shards": num_shards, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
+        "id_fields": tuple(id_fields), "text_fields": tuple(text_fields)}, **where)
+    sink = FragmentSink(root, prefix)
+    ds.write_datasink(sink, ray_remote_args={"num_cpus": 1, **where})
+    result = ReadResult([[] for _ in range(num_shards)], [{"docs": 0, "chunks": 0} for _ in range(num_shards)])
+    for written in sink.results:
+        result.bad.extend(written["bad"])
+        for shard, got in written["shards"].items():
+            result.fragments[shard].append(got["key"])
+            result.counts[shard]["docs"] += got["docs"]
+            result.counts[shard]["chunks"] += got["chunks"]
+    for keys in result.fragments:
+        keys.sort()
+    result.bad.sort()
+    result.stages = stage_report(ds, sorted({w["node"] for w in sink.results}))
+    return result
+
+
+def stage_report(ds, nodes: list[str] | None = None) -> dict:
+    """Each Ray Data operator the dataset ran: its rows, bytes, seconds and the nodes its tasks ran on (``nodes`` where
+    Ray Data's statistics do not say)."""
+    out = {}
+    try:
+        summary = ds.get_stats_summary()
+    except Exception:  # statistics are a report, never a reason to fail a build
+        return out
+    by_op = _nodes_by_operator(ds)
+    for op in summary.operators_stats:
+        name = op.operator_name
+        out[name] = {"rows": op.output_num_rows.sum if op.output_num_rows else None,
+                     "bytes": op.output_size_bytes.sum if op.output_size_bytes else None,
+                     "seconds": round(op.time_total_s, 3), "nodes": by_op.get(name, [])}
+    for op in out.values():
+        op["nodes"] = op["nodes"] or nodes or []
+    return out
+
+
+def _nodes_by_operator(ds) -> dict[str, list[str]]:
+    """The nodes each operator's tasks ran on, from the blocks' execution statistics."""
+    try:
+        stats = ds._write_ds._raw_stats() if getattr(ds, "_write_ds", None) is not None else ds._raw_stats()
+        return {name: sorted({b.exec_stats.node_id for b in blocks if b.exec_stats is not None})
+                for name, blocks in stats.metadata.items()}
+    except Exception:
+        return {}

@@ -109,7 +109,7 @@ class BuildSummary:
                 "bad_records": self.bad_count, "first_bad_records": [str(r) for r in self.bad_records],
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "reuse": self.reuse,
                 "delta": self.delta, "publish": self.publish, "fetched": self.fetched, "nodes": self.nodes,
-                "stages": self.stages}
+                "read": self.read, "stages": self.stages}
 
     def render(self) -> str:
         t = max(self.total_s, 1e-9)
@@ -431,23 +431,25 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
     seconds: dict[str, float] = {}
     ensure_ray()
     home = _driver_node()
+    from .read import show_progress
+
+    show_progress(cfg.progress)
+    seconds["ray start"] = time.perf_counter() - t_start
+    t = time.perf_counter()
     plan = _plan(cfg, staging_dir(target.local, INPUTS), home)
-    seconds["scan"] = time.perf_counter() - t_start
+    seconds["scan" if plan.delta is None else "plan"] = time.perf_counter() - t
     build_key = cfg.build_key(plan.sha256)
     staging = staging_dir(target.local, build_key)
     work = staging / "_work"
     shutil.rmtree(work / FRAGMENTS, ignore_errors=True)
     shutil.rmtree(work / "delta", ignore_errors=True)
-    _remove_fragments(target, build_key)
+    _clear_work_area(target, build_key)
     (staging / "shards").mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     write_json_atomic(staging / "build.json", {"build_key": build_key, "config": cfg.model_dump(mode="json")})
 
     t = time.perf_counter()
     bad = _BadRecords(staging / "bad_records.jsonl")
-    from .read import show_progress
-
-    show_progress(cfg.progress)
     delta_report, fragments, stages = _read(cfg, plan, target, build_key, work, bad, home)
     seconds["read+chunk"] = time.perf_counter() - t
     if cfg.strict and bad.read_first is not None:
@@ -467,12 +469,11 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
     assemble = ray.remote(num_cpus=1)(_task("assemble_shard"))
     refs = [assemble.options(**placed).remote(s, str(shard_dirs[s]), str(work), build_key, cfg.shards, cfg.prepend_title, cfg.strict,
                             sources, cfg.content_key(), target.upload_to, _shard_fragments(fragments, s),
-                            fragments.root, sources_from)
+                            fragments.root, _work_at(target, build_key), sources_from)
             for s, placed in enumerate(_assemble_on(where, work, cfg.shards))]
     shards = [_get(ref) for ref in refs]
     write_json_atomic(work / NODES, {str(r["shard"]): r["node"] for r in shards})
     _check_received(shards, fragments)
-    _remove_fragments(target, build_key)
     uploads = [r["upload"] for r in shards if r.get("upload")]
     bad.finish([r["bad"] for r in shards])
     if cfg.strict and bad.count:
@@ -490,10 +491,20 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
             reuse_plan.vectors_reused += r["reused"]
             reuse_plan.vectors_embedded += r["todo"]
     seconds["assemble shards"] = time.perf_counter() - t
+    stages["assemble shards"] = {"nodes": sorted({r["node"] for r in shards}), "rows": total_docs,
+                                 "seconds": round(seconds["assemble shards"], 3)}
 
     t = time.perf_counter()
-    dimension, lucene_seconds = _embed_and_index(cfg, build_key, shards, shard_dirs, work, target.upload_to, uploads)
+    dimension, lucene_seconds, embed_report = _embed_and_index(cfg, build_key, shards, shard_dirs, work,
+                                                               _work_at(target, build_key), home, target.upload_to,
+                                                               uploads)
     seconds["embed+index"] = time.perf_counter() - t
+    stages |= embed_report
+    built = [r for r in shards if not r["resumed"] and not r["linked"]]
+    if built:
+        stages["FAISS + Lucene + commit"] = {"nodes": sorted({r["node"] for r in built}),
+                                             "rows": sum(r["chunks"] for r in built),
+                                             "seconds": round(seconds["embed+index"], 3)}
     seconds["lucene (sum of shard tasks)"] = lucene_seconds
 
     t = time.perf_counter()
@@ -539,6 +550,7 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
         raise IndexMismatch(f"{name}: its shards hold {sum(c['counts']['chunks'] for c in counts)} chunks, its "
                             f"manifest says {total_chunks}")
     shutil.rmtree(work)
+    _clear_work_area(target, build_key)
     version_dir, published = target.publish(staging, name, uploads)
     others = sorted({r["node"] for r in shards} - {home})
     if others:  # their shards are published: the staging folders on the other nodes go too
@@ -550,8 +562,6 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
         target.activate(name)  # verified just above
     seconds["publish"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
-    stages["assemble shards"] = {"nodes": sorted({r["node"] for r in shards}), "rows": total_docs,
-                                 "seconds": round(seconds["assemble shards"], 3)}
     return BuildSummary(name, version_dir, cfg.activate, total_docs, total_chunks, cfg.shards,
                         sum(r["resumed"] for r in shards), bad.first, seconds,
                         reuse_plan.describe() if cfg.reuse else {}, delta_report, bad.count,
@@ -599,12 +609,12 @@ def _read(cfg: BuildConfig, plan: _Plan, target: Target, build_key: str, work: P
         from .read import read_corpus
 
         spread = is_remote(cfg.corpus) and target.remote is not None
-        root = target.root if target.remote is not None else str(target.local)
+        work_at = _work_at(target, build_key)
         result = read_corpus(plan.splits, cfg.shards, cfg.chunk_size, cfg.chunk_overlap, cfg.id_fields,
-                             cfg.text_fields, root, _fragments_prefix(build_key), None if spread else home)
+                             cfg.text_fields, work_at, None if spread else home)
         for split, position, reason in result.bad:
             bad.add_read(split, [(plan.splits[split].name, position, reason)])
-        return {}, _Fragments(result.fragments, result.counts, root), {"scan": plan.scan} | result.stages
+        return {}, _Fragments(result.fragments, result.counts, work_at), {"scan": plan.scan} | result.stages
     import ray
 
     fragments = _Fragments.empty(cfg.shards)
@@ -634,20 +644,24 @@ def _read(cfg: BuildConfig, plan: _Plan, target: Target, build_key: str, work: P
              "deleted": sum(r["deleted"] for r in results)}, fragments, {})
 
 
-def _fragments_prefix(build_key: str) -> str:
-    """Where in the root's store a build's fragments are written: its staging folder's work folder."""
-    return f"staging/{build_key}/_work"
+def _work_at(target: Target, build_key: str) -> str:
+    """The build's work area, where Ray Data's stages write what the shards' tasks read (the fragments, the rows to
+    embed, the vectors): its staging folder's ``_work`` in the root's object storage, or on this node for a local root
+    (every stage then runs here)."""
+    if target.remote is not None:
+        return f"{target.root}/staging/{build_key}/_work"
+    return str(staging_dir(target.local, build_key) / "_work")
 
 
-def _remove_fragments(target: Target, build_key: str) -> None:
-    """A root in object storage: the build's fragments there deleted (a local root's go with its work folder)."""
+def _clear_work_area(target: Target, build_key: str) -> None:
+    """A root in object storage: the build's work area there emptied (a local root's is its work folder, removed with
+    it)."""
     if target.remote is None:
         return
     from index_format.store import open_store
 
-    store = open_store(target.root)
-    prefix = f"{_fragments_prefix(build_key)}/{FRAGMENTS}/"
-    store.delete(list(store.list(prefix)))
+    store = open_store(_work_at(target, build_key))
+    store.delete(list(store.list()))
 
 
 def _shard_fragments(fragments: _Fragments, shard: int) -> list[str]:
@@ -696,24 +710,36 @@ def _shard_expect(cfg: BuildConfig, dimension: int) -> dict:
 
 
 def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard_dirs: list[Path],
-                     work: Path, upload_to: str | None, uploads: list[dict]) -> tuple[int, float]:
-    """Embed what each shard still needs and build its FAISS and Lucene indexes, every task of a shard on the
+                     work: Path, work_at: str, home: str, upload_to: str | None,
+                     uploads: list[dict]) -> tuple[int, float, dict]:
+    """Embed what each shard still needs (``embedding.embed_rows``: Ray Data, with an actor pool, on this node ``home``
+    for a local root, anywhere for a root in object storage) and build each shard's FAISS and Lucene indexes on the
     node its ``assemble_shard`` ran on, committing each shard as soon as both are done (and uploading it to
-    ``upload_to``: what each upload sent is added to ``uploads``). Returns the embedding dimension and the summed
-    seconds of the Lucene tasks."""
+    ``upload_to``: what each upload sent is added to ``uploads``). Lucene builds need no vectors: they run while the
+    embedding does, on the CPUs its actors leave free. Returns the embedding dimension, the summed seconds of the
+    Lucene tasks and the embedding's stage report."""
+    import threading
+
     import ray
 
-    from .shard_tasks import EmbedBlocks, work_dir
+    from .embedding import embed_rows
+    from .shard_tasks import work_dir
 
     nodes = _nodes(cfg)
     todo = [r for r in shards if not r["resumed"] and not r["linked"]]
     dimension = max([r["dimension"] for r in shards] + [0])
     if not todo:
-        return dimension, 0.0
-    for r in todo:
-        if r["blocks"] and nodes[r["node"]].device == "cuda" and not nodes[r["node"]].gpus:
-            raise RuntimeError(f"device=cuda was asked for but node {r['node']} (building {shard_name(r['shard'])}) "
-                               "has no GPU; use device=auto or cpu")
+        return dimension, 0.0, {}
+    to_embed = [r["shard"] for r in todo if r["blocks"]]
+    gpus = any(n.device == "cuda" for n in nodes.values())
+    if to_embed and cfg.device.value == "cuda" and not any(n.gpus for n in nodes.values()):
+        raise RuntimeError("device=cuda was asked for but no node of the cluster has a GPU; use device=auto or cpu")
+    local = upload_to is None
+    # The pool: an actor on each node that may embed to start with (a local root: this node), up to ``embed_actors``
+    # a node (one a GPU on a cluster with GPUs), as Ray Data sees rows waiting.
+    pool = [n for node_id, n in nodes.items() if (not local or node_id == home) and (n.device == "cuda") == gpus]
+    actors = (max(1, min(len(pool), len(to_embed))), max(1, sum(n.actors for n in pool)))
+    threads = max([n.threads for n in pool if n.device == "cpu"] + [1])
 
     def spec_on(node: str) -> FaissSpec:
         gpu = nodes[node].gpus > 0 and cfg.device.value != "cpu"
@@ -721,19 +747,16 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
                          cfg.device.value if gpu else "cpu", cfg.hnsw_ef_search, cfg.ivf_nprobe, cfg.pq_m, cfg.refine)
 
     # An indexing JVM keeps about one core busy. Lucene builds start at once (they need no vectors)
-    # but only on the CPUs the embedding actors leave free, topped up as they finish.
+    # but only on the CPUs the embedding's actors leave free, topped up as they finish.
     lucene_task = ray.remote(num_cpus=1)(_task("build_lucene_shard"))
     dense_task = ray.remote(num_cpus=0.25)(_task("finish_dense"))
     commit_task = ray.remote(num_cpus=0.25)(_task("commit_shard"))
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    embed_on = sorted({r["node"] for r in todo if r["blocks"]})
-    slots = {"lucene": max(1, cpus - sum(nodes[n].actors for n in embed_on if nodes[n].device == "cpu"))}
+    slots = {"lucene": cpus - actors[1] if to_embed and not gpus else cpus}
+    slots["lucene"] = max(slots["lucene"], 0 if len(nodes) > 1 else 1)  # one node: Lucene runs beside one actor
     lucene_queue = [r["shard"] for r in todo]
     pending: dict = {}
     by_shard = {r["shard"]: r for r in todo}
-
-    def work_of(s: int) -> str:
-        return str(work_dir(work, shard_dirs[s].name))
 
     def top_up_lucene() -> None:
         refs = [ref for ref, (_, part) in pending.items() if part == "lucene"]
@@ -749,50 +772,27 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
         r = by_shard[s]
         gpu = nodes[r["node"]].gpus > 0 and cfg.device.value != "cpu"
         pending[dense_task.options(num_gpus=1 if gpu else 0, **_on(r["node"])).remote(
-            str(shard_dirs[s]), work_of(s), r["chunks"], r["blocks"], dimension, spec_on(r["node"]))] = (s, "faiss")
+            str(shard_dirs[s]), str(work_dir(work, shard_dirs[s].name)), s, r["chunks"], dimension,
+            spec_on(r["node"]), work_at)] = (s, "faiss")
 
     top_up_lucene()
-    for r in todo:  # every vector reused: the shard's dense side can be built at once
-        if r["chunks"] and not r["blocks"]:
+    for r in todo:  # every vector reused, or no chunks: the shard's dense side can be built at once
+        if not r["blocks"]:
             start_dense(r["shard"])
-    left = {r["shard"]: r["blocks"] for r in todo}
-    if embed_on:
-        embed_class = ray.remote(EmbedBlocks)
-        actors = {}  # node -> its actors, each pinned there; a shard's blocks go to its node's, in turn
-        for n in embed_on:
-            plan = nodes[n]
-            actors[n] = [embed_class.options(num_cpus=1, num_gpus=1 if plan.device == "cuda" else 0, **_on(n)).remote(
-                _spec(cfg), plan.device, cfg.embed_batch_size, plan.threads) for _ in range(plan.actors)]
-        embedding: dict = {}
-        turn = dict.fromkeys(embed_on, 0)
-        for r in todo:
-            for block in range(r["blocks"]):
-                n = r["node"]
-                actor = actors[n][turn[n] % len(actors[n])]
-                turn[n] += 1
-                embedding[actor.embed.remote(work_of(r["shard"]), block)] = r["shard"]
-        with _progress(sum(r["todo"] for r in todo), "embed", "chunk", cfg.progress) as bar:
-            while embedding:
-                done, _ = ray.wait(list(embedding), num_returns=1, timeout=1.0)
-                for ref in done:
-                    s = embedding.pop(ref)
-                    try:
-                        rows, dim = ray.get(ref)
-                    except ray.exceptions.RayTaskError as e:
-                        raise RuntimeError(f"embedding of {shard_name(s)} failed: {e}") from None
-                    dimension = dimension or dim
-                    left[s] -= 1
-                    if left[s] == 0:
-                        start_dense(s)
-                    bar.update(rows)
-                top_up_lucene()
-        for group in actors.values():
-            for actor in group:
-                ray.kill(actor)
-    slots["lucene"] = cpus  # the embedding actors are gone: Lucene builds may take every CPU
-    for r in todo:  # a shard with no chunks has nothing to embed
-        if r["chunks"] == 0:
-            start_dense(r["shard"])
+    embedded: dict = {}
+
+    def embed() -> None:
+        try:
+            embedded["rows"], embedded["dimension"], embedded["report"] = embed_rows(
+                work_at, to_embed, _spec(cfg), device="cuda" if gpus else "cpu", gpus=gpus, actors=actors,
+                threads=threads, batch_size=cfg.embed_batch_size, node=home if local else None)
+        except BaseException as e:  # raised in the driver's thread below
+            embedded["error"] = e
+
+    embedding = threading.Thread(target=embed, name="embedding", daemon=True)
+    waiting = bool(to_embed)  # for the embedding to end
+    if waiting:
+        embedding.start()
 
     results: dict[int, dict[str, dict]] = {r["shard"]: {} for r in todo}
     lucene_seconds = 0.0
@@ -800,9 +800,25 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
     content_key = cfg.content_key()
     with _progress(len(todo), "index shards", "shard", cfg.progress) as bar:
-        while pending or lucene_queue:
+        while pending or lucene_queue or waiting:
             top_up_lucene()
-            done, _ = ray.wait(list(pending), num_returns=1)
+            if waiting and not embedding.is_alive():
+                waiting = False
+                if "error" in embedded:
+                    raise RuntimeError(f"embedding failed: {embedded['error']}") from embedded["error"]
+                dimension = dimension or embedded["dimension"]
+                for s in to_embed:
+                    if embedded["rows"][s] != by_shard[s]["todo"]:
+                        raise IndexMismatch(f"{shard_name(s)}: {by_shard[s]['todo']} chunks to embed, the embedding "
+                                            f"wrote {embedded['rows'][s]} vectors")
+                    start_dense(s)
+                slots["lucene"] = cpus  # the embedding's actors are gone: Lucene builds may take every CPU
+            if not pending:
+                embedding.join(timeout=0.5)
+                continue
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5 if waiting else None)
+            if not done:
+                continue
             s, part = pending.pop(done[0])
             try:
                 results[s][part] = ray.get(done[0])
@@ -836,4 +852,4 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
                 }
                 pending[commit_task.options(**_on(by_shard[s]["node"])).remote(
                     str(shard_dirs[s]), manifest, faiss_info, results[s]["lucene"]["stats"], upload_to)] = (s, "commit")
-    return dimension, lucene_seconds
+    return dimension, lucene_seconds, embedded.get("report", {})

@@ -181,28 +181,28 @@ def parse_and_chunk(batch: pa.Table, names: list[str], num_shards: int, chunk_si
 
 class FragmentSink(Datasink):
     """A Ray Data datasink: a write task's rows, each shard's sorted into corpus order and written as one fragment
-    (``splits.write_fragment``) under ``prefix`` in the store at ``root``. Returns, per task, what each shard got
+    (``splits.write_fragment``) in the build's work area ``work_at`` (a folder, or a prefix in object storage). Returns, per task, what each shard got
     (its fragment's key, documents, chunks), the bad records and the task's node; ``on_write_complete`` keeps them
     all on the driver (``results``)."""
 
-    def __init__(self, root: str, prefix: str):
-        self.root, self.prefix = root, prefix
+    def __init__(self, work_at: str):
+        self.work_at = work_at
         self.results: list[dict] = []
 
     def get_name(self) -> str:
         return "Fragments"
 
     def write(self, blocks, ctx) -> dict:
-        return write_fragments(pa.concat_tables(list(blocks)), self.root, self.prefix)
+        return write_fragments(pa.concat_tables(list(blocks)), self.work_at)
 
     def on_write_complete(self, write_result) -> None:
         self.results = list(write_result.write_returns)
 
 
-def write_fragments(table: pa.Table, root: str, prefix: str) -> dict:
-    """``FragmentSink``'s write: the rows of ``table`` (``PARSED``) as one fragment a shard."""
-    store = open_store(root)
-    out: dict = {"node": _node(), "shards": {}, "bad": []}
+def write_fragments(table: pa.Table, work_at: str) -> dict:
+    """``FragmentSink``'s write: the rows of ``table`` (``PARSED``) as one fragment a shard, in the work area."""
+    store = open_store(work_at)
+    out: dict = {"node": _node(), "shards": {}, "bad": [], "bytes": 0}
     if table.num_rows == 0:
         return out
     bad = table.filter(pc.equal(table["shard"], -1))
@@ -218,9 +218,9 @@ def write_fragments(table: pa.Table, root: str, prefix: str) -> dict:
         chunk_arrays["split"] = pc.take(rows["split"], parents)
         chunk_arrays["position"] = pc.take(rows["position"], parents)
         chunks = pa.table([chunk_arrays[name] for name in FRAGMENT_CHUNKS.names], schema=FRAGMENT_CHUNKS)
-        key = fragment_key(prefix, shard, (docs["split"][0].as_py(), docs["position"][0].as_py()),
+        key = fragment_key("", shard, (docs["split"][0].as_py(), docs["position"][0].as_py()),
                            (docs["split"][-1].as_py(), docs["position"][-1].as_py()))
-        write_fragment(store, key, docs, chunks)
+        out["bytes"] += write_fragment(store, key, docs, chunks)
         out["shards"][shard] = {"key": key, "docs": docs.num_rows, "chunks": chunks.num_rows}
     return out
 
@@ -229,10 +229,13 @@ def write_fragments(table: pa.Table, root: str, prefix: str) -> dict:
 
 
 def show_progress(enabled: bool) -> None:
-    """Ray Data's progress bars on the console (a bar an operator), or none."""
+    """Ray Data's progress bars and its log lines (each dataset's plan and end) on the console, or neither."""
+    import logging
+
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = enabled
     ctx.enable_operator_progress_bars = enabled
+    logging.getLogger("ray.data").setLevel(logging.INFO if enabled else logging.ERROR)
 
 
 @dataclass
@@ -252,7 +255,7 @@ def placement(node: str | None) -> dict:
 
 
 def read_corpus(splits: list[Split], num_shards: int, chunk_size: int, chunk_overlap: int,
-                id_fields: tuple[str, ...], text_fields: tuple[str, ...], root: str, prefix: str,
+                id_fields: tuple[str, ...], text_fields: tuple[str, ...], work_at: str,
                 node: str | None) -> ReadResult:
     """Read, parse and write the fragments of every split (on ``node``, or anywhere when None)."""
     where = placement(node)
@@ -261,7 +264,7 @@ def read_corpus(splits: list[Split], num_shards: int, chunk_size: int, chunk_ove
     ds = ds.map_batches(parse_and_chunk, batch_size=None, batch_format="pyarrow", num_cpus=1, fn_kwargs={
         "names": names, "num_shards": num_shards, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
         "id_fields": tuple(id_fields), "text_fields": tuple(text_fields)}, **where)
-    sink = FragmentSink(root, prefix)
+    sink = FragmentSink(work_at)
     ds.write_datasink(sink, ray_remote_args={"num_cpus": 1, **where})
     result = ReadResult([[] for _ in range(num_shards)], [{"docs": 0, "chunks": 0} for _ in range(num_shards)])
     for written in sink.results:
@@ -273,26 +276,37 @@ def read_corpus(splits: list[Split], num_shards: int, chunk_size: int, chunk_ove
     for keys in result.fragments:
         keys.sort()
     result.bad.sort()
-    result.stages = stage_report(ds, sorted({w["node"] for w in sink.results}))
+    # The operator Ray Data fused read, parse and write into: its rows are the records read, its bytes the fragments'.
+    name, stage = list(stage_report(ds, sorted({w["node"] for w in sink.results})).items())[-1]
+    result.stages = {"read+parse+write": stage | {
+        "operator": name, "rows": sum(c["docs"] for c in result.counts) + len(result.bad),
+        "bytes": sum(w["bytes"] for w in sink.results)}}
     return result
 
 
 def stage_report(ds, nodes: list[str] | None = None) -> dict:
-    """Each Ray Data operator the dataset ran: its rows, bytes, seconds and the nodes its tasks ran on (``nodes`` where
-    Ray Data's statistics do not say)."""
-    out = {}
+    """Each Ray Data operator the dataset ran, in pipeline order: its rows, bytes, seconds and the nodes its tasks ran
+    on (``nodes`` where Ray Data's statistics do not say)."""
     try:
-        summary = ds.get_stats_summary()
+        summaries = _chain(ds.get_stats_summary(), lambda s: s.operators_stats)
     except Exception:  # statistics are a report, never a reason to fail a build
-        return out
+        return {}
     by_op = _nodes_by_operator(ds)
-    for op in summary.operators_stats:
-        name = op.operator_name
-        out[name] = {"rows": op.output_num_rows.sum if op.output_num_rows else None,
-                     "bytes": op.output_size_bytes.sum if op.output_size_bytes else None,
-                     "seconds": round(op.time_total_s, 3), "nodes": by_op.get(name, [])}
-    for op in out.values():
-        op["nodes"] = op["nodes"] or nodes or []
+    out = {}
+    for op in summaries:
+        out[op.operator_name] = {
+            "rows": op.output_num_rows.sum if op.output_num_rows else None,
+            "bytes": op.output_size_bytes.sum if op.output_size_bytes else None,
+            "seconds": round(op.time_total_s, 3), "nodes": by_op.get(op.operator_name) or nodes or []}
+    return out
+
+
+def _chain(stats, items) -> list:
+    """What ``items`` gives of a statistics object and of its parents, the first operator first."""
+    out = []
+    while stats is not None:
+        out[:0] = list(items(stats))
+        stats = stats.parents[0] if stats.parents else None
     return out
 
 
@@ -301,6 +315,6 @@ def _nodes_by_operator(ds) -> dict[str, list[str]]:
     try:
         stats = ds._write_ds._raw_stats() if getattr(ds, "_write_ds", None) is not None else ds._raw_stats()
         return {name: sorted({b.exec_stats.node_id for b in blocks if b.exec_stats is not None})
-                for name, blocks in stats.metadata.items()}
+                for name, blocks in _chain(stats, lambda s: s.metadata.items())}
     except Exception:
         return {}

@@ -10,8 +10,8 @@ reads a file a task on another node wrote. The driver of a build only passes fol
    versions (the whole shard, or the vector of each chunk whose text was embedded before; a root in object
    storage: fetched into this node's cache first), and the rows still to embed written to the work folder in
    blocks. Returns how many rows its fragments held, which the driver checks against the read tasks' counts.
-2. ``EmbedBlocks`` (actors, one set per node that holds shards to embed): one block of rows to embed, its
-   vectors saved beside it.
+2. The embedding (``embedding``, a Ray Data pipeline with an actor pool, not a task of this module): the rows to
+   embed read from the work area, their vectors written back there.
 3. ``finish_dense``: the stored and the new vectors into ``embeddings.npy``, then the FAISS index.
 4. ``build_lucene_shard``: the BM25 index and the shard's term statistics, from ``chunks.parquet``.
 5. ``commit_shard``: counts checked, checksums taken, the manifest written: the shard is committed. For a root
@@ -55,14 +55,13 @@ from index_format.manifest import (
     verify_shard,
     write_json_atomic,
 )
-from index_format.prompts import EncoderSpec
 from index_format.sharding import shard_of
 
 from .faiss_index import FaissSpec
 from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, RowGroupWriter, contents_of
 
 EMBED_BLOCK = 1024  # rows of a shard embedded in one call of an embedding actor
-TODO_FILE, REUSED_FILE, REUSED_ROWS_FILE = "todo.parquet", "reused.npy", "reused_rows.npy"
+REUSED_FILE, REUSED_ROWS_FILE = "reused.npy", "reused_rows.npy"
 
 
 def work_dir(work: Path, shard_name: str) -> Path:
@@ -197,9 +196,10 @@ def _find_vectors(keys: list[bytes], sources: list[dict], work: Path) -> tuple[i
 
 def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_shards: int, prepend_title: bool,
                    strict: bool, sources: list[dict] | None, content_key: dict, upload_to: str | None,
-                   fragments: list[str], fragments_from: str, sources_from: str | None = None) -> dict:
+                   fragments: list[str], fragments_from: str, work_at: str, sources_from: str | None = None) -> dict:
     """Ray task: step 1 of the module. ``fragments``: the keys of this shard's fragments in the store at
-    ``fragments_from`` (the root in object storage, or a local folder on this node), in corpus order. ``sources``: the versions to reuse from
+    ``fragments_from`` (the root in object storage, or a local folder on this node), in corpus order; ``work_at``:
+    the build's work area, where the rows to embed are written for the embedding (``embedding``). ``sources``: the versions to reuse from
     (None: reuse is off), each as ``reuse.task_sources`` gives them; ``sources_from``: the root in object storage
     they are fetched from into this node's cache (None: a local root, read where they are). A shard that needs no
     more work (committed by an interrupted run on this node, or linked whole) is uploaded here when the root is in
@@ -243,7 +243,7 @@ def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_sh
         reused, by_version, dimension, todo = _find_vectors(list(_text_keys(folder, prepend_title)), sources, mine)
         result |= {"reused": reused, "reused_from": by_version, "dimension": dimension}
     if todo:
-        _write_todo(folder, mine, todo, prepend_title)
+        _write_todo(folder, mine, todo, prepend_title, shard, work_at)
     return result | {"todo": len(todo), "blocks": -(-len(todo) // EMBED_BLOCK)}
 
 
@@ -275,9 +275,14 @@ def _whole(source: dict) -> bool:
         return False
 
 
-def _write_todo(folder: Path, mine: Path, todo: list[int], prepend_title: bool) -> None:
-    """The rows to embed and their contents, in blocks of EMBED_BLOCK rows (one Parquet row group each)."""
-    schema = pa.schema([("row", pa.int64()), ("contents", pa.string())])
+def _write_todo(folder: Path, mine: Path, todo: list[int], prepend_title: bool, shard: int, work_at: str) -> None:
+    """The rows to embed and their contents, in blocks of EMBED_BLOCK rows (one Parquet row group each), in the work
+    area ``work_at`` (uploaded there when it is not this node's folder)."""
+    from index_format.store import is_remote, open_store
+
+    from .embedding import TODO_FILE, TODO_SCHEMA, todo_key
+
+    schema = TODO_SCHEMA
     wanted = np.zeros(pq.read_metadata(folder / CHUNKS_FILE).num_rows, dtype=bool)
     wanted[todo] = True
     with RowGroupWriter(mine / TODO_FILE, schema, EMBED_BLOCK) as writer:
@@ -290,50 +295,24 @@ def _write_todo(folder: Path, mine: Path, todo: list[int], prepend_title: bool) 
                 continue
             table = pa.Table.from_batches([batch]).filter(pa.array(take))
             writer.write(pa.table({"row": rows[take], "contents": contents_of(table, prepend_title)}, schema=schema))
+    if is_remote(work_at):  # else ``mine`` is the work area's own folder for this shard
+        open_store(work_at).upload(mine / TODO_FILE, todo_key(shard))
 
 
-class EmbedBlocks:
-    """Ray actor, pinned to one node: loads the encoder once; for each call (a block of the rows of a shard built
-    on this node) reads the contents from the work folder, embeds them and saves the vectors beside them."""
-
-    def __init__(self, spec: EncoderSpec, device: str, batch_size: int, threads: int):
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
-        from index_format.encoders import load_encoder
-
-        self.encoder = load_encoder(spec.model, device, threads=threads or 1)
-        self.prompt = spec.document_prompt
-        self.batch_size = batch_size
-
-    def embed(self, work: str, block: int) -> tuple[int, int]:
-        """Block ``block`` of the work folder ``work`` embedded; returns (rows, dimension)."""
-        todo = pq.ParquetFile(Path(work) / TODO_FILE).read_row_group(block, columns=["contents"])
-        vectors = self.encoder.encode(todo["contents"].to_pylist(), self.batch_size, self.prompt).astype(np.float32)
-        out = Path(work) / f"embedded-{block:06d}.npy"
-        np.save(out.with_suffix(".tmp.npy"), vectors)
-        os.replace(out.with_suffix(".tmp.npy"), out)
-        return len(vectors), vectors.shape[1] if vectors.ndim == 2 else 0
-
-
-def finish_dense(shard_dir: str, work: str, rows: int, blocks: int, dimension: int, spec: FaissSpec) -> dict:
-    """Ray task: the stored and the new vectors of a shard into ``embeddings.npy`` (written in place, never
-    whole in memory twice), then its FAISS index. ``dimension`` is needed only for an empty shard."""
+def finish_dense(shard_dir: str, work: str, shard: int, rows: int, dimension: int, spec: FaissSpec,
+                 work_at: str) -> dict:
+    """Ray task: the stored vectors (reused) and the new ones (the embedding's, in the work area ``work_at``) of a
+    shard into ``embeddings.npy`` (written in place, never whole in memory twice), then its FAISS index.
+    ``dimension`` is needed only for an empty shard."""
     import faiss
 
+    from .embedding import read_vectors
     from .faiss_index import build_faiss_index, index_description, resolved_kind, search_options
 
     folder, mine = Path(shard_dir), Path(work)
     parts = [(np.load(mine / REUSED_ROWS_FILE), np.load(mine / REUSED_FILE, mmap_mode="r"))] \
         if (mine / REUSED_FILE).is_file() else []
-    if blocks:
-        row_ids = pq.read_table(mine / TODO_FILE, columns=["row"])["row"].to_numpy()
-        at = 0
-        for block in range(blocks):
-            vectors = np.load(mine / f"embedded-{block:06d}.npy", mmap_mode="r")
-            parts.append((row_ids[at:at + len(vectors)], vectors))
-            at += len(vectors)
+    parts += read_vectors(work_at, shard)
     dimension = parts[0][1].shape[1] if parts else dimension
     tmp = folder / (EMBEDDINGS_FILE + ".tmp")
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(rows, dimension))

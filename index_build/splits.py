@@ -253,12 +253,17 @@ def chunks_key(docs_key: str) -> str:
     return docs_key[:-len(".docs.parquet")] + ".chunks.parquet"
 
 
-def write_fragment(store: Store, docs_key: str, docs: pa.Table, chunks: pa.Table) -> None:
-    """A fragment's two tables written as Parquet (compressed: they cross the network to the shard's node)."""
+def write_fragment(store: Store, docs_key: str, docs: pa.Table, chunks: pa.Table) -> int:
+    """A fragment's two tables written as Parquet (compressed: they cross the network to the shard's node); returns
+    the bytes written."""
+    written = 0
     for key, table in ((docs_key, docs), (chunks_key(docs_key), chunks)):
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
-        store.put(key, sink.getvalue().to_pybytes())
+        data = sink.getvalue().to_pybytes()
+        store.put(key, data)
+        written += len(data)
+    return written
 
 
 def read_fragment(store: Store, docs_key: str) -> tuple[pa.Table, pa.Table]:

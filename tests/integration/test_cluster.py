@@ -41,7 +41,8 @@ pytestmark = pytest.mark.skipif(available() is not None, reason=f"a private-disk
 ENCODER = os.environ.get("RAYSEARCH_CLUSTER_TEST_ENCODER", HASHING)
 BUCKET = "cluster-test"
 URL = f"s3://{BUCKET}/idx"
-CORPUS_URL = f"s3://{BUCKET}/corpus/corpus.jsonl"
+CORPUS_URL = f"s3://{BUCKET}/corpus/"  # the corpus cut into CORPUS_FILES objects
+CORPUS_FILES = 8
 # Group 0 (shards 0 and 1) on node_1, group 1 (shard 2) on node_2; a router on the head and one on node_1.
 SERVE_CONFIG = {
     "shards": {"placement": "deployment", "group_size": 2, "num_cpus": 0.1, "warmup_searches": 0,
@@ -64,10 +65,14 @@ def cluster(tmp_path_factory, s3_server):
 
 @pytest.fixture(scope="module")
 def cluster_build(cluster, corpus):
-    """The corpus uploaded to the store and built across the nodes into ``URL`` (3 shards)."""
+    """The corpus uploaded to the store as CORPUS_FILES objects and built across the nodes into ``URL`` (3 shards)."""
     path, _ = corpus
     boto3.client("s3").create_bucket(Bucket=BUCKET)
-    boto3.client("s3").upload_file(str(path), BUCKET, "corpus/corpus.jsonl")
+    lines = path.read_text().splitlines(keepends=True)
+    step = -(-len(lines) // CORPUS_FILES)
+    for i in range(CORPUS_FILES):
+        boto3.client("s3").put_object(Bucket=BUCKET, Key=f"corpus/part-{i:02d}.jsonl",
+                                      Body="".join(lines[i * step:(i + 1) * step]).encode())
     proc = on_cluster(cluster, ["-m", "index_build", "--corpus", CORPUS_URL, "--out", URL,
                                 "--shards", "3", "--encoder", ENCODER, "--chunk-size", "40", "--chunk-overlap", "8",
                                 "--version", "v1", "--no-progress", "--summary-json", str(cluster.workdir / "v1.json")])
@@ -82,13 +87,24 @@ def one_node(cluster_build, ray_local, tmp_path_factory):
                                    encoder=ENCODER, chunk_size=40, chunk_overlap=8, version="v1", progress=False))
 
 
-def test_a_build_across_the_nodes_equals_a_single_node_build(cluster_build, one_node, tmp_path):
+def test_a_build_across_the_nodes_equals_a_single_node_build(cluster_build, one_node, corpus, tmp_path):
+    """The corpus's objects are scanned and read by Ray Data's tasks on more than one node (no node downloads the
+    corpus), its shards built on more than one, and the version equals the one-node build's."""
     local = one_node
     folder, _ = RemoteRoot(URL, cache_dir=tmp_path / "fresh").fetch("v1")
     assert_versions_equal(local.version_dir, folder)
     nodes = cluster_build["nodes"]
     assert len(nodes) == 3
     assert len(set(nodes.values())) >= 2, nodes  # the shards were built on more than one node
+    stages = cluster_build["stages"]
+    assert cluster_build["read"] == {"files": CORPUS_FILES, "tasks": CORPUS_FILES}
+    records = sum(1 for line in corpus[0].read_text().splitlines() if line.strip())
+    assert stages["read+parse+write"]["rows"] == records
+    assert len(stages["read+parse+write"]["nodes"]) >= 2, stages
+    assert len(stages["scan"]["nodes"]) >= 2, stages
+    # The embedding's rows are all there; which actors of the pool embedded them is Ray Data's choice (the hashing
+    # encoder's batches take milliseconds, so one actor may take them all).
+    assert stages["embed: MapBatches(EmbedRows)"]["rows"] == one_node.chunks, stages
 
 
 @pytest.fixture(scope="module")

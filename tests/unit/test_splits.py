@@ -94,14 +94,14 @@ def test_the_pipelines_fragments_equal_one_readers(tmp_path):
         raw = list(raw_records(split))
         batch = _raw_block(split.index, [r[0] for r in raw], [r[1] for r in raw], [r[2] for r in raw])
         parsed = parse_and_chunk(batch, names, SHARDS, 40, 8, ("_id",), ("text",))
-        sunk = write_fragments(parsed, str(tmp_path / "sink"), f"s{split.index}")
+        sunk = write_fragments(parsed, str(tmp_path / f"sink-{split.index}"))
         assert [(str(path), line, reason) for _, line, reason in sunk["bad"]] == written["bad"]
         for shard in range(SHARDS):
             files = fragments_of(work, shard)
             assert (shard in sunk["shards"]) == bool(files) == (written["shards"][shard]["docs"] > 0)
             if not files:
                 continue
-            got = read_fragment(FolderStore(tmp_path / "sink"), sunk["shards"][shard]["key"])
+            got = read_fragment(FolderStore(tmp_path / f"sink-{split.index}"), sunk["shards"][shard]["key"])
             want = read_fragment(FolderStore(work), files[0])
             assert got[0].equals(want[0]) and got[1].equals(want[1])
             assert sunk["shards"][shard]["chunks"] == written["shards"][shard]["chunks"] == want[1].num_rows

@@ -1,0 +1,187 @@
+"""The build's embedding on Ray Data: the rows each shard still needs (``assemble_shard`` wrote them, in blocks, in the
+build's work area) read, embedded by a pool of actors, and their vectors written back beside them.
+
+    read    ray.data.read_datasource(RowsToEmbed(shards))     a read task a shard: its rows, a block at a time
+    embed   .map_batches(EmbedRows, compute=ActorPoolStrategy)   actors that load the encoder once: CPU actors, or
+                                                                one a GPU on a cluster with GPUs; the pool grows from
+                                                                one actor to as many as the nodes allow, and shrinks
+    write   .write_datasink(VectorSink(...))                  each task's vectors, a Parquet file a shard: (row, vector)
+
+The work area is a folder on the driver's node for a local root (every stage runs there), or the root's object storage
+(``staging/<build key>/_work``) for a root there: then any node reads, embeds and writes, and each shard's
+``finish_dense`` reads its vectors from there, on its own node. Ray Data streams the rows to the actors with
+backpressure, retries a task or actor lost with its node, and shows its progress bars.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import ray
+import ray.data
+from ray.data import Datasource, ReadTask
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasink
+
+from index_format.prompts import EncoderSpec
+from index_format.sharding import shard_name
+from index_format.store import open_store
+
+from .read import placement, stage_report
+
+TODO_FILE = "todo.parquet"
+TODO_SCHEMA = pa.schema([("row", pa.int64()), ("contents", pa.string())])
+
+
+def todo_key(shard: int) -> str:
+    """A shard's rows to embed, in the work area."""
+    return f"shards/{shard_name(shard)}/{TODO_FILE}"
+
+
+def vectors_prefix(shard: int) -> str:
+    """Where a shard's new vectors are written in the work area: files of (row, vector)."""
+    return f"shards/{shard_name(shard)}/vectors/"
+
+
+class RowsToEmbed(Datasource):
+    """A Ray Data datasource: one read task a shard, yielding its rows to embed one row group (block) at a time, with
+    the shard's number."""
+
+    def __init__(self, work_at: str, shards: list[int]):
+        super().__init__()
+        self.work_at, self.shards = work_at, shards
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return None
+
+    def get_name(self) -> str:
+        return "RowsToEmbed"
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context=None) -> list:
+        return [ReadTask(_reader(self.work_at, s), BlockMetadata(num_rows=None, size_bytes=None, input_files=None,
+                                                                 exec_stats=None)) for s in self.shards]
+
+
+def _reader(work_at: str, shard: int):
+    def read():
+        with open_store(work_at).open(todo_key(shard)) as f:
+            pf = pq.ParquetFile(f)
+            for group in range(pf.num_row_groups):
+                rows = pf.read_row_group(group)
+                yield rows.append_column("shard", pa.array([shard] * rows.num_rows, pa.int32()))
+
+    return read
+
+
+class EmbedRows:
+    """Ray Data's actor: loads the encoder once; embeds each batch's ``contents``."""
+
+    def __init__(self, spec: EncoderSpec, device: str, batch_size: int, threads: int):
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        from index_format.encoders import load_encoder
+
+        self.encoder = load_encoder(spec.model, device, threads=threads or 1)
+        self.prompt = spec.document_prompt
+        self.batch_size = batch_size
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        vectors = self.encoder.encode(batch["contents"].to_pylist(), self.batch_size, self.prompt).astype(np.float32)
+        flat = pa.array(vectors.reshape(-1))
+        return pa.table({"shard": batch["shard"], "row": batch["row"],
+                         "vector": pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])})
+
+
+class VectorSink(Datasink):
+    """A Ray Data datasink: a write task's vectors, one Parquet file a shard under ``vectors_prefix``. Returns per task
+    the rows each shard got, the dimension and the task's node (``results`` on the driver)."""
+
+    def __init__(self, work_at: str):
+        self.work_at = work_at
+        self.results: list[dict] = []
+
+    def get_name(self) -> str:
+        return "Vectors"
+
+    def write(self, blocks, ctx) -> dict:
+        table = pa.concat_tables([b for b in blocks if b.num_rows])
+        out = {"node": ray.get_runtime_context().get_node_id(), "shards": {}, "dimension": 0}
+        if table.num_rows == 0:
+            return out
+        out["dimension"] = table.schema.field("vector").type.list_size
+        store = open_store(self.work_at)
+        for shard in pc.unique(table["shard"]).to_pylist():
+            rows = table.filter(pc.equal(table["shard"], shard)).select(["row", "vector"])
+            sink = pa.BufferOutputStream()
+            pq.write_table(rows, sink)
+            store.put(f"{vectors_prefix(shard)}{uuid.uuid4().hex}.parquet", sink.getvalue().to_pybytes())
+            out["shards"][shard] = rows.num_rows
+        return out
+
+    def on_write_complete(self, write_result) -> None:
+        self.results = list(write_result.write_returns)
+
+
+def read_vectors(work_at: str, shard: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(rows, vectors) of each file the embedding wrote for ``shard``."""
+    store = open_store(work_at)
+    parts = []
+    for key in store.list(vectors_prefix(shard)):
+        table = pq.read_table(pa.BufferReader(store.get(key)))
+        dim = table.schema.field("vector").type.list_size
+        vectors = table["vector"].combine_chunks().flatten().to_numpy().reshape(-1, dim)
+        parts.append((table["row"].to_numpy(), vectors))
+    return parts
+
+
+ROWS_PER_CALL = 4  # encoder batches (``--embed-batch-size``) in one call of an actor: Ray Data's batch
+START_ACTORS_S = 60  # how long the pool's first actors may take to start before it starts with fewer
+
+
+def embed_rows(work_at: str, shards: list[int], spec: EncoderSpec, *, device: str, gpus: bool, actors: tuple[int, int],
+               threads: int, batch_size: int, node: str | None) -> tuple[dict[int, int], int, dict]:
+    """Embed every row the ``shards`` still need: on ``node`` (a local root's), or anywhere when None. ``gpus``: one
+    actor a GPU, else CPU actors of ``threads`` torch threads; ``actors``: the pool's (least, most) actors, Ray Data
+    growing it while rows wait. The least are started before any row is handed out, for at most START_ACTORS_S, and
+    a CPU actor is given two batches at a time (a GPU's four, to keep it fed), so that the rows spread over them; a cluster that cannot start them by then embeds with
+    a pool that starts from one. Returns the rows embedded per shard, the dimension and the stage's report."""
+    ctx = ray.data.DataContext.get_current()
+    before = ctx.wait_for_min_actors_s
+    ctx.wait_for_min_actors_s = START_ACTORS_S if actors[0] > 1 else -1
+    try:
+        return _embed(work_at, shards, spec, device, gpus, actors, threads, batch_size, node)
+    except ray.exceptions.GetTimeoutError:
+        store = open_store(work_at)
+        for shard in shards:
+            store.delete(list(store.list(vectors_prefix(shard))))
+        ctx.wait_for_min_actors_s = -1
+        return _embed(work_at, shards, spec, device, gpus, (1, actors[1]), threads, batch_size, node)
+    finally:
+        ctx.wait_for_min_actors_s = before
+
+
+def _embed(work_at: str, shards: list[int], spec: EncoderSpec, device: str, gpus: bool, actors: tuple[int, int],
+           threads: int, batch_size: int, node: str | None) -> tuple[dict[int, int], int, dict]:
+    where = placement(node)
+    # Reading the rows and writing the vectors reserve no CPU: the actors may hold every CPU of their nodes.
+    ds = ray.data.read_datasource(RowsToEmbed(work_at, shards), override_num_blocks=len(shards), num_cpus=0, **where)
+    ds = ds.map_batches(EmbedRows, fn_constructor_args=(spec, device, batch_size, 0 if gpus else threads),
+                        batch_size=ROWS_PER_CALL * batch_size, batch_format="pyarrow",
+                        compute=ray.data.ActorPoolStrategy(min_size=actors[0], max_size=max(actors),
+                                                           max_tasks_in_flight_per_actor=4 if gpus else 2),
+                        num_cpus=0 if gpus else 1, num_gpus=1 if gpus else 0, **where)
+    sink = VectorSink(work_at)
+    ds.write_datasink(sink, ray_remote_args={"num_cpus": 0, **where})
+    rows: dict[int, int] = dict.fromkeys(shards, 0)
+    for written in sink.results:
+        for shard, n in written["shards"].items():
+            rows[shard] += n
+    dimension = max([w["dimension"] for w in sink.results] + [0])
+    report = stage_report(ds, sorted({w["node"] for w in sink.results}))
+    return rows, dimension, {f"embed: {name}": stage for name, stage in report.items()}

@@ -16,6 +16,7 @@ backpressure, retries a task or actor lost with its node, and shows its progress
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +33,7 @@ from index_format.sharding import shard_name
 from index_format.store import open_store
 
 from .read import placement, stage_report
+from .shard_tasks import EMBED_BLOCK
 
 TODO_FILE = "todo.parquet"
 TODO_SCHEMA = pa.schema([("row", pa.int64()), ("contents", pa.string())])
@@ -120,7 +122,8 @@ class VectorSink(Datasink):
             rows = table.filter(pc.equal(table["shard"], shard)).select(["row", "vector"])
             sink = pa.BufferOutputStream()
             pq.write_table(rows, sink)
-            store.put(f"{vectors_prefix(shard)}{uuid.uuid4().hex}.parquet", sink.getvalue().to_pybytes())
+            store.put(f"{vectors_prefix(shard)}{uuid.uuid4().hex}.parquet", sink.getvalue().to_pybytes(),
+                      durable=False)  # a rerun embeds them again
             out["shards"][shard] = rows.num_rows
         return out
 
@@ -128,19 +131,17 @@ class VectorSink(Datasink):
         self.results = list(write_result.write_returns)
 
 
-def read_vectors(work_at: str, shard: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(rows, vectors) of each file the embedding wrote for ``shard``."""
+def read_vectors(work_at: str, shard: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(rows, vectors) of each file the embedding wrote for ``shard``, one file in memory at a time."""
     store = open_store(work_at)
-    parts = []
     for key in store.list(vectors_prefix(shard)):
-        table = pq.read_table(pa.BufferReader(store.get(key)))
+        with store.open(key) as f:
+            table = pq.read_table(f)
         dim = table.schema.field("vector").type.list_size
         vectors = table["vector"].combine_chunks().flatten().to_numpy().reshape(-1, dim)
-        parts.append((table["row"].to_numpy(), vectors))
-    return parts
+        yield table["row"].to_numpy(), vectors
 
 
-ROWS_PER_CALL = 4  # encoder batches (``--embed-batch-size``) in one call of an actor: Ray Data's batch
 START_ACTORS_S = 60  # how long the pool's first actors may take to start before it starts with fewer
 
 
@@ -148,8 +149,9 @@ def embed_rows(work_at: str, shards: list[int], spec: EncoderSpec, *, device: st
                threads: int, batch_size: int, node: str | None) -> tuple[dict[int, int], int, dict]:
     """Embed every row the ``shards`` still need: on ``node`` (a local root's), or anywhere when None. ``gpus``: one
     actor a GPU, else CPU actors of ``threads`` torch threads; ``actors``: the pool's (least, most) actors, Ray Data
-    growing it while rows wait. The least are started before any row is handed out, for at most START_ACTORS_S, and
-    a CPU actor is given two batches at a time (a GPU's four, to keep it fed), so that the rows spread over them; a cluster that cannot start them by then embeds with
+    growing it while rows wait; each call embeds one block of rows (the encoder in batches of ``batch_size``). The
+    least are started before any row is handed out, for at most START_ACTORS_S, and a CPU actor is given two blocks
+    at a time (a GPU's four, to keep it fed), so that the rows spread over them; a cluster that cannot start them by then embeds with
     a pool that starts from one. Returns the rows embedded per shard, the dimension and the stage's report."""
     ctx = ray.data.DataContext.get_current()
     before = ctx.wait_for_min_actors_s
@@ -172,7 +174,7 @@ def _embed(work_at: str, shards: list[int], spec: EncoderSpec, device: str, gpus
     # Reading the rows and writing the vectors reserve no CPU: the actors may hold every CPU of their nodes.
     ds = ray.data.read_datasource(RowsToEmbed(work_at, shards), override_num_blocks=len(shards), num_cpus=0, **where)
     ds = ds.map_batches(EmbedRows, fn_constructor_args=(spec, device, batch_size, 0 if gpus else threads),
-                        batch_size=ROWS_PER_CALL * batch_size, batch_format="pyarrow",
+                        batch_size=EMBED_BLOCK, batch_format="pyarrow",
                         compute=ray.data.ActorPoolStrategy(min_size=actors[0], max_size=max(actors),
                                                            max_tasks_in_flight_per_actor=4 if gpus else 2),
                         num_cpus=0 if gpus else 1, num_gpus=1 if gpus else 0, **where)

@@ -23,6 +23,7 @@ reads a file a task on another node wrote. The driver of a build only passes fol
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import time
@@ -60,7 +61,7 @@ from index_format.sharding import shard_of
 from .faiss_index import FaissSpec
 from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, RowGroupWriter, contents_of
 
-EMBED_BLOCK = 1024  # rows of a shard embedded in one call of an embedding actor
+EMBED_BLOCK = 1024  # rows of a shard read as one block for the embedding (a row group of its rows to embed)
 REUSED_FILE, REUSED_ROWS_FILE = "reused.npy", "reused_rows.npy"
 
 
@@ -310,10 +311,13 @@ def finish_dense(shard_dir: str, work: str, shard: int, rows: int, dimension: in
     from .faiss_index import build_faiss_index, index_description, resolved_kind, search_options
 
     folder, mine = Path(shard_dir), Path(work)
-    parts = [(np.load(mine / REUSED_ROWS_FILE), np.load(mine / REUSED_FILE, mmap_mode="r"))] \
+    reused = [(np.load(mine / REUSED_ROWS_FILE), np.load(mine / REUSED_FILE, mmap_mode="r"))] \
         if (mine / REUSED_FILE).is_file() else []
-    parts += read_vectors(work_at, shard)
-    dimension = parts[0][1].shape[1] if parts else dimension
+    new = read_vectors(work_at, shard)  # a file at a time
+    first = next(new, None)
+    parts = itertools.chain(reused, [first] if first is not None else [], new)
+    if reused or first is not None:  # else an empty shard: the dimension given
+        dimension = (reused[0] if reused else first)[1].shape[1]
     tmp = folder / (EMBEDDINGS_FILE + ".tmp")
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(rows, dimension))
     filled = 0
@@ -323,7 +327,7 @@ def finish_dense(shard_dir: str, work: str, shard: int, rows: int, dimension: in
     if filled != rows:
         raise IndexMismatch(f"{folder.name}: {filled} vectors for {rows} chunks")
     out.flush()
-    del out, parts  # unmapped before the index is built: the process then holds the index and one batch
+    del out, parts, reused, first  # unmapped before the index is built: the process then holds the index
     os.replace(tmp, folder / EMBEDDINGS_FILE)
     t = time.perf_counter()
     index = build_faiss_index(np.load(folder / EMBEDDINGS_FILE, mmap_mode="r"), spec)

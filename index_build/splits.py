@@ -261,14 +261,18 @@ def write_fragment(store: Store, docs_key: str, docs: pa.Table, chunks: pa.Table
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         data = sink.getvalue().to_pybytes()
-        store.put(key, data)
+        store.put(key, data, durable=False)  # a rerun reads the corpus again
         written += len(data)
     return written
 
 
 def read_fragment(store: Store, docs_key: str) -> tuple[pa.Table, pa.Table]:
     """A fragment's (documents, chunks) tables."""
-    return tuple(pq.read_table(pa.BufferReader(store.get(key))) for key in (docs_key, chunks_key(docs_key)))
+    tables = []
+    for key in (docs_key, chunks_key(docs_key)):
+        with store.open(key) as f:
+            tables.append(pq.read_table(f))
+    return tuple(tables)
 
 
 def fragments_of(work: Path, shard: int) -> list[str]:

@@ -56,7 +56,11 @@ class Store:
 
     def get(self, key: str) -> bytes: ...
     def get_tagged(self, key: str) -> tuple[bytes | None, str | None]: ...
-    def put(self, key: str, data: bytes) -> None: ...
+    def put(self, key: str, data: bytes, durable: bool = True) -> None:
+        """Write ``data`` at ``key`` atomically; ``durable`` False: a scratch file a rerun makes again, which a folder
+        need not flush to disk before answering."""
+        ...
+
     def put_if(self, key: str, data: bytes, tag: str | None) -> str: ...
     def exists(self, key: str) -> bool: ...
     def list(self, prefix: str = "", offset: str | None = None) -> dict[str, int]:
@@ -98,16 +102,18 @@ class FolderStore(Store):
             return None, None
         return data, hashlib.sha256(data).hexdigest()
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, durable: bool = True) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        if durable:
+            fsync_dir(path.parent)
 
     def put_if(self, key: str, data: bytes, tag: str | None) -> str:
         with self._locked(key):
@@ -207,7 +213,7 @@ class ObjectStore(Store):
         except FileNotFoundError:
             return None, None
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, durable: bool = True) -> None:
         import obstore
 
         self._call("write", key, obstore.put, key, data)

@@ -1,13 +1,14 @@
-"""The build job: scan -> read+parse+chunk -> fragments (Ray Data) -> assemble shards (tasks) -> embed (actors per
-node) -> FAISS + Lucene (tasks) -> commit -> verify -> publish.
+"""The build job: scan -> read+parse+chunk -> fragments (Ray Data) -> assemble shards (tasks) -> embed (Ray Data, an
+actor pool) -> FAISS + Lucene (tasks) -> commit -> verify -> publish.
 
 The driver plans and schedules; it never holds, nor opens, the corpus. Ray Data scans the corpus's files (each
 file's fingerprint and its read splits, a task a file), reads each split, parses and chunks its records, and writes
 each shard's rows once as Parquet fragments in the staging area of the root (``read``): only counts, keys and bad
 records come back. One task per shard puts its fragments together in corpus order and decides what earlier versions
-can give (a whole shard, or the vectors of texts embedded before); embedding actors on that shard's node embed the
-remaining rows block by block, each block's vectors saved in the shard's work folder; as soon as a shard's last
-block is embedded its FAISS index is built, and its Lucene index is built as soon as its chunk table exists. A shard
+can give (a whole shard, or the vectors of texts embedded before), and writes the rows still to embed into the
+build's work area; Ray Data's actor pool embeds them block by block, each block's vectors written back there
+(``embedding``); as soon as a shard's last block is written its FAISS index is built, and its Lucene index is built
+as soon as its chunk table exists. A shard
 is committed by its manifest. A rerun with the same corpus and settings finds the staging folder by its build key
 and keeps every committed shard whose checksums still match (on the node that committed it; a shard whose node is
 gone is built again).
@@ -18,8 +19,10 @@ Where each task runs (nodes share no disk; only files a task's own node wrote ar
   fragments into object storage when the root is there too; else on the driver's node, which holds the corpus files
   or the root's folder. A delta's tasks (``delta.*``): the driver's node, which holds the fetched base;
 - ``assemble_shard``: a root in object storage: any node (spread); a local root, or a delta (whose fragments are
-  files): the driver's node. It returns its node's id: every later task of that shard (``EmbedBlocks`` actors,
-  ``finish_dense``, ``build_lucene_shard``, ``commit_shard``, ``verify_shard_files``) is pinned there;
+  files): the driver's node. It returns its node's id: every later task of that shard (``finish_dense``,
+  ``build_lucene_shard``, ``commit_shard``, ``verify_shard_files``) is pinned there;
+- the embedding (``embedding.embed_rows``): an actor pool on any node for a root in object storage, on the driver's
+  node for a local root;
 - ``merge_bm25_returned``: the driver's node, from the statistics the verify tasks returned; the driver's staging
   then holds only the top-level files, which ``Target.publish`` sends (each shard task uploaded its shard).
 
@@ -718,6 +721,7 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
     ``upload_to``: what each upload sent is added to ``uploads``). Lucene builds need no vectors: they run while the
     embedding does, on the CPUs its actors leave free. Returns the embedding dimension, the summed seconds of the
     Lucene tasks and the embedding's stage report."""
+    import queue
     import threading
 
     import ray
@@ -780,14 +784,29 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
         if not r["blocks"]:
             start_dense(r["shard"])
     embedded: dict = {}
+    blocks: queue.Queue = queue.Queue()  # (shard, rows, dimension) of each block embedded, from the thread below
+    rows_in = dict.fromkeys(to_embed, 0)
 
     def embed() -> None:
         try:
-            embedded["rows"], embedded["dimension"], embedded["report"] = embed_rows(
+            embedded["report"] = embed_rows(
                 work_at, to_embed, _spec(cfg), device="cuda" if gpus else "cpu", gpus=gpus, actors=actors,
-                threads=threads, batch_size=cfg.embed_batch_size, node=home if local else None)
+                threads=threads, batch_size=cfg.embed_batch_size, node=home if local else None,
+                written=lambda *block: blocks.put(block))
         except BaseException as e:  # raised in the driver's thread below
             embedded["error"] = e
+
+    def take_blocks() -> None:
+        nonlocal dimension
+        while not blocks.empty():
+            s, n, dim = blocks.get()
+            dimension = dimension or dim
+            rows_in[s] += n
+            if rows_in[s] > by_shard[s]["todo"]:
+                raise IndexMismatch(f"{shard_name(s)}: {by_shard[s]['todo']} chunks to embed, the embedding wrote "
+                                    f"{rows_in[s]} vectors")
+            if rows_in[s] == by_shard[s]["todo"]:
+                start_dense(s)
 
     embedding = threading.Thread(target=embed, name="embedding", daemon=True)
     waiting = bool(to_embed)  # for the embedding to end
@@ -802,16 +821,16 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
     with _progress(len(todo), "index shards", "shard", cfg.progress) as bar:
         while pending or lucene_queue or waiting:
             top_up_lucene()
+            take_blocks()
             if waiting and not embedding.is_alive():
                 waiting = False
+                take_blocks()
                 if "error" in embedded:
                     raise RuntimeError(f"embedding failed: {embedded['error']}") from embedded["error"]
-                dimension = dimension or embedded["dimension"]
                 for s in to_embed:
-                    if embedded["rows"][s] != by_shard[s]["todo"]:
+                    if rows_in[s] != by_shard[s]["todo"]:
                         raise IndexMismatch(f"{shard_name(s)}: {by_shard[s]['todo']} chunks to embed, the embedding "
-                                            f"wrote {embedded['rows'][s]} vectors")
-                    start_dense(s)
+                                            f"wrote {rows_in[s]} vectors")
                 slots["lucene"] = cpus  # the embedding's actors are gone: Lucene builds may take every CPU
             if not pending:
                 embedding.join(timeout=0.5)

@@ -85,7 +85,9 @@ class BuildConfig(BaseModel):
         None, max_length=1000, description="Text put before every chunk embedded (e5: 'passage: '); recorded in the "
         "manifest like --query-prompt. Default: the model's own ('document', 'passage', ... prompt), else none.")
     embed_batch_size: int = Field(64, ge=1, le=4096, description="Texts per encoder forward pass.")
-    embed_actors: int = Field(1, ge=1, le=256, description="Embedding actors per node (at most one per GPU).")
+    embed_actors: int = Field(1, ge=1, le=256, description="The most embedding actors a node holds (one per GPU on a "
+                              "cluster with GPUs): the build's actor pool starts with one a node and grows to these "
+                              "while rows wait.")
     device: Device = Field(Device.auto, description="Where to embed and build FAISS: auto uses a GPU when one is seen.")
 
     # FAISS
@@ -148,7 +150,7 @@ class BuildConfig(BaseModel):
         "index).")
 
     read_split_mb: int = Field(
-        32, ge=1, le=4096, description="Size of the piece of a corpus file each read task parses and chunks: a "
+        32, ge=1, le=4096, description="Size of the piece of a corpus file each Ray Data read task parses and chunks: a "
         "large JSONL file is cut at line starts, a Parquet file at row groups. Changes how the work is spread, "
         "never what is built.")
 

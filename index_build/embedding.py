@@ -1,22 +1,25 @@
 """The build's embedding on Ray Data: the rows each shard still needs (``assemble_shard`` wrote them, in blocks, in the
 build's work area) read, embedded by a pool of actors, and their vectors written back beside them.
 
-    read    ray.data.read_datasource(RowsToEmbed(shards))     a read task a shard: its rows, a block at a time
-    embed   .map_batches(EmbedRows, compute=ActorPoolStrategy)   actors that load the encoder once: CPU actors, or
-                                                                one a GPU on a cluster with GPUs; the pool grows from
-                                                                one actor to as many as the nodes allow, and shrinks
-    write   .write_datasink(VectorSink(...))                  each task's vectors, a Parquet file a shard: (row, vector)
+    read    ray.data.read_datasource(RowsToEmbed(shards))     a read task a shard, in turn: its rows, a block at a time
+    embed   .map_batches(EmbedRows, compute=ActorPoolStrategy)   actors that load the encoder once (CPU actors, or
+                                                                one a GPU on a cluster with GPUs) embed a block and
+                                                                write its vectors as one file (row, vector); the pool
+                                                                grows from an actor a node to as many as they allow
+    count   .iter_batches() on the driver                       each block's shard and rows, nothing more: a shard's
+                                                                FAISS task starts as soon as its last block is written
 
 The work area is a folder on the driver's node for a local root (every stage runs there), or the root's object storage
 (``staging/<build key>/_work``) for a root there: then any node reads, embeds and writes, and each shard's
 ``finish_dense`` reads its vectors from there, on its own node. Ray Data streams the rows to the actors with
-backpressure, retries a task or actor lost with its node, and shows its progress bars.
+backpressure, retries a task or actor lost with its node (a block's vectors file is named by its first row, so a
+block embedded again replaces its file), and shows its progress bars.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
+import itertools
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +29,6 @@ import ray
 import ray.data
 from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
-from ray.data.datasource import Datasink
 
 from index_format.prompts import EncoderSpec
 from index_format.sharding import shard_name
@@ -80,9 +82,11 @@ def _reader(work_at: str, shard: int):
 
 
 class EmbedRows:
-    """Ray Data's actor: loads the encoder once; embeds each batch's ``contents``."""
+    """Ray Data's actor: loads the encoder once; embeds each block's ``contents`` and writes its vectors into the
+    work area, a file a shard (under ``vectors_prefix``); returns each shard's rows and the dimension."""
 
-    def __init__(self, spec: EncoderSpec, device: str, batch_size: int, threads: int):
+    def __init__(self, spec: EncoderSpec, device: str, batch_size: int, threads: int, work_at: str):
+        self.store = open_store(work_at)
         if threads:
             import torch
 
@@ -95,40 +99,20 @@ class EmbedRows:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         vectors = self.encoder.encode(batch["contents"].to_pylist(), self.batch_size, self.prompt).astype(np.float32)
-        flat = pa.array(vectors.reshape(-1))
-        return pa.table({"shard": batch["shard"], "row": batch["row"],
-                         "vector": pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])})
-
-
-class VectorSink(Datasink):
-    """A Ray Data datasink: a write task's vectors, one Parquet file a shard under ``vectors_prefix``. Returns per task
-    the rows each shard got, the dimension and the task's node (``results`` on the driver)."""
-
-    def __init__(self, work_at: str):
-        self.work_at = work_at
-        self.results: list[dict] = []
-
-    def get_name(self) -> str:
-        return "Vectors"
-
-    def write(self, blocks, ctx) -> dict:
-        table = pa.concat_tables([b for b in blocks if b.num_rows])
-        out = {"node": ray.get_runtime_context().get_node_id(), "shards": {}, "dimension": 0}
-        if table.num_rows == 0:
-            return out
-        out["dimension"] = table.schema.field("vector").type.list_size
-        store = open_store(self.work_at)
-        for shard in pc.unique(table["shard"]).to_pylist():
-            rows = table.filter(pc.equal(table["shard"], shard)).select(["row", "vector"])
+        out = {"shard": [], "rows": [], "dimension": []}
+        for shard in pc.unique(batch["shard"]).to_pylist():
+            mine = pc.equal(batch["shard"], shard)
+            rows = batch["row"].filter(mine)
+            block = pa.table({"row": rows, "vector": pa.FixedSizeListArray.from_arrays(
+                pa.array(vectors[mine.to_numpy(zero_copy_only=False)].reshape(-1)), vectors.shape[1])})
             sink = pa.BufferOutputStream()
-            pq.write_table(rows, sink)
-            store.put(f"{vectors_prefix(shard)}{uuid.uuid4().hex}.parquet", sink.getvalue().to_pybytes(),
-                      durable=False)  # a rerun embeds them again
-            out["shards"][shard] = rows.num_rows
-        return out
-
-    def on_write_complete(self, write_result) -> None:
-        self.results = list(write_result.write_returns)
+            pq.write_table(block, sink, compression="none")  # floats: nothing to gain
+            self.store.put(f"{vectors_prefix(shard)}{rows[0].as_py():012d}.parquet", sink.getvalue().to_pybytes(),
+                           durable=False)  # a rerun embeds them again
+            out["shard"].append(shard)
+            out["rows"].append(len(rows))
+            out["dimension"].append(vectors.shape[1])
+        return pa.table(out)
 
 
 def read_vectors(work_at: str, shard: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -146,44 +130,53 @@ START_ACTORS_S = 60  # how long the pool's first actors may take to start before
 
 
 def embed_rows(work_at: str, shards: list[int], spec: EncoderSpec, *, device: str, gpus: bool, actors: tuple[int, int],
-               threads: int, batch_size: int, node: str | None) -> tuple[dict[int, int], int, dict]:
+               threads: int, batch_size: int, node: str | None,
+               written: Callable[[int, int, int], None]) -> dict:
     """Embed every row the ``shards`` still need: on ``node`` (a local root's), or anywhere when None. ``gpus``: one
     actor a GPU, else CPU actors of ``threads`` torch threads; ``actors``: the pool's (least, most) actors, Ray Data
     growing it while rows wait; each call embeds one block of rows (the encoder in batches of ``batch_size``). The
     least are started before any row is handed out, for at most START_ACTORS_S, and a CPU actor is given two blocks
-    at a time (a GPU's four, to keep it fed), so that the rows spread over them; a cluster that cannot start them by then embeds with
-    a pool that starts from one. Returns the rows embedded per shard, the dimension and the stage's report."""
+    at a time (a GPU's four, to keep it fed), so that the rows spread over them; a cluster that cannot start them by
+    then embeds with a pool that starts from one. ``written(shard, rows, dimension)`` is called on this thread as
+    each block's vectors are written. Returns the stage's report."""
     ctx = ray.data.DataContext.get_current()
     before = ctx.wait_for_min_actors_s
     ctx.wait_for_min_actors_s = START_ACTORS_S if actors[0] > 1 else -1
     try:
-        return _embed(work_at, shards, spec, device, gpus, actors, threads, batch_size, node)
-    except ray.exceptions.GetTimeoutError:
-        store = open_store(work_at)
-        for shard in shards:
-            store.delete(list(store.list(vectors_prefix(shard))))
-        ctx.wait_for_min_actors_s = -1
-        return _embed(work_at, shards, spec, device, gpus, (1, actors[1]), threads, batch_size, node)
+        try:
+            ds = _pipeline(work_at, shards, spec, device, gpus, actors, threads, batch_size, node)
+            batches = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow"))
+            first = next(batches, None)
+        except ray.exceptions.GetTimeoutError:
+            ctx.wait_for_min_actors_s = -1
+            ds = _pipeline(work_at, shards, spec, device, gpus, (1, actors[1]), threads, batch_size, node)
+            batches = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow"))
+            first = next(batches, None)
+        total = vector_bytes = 0
+        for batch in itertools.chain([first] if first is not None else [], batches):
+            for shard, rows, dimension in zip(batch["shard"].to_pylist(), batch["rows"].to_pylist(),
+                                              batch["dimension"].to_pylist(), strict=True):
+                written(shard, rows, dimension)
+                total += rows
+                vector_bytes += rows * dimension * 4
     finally:
         ctx.wait_for_min_actors_s = before
+    report = stage_report(ds)
+    for name, stage in report.items():
+        if "EmbedRows" in name:  # its output is a count a block: its rows are the vectors written
+            stage |= {"rows": total, "bytes": vector_bytes}
+    return {f"embed: {name}": stage for name, stage in report.items()}
 
 
-def _embed(work_at: str, shards: list[int], spec: EncoderSpec, device: str, gpus: bool, actors: tuple[int, int],
-           threads: int, batch_size: int, node: str | None) -> tuple[dict[int, int], int, dict]:
+def _pipeline(work_at: str, shards: list[int], spec: EncoderSpec, device: str, gpus: bool, actors: tuple[int, int],
+              threads: int, batch_size: int, node: str | None):
     where = placement(node)
-    # Reading the rows and writing the vectors reserve no CPU: the actors may hold every CPU of their nodes.
-    ds = ray.data.read_datasource(RowsToEmbed(work_at, shards), override_num_blocks=len(shards), num_cpus=0, **where)
-    ds = ds.map_batches(EmbedRows, fn_constructor_args=(spec, device, batch_size, 0 if gpus else threads),
-                        batch_size=EMBED_BLOCK, batch_format="pyarrow",
-                        compute=ray.data.ActorPoolStrategy(min_size=actors[0], max_size=max(actors),
-                                                           max_tasks_in_flight_per_actor=4 if gpus else 2),
-                        num_cpus=0 if gpus else 1, num_gpus=1 if gpus else 0, **where)
-    sink = VectorSink(work_at)
-    ds.write_datasink(sink, ray_remote_args={"num_cpus": 0, **where})
-    rows: dict[int, int] = dict.fromkeys(shards, 0)
-    for written in sink.results:
-        for shard, n in written["shards"].items():
-            rows[shard] += n
-    dimension = max([w["dimension"] for w in sink.results] + [0])
-    report = stage_report(ds, sorted({w["node"] for w in sink.results}))
-    return rows, dimension, {f"embed: {name}": stage for name, stage in report.items()}
+    # The shards are read in turn, so that they are embedded in turn; reading reserves no CPU: the actors may hold
+    # every CPU of their nodes.
+    ds = ray.data.read_datasource(RowsToEmbed(work_at, shards), override_num_blocks=len(shards), num_cpus=0,
+                                  concurrency=1, **where)
+    return ds.map_batches(EmbedRows, fn_constructor_args=(spec, device, batch_size, 0 if gpus else threads, work_at),
+                          batch_size=EMBED_BLOCK, batch_format="pyarrow",
+                          compute=ray.data.ActorPoolStrategy(min_size=actors[0], max_size=max(actors),
+                                                             max_tasks_in_flight_per_actor=4 if gpus else 2),
+                          num_cpus=0 if gpus else 1, num_gpus=1 if gpus else 0, **where)

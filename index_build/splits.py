@@ -1,16 +1,15 @@
 """A corpus cut into read splits, and one split read, parsed and chunked into per-shard fragments.
 
-The driver never parses the corpus. It plans splits in one streaming pass over the bytes that also
-fingerprints each file: a JSONL file is cut at line starts about every ``split_bytes`` (so one large file
-is read by many tasks), a Parquet file at row-group boundaries. Each split knows the corpus line (or
-row) it starts at, so a task reports every record as ``file:line`` exactly as a single reader would.
+The build scans each file once where it is (``plan_file``, in a Ray Data task: ``read.scan_corpus``), in one
+streaming pass over the bytes that also fingerprints it: a JSONL file is cut at line starts about every
+``split_bytes`` (so one large file is read by many tasks), a Parquet file at row-group boundaries. Each split knows
+the corpus line (or row) it starts at, so a task reports every record as ``file:line`` exactly as a single reader
+would.
 
-A read task (``read_split_fragments``, what the build runs) parses its records, chunks them and returns, for
-every shard, the split's documents and chunks as two Parquet blobs through Ray's object store (one return value
-per shard, so each shard's task fetches only its own, from whichever node it runs on), with the per-shard counts
-the driver checks the assembled shards against. ``read_split`` writes the same fragments as Parquet files under
-a work folder instead (a delta's tasks, tests and benchmarks on one node). The shard tasks then put a shard
-together from its fragments in split order, which is corpus order.
+A split's raw records (``raw_records``) are what the build's Ray Data read stage hands its parse step
+(``read.parse_and_chunk``); a shard's rows of a block are written as one fragment, two Parquet files named by their
+first and last rows (``fragment_key``), which the shard's task puts together in corpus order. ``read_split`` does the
+same in one process (a delta's tasks use its ``FragmentWriter``; tests and benchmarks).
 """
 
 from __future__ import annotations

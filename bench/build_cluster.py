@@ -16,12 +16,11 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from bench.cluster import on_cluster
+from bench.cluster import _commit, on_cluster
 from bench.local_cluster import LocalCluster
 
 
@@ -76,13 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
-    from bench.object_store import local_s3
+    from bench.object_store import use_local_s3
 
-    s3, endpoint = local_s3()
-    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                      AWS_REGION="us-east-1")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
+    s3 = use_local_s3()
+    commit = _commit()
     record = {"command": "python -m bench.build_cluster " + " ".join(argv or []), "commit": commit,
               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "encoder": args.encoder,

@@ -308,11 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import boto3
 
-    from bench.object_store import local_s3
+    from bench.object_store import use_local_s3
 
-    s3, endpoint = local_s3()
-    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                      AWS_REGION="us-east-1")
+    s3 = use_local_s3()
     record = {"command": " ".join(["python -m bench.cluster", *(argv or sys.argv[1:])]),
               "commit": _commit(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "encoder": args.encoder,

@@ -76,6 +76,15 @@ def local_s3() -> tuple[subprocess.Popen, str]:
     return proc, endpoint
 
 
+def use_local_s3() -> subprocess.Popen:
+    """``local_s3``, with this process's environment pointed at it (endpoint and credentials, as a user would set
+    them), for the commands it starts."""
+    proc, endpoint = local_s3()
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+                      AWS_REGION="us-east-1")
+    return proc
+
+
 def start(root: str, version: str, folder: Path, env: dict) -> dict:
     done = subprocess.run([sys.executable, "-c", START, root, version, str(folder)], env=env, capture_output=True,
                           text=True, check=False)

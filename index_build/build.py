@@ -8,10 +8,9 @@ records come back. One task per shard puts its fragments together in corpus orde
 can give (a whole shard, or the vectors of texts embedded before), and writes the rows still to embed into the
 build's work area; Ray Data's actor pool embeds them block by block, each block's vectors written back there
 (``embedding``); as soon as a shard's last block is written its FAISS index is built, and its Lucene index is built
-as soon as its chunk table exists. A shard
-is committed by its manifest. A rerun with the same corpus and settings finds the staging folder by its build key
-and keeps every committed shard whose checksums still match (on the node that committed it; a shard whose node is
-gone is built again).
+as soon as its chunk table exists. A shard is committed by its manifest. A rerun with the same corpus and settings
+finds the staging folder by its build key and keeps every committed shard whose checksums still match (on the node
+that committed it; a shard whose node is gone is built again).
 
 Where each task runs (nodes share no disk; only files a task's own node wrote are read):
 
@@ -444,16 +443,17 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
     build_key = cfg.build_key(plan.sha256)
     staging = staging_dir(target.local, build_key)
     work = staging / "_work"
+    work_at = _work_at(target, build_key)
     shutil.rmtree(work / FRAGMENTS, ignore_errors=True)
     shutil.rmtree(work / "delta", ignore_errors=True)
-    _clear_work_area(target, build_key)
+    _clear_work_area(target, work_at)
     (staging / "shards").mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     write_json_atomic(staging / "build.json", {"build_key": build_key, "config": cfg.model_dump(mode="json")})
 
     t = time.perf_counter()
     bad = _BadRecords(staging / "bad_records.jsonl")
-    delta_report, fragments, stages = _read(cfg, plan, target, build_key, work, bad, home)
+    delta_report, fragments, stages = _read(cfg, plan, target, work_at, work, bad, home)
     seconds["read+chunk"] = time.perf_counter() - t
     if cfg.strict and bad.read_first is not None:
         raise CorpusError(f"{bad.read_first} (strict mode; drop --strict to skip and count bad records)")
@@ -472,7 +472,7 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
     assemble = ray.remote(num_cpus=1)(_task("assemble_shard"))
     refs = [assemble.options(**placed).remote(s, str(shard_dirs[s]), str(work), build_key, cfg.shards, cfg.prepend_title, cfg.strict,
                             sources, cfg.content_key(), target.upload_to, _shard_fragments(fragments, s),
-                            fragments.root, _work_at(target, build_key), sources_from)
+                            fragments.root, work_at, sources_from)
             for s, placed in enumerate(_assemble_on(where, work, cfg.shards))]
     shards = [_get(ref) for ref in refs]
     write_json_atomic(work / NODES, {str(r["shard"]): r["node"] for r in shards})
@@ -498,9 +498,8 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
                                  "seconds": round(seconds["assemble shards"], 3)}
 
     t = time.perf_counter()
-    dimension, lucene_seconds, embed_report = _embed_and_index(cfg, build_key, shards, shard_dirs, work,
-                                                               _work_at(target, build_key), home, target.upload_to,
-                                                               uploads)
+    dimension, lucene_seconds, embed_report = _embed_and_index(cfg, build_key, shards, shard_dirs, work, work_at,
+                                                               home, target.upload_to, uploads)
     seconds["embed+index"] = time.perf_counter() - t
     stages |= embed_report
     built = [r for r in shards if not r["resumed"] and not r["linked"]]
@@ -553,7 +552,7 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
         raise IndexMismatch(f"{name}: its shards hold {sum(c['counts']['chunks'] for c in counts)} chunks, its "
                             f"manifest says {total_chunks}")
     shutil.rmtree(work)
-    _clear_work_area(target, build_key)
+    _clear_work_area(target, work_at)
     version_dir, published = target.publish(staging, name, uploads)
     others = sorted({r["node"] for r in shards} - {home})
     if others:  # their shards are published: the staging folders on the other nodes go too
@@ -602,7 +601,7 @@ def _get(ref):
         raise
 
 
-def _read(cfg: BuildConfig, plan: _Plan, target: Target, build_key: str, work: Path, bad: _BadRecords,
+def _read(cfg: BuildConfig, plan: _Plan, target: Target, work_at: str, work: Path, bad: _BadRecords,
           home: str) -> tuple[dict, _Fragments, dict]:
     """Read the corpus into each shard's fragments; their bad records go to ``bad``. A corpus: the read's Ray Data
     pipeline (``read.read_corpus``), on every node when both the corpus and the root are in object storage, else on
@@ -612,7 +611,6 @@ def _read(cfg: BuildConfig, plan: _Plan, target: Target, build_key: str, work: P
         from .read import read_corpus
 
         spread = is_remote(cfg.corpus) and target.remote is not None
-        work_at = _work_at(target, build_key)
         result = read_corpus(plan.splits, cfg.shards, cfg.chunk_size, cfg.chunk_overlap, cfg.id_fields,
                              cfg.text_fields, work_at, None if spread else home)
         for split, position, reason in result.bad:
@@ -656,14 +654,14 @@ def _work_at(target: Target, build_key: str) -> str:
     return str(staging_dir(target.local, build_key) / "_work")
 
 
-def _clear_work_area(target: Target, build_key: str) -> None:
+def _clear_work_area(target: Target, work_at: str) -> None:
     """A root in object storage: the build's work area there emptied (a local root's is its work folder, removed with
     it)."""
     if target.remote is None:
         return
     from index_format.store import open_store
 
-    store = open_store(_work_at(target, build_key))
+    store = open_store(work_at)
     store.delete(list(store.list()))
 
 

@@ -277,7 +277,8 @@ def read_corpus(splits: list[Split], num_shards: int, chunk_size: int, chunk_ove
         keys.sort()
     result.bad.sort()
     # The operator Ray Data fused read, parse and write into: its rows are the records read, its bytes the fragments'.
-    name, stage = list(stage_report(ds, sorted({w["node"] for w in sink.results})).items())[-1]
+    report = stage_report(ds, sorted({w["node"] for w in sink.results}))
+    name, stage = list(report.items())[-1] if report else ("", {"seconds": None, "nodes": []})
     result.stages = {"read+parse+write": stage | {
         "operator": name, "rows": sum(c["docs"] for c in result.counts) + len(result.bad),
         "bytes": sum(w["bytes"] for w in sink.results)}}

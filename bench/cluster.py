@@ -61,7 +61,7 @@ class Service:
         path = workdir / f"serve-{self.port}.yaml"
         path.write_text(json.dumps(config))  # (JSON is YAML)
         self.log = cluster.logs / f"serve-{self.port}.log"
-        env = cluster.node_env() | {"RAY_ADDRESS": cluster.address}
+        env = cluster_env(cluster)
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "deployments", "--via-proxy", "--port", str(self.port), "--index", root,
@@ -100,10 +100,14 @@ class Service:
             self.proc.kill()
 
 
+def cluster_env(cluster: LocalCluster) -> dict[str, str]:
+    """The environment of a driver of the cluster (on the head node)."""
+    return cluster.node_env() | {"RAY_ADDRESS": cluster.address}
+
+
 def on_cluster(cluster: LocalCluster, argv: list[str], timeout: float = 3600) -> subprocess.CompletedProcess:
     """A product command run as a driver of the cluster (on the head node)."""
-    env = cluster.node_env() | {"RAY_ADDRESS": cluster.address}
-    return subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([sys.executable, *argv], env=cluster_env(cluster), capture_output=True, text=True, timeout=timeout,
                           cwd=cluster.workdir)
 
 

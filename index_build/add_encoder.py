@@ -11,6 +11,11 @@ version of this root (or of ``--reuse-from`` roots) embedded with the same model
 encoder or a named one, takes that vector; only the rest are embedded. So an encoder trialled as a version of its
 own (``python -m index_build --encoder ...``) is added to the served version without embedding anything again.
 
+The rest are embedded as a build embeds (``embedding.embed_rows``): each shard's rows written to a work area, Ray
+Data's actor pool embedding them and writing their vectors back. For a root in object storage the work area is there
+and the pool spans the cluster's nodes; for a local root it is this node's folder and the pool this node's. The
+driver then puts each shard's vectors together and builds its FAISS index.
+
 Later folds embed the documents written through the API with every encoder the version holds. A new full build
 holds the encoders it is told about only: add them to it again (its vectors are then all reused).
 """
@@ -62,7 +67,6 @@ from .reuse import link_shard, linked_checksums, text_key
 from .tables import contents_of
 from .target import Target
 
-BLOCK = 512  # chunks embedded per call (the progress bar's step)
 VERSION_NAME = re.compile(VERSION_PATTERN)
 
 
@@ -78,6 +82,7 @@ class AddEncoderSummary:
     reused_from: dict[str, int] = field(default_factory=dict)
     activated: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
+    stages: dict = field(default_factory=dict)  # the embedding's Ray Data operators: rows, bytes, seconds, nodes
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -88,6 +93,8 @@ class AddEncoderSummary:
             f"encoder        {self.name}: {self.spec['encoder']} ({self.spec['dimension']} dims)",
             f"chunks         {self.chunks:,}: {self.reused:,} vectors reused "
             f"({', '.join(f'{v} {n:,}' for v, n in self.reused_from.items()) or 'none'}), {self.embedded:,} embedded",
+            *[f"  {stage:<32} {got.get('rows') or 0:>12,} rows  {got.get('seconds') or 0:7.1f}s  on "
+              f"{len(got.get('nodes') or [])} node(s)" for stage, got in self.stages.items()],
             f"time           {self.seconds.get('total', 0):.1f} s (embedding {self.seconds.get('embed', 0):.1f} s)",
         ])
 
@@ -197,9 +204,10 @@ def add_encoder(root: str | Path, name: str, encoder: str, *, base: str | None =
 
 def _add_encoder(root, name, encoder, base, version, query_prompt, document_prompt, reuse_from, batch_size,
                  do_activate, progress) -> AddEncoderSummary:
-    from tqdm import tqdm
-
     from index_format.encoders import load_encoder
+    from index_format.store import open_store
+
+    from .embedding import read_vectors, write_todo
 
     t0 = time.perf_counter()
     if version is not None and not VERSION_NAME.match(version):
@@ -231,42 +239,52 @@ def _add_encoder(root, name, encoder, base, version, query_prompt, document_prom
     summary = AddEncoderSummary("", base, name, {"encoder": spec.model, "dimension": 0,
                                                  "query_prompt": spec.query_prompt,
                                                  "document_prompt": spec.document_prompt})
-    model = None
     seen: dict[Path, list[bytes]] = {}
     entries: dict[str, NamedEncoder] = {}
-    embed_s = 0.0
-    bar = tqdm(total=manifest.counts["chunks"], desc=f"encoder {name}", unit="chunk", disable=not progress)
-    for shard in manifest.shards:
+    work = staging / "_work"
+    work.mkdir()
+    work_at = f"{dest.root}/staging/{key}/_work" if dest.remote is not None else str(work)
+    # What earlier versions hold, shard by shard; the rest written to the work area for the embedding.
+    todo: dict[int, int] = {}
+    for s, shard in enumerate(manifest.shards):
         source, target = base_dir / "shards" / shard, staging / "shards" / shard
         target.mkdir(parents=True)
         link_shard(source, target)
         contents = _shard_contents(source, prepend_title)
         vectors, found = _reused([text_key(t) for t in contents], holders, prepend_title, summary.reused_from, seen)
-        todo = np.flatnonzero(~found)
-        bar.update(len(contents) - len(todo))
-        t = time.perf_counter()
-        for start in range(0, len(todo), BLOCK):  # a block at a time, so the bar moves
-            rows = todo[start:start + BLOCK]
-            model = model or load_encoder(spec.model)
-            fresh = model.encode([contents[i] for i in rows], batch_size, spec.document_prompt).astype(np.float32)
-            if vectors is None:
-                vectors = np.zeros((len(contents), fresh.shape[1]), dtype=np.float32)
-            vectors[rows] = fresh
-            bar.update(len(rows))
-        embed_s += time.perf_counter() - t
-        if vectors is None:  # an empty shard: the model says its dimension
-            model = model or load_encoder(spec.model)
-            vectors = np.zeros((0, model.dimension), dtype=np.float32)
+        np.save(work / f"{s}.found.npy", found)
+        if vectors is not None:
+            np.save(work / f"{s}.reused.npy", vectors)
+        missing = np.flatnonzero(~found)
+        if len(missing):
+            write_todo(work_at, s, missing, [contents[i] for i in missing])
+            todo[s] = len(missing)
         summary.chunks += len(contents)
-        summary.embedded += len(todo)
-        summary.reused += len(contents) - len(todo)
+        summary.embedded += len(missing)
+        summary.reused += len(contents) - len(missing)
+    t = time.perf_counter()
+    dimension, summary.stages = _embed(work_at, todo, spec, batch_size, dest.remote is None, name, progress)
+    embed_s = time.perf_counter() - t
+    for s, shard in enumerate(manifest.shards):
+        source, target = base_dir / "shards" / shard, staging / "shards" / shard
+        found = np.load(work / f"{s}.found.npy")
+        reused = work / f"{s}.reused.npy"
+        vectors = np.load(reused) if reused.is_file() else None
+        if vectors is None:  # nothing reused: the embedding (or, for an empty version, the model) says the dimension
+            dimension = dimension or load_encoder(spec.model).dimension
+            vectors = np.zeros((len(found), dimension), dtype=np.float32)
+        for rows, fresh in read_vectors(work_at, s) if s in todo else ():
+            vectors[rows] = fresh
         entry = write_encoder_files(target, name, spec, vectors, c)
         entries[shard] = entry
         old = read_shard_manifest(source)
         body = old.model_copy(update={"encoders": old.encoders | {name: entry},
                                       "checksums": linked_checksums(target, source, old.checksums, {})})
         write_json_atomic(target / MANIFEST, body.model_dump(mode="json"))
-    bar.close()
+    shutil.rmtree(work)
+    if dest.remote is not None:
+        store = open_store(work_at)
+        store.delete(list(store.list()))
     dimension = next(iter(entries.values())).dimension if entries else 0
     summary.spec["dimension"] = dimension
     new = version or f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{name}"
@@ -283,6 +301,32 @@ def _add_encoder(root, name, encoder, base, version, query_prompt, document_prom
     summary.version, summary.activated = new, do_activate
     summary.seconds = {"embed": round(embed_s, 3), "total": round(time.perf_counter() - t0, 3)}
     return summary
+
+
+def _embed(work_at: str, todo: dict[int, int], spec: EncoderSpec, batch_size: int, local: bool, name: str,
+           progress: bool) -> tuple[int, dict]:
+    """The rows each shard of ``todo`` (shard -> rows) needs, embedded by the build's Ray Data pool
+    (``embedding.embed_rows``): on this node for a local root, on any node for a root in object storage. Returns the
+    dimension (0 when nothing was embedded) and the stage's report."""
+    if not todo:
+        return 0, {}
+    import ray
+    from tqdm import tqdm
+
+    from .build import ensure_ray
+    from .embedding import embed_rows, embedding_pool, node_plans
+
+    ensure_ray()
+    home = ray.get_runtime_context().get_node_id()
+    pool = embedding_pool(node_plans(spec.model, "auto", 1), "auto", home if local else None, len(todo))
+    got = {"dimension": 0}
+    with tqdm(total=sum(todo.values()), desc=f"encoder {name}", unit="chunk", disable=not progress) as bar:
+        def written(shard: int, rows: int, dimension: int) -> None:
+            got["dimension"] = dimension
+            bar.update(rows)
+
+        report = embed_rows(work_at, sorted(todo), spec, pool, batch_size=batch_size, written=written)
+    return got["dimension"], report
 
 
 def _active(root: str) -> str:

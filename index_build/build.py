@@ -14,11 +14,11 @@ that committed it; a shard whose node is gone is built again).
 
 Where each task runs (nodes share no disk; only files a task's own node wrote are read):
 
-- the scan and the read (``read.scan_corpus``, ``read.read_corpus``): a corpus in object storage on any node, and its
-  fragments into object storage when the root is there too; else on the driver's node, which holds the corpus files
-  or the root's folder. A delta's tasks (``delta.*``): the driver's node, which holds the fetched base;
-- ``assemble_shard``: a root in object storage: any node (spread); a local root, or a delta (whose fragments are
-  files): the driver's node. It returns its node's id: every later task of that shard (``finish_dense``,
+- the scan and the read (``read.scan_corpus``, ``read.read_corpus``; a delta's ``delta.read_delta``): a corpus (a
+  changes or deletes file) in object storage on any node, and its fragments into object storage when the root is
+  there too; else on the driver's node, which holds the files or the root's folder. A delta reads its base's
+  documents where the root is: its blobs, from any node;
+- ``assemble_shard``: a root in object storage: any node (spread); a local root: the driver's node. It returns its node's id: every later task of that shard (``finish_dense``,
   ``build_lucene_shard``, ``commit_shard``, ``verify_shard_files``) is pinned there;
 - the embedding (``embedding.embed_rows``): an actor pool on any node for a root in object storage, on the driver's
   node for a local root;
@@ -30,7 +30,7 @@ was assembled from other counts: a fragment lost on the way is never published a
 
 The root may be in object storage (``s3://bucket/prefix``): the build then stages in this node's mirror of it,
 each shard's task uploads the shard once committed, and the version is published and activated there
-(``target``); a delta's files named by a URL are downloaded first (``inputs``).
+(``target``); nothing named by a URL is downloaded to the driver's node.
 """
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ import heapq
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from index_format.chunking import Chunk, chunk_document
-from index_format.encoders import cpu_only
 from index_format.manifest import (
     MANIFEST,
     IndexMismatch,
@@ -69,15 +70,18 @@ from index_format.versions import (
 )
 
 from .config import BuildConfig
-from .corpus import BadRecord, CorpusError, fingerprint, resolve_corpus_file
+from .corpus import BadRecord, CorpusError, resolve_corpus_file
 from .faiss_index import FaissSpec
 from .reuse import ReusePlan, find_sources, task_sources
-from .splits import DEFAULT_SPLIT_BYTES, FRAGMENTS, Split, fragments_of
+from .splits import DEFAULT_SPLIT_BYTES, FRAGMENTS, Split
 from .target import Target
+
+if TYPE_CHECKING:
+    from .delta import DeltaInput
 
 CRASH_ENV = "INDEX_BUILD_CRASH_AFTER_SHARDS"  # fault injection: exit like a kill after N shard commits
 SUMMARY_BAD_RECORDS = 100  # bad records a summary keeps in memory; all of them go to bad_records.jsonl
-INPUTS = "_inputs"  # staging/_inputs: inputs named by a URL, downloaded for the build (never a build key: those are hex)
+NODES_LOST_AT_MOST = 2  # nodes a build may lose and still resume itself; past that it fails (rerun it)
 
 
 @dataclass
@@ -99,6 +103,7 @@ class BuildSummary:
     fetched: dict = field(default_factory=dict)  # versions of a root in object storage fetched to reuse or apply to
     nodes: dict = field(default_factory=dict)  # shard name -> the Ray node that assembled, embedded and indexed it
     stages: dict = field(default_factory=dict)  # stage -> its nodes, rows, bytes and seconds (``read.stage_report``)
+    nodes_lost: list[str] = field(default_factory=list)  # nodes that left the cluster during the build, which resumed
 
     @property
     def total_s(self) -> float:
@@ -111,7 +116,7 @@ class BuildSummary:
                 "bad_records": self.bad_count, "first_bad_records": [str(r) for r in self.bad_records],
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "reuse": self.reuse,
                 "delta": self.delta, "publish": self.publish, "fetched": self.fetched, "nodes": self.nodes,
-                "read": self.read, "stages": self.stages}
+                "read": self.read, "stages": self.stages, "nodes_lost": self.nodes_lost}
 
     def render(self) -> str:
         t = max(self.total_s, 1e-9)
@@ -125,6 +130,9 @@ class BuildSummary:
             f"documents      {self.docs:,}   chunks {self.chunks:,}   shards {self.shards}{reused}",
             f"bad records    {bad_count:,} skipped" if bad_count else "bad records    none",
         ]
+        if self.nodes_lost:
+            lines.append(f"nodes lost     {len(self.nodes_lost)} during the build, which resumed without "
+                         f"{'it' if len(self.nodes_lost) == 1 else 'them'}")
         if len(set(self.nodes.values())) > 1:
             lines.append(f"nodes          the shards were built on {len(set(self.nodes.values()))} nodes")
         if self.read:
@@ -222,10 +230,30 @@ def build_index(cfg: BuildConfig) -> BuildSummary:
     cfg = cfg.with_prompts()  # what the build key, the actors and the manifest use
     with build_lock(cfg.out):
         target = Target.open(cfg.out)  # a root in object storage: ACTIVE and its tag, read as the build starts
-        try:
-            return _build_index(cfg, target)
-        finally:
-            shutil.rmtree(staging_dir(target.local, INPUTS), ignore_errors=True)
+        lost: list[str] = []
+        while True:
+            nodes: set[str] = set()
+            try:
+                summary = _build_index(cfg, target, nodes)
+                summary.nodes_lost = lost
+                return summary
+            except (CorpusError, KeyboardInterrupt):
+                raise
+            except Exception as e:
+                gone = sorted(nodes - _alive_nodes()) if nodes else []
+                if target.remote is None or not gone or len(lost) + len(gone) > NODES_LOST_AT_MOST:
+                    raise
+                lost += gone
+                # Ray Data retries what its stages lost; a shard's own tasks were pinned to the lost node. The build
+                # resumes as a rerun does: shards committed on live nodes kept, the rest built again elsewhere.
+                print(f"node {', '.join(n[:12] for n in gone)} left the cluster during the build "
+                      f"({type(e).__name__}); resuming on the nodes left", file=sys.stderr, flush=True)
+
+
+def _alive_nodes() -> set[str]:
+    import ray
+
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
 def _driver_node() -> str:
@@ -318,31 +346,22 @@ class _Plan:
 
     record: dict  # what the version's manifest records as its corpus
     sha256: str
-    splits: list[Split] = field(default_factory=list)  # a corpus; empty for a delta
+    splits: list[Split] = field(default_factory=list)  # a corpus's, or a delta's changes file's
     files: int = 0
-    delta: dict | None = None  # a delta: {"base": name, "base_dir": Path, "changes": path, "deletes": path}
-    fetched: dict | None = None  # a delta on a root in object storage: what fetching its base downloaded
-    scan: dict = field(default_factory=dict)  # a corpus: the scan's report (``read.scan_corpus``)
+    delta: DeltaInput | None = None  # a delta: its base and files (``delta.read_delta``)
+    base: VersionManifest | None = None  # a delta: its base version's manifest
+    scan: dict = field(default_factory=dict)  # the scan's report (``read.scan_corpus``)
 
 
-def _local(location: str, scratch: Path) -> tuple[Path, dict[str, str]]:
-    """A local path to read ``location`` from, and the URL of each file downloaded for it (none for a path)."""
-    if not is_remote(location):
-        return Path(location), {}
-    from .inputs import download
-
-    return download(location, scratch)
-
-
-def _plan(cfg: BuildConfig, inputs: Path, home: str) -> _Plan:
+def _plan(cfg: BuildConfig, home: str) -> _Plan:
     """The corpus's splits and fingerprint, from its files scanned where they are (a local corpus on this node ``home``,
-    one in object storage on any), or the delta's base and files (those named by a URL downloaded into ``inputs``)."""
-    if not cfg.is_delta:
-        from .inputs import corpus_locations
-        from .read import placement, scan_corpus
+    one in object storage on any); or the delta's base and its files, scanned the same way."""
+    from .inputs import corpus_locations
+    from .read import placement, scan_corpus
 
+    split_bytes = cfg.read_split_mb * 2**20 if cfg.read_split_mb else DEFAULT_SPLIT_BYTES
+    if not cfg.is_delta:
         files = corpus_locations(cfg.corpus)
-        split_bytes = cfg.read_split_mb * 2**20 if cfg.read_split_mb else DEFAULT_SPLIT_BYTES
         splits, shas, scan = scan_corpus(files, split_bytes, placement(None if is_remote(cfg.corpus) else home))
         if len(files) == 1:
             sha, one = shas[files[0]], files[0]
@@ -353,29 +372,46 @@ def _plan(cfg: BuildConfig, inputs: Path, home: str) -> _Plan:
             str(Path(cfg.corpus).resolve())
         return _Plan({"path": path, "files": shas, "sha256": sha, "format": "files"}, sha, splits, len(files),
                      scan=scan)
-    base, base_dir, fetched = _delta_base(cfg)
-    base_manifest = read_version_manifest(base_dir)
-    parts = {"base": base, "base_build_key": base_manifest.build_key}
-    paths, names = {}, {}
+    from .delta import DeltaInput, base_documents
+
+    root = str(cfg.reuse_from or cfg.out)
+    base, manifest = _delta_base(cfg)
+    parts = {"base": base, "base_build_key": manifest.build_key}
+    delta = DeltaInput(base, base_documents(root if is_remote(root) else Path(root), base, manifest.shards))
+    splits: list[Split] = []
     for name in ("changes", "deletes"):
-        location = getattr(cfg, name)
-        if location is not None:
-            path, urls = _local(location, inputs / name)
-            path = resolve_corpus_file(path) if name == "changes" else Path(path)
-            if not path.is_file():
-                raise CorpusError(f"--{name} {location}: no such file")
-            parts[name] = {"path": urls.get(str(path)) or str(path.resolve()), "sha256": fingerprint(path)}
-            paths[name] = str(path)
-            if urls:
-                names[name] = urls[str(path)]
+        given = getattr(cfg, name)
+        if given is None:
+            continue
+        location = _delta_file(name, given)
+        got, shas, scan = scan_corpus([location], split_bytes, placement(None if is_remote(location) else home))
+        parts[name] = {"path": location, "sha256": shas[location]}
+        setattr(delta, name, location)
+        delta.names[name] = location
+        if name == "changes":
+            splits = got
     sha = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-    return _Plan({"delta": parts, "sha256": sha, "format": "delta"}, sha,
-                 delta={"base": base, "base_dir": base_dir, "manifest": base_manifest, "names": names} | paths,
-                 fetched=fetched)
+    return _Plan({"delta": parts, "sha256": sha, "format": "delta"}, sha, splits, delta=delta, base=manifest)
 
 
-def _delta_base(cfg: BuildConfig) -> tuple[str, Path, dict | None]:
-    """The version a delta applies to, its folder, and (a root in object storage) what fetching it downloaded."""
+def _delta_file(name: str, given: str | Path) -> str:
+    """The one file ``--changes`` or ``--deletes`` names: a local path made absolute (a BEIR folder's corpus file for
+    the changes), or one object's URL."""
+    if is_remote(given):
+        from .inputs import locate
+
+        store, keys = locate(str(given))
+        if len(keys) != 1:
+            raise CorpusError(f"--{name} {given}: names {len(keys)} objects; name one file")
+        return f"{store.url}/{keys[0]}"
+    path = resolve_corpus_file(Path(given)) if name == "changes" else Path(given)
+    if not path.is_file():
+        raise CorpusError(f"--{name} {given}: no such file")
+    return str(path.resolve())
+
+
+def _delta_base(cfg: BuildConfig) -> tuple[str, VersionManifest]:
+    """The version a delta applies to and its manifest (read where the root is: nothing is fetched)."""
     from index_format.versions import active_version, list_versions, remote, versions_dir
 
     root = cfg.reuse_from or cfg.out
@@ -390,9 +426,8 @@ def _delta_base(cfg: BuildConfig) -> tuple[str, Path, dict | None]:
         raise IndexMismatch(f"no version {base!r} under {where} to apply the delta to" if base else
                             f"{root} has no active version to apply the delta to; name one with --base")
     if is_remote(root):
-        folder, fetched = remote(root).fetch(base)
-        return base, folder, fetched
-    return base, versions_dir(root) / base, None
+        return base, remote(root).manifest(base)
+    return base, read_version_manifest(versions_dir(root) / base)
 
 
 class _BadRecords:
@@ -426,20 +461,22 @@ class _BadRecords:
         os.unlink(self._read.name)
 
 
-def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
+def _build_index(cfg: BuildConfig, target: Target, nodes: set[str]) -> BuildSummary:
+    """The build; ``nodes`` is given the cluster's live nodes as it starts."""
     import ray
 
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
     ensure_ray()
+    nodes.update(_alive_nodes())
     home = _driver_node()
     from .read import show_progress
 
     show_progress(cfg.progress)
     seconds["ray start"] = time.perf_counter() - t_start
     t = time.perf_counter()
-    plan = _plan(cfg, staging_dir(target.local, INPUTS), home)
-    seconds["scan" if plan.delta is None else "plan"] = time.perf_counter() - t
+    plan = _plan(cfg, home)
+    seconds["scan"] = time.perf_counter() - t
     build_key = cfg.build_key(plan.sha256)
     staging = staging_dir(target.local, build_key)
     work = staging / "_work"
@@ -453,7 +490,7 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
 
     t = time.perf_counter()
     bad = _BadRecords(staging / "bad_records.jsonl")
-    delta_report, fragments, stages = _read(cfg, plan, target, work_at, work, bad, home)
+    delta_report, fragments, stages = _read(cfg, plan, target, work_at, bad, home)
     seconds["read+chunk"] = time.perf_counter() - t
     if cfg.strict and bad.read_first is not None:
         raise CorpusError(f"{bad.read_first} (strict mode; drop --strict to skip and count bad records)")
@@ -466,9 +503,9 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
     sources = task_sources(reuse_plan.sources) if cfg.reuse else None
     reuse_root = cfg.reuse_from or cfg.out
     sources_from = remote(reuse_root).url if sources and is_remote(reuse_root) else None
-    # A local root is one node's folder, and a delta's fragments are files on the driver's node: their shards
-    # are built there. A root in object storage: the shards spread over the cluster.
-    where = home if target.remote is None or plan.delta is not None else None
+    # A local root is one node's folder: its shards are built there. A root in object storage: the shards spread
+    # over the cluster.
+    where = home if target.remote is None else None
     assemble = ray.remote(num_cpus=1)(_task("assemble_shard"))
     refs = [assemble.options(**placed).remote(s, str(shard_dirs[s]), str(work), build_key, cfg.shards, cfg.prepend_title, cfg.strict,
                             sources, cfg.content_key(), target.upload_to, _shard_fragments(fragments, s),
@@ -543,7 +580,7 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
         code_version=code_version(),
         reuse=reuse_plan.describe() if cfg.reuse else None,
         # A delta on a version keeps the API's writes that version held; a corpus build holds none of them.
-        log_seq=plan.delta["manifest"].log_seq if plan.delta else 0,
+        log_seq=plan.base.log_seq if plan.base else 0,
     )
     write_json_atomic(staging / MANIFEST, manifest.model_dump(mode="json"))
     if target.remote is None:  # one node: the counts add up (the files were checked just above)
@@ -568,14 +605,13 @@ def _build_index(cfg: BuildConfig, target: Target) -> BuildSummary:
                         sum(r["resumed"] for r in shards), bad.first, seconds,
                         reuse_plan.describe() if cfg.reuse else {}, delta_report, bad.count,
                         {"files": plan.files, "tasks": len(plan.splits)} if plan.splits else {}, published,
-                        _fetched(plan, reuse_plan.sources), {shard_name(r["shard"]): r["node"] for r in shards},
+                        _fetched(reuse_plan.sources), {shard_name(r["shard"]): r["node"] for r in shards},
                         stages)
 
 
-def _fetched(plan: _Plan, sources: list) -> dict:
-    """What fetching versions of a root in object storage downloaded: the delta's base, the reuse sources."""
-    got = ([(plan.delta["base"], plan.fetched)] if plan.fetched else []) + [(s.name, s.fetched) for s in sources
-                                                                             if s.fetched]
+def _fetched(sources: list) -> dict:
+    """What fetching versions of a root in object storage downloaded: the reuse sources."""
+    got = [(s.name, s.fetched) for s in sources if s.fetched]
     if not got:
         return {}
     return {"versions": sorted({name for name, _ in got}), "bytes_downloaded": sum(f["bytes_downloaded"] for _, f in got),
@@ -601,48 +637,28 @@ def _get(ref):
         raise
 
 
-def _read(cfg: BuildConfig, plan: _Plan, target: Target, work_at: str, work: Path, bad: _BadRecords,
+def _read(cfg: BuildConfig, plan: _Plan, target: Target, work_at: str, bad: _BadRecords,
           home: str) -> tuple[dict, _Fragments, dict]:
-    """Read the corpus into each shard's fragments; their bad records go to ``bad``. A corpus: the read's Ray Data
-    pipeline (``read.read_corpus``), on every node when both the corpus and the root are in object storage, else on
-    this node ``home``, which holds them. A delta: its tasks on ``home``, which holds the fetched base, their fragments
-    files in ``work``. Returns what a delta did, the fragments and each stage's report."""
+    """Read the corpus, or apply the delta to its base, into each shard's fragments in the work area ``work_at``; the
+    bad records go to ``bad``. Ray Data pipelines (``read.read_corpus``, ``delta.read_delta``): on every node when the
+    root is in object storage and so are the files read, else on this node ``home``, which holds them. Returns what a
+    delta did, the fragments and each stage's report."""
+    spread = target.remote is not None
     if plan.delta is None:
         from .read import read_corpus
 
-        spread = is_remote(cfg.corpus) and target.remote is not None
         result = read_corpus(plan.splits, cfg.shards, cfg.chunk_size, cfg.chunk_overlap, cfg.id_fields,
-                             cfg.text_fields, work_at, None if spread else home)
+                             cfg.text_fields, work_at, None if spread and is_remote(cfg.corpus) else home)
         for split, position, reason in result.bad:
             bad.add_read(split, [(plan.splits[split].name, position, reason)])
         return {}, _Fragments(result.fragments, result.counts, work_at), {"scan": plan.scan} | result.stages
-    import ray
+    from .delta import read_delta
 
-    fragments = _Fragments.empty(cfg.shards)
-    from .delta import add_new_documents, apply_to_base_shard, parse_delta
-
-    d = plan.delta
-    # A delta's tasks share files in ``work``: all on this node.
-    parse = ray.remote(num_cpus=1)(parse_delta).options(**_on(home))
-    parsed = _get(parse.remote(d.get("changes"), d.get("deletes"), str(work), cfg.id_fields, cfg.text_fields,
-                               d["names"]))
-    bad.add_read(-1, parsed["bad"])
-    if cfg.strict and parsed["bad"]:
-        file, line, reason = parsed["bad"][0]
-        raise CorpusError(f"{BadRecord(file, line, reason)} (strict mode; drop --strict to skip and count bad records)")
-    apply = ray.remote(num_cpus=1)(apply_to_base_shard).options(**_on(home))
-    base_shards = [str(d["base_dir"] / "shards" / shard) for shard in d["manifest"].shards]
-    results = [_get(ref) for ref in [apply.remote(folder, str(work), i, cfg.shards, cfg.chunk_size, cfg.chunk_overlap)
-                                     for i, folder in enumerate(base_shards)]]
-    added = _get(ray.remote(num_cpus=1)(add_new_documents).options(**_on(home)).remote(
-        str(work), len(base_shards), cfg.shards, cfg.chunk_size, cfg.chunk_overlap))
-    bad.add_read(len(base_shards), added["bad"])
-    for r in [*results, added]:
-        fragments.add_counts(r["shards"])
-    fragments.keys = [fragments_of(work, shard) for shard in range(cfg.shards)]
-    fragments.root = str(work)
-    return ({"base": d["base"], "replaced": sum(r["replaced"] for r in results), "added": added["added"],
-             "deleted": sum(r["deleted"] for r in results)}, fragments, {})
+    got = read_delta(plan.delta, plan.splits, cfg.shards, cfg.chunk_size, cfg.chunk_overlap, cfg.id_fields,
+                     cfg.text_fields, work_at, home, spread)
+    for order, line, file, reason in got.bad:
+        bad.add_read(order - 2, [(file, line, reason)])  # before every split of the shards' own
+    return got.report, _Fragments(got.read.fragments, got.read.counts, work_at), got.read.stages
 
 
 def _work_at(target: Target, build_key: str) -> str:
@@ -670,37 +686,6 @@ def _shard_fragments(fragments: _Fragments, shard: int) -> list[str]:
     return fragments.of(shard)
 
 
-@dataclass(frozen=True)
-class _Node:
-    """A node's share of the embedding: how many actors, on which device, with how many torch threads each."""
-
-    cpus: int
-    gpus: int
-    device: str  # "cuda" | "cpu": what the encoder runs on there
-    actors: int
-    threads: int  # torch threads of a CPU actor (0: leave torch's default)
-
-
-def _nodes(cfg: BuildConfig) -> dict[str, _Node]:
-    """Each live node's embedding plan, from the cluster's resources (never from the driver's own torch): device
-    ``auto`` embeds on CUDA on a node with a GPU, ``cuda`` asks for one on every node, ``cpu`` never does.
-    ``embed_actors`` actors a node at most, one a GPU."""
-    import ray
-
-    plans = {}
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        res = node.get("Resources", {})
-        cpus, gpus = int(res.get("CPU", 0)), int(res.get("GPU", 0))
-        on_gpu = not cpu_only(cfg.encoder) and cfg.device.value != "cpu" and (
-            gpus > 0 or cfg.device.value == "cuda")
-        actors = max(1, min(cfg.embed_actors, gpus if on_gpu and gpus else max(cpus, 1)))
-        plans[node["NodeID"]] = _Node(cpus, gpus, "cuda" if on_gpu else "cpu", actors,
-                                      0 if on_gpu else max(1, cpus // actors))
-    return plans
-
-
 def _spec(cfg: BuildConfig) -> EncoderSpec:
     """The encoder and its prompts of a config ``with_prompts``."""
     return EncoderSpec(cfg.encoder, cfg.query_prompt, cfg.document_prompt)
@@ -724,24 +709,17 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
 
     import ray
 
-    from .embedding import embed_rows
+    from .embedding import embed_rows, embedding_pool, node_plans
     from .shard_tasks import work_dir
 
-    nodes = _nodes(cfg)
+    nodes = node_plans(cfg.encoder, cfg.device.value, cfg.embed_actors)
     todo = [r for r in shards if not r["resumed"] and not r["linked"]]
     dimension = max([r["dimension"] for r in shards] + [0])
     if not todo:
         return dimension, 0.0, {}
     to_embed = [r["shard"] for r in todo if r["blocks"]]
-    gpus = any(n.device == "cuda" for n in nodes.values())
-    if to_embed and cfg.device.value == "cuda" and not any(n.gpus for n in nodes.values()):
-        raise RuntimeError("device=cuda was asked for but no node of the cluster has a GPU; use device=auto or cpu")
     local = upload_to is None
-    # The pool: an actor on each node that may embed to start with (a local root: this node), up to ``embed_actors``
-    # a node (one a GPU on a cluster with GPUs), as Ray Data sees rows waiting.
-    pool = [n for node_id, n in nodes.items() if (not local or node_id == home) and (n.device == "cuda") == gpus]
-    actors = (max(1, min(len(pool), len(to_embed))), max(1, sum(n.actors for n in pool)))
-    threads = max([n.threads for n in pool if n.device == "cpu"] + [1])
+    pool = embedding_pool(nodes, cfg.device.value, home if local else None, len(to_embed)) if to_embed else None
 
     def spec_on(node: str) -> FaissSpec:
         gpu = nodes[node].gpus > 0 and cfg.device.value != "cpu"
@@ -754,7 +732,7 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
     dense_task = ray.remote(num_cpus=0.25)(_task("finish_dense"))
     commit_task = ray.remote(num_cpus=0.25)(_task("commit_shard"))
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    slots = {"lucene": cpus - actors[1] if to_embed and not gpus else cpus}
+    slots = {"lucene": cpus - pool.actors[1] if pool and not pool.gpus else cpus}
     slots["lucene"] = max(slots["lucene"], 0 if len(nodes) > 1 else 1)  # one node: Lucene runs beside one actor
     lucene_queue = [r["shard"] for r in todo]
     pending: dict = {}
@@ -782,15 +760,14 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
         if not r["blocks"]:
             start_dense(r["shard"])
     embedded: dict = {}
+    stop = threading.Event()
     blocks: queue.Queue = queue.Queue()  # (shard, rows, dimension) of each block embedded, from the thread below
     rows_in = dict.fromkeys(to_embed, 0)
 
     def embed() -> None:
         try:
-            embedded["report"] = embed_rows(
-                work_at, to_embed, _spec(cfg), device="cuda" if gpus else "cpu", gpus=gpus, actors=actors,
-                threads=threads, batch_size=cfg.embed_batch_size, node=home if local else None,
-                written=lambda *block: blocks.put(block))
+            embedded["report"] = embed_rows(work_at, to_embed, _spec(cfg), pool, batch_size=cfg.embed_batch_size,
+                                            written=lambda *block: blocks.put(block), stop=stop)
         except BaseException as e:  # raised in the driver's thread below
             embedded["error"] = e
 
@@ -816,57 +793,62 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
     committed = submitted = 0
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
     content_key = cfg.content_key()
-    with _progress(len(todo), "index shards", "shard", cfg.progress) as bar:
-        while pending or lucene_queue or waiting:
-            top_up_lucene()
-            take_blocks()
-            if waiting and not embedding.is_alive():
-                waiting = False
+    try:
+        with _progress(len(todo), "index shards", "shard", cfg.progress) as bar:
+            while pending or lucene_queue or waiting:
+                top_up_lucene()
                 take_blocks()
-                if "error" in embedded:
-                    raise RuntimeError(f"embedding failed: {embedded['error']}") from embedded["error"]
-                for s in to_embed:
-                    if rows_in[s] != by_shard[s]["todo"]:
-                        raise IndexMismatch(f"{shard_name(s)}: {by_shard[s]['todo']} chunks to embed, the embedding "
-                                            f"wrote {rows_in[s]} vectors")
-                slots["lucene"] = cpus  # the embedding's actors are gone: Lucene builds may take every CPU
-            if not pending:
-                embedding.join(timeout=0.5)
-                continue
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5 if waiting else None)
-            if not done:
-                continue
-            s, part = pending.pop(done[0])
-            try:
-                results[s][part] = ray.get(done[0])
-            except ray.exceptions.RayTaskError as e:
-                raise RuntimeError(f"{part} build of {shard_name(s)} failed: {e}") from None
-            if part == "lucene":
-                lucene_seconds += results[s][part]["seconds"]
-            if part == "faiss":
-                dimension = dimension or results[s][part]["dimension"]
-            if part == "commit":
-                if results[s][part]["upload"]:
-                    uploads.append(results[s][part]["upload"])
-                committed += 1
-                bar.update(1)
-                if crash_after and committed >= crash_after:
-                    print(f"{CRASH_ENV}={crash_after}: exiting after {committed} committed shard(s)", flush=True)
-                    os._exit(137)
-            elif "faiss" in results[s] and "lucene" in results[s]:
-                if crash_after and submitted >= crash_after:
-                    continue  # the kill lands before this shard commits: exactly ``crash_after`` are committed
-                submitted += 1
-                faiss_info = {k: v for k, v in results[s]["faiss"].items() if k != "dimension"}
-                manifest = {
-                    "shard": s, "num_shards": cfg.shards, "build_key": build_key, "metric": "inner_product",
-                    **_shard_expect(cfg, results[s]["faiss"]["dimension"]),
-                    "faiss": faiss_info,
-                    "counts": {"docs": by_shard[s]["docs"], "chunks": by_shard[s]["chunks"],
-                               "faiss_vectors": faiss_info["ntotal"],
-                               "lucene_docs": results[s]["lucene"]["stats"]["documents"]},
-                    "lucene": results[s]["lucene"]["stats"], "build_config": content_key,
-                }
-                pending[commit_task.options(**_on(by_shard[s]["node"])).remote(
-                    str(shard_dirs[s]), manifest, faiss_info, results[s]["lucene"]["stats"], upload_to)] = (s, "commit")
+                if waiting and not embedding.is_alive():
+                    waiting = False
+                    take_blocks()
+                    if "error" in embedded:
+                        raise RuntimeError(f"embedding failed: {embedded['error']}") from embedded["error"]
+                    for s in to_embed:
+                        if rows_in[s] != by_shard[s]["todo"]:
+                            raise IndexMismatch(f"{shard_name(s)}: {by_shard[s]['todo']} chunks to embed, the embedding "
+                                                f"wrote {rows_in[s]} vectors")
+                    slots["lucene"] = cpus  # the embedding's actors are gone: Lucene builds may take every CPU
+                if not pending:
+                    embedding.join(timeout=0.5)
+                    continue
+                done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5 if waiting else None)
+                if not done:
+                    continue
+                s, part = pending.pop(done[0])
+                try:
+                    results[s][part] = ray.get(done[0])
+                except ray.exceptions.RayTaskError as e:
+                    raise RuntimeError(f"{part} build of {shard_name(s)} failed: {e}") from None
+                if part == "lucene":
+                    lucene_seconds += results[s][part]["seconds"]
+                if part == "faiss":
+                    dimension = dimension or results[s][part]["dimension"]
+                if part == "commit":
+                    if results[s][part]["upload"]:
+                        uploads.append(results[s][part]["upload"])
+                    committed += 1
+                    bar.update(1)
+                    if crash_after and committed >= crash_after:
+                        print(f"{CRASH_ENV}={crash_after}: exiting after {committed} committed shard(s)", flush=True)
+                        os._exit(137)
+                elif "faiss" in results[s] and "lucene" in results[s]:
+                    if crash_after and submitted >= crash_after:
+                        continue  # the kill lands before this shard commits: exactly ``crash_after`` are committed
+                    submitted += 1
+                    faiss_info = {k: v for k, v in results[s]["faiss"].items() if k != "dimension"}
+                    manifest = {
+                        "shard": s, "num_shards": cfg.shards, "build_key": build_key, "metric": "inner_product",
+                        **_shard_expect(cfg, results[s]["faiss"]["dimension"]),
+                        "faiss": faiss_info,
+                        "counts": {"docs": by_shard[s]["docs"], "chunks": by_shard[s]["chunks"],
+                                   "faiss_vectors": faiss_info["ntotal"],
+                                   "lucene_docs": results[s]["lucene"]["stats"]["documents"]},
+                        "lucene": results[s]["lucene"]["stats"], "build_config": content_key,
+                    }
+                    pending[commit_task.options(**_on(by_shard[s]["node"])).remote(
+                        str(shard_dirs[s]), manifest, faiss_info, results[s]["lucene"]["stats"], upload_to)] = (s, "commit")
+    except BaseException:
+        stop.set()  # the embedding ends too: a build resumed after a lost node must not meet its writes
+        embedding.join(timeout=60)
+        raise
     return dimension, lucene_seconds, embedded.get("report", {})

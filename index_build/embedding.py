@@ -19,7 +19,9 @@ block embedded again replaces its file), and shows its progress bars.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +32,7 @@ import ray.data
 from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
+from index_format.encoders import cpu_only
 from index_format.prompts import EncoderSpec
 from index_format.sharding import shard_name
 from index_format.store import open_store
@@ -44,6 +47,14 @@ TODO_SCHEMA = pa.schema([("row", pa.int64()), ("contents", pa.string())])
 def todo_key(shard: int) -> str:
     """A shard's rows to embed, in the work area."""
     return f"shards/{shard_name(shard)}/{TODO_FILE}"
+
+
+def write_todo(work_at: str, shard: int, rows: np.ndarray, contents: list[str]) -> None:
+    """A shard's rows to embed and their contents into the work area, in blocks of EMBED_BLOCK rows (one Parquet row
+    group each: one call of an actor)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"row": rows, "contents": contents}, schema=TODO_SCHEMA), sink, row_group_size=EMBED_BLOCK)
+    open_store(work_at).put(todo_key(shard), sink.getvalue().to_pybytes(), durable=False)
 
 
 def vectors_prefix(shard: int) -> str:
@@ -129,31 +140,83 @@ def read_vectors(work_at: str, shard: int) -> Iterator[tuple[np.ndarray, np.ndar
 START_ACTORS_S = 60  # how long the pool's first actors may take to start before it starts with fewer
 
 
-def embed_rows(work_at: str, shards: list[int], spec: EncoderSpec, *, device: str, gpus: bool, actors: tuple[int, int],
-               threads: int, batch_size: int, node: str | None,
-               written: Callable[[int, int, int], None]) -> dict:
-    """Embed every row the ``shards`` still need: on ``node`` (a local root's), or anywhere when None. ``gpus``: one
-    actor a GPU, else CPU actors of ``threads`` torch threads; ``actors``: the pool's (least, most) actors, Ray Data
-    growing it while rows wait; each call embeds one block of rows (the encoder in batches of ``batch_size``). The
+@dataclass(frozen=True)
+class NodePlan:
+    """A node's share of the embedding: how many actors, on which device, with how many torch threads each."""
+
+    cpus: int
+    gpus: int
+    device: str  # "cuda" | "cpu": what the encoder runs on there
+    actors: int
+    threads: int  # torch threads of a CPU actor (0: leave torch's default)
+
+
+def node_plans(encoder: str, device: str, embed_actors: int) -> dict[str, NodePlan]:
+    """Each live node's embedding plan, from the cluster's resources (never from the driver's own torch): ``device``
+    ``auto`` embeds on CUDA on a node with a GPU, ``cuda`` asks for one on every node, ``cpu`` never does.
+    ``embed_actors`` actors a node at most, one a GPU."""
+    plans = {}
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        res = node.get("Resources", {})
+        cpus, gpus = int(res.get("CPU", 0)), int(res.get("GPU", 0))
+        on_gpu = not cpu_only(encoder) and device != "cpu" and (gpus > 0 or device == "cuda")
+        actors = max(1, min(embed_actors, gpus if on_gpu and gpus else max(cpus, 1)))
+        plans[node["NodeID"]] = NodePlan(cpus, gpus, "cuda" if on_gpu else "cpu", actors,
+                                         0 if on_gpu else max(1, cpus // actors))
+    return plans
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The embedding's actor pool: (least, most) actors, on GPUs (one actor a GPU) or CPUs (``threads`` torch threads
+    each), on ``node`` or anywhere (None)."""
+
+    actors: tuple[int, int]
+    gpus: bool
+    threads: int
+    node: str | None
+
+
+def embedding_pool(plans: dict[str, NodePlan], device: str, node: str | None, shards: int) -> Pool:
+    """The pool over the nodes that may embed (``node`` alone, for a local root): an actor on each to start with, up to
+    their plans' actors as Ray Data sees rows waiting; on a cluster with GPUs, only its GPU nodes embed."""
+    gpus = any(n.device == "cuda" for n in plans.values())
+    if device == "cuda" and not any(n.gpus for n in plans.values()):
+        raise RuntimeError("device=cuda was asked for but no node of the cluster has a GPU; use device=auto or cpu")
+    pool = [n for node_id, n in plans.items() if (node is None or node_id == node) and (n.device == "cuda") == gpus]
+    return Pool((max(1, min(len(pool), shards)), max(1, sum(n.actors for n in pool))), gpus,
+                max([n.threads for n in pool if n.device == "cpu"] + [1]), node)
+
+
+def embed_rows(work_at: str, shards: list[int], spec: EncoderSpec, pool: Pool, *, batch_size: int,
+               written: Callable[[int, int, int], None], stop: threading.Event | None = None) -> dict:
+    """Embed every row the ``shards`` still need with the actor ``pool``, Ray Data growing it while rows wait; each
+    call embeds one block of rows (the encoder in batches of ``batch_size``). The
     least are started before any row is handed out, for at most START_ACTORS_S, and a CPU actor is given two blocks
     at a time (a GPU's four, to keep it fed), so that the rows spread over them; a cluster that cannot start them by
     then embeds with a pool that starts from one. ``written(shard, rows, dimension)`` is called on this thread as
-    each block's vectors are written. Returns the stage's report."""
+    each block's vectors are written; ``stop``, once set, ends the pipeline at the next block (the build failed
+    meanwhile, and will not read what it writes). Returns the stage's report."""
     ctx = ray.data.DataContext.get_current()
     before = ctx.wait_for_min_actors_s
-    ctx.wait_for_min_actors_s = START_ACTORS_S if actors[0] > 1 else -1
+    ctx.wait_for_min_actors_s = START_ACTORS_S if pool.actors[0] > 1 else -1
     try:
         try:
-            ds = _pipeline(work_at, shards, spec, device, gpus, actors, threads, batch_size, node)
+            ds = _pipeline(work_at, shards, spec, pool, batch_size)
             batches = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow"))
             first = next(batches, None)
         except ray.exceptions.GetTimeoutError:
             ctx.wait_for_min_actors_s = -1
-            ds = _pipeline(work_at, shards, spec, device, gpus, (1, actors[1]), threads, batch_size, node)
+            ds = _pipeline(work_at, shards, spec, replace(pool, actors=(1, pool.actors[1])), batch_size)
             batches = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow"))
             first = next(batches, None)
         total = vector_bytes = 0
         for batch in itertools.chain([first] if first is not None else [], batches):
+            if stop is not None and stop.is_set():
+                batches.close()  # Ray Data shuts the pipeline down: its tasks and actors stop
+                return {}
             for shard, rows, dimension in zip(batch["shard"].to_pylist(), batch["rows"].to_pylist(),
                                               batch["dimension"].to_pylist(), strict=True):
                 written(shard, rows, dimension)
@@ -168,14 +231,15 @@ def embed_rows(work_at: str, shards: list[int], spec: EncoderSpec, *, device: st
     return {f"embed: {name}": stage for name, stage in report.items()}
 
 
-def _pipeline(work_at: str, shards: list[int], spec: EncoderSpec, device: str, gpus: bool, actors: tuple[int, int],
-              threads: int, batch_size: int, node: str | None):
-    where = placement(node)
+def _pipeline(work_at: str, shards: list[int], spec: EncoderSpec, pool: Pool, batch_size: int):
+    where = placement(pool.node)
+    gpus, actors = pool.gpus, pool.actors
     # The shards are read in turn, so that they are embedded in turn; reading reserves no CPU: the actors may hold
     # every CPU of their nodes.
     ds = ray.data.read_datasource(RowsToEmbed(work_at, shards), override_num_blocks=len(shards), num_cpus=0,
                                   concurrency=1, **where)
-    return ds.map_batches(EmbedRows, fn_constructor_args=(spec, device, batch_size, 0 if gpus else threads, work_at),
+    return ds.map_batches(EmbedRows, fn_constructor_args=(spec, "cuda" if gpus else "cpu", batch_size,
+                                                          0 if gpus else pool.threads, work_at),
                           batch_size=EMBED_BLOCK, batch_format="pyarrow",
                           compute=ray.data.ActorPoolStrategy(min_size=actors[0], max_size=max(actors),
                                                              max_tasks_in_flight_per_actor=4 if gpus else 2),

@@ -22,6 +22,7 @@ against those counts.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -38,7 +39,7 @@ from index_format.records import metadata_json
 from index_format.sharding import shard_of
 from index_format.store import open_store
 
-from .corpus import BadRecord, record_to_document
+from .corpus import BadRecord, Document, record_to_document
 from .splits import (
     FRAGMENT_CHUNKS,
     FRAGMENT_DOCS,
@@ -135,45 +136,76 @@ def _raw_block(split: int, lines: list[int], raws: list[bytes], pickled: list[bo
 # ---------------------------------------------------------------- parse
 
 
+class ParsedRows:
+    """Rows of ``PARSED`` built up one document (or bad record) at a time: the parse step's output, for the corpus's
+    records and for a delta's documents alike."""
+
+    def __init__(self, num_shards: int, chunk_size: int, chunk_overlap: int):
+        self.num_shards, self.chunk_size, self.chunk_overlap = num_shards, chunk_size, chunk_overlap
+        self.cols: dict[str, list] = {name: [] for name in PARSED.names if name != "chunks"}
+        self.chunk_cols: dict[str, list] = {f.name: [] for f in _CHUNK_FIELDS}
+        self.offsets = [0]
+
+    def bad(self, split: int, position: int, reason: str) -> None:
+        self.cols["split"].append(split)
+        self.cols["position"].append(position)
+        for key in ("doc_id", "title", "text", "metadata_json", "source"):
+            self.cols[key].append(None)
+        self.cols["shard"].append(-1)
+        self.cols["bad"].append(reason)
+        self.offsets.append(self.offsets[-1])
+
+    def document(self, split: int, position: int, doc: Document, as_json: str | None = None) -> None:
+        """``doc`` with its chunks and its shard; ``as_json``: its metadata as stored, when the caller has it."""
+        as_json = metadata_json(doc.metadata) if as_json is None else as_json
+        self.cols["split"].append(split)
+        self.cols["position"].append(position)
+        for key, value in (("doc_id", doc.doc_id), ("title", doc.title), ("text", doc.text),
+                           ("metadata_json", as_json), ("source", doc.source)):
+            self.cols[key].append(value)
+        self.cols["shard"].append(shard_of(doc.doc_id, self.num_shards))
+        self.cols["bad"].append(None)
+        n = 0
+        for chunk in chunk_document(doc, self.chunk_size, self.chunk_overlap):
+            for key, value in chunk.row(as_json).items():
+                self.chunk_cols[key].append(value)
+            n += 1
+        self.offsets.append(self.offsets[-1] + n)
+
+    def table(self) -> pa.Table:
+        chunks = pa.StructArray.from_arrays([pa.array(self.chunk_cols[f.name], f.type) for f in _CHUNK_FIELDS],
+                                            fields=_CHUNK_FIELDS)
+        arrays = {name: pa.array(self.cols[name], PARSED.field(name).type) for name in self.cols}
+        arrays["chunks"] = pa.ListArray.from_arrays(pa.array(self.offsets, pa.int32()), chunks)
+        return pa.table([arrays[name] for name in PARSED.names], schema=PARSED)
+
+
 def parse_and_chunk(batch: pa.Table, names: list[str], num_shards: int, chunk_size: int, chunk_overlap: int,
                     id_fields: tuple[str, ...], text_fields: tuple[str, ...]) -> pa.Table:
     """Ray Data ``map_batches``: each raw record as a document with its chunks and its shard, or as a bad record
     (``bad``: why; ``shard`` -1). ``names``: each split's file, which records and bad records are named by."""
-    cols: dict[str, list] = {name: [] for name in PARSED.names if name != "chunks"}
-    chunk_cols: dict[str, list] = {f.name: [] for f in _CHUNK_FIELDS}
-    offsets = [0]
+    out = ParsedRows(num_shards, chunk_size, chunk_overlap)
     for split, line, raw, pickled in zip(batch["split"].to_pylist(), batch["position"].to_pylist(),
                                          batch["raw"].to_pylist(), batch["pickled"].to_pylist(), strict=True):
         name = names[split]
         value = decode(raw, pickled, name, line)
         doc = value if isinstance(value, BadRecord) else record_to_document(value, (name, line), id_fields,
                                                                            text_fields)
-        cols["split"].append(split)
-        cols["position"].append(line)
         if isinstance(doc, BadRecord):
-            for key in ("doc_id", "title", "text", "metadata_json", "source"):
-                cols[key].append(None)
-            cols["shard"].append(-1)
-            cols["bad"].append(doc.reason)
-            offsets.append(offsets[-1])
-            continue
-        as_json = metadata_json(doc.metadata)
-        for key, value in (("doc_id", doc.doc_id), ("title", doc.title), ("text", doc.text),
-                           ("metadata_json", as_json), ("source", doc.source)):
-            cols[key].append(value)
-        cols["shard"].append(shard_of(doc.doc_id, num_shards))
-        cols["bad"].append(None)
-        n = 0
-        for chunk in chunk_document(doc, chunk_size, chunk_overlap):
-            for key, value in chunk.row(as_json).items():
-                chunk_cols[key].append(value)
-            n += 1
-        offsets.append(offsets[-1] + n)
-    chunks = pa.StructArray.from_arrays([pa.array(chunk_cols[f.name], f.type) for f in _CHUNK_FIELDS],
-                                        fields=_CHUNK_FIELDS)
-    arrays = {name: pa.array(cols[name], PARSED.field(name).type) for name in cols}
-    arrays["chunks"] = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), chunks)
-    return pa.table([arrays[name] for name in PARSED.names], schema=PARSED)
+            out.bad(split, line, doc.reason)
+        else:
+            out.document(split, line, doc)
+    return out.table()
+
+
+def chunk_documents(batch: pa.Table, num_shards: int, chunk_size: int, chunk_overlap: int) -> pa.Table:
+    """Ray Data ``map_batches``: documents already parsed (``FRAGMENT_DOCS`` rows: a delta's) chunked, with their
+    shard, as the parse step gives them."""
+    out = ParsedRows(num_shards, chunk_size, chunk_overlap)
+    for row in batch.to_pylist():
+        doc = Document(row["doc_id"], row["title"], row["text"], json.loads(row["metadata_json"]), row["source"])
+        out.document(row["split"], row["position"], doc, row["metadata_json"])
+    return out.table()
 
 
 # ---------------------------------------------------------------- write
@@ -208,9 +240,13 @@ def write_fragments(table: pa.Table, work_at: str) -> dict:
     bad = table.filter(pc.equal(table["shard"], -1))
     out["bad"] = list(zip(bad["split"].to_pylist(), bad["position"].to_pylist(), bad["bad"].to_pylist(),
                           strict=True))
-    for shard in sorted(set(pc.unique(table["shard"]).to_pylist()) - {-1}):
-        rows = table.filter(pc.equal(table["shard"], shard)).sort_by([("split", "ascending"),
-                                                                      ("position", "ascending")])
+    good = table.filter(pc.not_equal(table["shard"], -1))
+    # One fragment a shard and split: a task that read one split (a corpus's) writes one a shard; a delta's task
+    # writes its base shard's rows and its new documents apart, so that the base's fragments never overlap.
+    parts = good.group_by(["shard", "split"]).aggregate([]).sort_by([("shard", "ascending"), ("split", "ascending")])
+    for shard, split in zip(parts["shard"].to_pylist(), parts["split"].to_pylist(), strict=True):
+        rows = good.filter(pc.and_(pc.equal(good["shard"], shard), pc.equal(good["split"], split))).sort_by(
+            [("position", "ascending")])
         docs = rows.select(FRAGMENT_DOCS.names).cast(FRAGMENT_DOCS)
         parents = pc.list_parent_indices(rows["chunks"])
         flat = pc.list_flatten(rows["chunks"])
@@ -221,7 +257,10 @@ def write_fragments(table: pa.Table, work_at: str) -> dict:
         key = fragment_key("", shard, (docs["split"][0].as_py(), docs["position"][0].as_py()),
                            (docs["split"][-1].as_py(), docs["position"][-1].as_py()))
         out["bytes"] += write_fragment(store, key, docs, chunks)
-        out["shards"][shard] = {"key": key, "docs": docs.num_rows, "chunks": chunks.num_rows}
+        got = out["shards"].setdefault(shard, {"keys": [], "docs": 0, "chunks": 0})
+        got["keys"].append(key)
+        got["docs"] += docs.num_rows
+        got["chunks"] += chunks.num_rows
     return out
 
 
@@ -264,22 +303,28 @@ def read_corpus(splits: list[Split], num_shards: int, chunk_size: int, chunk_ove
     ds = ds.map_batches(parse_and_chunk, batch_size=None, batch_format="pyarrow", num_cpus=1, fn_kwargs={
         "names": names, "num_shards": num_shards, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
         "id_fields": tuple(id_fields), "text_fields": tuple(text_fields)}, **where)
+    return write_shard_fragments(ds, num_shards, work_at, where, "read+parse+write")
+
+
+def write_shard_fragments(ds, num_shards: int, work_at: str, where: dict, stage: str) -> ReadResult:
+    """Run ``ds`` (rows of ``PARSED``) into a ``FragmentSink`` in the work area ``work_at``; what it wrote, as the
+    build's read gives it: each shard's fragments and counts, the bad records, and the stage's report (``stage``: the
+    operator Ray Data fused the pipeline into; its rows are the records read, its bytes the fragments')."""
     sink = FragmentSink(work_at)
     ds.write_datasink(sink, ray_remote_args={"num_cpus": 1, **where})
     result = ReadResult([[] for _ in range(num_shards)], [{"docs": 0, "chunks": 0} for _ in range(num_shards)])
     for written in sink.results:
         result.bad.extend(written["bad"])
         for shard, got in written["shards"].items():
-            result.fragments[shard].append(got["key"])
+            result.fragments[shard].extend(got["keys"])
             result.counts[shard]["docs"] += got["docs"]
             result.counts[shard]["chunks"] += got["chunks"]
     for keys in result.fragments:
         keys.sort()
     result.bad.sort()
-    # The operator Ray Data fused read, parse and write into: its rows are the records read, its bytes the fragments'.
     report = stage_report(ds, sorted({w["node"] for w in sink.results}))
-    name, stage = list(report.items())[-1] if report else ("", {"seconds": None, "nodes": []})
-    result.stages = {"read+parse+write": stage | {
+    name, got = list(report.items())[-1] if report else ("", {"seconds": None, "nodes": []})
+    result.stages = {stage: got | {
         "operator": name, "rows": sum(c["docs"] for c in result.counts) + len(result.bad),
         "bytes": sum(w["bytes"] for w in sink.results)}}
     return result

@@ -81,23 +81,36 @@ def _committed(folder: Path, build_key: str) -> ShardManifest | None:
 
 
 def _fragment_tables(root: str, keys: list[str]):
-    """(documents, chunks) of each of the shard's fragments (``keys`` in the store at ``root``, in corpus order), one
-    in memory at a time; all of them at once, sorted, in the one case where they are not in order (Ray Data handed
-    one write task rows of several read tasks)."""
+    """(documents, chunks) of each of the shard's fragments (``keys`` in the store at ``root``, sorted by their first
+    rows), one in memory at a time; fragments whose rows interleave (a delta's new documents, found by the tasks of
+    several base shards; Ray Data handing one write task rows of several read tasks) read together and sorted."""
     from index_format.store import open_store
 
     from .splits import fragment_range, read_fragment
 
     store = open_store(root)
-    ranges = [fragment_range(k) for k in keys]
-    if all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False)):
-        for key in keys:
-            yield read_fragment(store, key)
-        return
-    tables = [read_fragment(store, key) for key in keys]
     order = [("split", "ascending"), ("position", "ascending")]
-    yield (pa.concat_tables([d for d, _ in tables]).sort_by(order),
-           pa.concat_tables([c for _, c in tables]).sort_by([*order, ("chunk_index", "ascending")]))
+    for group in _overlapping(keys, [fragment_range(k) for k in keys]):
+        if len(group) == 1:
+            yield read_fragment(store, group[0])
+            continue
+        tables = [read_fragment(store, key) for key in group]
+        yield (pa.concat_tables([d for d, _ in tables]).sort_by(order),
+               pa.concat_tables([c for _, c in tables]).sort_by([*order, ("chunk_index", "ascending")]))
+
+
+def _overlapping(keys: list[str], ranges: list[tuple]) -> list[list[str]]:
+    """``keys`` (sorted by the first row of their ``ranges``) in runs whose row ranges overlap."""
+    groups: list[list[str]] = []
+    end = None
+    for key, (first, last) in zip(keys, ranges, strict=True):
+        if groups and first <= end:
+            groups[-1].append(key)
+            end = max(end, last)
+        else:
+            groups.append([key])
+            end = last
+    return groups
 
 
 def _write_tables(shard: int, num_shards: int, fragments, folder: Path | None, strict: bool,

@@ -107,6 +107,43 @@ def test_a_build_across_the_nodes_equals_a_single_node_build(cluster_build, one_
     assert stages["embed: MapBatches(EmbedRows)"]["rows"] == one_node.chunks, stages
 
 
+def test_a_worker_node_killed_during_a_build_leaves_a_build_that_completes_and_equals_a_clean_one(
+        cluster, cluster_build, one_node, tmp_path):
+    """node_2 killed as the embedding writes its first vectors (every shard then assembled and pinned to its node):
+    what Ray Data ran there is retried, and the build resumes itself without the node (its shards built again on the
+    nodes left), publishing the version a clean build gives. The node comes back, empty, for the tests after."""
+    import subprocess
+    import sys
+
+    from bench.cluster import cluster_env
+
+    summary_path = cluster.workdir / "killed.json"
+    argv = [sys.executable, "-m", "index_build", "--corpus", CORPUS_URL, "--out", URL, "--shards", "3", "--encoder",
+            ENCODER, "--chunk-size", "40", "--chunk-overlap", "8", "--version", "v1-killed", "--no-activate",
+            "--no-reuse", "--no-progress", "--summary-json", str(summary_path)]
+    proc = subprocess.Popen(argv, env=cluster_env(cluster), cwd=cluster.workdir, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    s3 = boto3.client("s3")
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        listed = s3.list_objects_v2(Bucket=BUCKET, Prefix="idx/staging/").get("Contents", [])
+        if any("/vectors/" in o["Key"] for o in listed):
+            break
+        time.sleep(0.05)
+    killed_while_running = proc.poll() is None
+    cluster.kill("node_2")
+    try:
+        out, err = proc.communicate(timeout=600)
+    finally:
+        cluster.restart("node_2")
+    assert killed_while_running, "the build ended before the node could be killed"
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    summary = json.loads(summary_path.read_text())
+    print("node killed during the build:", {k: summary[k] for k in ("nodes_lost", "nodes", "seconds")})
+    folder, _ = RemoteRoot(URL, cache_dir=tmp_path / "fresh").fetch("v1-killed")
+    assert_versions_equal(one_node.version_dir, folder)
+
+
 @pytest.fixture(scope="module")
 def service(cluster, cluster_build):
     """``python -m deployments --via-proxy`` joined to the cluster."""

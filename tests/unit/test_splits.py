@@ -11,7 +11,15 @@ import pytest
 
 from index_build.corpus import Document, iter_documents
 from index_build.read import _raw_block, parse_and_chunk, write_fragments
-from index_build.splits import fragments_of, plan_splits, raw_records, read_fragment, read_split
+from index_build.splits import (
+    FRAGMENT_DOCS,
+    fragment_range,
+    fragments_of,
+    plan_splits,
+    raw_records,
+    read_fragment,
+    read_split,
+)
 from index_format.manifest import sha256_file
 from index_format.store import FolderStore
 from tests.conftest import make_corpus
@@ -101,7 +109,46 @@ def test_the_pipelines_fragments_equal_one_readers(tmp_path):
             assert (shard in sunk["shards"]) == bool(files) == (written["shards"][shard]["docs"] > 0)
             if not files:
                 continue
-            got = read_fragment(FolderStore(tmp_path / f"sink-{split.index}"), sunk["shards"][shard]["key"])
+            assert len(sunk["shards"][shard]["keys"]) == 1  # a split's rows of a shard: one fragment
+            got = read_fragment(FolderStore(tmp_path / f"sink-{split.index}"), sunk["shards"][shard]["keys"][0])
             want = read_fragment(FolderStore(work), files[0])
             assert got[0].equals(want[0]) and got[1].equals(want[1])
             assert sunk["shards"][shard]["chunks"] == written["shards"][shard]["chunks"] == want[1].num_rows
+
+
+def test_a_deltas_documents_are_chunked_as_the_corpus_read_chunks_them(tmp_path):
+    """``chunk_documents`` (a delta's documents, already parsed) gives the rows ``parse_and_chunk`` gives for the same
+    records: the same shards, chunks and metadata."""
+    from index_build.read import chunk_documents
+
+    path = _lines(tmp_path)
+    splits, _ = plan_splits([path], 10**9)
+    raw = list(raw_records(splits[0]))
+    parsed = parse_and_chunk(_raw_block(0, [r[0] for r in raw], [r[1] for r in raw], [r[2] for r in raw]),
+                             [splits[0].name], SHARDS, 40, 8, ("_id",), ("text",))
+    good = parsed.filter(pa.compute.not_equal(parsed["shard"], -1))
+    docs = good.select(["doc_id", "title", "text", "metadata_json", "source", "split", "position"])
+    assert chunk_documents(docs, SHARDS, 40, 8).equals(good)
+
+
+def test_fragments_whose_rows_interleave_are_read_together_in_corpus_order(tmp_path):
+    """A delta's new documents reach a shard from several base shards' tasks, their positions interleaved: the shard
+    reads those fragments together, sorted, and every other fragment alone, in order."""
+    from index_build.read import chunk_documents
+    from index_build.shard_tasks import _fragment_tables, _overlapping
+
+    def docs(split, positions):
+        return pa.table({"doc_id": [f"d{p}" for p in positions], "title": [""] * len(positions),
+                         "text": [f"text {p}" for p in positions], "metadata_json": ["{}"] * len(positions),
+                         "source": ["x"] * len(positions), "split": [split] * len(positions),
+                         "position": positions}).cast(FRAGMENT_DOCS)
+
+    keys = []
+    for split, positions in ((0, [1, 2, 3]), (1, [1, 2]), (2, [1, 5, 9]), (2, [3, 4]), (2, [12])):
+        sunk = write_fragments(chunk_documents(docs(split, positions), 1, 40, 8), str(tmp_path))
+        keys += sunk["shards"][0]["keys"]
+    keys.sort()
+    assert [len(g) for g in _overlapping(keys, [fragment_range(k) for k in keys])] == [1, 1, 2, 1]
+    rows = [(s, p) for d, _ in _fragment_tables(str(tmp_path), keys)
+            for s, p in zip(d["split"].to_pylist(), d["position"].to_pylist(), strict=True)]
+    assert rows == sorted(rows) and len(rows) == 11

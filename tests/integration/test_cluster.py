@@ -10,7 +10,8 @@ router equal the in-process answers of the single-node version; writes through r
 gapless log and each is searchable on the other router within a second; a worker node killed under load: answers
 go on (partial only while its group has no replica), nothing acknowledged is lost, and the group is served again
 once the node is back with an empty disk; the store stopped during a version switch: the old version keeps serving.
-The hashing encoder and a 60-document corpus keep it to a few minutes.
+A larger corpus built twice more: the embedding spread over the nodes; a worker node killed in the middle of a build
+that then completes, equal to the clean build. The hashing encoder and small corpora keep it to a few minutes.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ BUCKET = "cluster-test"
 URL = f"s3://{BUCKET}/idx"
 CORPUS_URL = f"s3://{BUCKET}/corpus/"  # the corpus cut into CORPUS_FILES objects
 CORPUS_FILES = 8
+# A larger corpus (800 documents, about 3,000 chunks), for the embedding: its blocks are large enough to live in the
+# object store of the node that read them, so the pool's actors there take them (small ones travel inline, and one
+# actor may take them all).
+LARGER_URL = f"s3://{BUCKET}/idx-larger"
+LARGER_CORPUS_URL = f"s3://{BUCKET}/corpus-larger/"
 # Group 0 (shards 0 and 1) on node_1, group 1 (shard 2) on node_2; a router on the head and one on node_1.
 SERVE_CONFIG = {
     "shards": {"placement": "deployment", "group_size": 2, "num_cpus": 0.1, "warmup_searches": 0,
@@ -107,41 +113,70 @@ def test_a_build_across_the_nodes_equals_a_single_node_build(cluster_build, one_
     assert stages["embed: MapBatches(EmbedRows)"]["rows"] == one_node.chunks, stages
 
 
-def test_a_worker_node_killed_during_a_build_leaves_a_build_that_completes_and_equals_a_clean_one(
-        cluster, cluster_build, one_node, tmp_path):
-    """node_2 killed as the embedding writes its first vectors (every shard then assembled and pinned to its node):
-    what Ray Data ran there is retried, and the build resumes itself without the node (its shards built again on the
-    nodes left), publishing the version a clean build gives. The node comes back, empty, for the tests after."""
+@pytest.fixture(scope="module")
+def larger_build(cluster, cluster_build):
+    """The larger corpus uploaded as CORPUS_FILES objects and built across the nodes into LARGER_URL ("clean")."""
+    from tests.conftest import make_corpus
+
+    lines = [json.dumps(d) + "\n" for d in make_corpus(800)]
+    step = -(-len(lines) // CORPUS_FILES)
+    for i in range(CORPUS_FILES):
+        boto3.client("s3").put_object(Bucket=BUCKET, Key=f"corpus-larger/part-{i:02d}.jsonl",
+                                      Body="".join(lines[i * step:(i + 1) * step]).encode())
+    return _build_larger(cluster, "clean")
+
+
+def _build_larger(cluster, version: str, kill: str | None = None) -> dict:
+    """The larger corpus built on the cluster as ``version`` (embedding everything); ``kill``: that node killed as the
+    embedding writes its first vectors (every shard then assembled and pinned to its node), back after the build."""
     import subprocess
     import sys
 
     from bench.cluster import cluster_env
 
-    summary_path = cluster.workdir / "killed.json"
-    argv = [sys.executable, "-m", "index_build", "--corpus", CORPUS_URL, "--out", URL, "--shards", "3", "--encoder",
-            ENCODER, "--chunk-size", "40", "--chunk-overlap", "8", "--version", "v1-killed", "--no-activate",
-            "--no-reuse", "--no-progress", "--summary-json", str(summary_path)]
+    summary = cluster.workdir / f"{version}.json"
+    argv = [sys.executable, "-m", "index_build", "--corpus", LARGER_CORPUS_URL, "--out", LARGER_URL, "--shards", "3",
+            "--encoder", ENCODER, "--chunk-size", "40", "--chunk-overlap", "8", "--version", version, "--no-reuse",
+            "--no-activate", "--no-progress", "--summary-json", str(summary)]
     proc = subprocess.Popen(argv, env=cluster_env(cluster), cwd=cluster.workdir, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    s3 = boto3.client("s3")
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline:
-        listed = s3.list_objects_v2(Bucket=BUCKET, Prefix="idx/staging/").get("Contents", [])
-        if any("/vectors/" in o["Key"] for o in listed):
-            break
-        time.sleep(0.05)
-    killed_while_running = proc.poll() is None
-    cluster.kill("node_2")
+    killed_while_running = None
+    if kill is not None:
+        s3 = boto3.client("s3")
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            listed = s3.list_objects_v2(Bucket=BUCKET, Prefix="idx-larger/staging/").get("Contents", [])
+            if any("/vectors/" in o["Key"] for o in listed):
+                break
+            time.sleep(0.05)
+        killed_while_running = proc.poll() is None
+        cluster.kill(kill)
     try:
         out, err = proc.communicate(timeout=600)
     finally:
-        cluster.restart("node_2")
-    assert killed_while_running, "the build ended before the node could be killed"
+        if kill is not None:
+            cluster.restart(kill)
+    assert killed_while_running is not False, "the build ended before the node could be killed"
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    summary = json.loads(summary_path.read_text())
+    return json.loads(summary.read_text())
+
+
+def test_the_embedding_runs_on_more_than_one_node(larger_build):
+    stages = larger_build["stages"]
+    embed = stages["embed: MapBatches(EmbedRows)"]
+    assert embed["rows"] == larger_build["chunks"] and len(embed["nodes"]) >= 2, stages
+    assert len(stages["read+parse+write"]["nodes"]) >= 2, stages
+
+
+def test_a_worker_node_killed_during_a_build_leaves_a_build_that_completes_and_equals_a_clean_one(
+        cluster, larger_build, tmp_path):
+    """What Ray Data ran on the killed node is retried, and the build resumes itself without the node (the shards
+    pinned there built again on the nodes left), publishing what the clean build published. The node comes back,
+    empty, for the tests after."""
+    summary = _build_larger(cluster, "killed", kill="node_2")
     print("node killed during the build:", {k: summary[k] for k in ("nodes_lost", "nodes", "seconds")})
-    folder, _ = RemoteRoot(URL, cache_dir=tmp_path / "fresh").fetch("v1-killed")
-    assert_versions_equal(one_node.version_dir, folder)
+    root = RemoteRoot(LARGER_URL, cache_dir=tmp_path / "fresh")
+    assert_versions_equal(root.fetch("clean")[0], root.fetch("killed")[0])
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,14 @@ A version is immutable; writes since it live in the serving replicas' fresh segm
      base's, the replaced chunks are deleted (a new live-docs file) and the new ones added as a new segment;
    - the shard's term statistics: the base's, less the terms of what left and plus those of what came.
 
-Both run in ``FoldWorker`` actors, kept up between folds on a cluster, all on the driver's node (``fold_workers``):
-they share the work folder and the base version's folder there, so a fold is one node's work, safe on a cluster
-whose nodes share no disk but not spread over it (what a build's shards are: ``build``).
+Step 1 runs in a ``FoldWorker`` actor on the driver's node, kept up between folds on a cluster (``fold_workers``). For
+a local root step 2 runs there too, in the workers: the base version's folder is there. For a root in object storage
+step 2 is a Ray Data ``map`` over the touched shards (``fold_stored_shard``), on any node: each task fetches its base
+shard into its node's cache, reads its part of the change from the fold's work area in the store, folds, verifies and
+uploads the shard, and returns its statistics; the untouched shards are referenced, never fetched.
 
-3. The corpus-wide BM25 statistics are summed from the shards', the version is checked, published with
+3. The corpus-wide BM25 statistics are summed from the shards' (for a root in object storage: those the tasks
+   returned, and the untouched shards' read from the store), the version is checked, published with
    ``log_seq`` (the last write it holds) and activated. What it holds equals a full build of the same documents:
    the same chunks, vectors and statistics, so the same scores (tested); rows of a folded shard are in a
    different order, which nothing reads as meaning.
@@ -38,6 +41,7 @@ import contextlib
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import sys
 import time
@@ -112,6 +116,7 @@ class FoldSummary:
     shard_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # each changed shard's task, by step
     change_log: dict = field(default_factory=dict)  # its compaction after the fold (segments, bytes before/after)
     upload: dict = field(default_factory=dict)  # into object storage: files, bytes, bytes_uploaded, seconds
+    nodes: dict[str, str] = field(default_factory=dict)  # a root in object storage: each changed shard's node
 
     def render(self) -> str:
         compacted = ""
@@ -130,6 +135,8 @@ class FoldSummary:
             u = self.upload
             lines.append(f"uploaded       {u['bytes_uploaded']:,} of the version's {u['bytes']:,} bytes (the rest were "
                          f"in the store already) in {u['seconds']:.2f}s")
+        if len(set(self.nodes.values())) > 1:
+            lines.append(f"nodes          the changed shards were folded on {len(set(self.nodes.values()))} nodes")
         lines.append("time           " + ", ".join(f"{k} {v:.2f}s" for k, v in self.seconds.items()))
         return "\n".join(lines) + compacted
 
@@ -477,9 +484,9 @@ def fold(root: Path, through: int | None = None, base: str | None = None, do_act
          version: str | None = None, dead_fraction: float = DEAD_FRACTION) -> FoldSummary:
     """Fold the change log of the index root ``root`` (its writes past the base version's ``log_seq``, through
     ``through`` when given) into a new version on top of ``base`` (default: the active one), publish it and
-    activate it. One build or fold at a time per root. A root in object storage is folded on this node: its base
-    version fetched to the node's cache, its change log read from the store (``index_format.store_log``), the new
-    version uploaded (only the shards the writes touched are new bytes) and activated by compare-and-swap."""
+    activate it. One build or fold at a time per root. A root in object storage: its change log read from the store
+    (``index_format.store_log``), the shards the writes touched folded on any node and uploaded (the only new bytes),
+    the version published and activated by compare-and-swap."""
     with build_lock(root):
         summary = _fold(root, through, base, do_activate, version, dead_fraction)
         # The log's closed segments keep each document's last write only: every version, folded or not, replays
@@ -493,7 +500,7 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
     import ray
 
     from .build import ensure_ray
-    from .shard_tasks import merge_bm25
+    from .shard_tasks import merge_bm25, merge_bm25_returned
 
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
@@ -501,7 +508,9 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
     base = base or (dest.active_at_start[0] if dest.remote else active_version(root))
     if base is None:
         raise IndexMismatch(f"{root} has no active version to fold the change log into; build one first")
-    base_dir = version_dir(root, base, shards=None)
+    # A root in object storage: only the base's own files come to this node; its shards are fetched by the tasks that
+    # fold them, each on its node.
+    base_dir = version_dir(root, base, shards=None if dest.remote is None else ())
     manifest = read_version_manifest(base_dir)
     key = f"fold-{base}-{time.time_ns()}"
     staging = staging_dir(dest.local, key)
@@ -530,29 +539,29 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
 
     t = time.perf_counter()
     build_key = key
-    refs = {}
-    for s, shard in enumerate(manifest.shards):
-        target = staging / "shards" / shard
-        if s in prepared["touched"]:
-            worker = workers[len(refs) % len(workers)]
-            refs[s] = worker.shard.remote(str(base_dir / "shards" / shard), str(target), str(work / f"shard-{s:06d}"),
-                                          build_key, manifest.build_config, dead_fraction)
-            summary.shards_changed.append(shard)
-        else:  # untouched: linked whole, its manifest as it was
-            target.mkdir(parents=True)
-            link_shard(base_dir / "shards" / shard, target)
-            shutil.copy2(base_dir / "shards" / shard / MANIFEST, target / MANIFEST)
-            summary.shards_linked.append(shard)
-    results = {s: ray.get(ref) for s, ref in refs.items()}
+    if dest.remote is None:
+        results = _fold_here(workers, manifest, prepared["touched"], base_dir, staging, work, build_key, dead_fraction,
+                             summary)
+    else:
+        results = _fold_spread(dest, base, manifest, prepared["touched"], work, key, dead_fraction, summary)
     summary.rebuilt_faiss = [manifest.shards[s] for s, r in results.items() if r["rebuilt_faiss"]]
     summary.shard_seconds = {manifest.shards[s]: {k: round(v, 3) for k, v in r["seconds"].items()}
                              for s, r in sorted(results.items())}
+    summary.nodes = {manifest.shards[s]: r["node"] for s, r in sorted(results.items()) if "node" in r}
     seconds["shards"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    shard_dirs = [staging / "shards" / shard for shard in manifest.shards]
-    bm25 = merge_bm25(str(staging), [str(d) for d in shard_dirs], manifest.bm25["k1"], manifest.bm25["b"])
-    counts = [read_shard_manifest(d).counts for d in shard_dirs]
+    if dest.remote is None:
+        shard_dirs = [staging / "shards" / shard for shard in manifest.shards]
+        bm25 = merge_bm25(str(staging), [str(d) for d in shard_dirs], manifest.bm25["k1"], manifest.bm25["b"])
+        counts = [read_shard_manifest(d).counts for d in shard_dirs]
+    else:  # each folded shard's statistics came back from its task; the others' are the base's, read from the store
+        stats = {s: (r["lucene"], r["terms"], r["counts"]) for s, r in results.items()} | _base_statistics(
+            dest.remote, base, manifest, set(results))
+        order = range(manifest.num_shards)
+        bm25 = merge_bm25_returned(str(staging), [stats[s][0] for s in order], manifest.bm25["k1"],
+                                   manifest.bm25["b"], *[stats[s][1] for s in order])
+        counts = [stats[s][2] for s in order]
     name = version or f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-fold{prepared['log_seq']}"
     body = manifest.model_copy(update={
         "version": name, "build_key": build_key, "created": now_iso(), "code_version": code_version(),
@@ -564,9 +573,18 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
         "reuse": {"shards_linked": summary.shards_linked, "folded_from": base},
         "log_seq": prepared["log_seq"]})
     write_json_atomic(staging / MANIFEST, VersionManifest(**body.model_dump()).model_dump(mode="json"))
-    verify_version(staging, checksums=False)  # the counts add up; written files were checksummed as written
+    if dest.remote is None:
+        verify_version(staging, checksums=False)  # the counts add up; written files were checksummed as written
+    elif sum(c["chunks"] for c in counts) != body.counts["chunks"]:
+        raise IndexMismatch(f"{name}: its shards hold {sum(c['chunks'] for c in counts)} chunks, its manifest says "
+                            f"{body.counts['chunks']}")
     shutil.rmtree(work)
-    _, summary.upload = dest.publish(staging, name, [])
+    uploads = [] if dest.remote is None else [r["upload"] for r in results.values()] + [
+        {"files": _base_files(dest.remote, base, [sh for s, sh in enumerate(manifest.shards) if s not in results]),
+         "bytes_uploaded": 0, "seconds": 0.0}]
+    _, summary.upload = dest.publish(staging, name, uploads)
+    if dest.remote is not None:
+        _clear(f"{dest.root}/staging/{key}/_work")
     if do_activate:
         dest.activate(name, by="fold")
     summary.version, summary.activated = name, do_activate
@@ -574,6 +592,126 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
     seconds["total"] = time.perf_counter() - t_start
     summary.seconds = {k: round(v, 3) for k, v in seconds.items()}
     return summary
+
+
+def _fold_here(workers: list, manifest: VersionManifest, touched: dict, base_dir: Path, staging: Path, work: Path,
+               build_key: str, dead_fraction: float, summary: FoldSummary) -> dict[int, dict]:
+    """A local root: each touched shard folded by the fold workers on this node (its folder is here); an untouched
+    one linked whole, its manifest as it was."""
+    import ray
+
+    refs = {}
+    for s, shard in enumerate(manifest.shards):
+        target = staging / "shards" / shard
+        if s in touched:
+            worker = workers[len(refs) % len(workers)]
+            refs[s] = worker.shard.remote(str(base_dir / "shards" / shard), str(target), str(work / f"shard-{s:06d}"),
+                                          build_key, manifest.build_config, dead_fraction)
+            summary.shards_changed.append(shard)
+        else:
+            target.mkdir(parents=True)
+            link_shard(base_dir / "shards" / shard, target)
+            shutil.copy2(base_dir / "shards" / shard / MANIFEST, target / MANIFEST)
+            summary.shards_linked.append(shard)
+    return {s: ray.get(ref) for s, ref in refs.items()}
+
+
+def _fold_spread(dest: Target, base: str, manifest: VersionManifest, touched: dict, work: Path, key: str,
+                 dead_fraction: float, summary: FoldSummary) -> dict[int, dict]:
+    """A root in object storage: each touched shard's part of the change put in the fold's work area there, and each
+    touched shard folded by a Ray Data task on any node (``fold_stored_shard``). An untouched shard is the base's: its
+    files are referenced, never moved."""
+    import ray
+    import ray.data
+
+    from index_format.store import open_store
+
+    work_at = f"{dest.root}/staging/{key}/_work"
+    store = open_store(work_at)
+    for s in touched:
+        part = work / f"shard-{s:06d}"
+        for path in sorted(part.rglob("*")):
+            if path.is_file():
+                store.upload(path, f"shard-{s:06d}/{path.relative_to(part).as_posix()}")
+    summary.shards_changed = [manifest.shards[s] for s in sorted(touched)]
+    summary.shards_linked = [shard for s, shard in enumerate(manifest.shards) if s not in touched]
+    ds = ray.data.from_items([{"shard": s} for s in sorted(touched)], override_num_blocks=len(touched))
+    # No CPU reserved, as the fold workers reserve none: a fold runs beside the service that started it, whose
+    # replicas may hold every CPU of the cluster; a task that waited for a whole CPU would wait for ever.
+    ds = ds.map(fold_stored_shard, num_cpus=0, fn_kwargs={
+        "root": dest.remote.url, "base": base, "shards": list(manifest.shards), "work_at": work_at, "key": key,
+        "build_config": manifest.build_config, "dead_fraction": dead_fraction, "expect": manifest.shard_expect(),
+        "home": ray.get_runtime_context().get_node_id()})
+    return {row["shard"]: pickle.loads(row["result"]) for row in ds.take_all()}
+
+
+def fold_stored_shard(row: dict, root: str, base: str, shards: list[str], work_at: str, key: str, build_config: dict,
+                      dead_fraction: float, expect: dict, home: str) -> dict:
+    """Ray Data ``map``, on any node: one shard of a root in object storage folded. Its base shard fetched into the
+    node's cache, its part of the change read from the work area, ``fold_shard`` into the node's staging folder, the
+    shard verified and uploaded. Returns (pickled) the fold's result with the shard's counts, Lucene statistics, term
+    tables and upload. A node other than the driver's (``home``) keeps nothing of it."""
+    import ray
+
+    from index_format.remote_root import RemoteRoot
+    from index_format.store import open_store
+
+    from .shard_tasks import upload_shard, verify_shard_files
+
+    s = row["shard"]
+    at = RemoteRoot(root)
+    base_dir, _ = at.fetch(base, [shards[s]])
+    staging = at.local_root() / "staging" / key
+    part = staging / "_work" / f"shard-{s:06d}"
+    store = open_store(work_at)
+    for stored in store.list(f"shard-{s:06d}/"):
+        path = part / stored.split("/", 1)[1]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        store.download(stored, path)
+    target = staging / "shards" / shards[s]
+    result = fold_shard(str(base_dir / "shards" / shards[s]), str(target), str(part), key, build_config, dead_fraction)
+    checked, terms = verify_shard_files(str(target), expect)
+    node = ray.get_runtime_context().get_node_id()
+    result |= {"counts": checked["counts"], "lucene": checked["lucene"], "terms": terms,
+               "upload": upload_shard(str(target), root), "node": node}
+    shutil.rmtree(part, ignore_errors=True)
+    if node != home:
+        shutil.rmtree(target, ignore_errors=True)
+    return {"shard": s, "result": pickle.dumps(result)}
+
+
+def _base_statistics(remote, base: str, manifest: VersionManifest, skip: set[int]) -> dict[int, tuple]:
+    """(Lucene statistics, term tables, counts) of each base shard not in ``skip``, from its manifest and term files
+    in the store (the bytes of the statistics only)."""
+    import io
+
+    files = remote.files(base)
+
+    def blob(rel: str) -> bytes:
+        return remote.store.get(f"blobs/{files[rel]['sha256']}")
+
+    out = {}
+    for s, name in enumerate(manifest.shards):
+        if s in skip:
+            continue
+        m = ShardManifest.model_validate_json(blob(f"shards/{name}/{MANIFEST}"))
+        terms = {field: pq.read_table(io.BytesIO(blob(f"shards/{name}/{terms_file(field)}")))
+                 for field in [CONTENTS_FIELD, *m.lucene.get("fields", {})]}
+        out[s] = (m.lucene, terms, m.counts)
+    return out
+
+
+def _base_files(remote, base: str, names: list[str]) -> dict[str, dict]:
+    """The file table entries of the base's shards ``names``: the new version references them as they are."""
+    prefixes = tuple(f"shards/{n}/" for n in names)
+    return {rel: f for rel, f in remote.files(base).items() if prefixes and rel.startswith(prefixes)}
+
+
+def _clear(work_at: str) -> None:
+    from index_format.store import open_store
+
+    store = open_store(work_at)
+    store.delete(list(store.list()))
 
 
 def main(argv: list[str] | None = None) -> int:

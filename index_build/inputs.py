@@ -5,14 +5,12 @@ that scans or reads one opens it through the store layer (``open_input``), so a 
 with ranged reads by the tasks of every node, never downloaded whole to one. What the version records is that
 location and the bytes' sha256 (the manifest's corpus record, each record's ``source``, each bad record's file).
 
-A delta's files are small beside a corpus: those named by a URL are downloaded into a scratch folder on the build's
-node (``download``) and read there.
+A delta's changes and deletes files are read the same way, by the tasks of the delta's read (``delta``).
 """
 
 from __future__ import annotations
 
 import fnmatch
-import shutil
 from pathlib import Path
 from typing import BinaryIO
 
@@ -46,23 +44,6 @@ def locate(url: str) -> tuple[Store, list[str]]:
         raise CorpusError(f"nothing to read at {url}: no such object, and no .jsonl or .parquet object under it "
                           "(name one object, a prefix holding them, or a glob such as s3://bucket/part-*.parquet)")
     return store, keys
-
-
-def download(url: str, scratch: Path) -> tuple[Path, dict[str, str]]:
-    """What ``url`` names (``locate``), downloaded into ``scratch`` (emptied first). Returns the local path to read
-    (the one file, or the folder of the files, under the keys' own names so that their order is kept) and each
-    local file's URL."""
-    store, keys = locate(url)
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
-    names = {}
-    for key in keys:
-        local = scratch / key
-        part = local.with_name(f".{local.name}.part")
-        store.download(key, part)
-        part.replace(local)
-        names[str(local)] = f"{store.url}/{key}"
-    return (scratch / keys[0] if len(keys) == 1 else scratch), names
 
 
 def corpus_locations(corpus: str | Path) -> list[str]:

@@ -19,17 +19,18 @@ def queries(n: int = 50, seed: int = 11) -> list[str]:
     return [" ".join(rng.sample(words, rng.choice([1, 2, 3]))) for _ in range(n)]
 
 
-def assert_versions_equal(want_dir: Path, got_dir: Path, n_queries: int = 50) -> None:
+def assert_versions_equal(want_dir: Path, got_dir: Path, n_queries: int = 50, ignore: frozenset = frozenset()) -> None:
     """Same counts, BM25 statistics, corpus record and shards; the same shard files (checksums), and the same top 10
     on both legs for ``n_queries`` queries. Lucene's segment files carry a random segment id, so those are compared by
     name and by the index statistics, not by checksum; a shard's manifest differs in when it was made. Both must have
-    read the corpus under the same name (a path or a URL): each record keeps it as its source."""
+    read the corpus under the same name (a path or a URL): each record keeps it as its source. ``ignore``: more shard
+    manifest fields that may differ (a fold's ``build_key`` names when it ran)."""
     want, got = read_version_manifest(want_dir), read_version_manifest(got_dir)
     assert (got.counts, got.bm25, got.shards) == (want.counts, want.bm25, want.shards)
     assert got.corpus == want.corpus
     for shard in want.shards:
         a, b = read_shard_manifest(want_dir / "shards" / shard), read_shard_manifest(got_dir / "shards" / shard)
-        same = {"created": True, "checksums": True, "faiss": {"build_s"}}
+        same = {"created": True, "checksums": True, "faiss": {"build_s"}} | dict.fromkeys(ignore, True)
         x, y = a.model_dump(exclude=same), b.model_dump(exclude=same)
         assert x == y, {k: (x.get(k), y.get(k)) for k in x.keys() | y.keys() if x.get(k) != y.get(k)}
         differ = sorted(k for k in a.checksums.keys() | b.checksums.keys()

@@ -9,7 +9,9 @@ Checked against single-node oracles: the build across the nodes equals the singl
 router equal the in-process answers of the single-node version; writes through routers on two nodes leave one
 gapless log and each is searchable on the other router within a second; a worker node killed under load: answers
 go on (partial only while its group has no replica), nothing acknowledged is lost, and the group is served again
-once the node is back with an empty disk; the store stopped during a version switch: the old version keeps serving.
+once the node is back with an empty disk; the writes folded by ``python -m index_build.fold`` on the cluster, the
+touched shards on more than one node, and served; the store stopped during a version switch: the old version keeps
+serving.
 A larger corpus built twice more: the embedding spread over the nodes; a worker node killed in the middle of a build
 that then completes, equal to the clean build. The hashing encoder and small corpora keep it to a few minutes.
 """
@@ -238,11 +240,31 @@ def test_a_worker_node_killed_under_load_loses_no_write_and_its_group_comes_back
             assert hits and hits[0]["doc_id"] == doc_id
 
 
+def test_the_writes_are_folded_on_more_than_one_node_and_served(service, cluster):
+    """``python -m index_build.fold`` on the cluster: the shards the writes touched are folded by Ray Data tasks on
+    more than one node, each fetching its own base shard; the version is activated and the routers switch to it."""
+    proc = on_cluster(cluster, ["-m", "index_build.fold", "--index", URL, "--json"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(proc.stdout[proc.stdout.index("{"):])
+    print("fold on the cluster:", {k: summary[k] for k in ("shards_changed", "nodes", "seconds")})
+    assert len(summary["shards_changed"]) >= 2 and len(set(summary["nodes"].values())) >= 2, summary
+    assert RemoteRoot(URL).active() == summary["version"]
+    with httpx.Client() as client:
+        deadline = time.monotonic() + 60
+        while summary["version"] not in service.search("zebrafinch0003", 1, client).json()["index_version"].values() \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
+        answer = service.search("zebrafinch0003", 1, client).json()
+    assert summary["version"] in answer["index_version"].values(), answer["index_version"]
+    assert answer["results"] and answer["results"][0]["doc_id"] == "zebrafinch-0003"
+
+
 def test_the_store_stopped_during_a_switch_keeps_the_old_version_serving(service, s3_server, one_node, tmp_path):
     from index_format.versions import active_version
 
     local = one_node
     RemoteRoot(URL, cache_dir=tmp_path / "publisher").publish(local.version_dir, "v2")
+    was = active_version(URL)  # v1, or the version a fold of the writes made
     before = service.search("telescope galaxy").json()
     s3_server.stop()
     try:
@@ -253,4 +275,4 @@ def test_the_store_stopped_during_a_switch_keeps_the_old_version_serving(service
         assert [h["chunk_id"] for h in after["results"]] == [h["chunk_id"] for h in before["results"]]
     finally:
         s3_server.start()
-    assert active_version(URL) == "v1"
+    assert active_version(URL) == was

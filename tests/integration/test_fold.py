@@ -83,8 +83,8 @@ def folded(request, ray_local, tmp_path_factory):
     docs = make_corpus(120)  # shards large enough that Lucene's merge policy leaves their segment alone
     writes, after = _writes(docs)
     root = folder / "index"
-    base = build_index(BuildConfig(corpus=write_jsonl(folder / "v1.jsonl", docs), out=root, version="v1",
-                                   faiss_index=kind, **OPTIONS))
+    corpus = write_jsonl(folder / "v1.jsonl", docs)
+    base = build_index(BuildConfig(corpus=corpus, out=root, version="v1", faiss_index=kind, **OPTIONS))
     log = ChangeLog(root / CHANGES_DIR, segment_bytes=1)  # a segment a write: the fold compacts the closed ones
     for upserts, deletes in writes:
         log.append(upserts, deletes)
@@ -95,7 +95,7 @@ def folded(request, ray_local, tmp_path_factory):
     full = build_index(BuildConfig(corpus=write_jsonl(folder / "full.jsonl", after), out=folder / "full",
                                    version="full", faiss_index=kind, **OPTIONS))
     return {"kind": kind, "root": root, "base": base, "summary": summary, "full": full, "before": before,
-            "after": after, "whole_log": whole_log}
+            "after": after, "whole_log": whole_log, "corpus": corpus, "writes": writes}
 
 
 def test_the_folded_version_holds_what_a_full_build_of_the_same_documents_holds(folded):
@@ -188,6 +188,33 @@ def test_a_fold_changes_only_the_touched_shards_and_never_the_base(folded):
         assert has_map == (folded["kind"] == "hnsw")  # flat is made again; an approximate index is appended to
     assert all(shard in summary.rebuilt_faiss for shard in changed) if folded["kind"] == "flat" else \
         not summary.rebuilt_faiss
+
+
+def test_a_fold_in_object_storage_equals_the_fold_of_a_local_root(folded, s3_root, tmp_path):
+    """The same base built into object storage and the same writes in its log: the fold there (the touched shards
+    folded by Ray Data tasks, each fetching its own base shard only; the others referenced) publishes what the local
+    fold did, and fetched nothing of the base's shards to the driver's node."""
+    from index_format.change_log import open_change_log
+    from index_format.remote_root import RemoteRoot
+    from tests.versions_equal import assert_versions_equal
+
+    build_index(BuildConfig(corpus=folded["corpus"], out=s3_root, version="v1", faiss_index=folded["kind"],
+                            **OPTIONS))
+    log = open_change_log(s3_root)
+    for upserts, deletes in folded["writes"]:
+        log.append(upserts, deletes)
+    cache = tmp_path / "cache"
+    os.environ["RAYSEARCH_INDEX_CACHE"] = str(cache)  # this process's (the driver's) cache, seen by what it fetches
+    try:
+        summary = fold(s3_root, dead_fraction=1.0)
+    finally:
+        del os.environ["RAYSEARCH_INDEX_CACHE"]
+    local = folded["summary"]
+    assert (summary.shards_changed, summary.shards_linked) == (local.shards_changed, local.shards_linked)
+    fetched = RemoteRoot(s3_root, cache_dir=cache).local_root() / "versions" / "v1"
+    assert not (fetched / "shards").exists() or not any((fetched / "shards").iterdir())  # no base shard came here
+    remote = RemoteRoot(s3_root, cache_dir=tmp_path / "fresh").fetch(summary.version)[0]
+    assert_versions_equal(folded["root"] / "versions" / local.version, remote, ignore=frozenset({"build_key"}))
 
 
 def test_a_second_fold_with_nothing_new_publishes_nothing_and_a_later_write_folds_on_top(folded):

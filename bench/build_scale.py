@@ -116,15 +116,15 @@ class Sampler(threading.Thread):
                                            sorted(self.by_task.items(), key=lambda kv: -kv[1])}}
 
 
-def run_build(code: Path, corpus: Path, out: Path, encoder: str, shards: int, extra: list[str]) -> dict:
-    shutil.rmtree(out, ignore_errors=True)
+def run_sampled(code: Path, args: list[str]) -> tuple[float, dict, str]:
+    """``python -m index_build ARGS`` with the checkout ``code``, on a local Ray: its wall time, every process's peak
+    memory (``Sampler.summary``) and its output; SystemExit when it fails."""
     env = dict(os.environ, PYTHONPATH=str(code), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                RAY_AUTH_MODE="disabled", OPENAI_API_KEY=os.environ.get("OPENAI_API_KEY", "unused"))
     env.pop("RAY_ADDRESS", None)
-    argv = [sys.executable, "-m", "index_build", "--corpus", str(corpus), "--out", str(out), "--shards", str(shards),
-            "--encoder", encoder, "--no-reuse", "--no-progress", *extra]
     t = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "index_build", *args], cwd=code, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     sampler = Sampler(proc.pid)
     sampler.start()
     output = proc.communicate()[0]
@@ -132,10 +132,16 @@ def run_build(code: Path, corpus: Path, out: Path, encoder: str, shards: int, ex
     sampler.stop.set()
     sampler.join()
     if proc.returncode != 0:
-        raise SystemExit(f"build of {corpus} with {code} failed ({proc.returncode}):\n{output[-4000:]}")
+        raise SystemExit(f"{' '.join(args)} with {code} failed ({proc.returncode}):\n{output[-4000:]}")
+    return wall, sampler.summary(), output
+
+
+def run_build(code: Path, corpus: Path, out: Path, encoder: str, shards: int, extra: list[str]) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    wall, memory, output = run_sampled(code, ["--corpus", str(corpus), "--out", str(out), "--shards", str(shards),
+                                              "--encoder", encoder, "--no-reuse", "--no-progress", *extra])
     docs = int(re.search(r"documents\s+([\d,]+)", output).group(1).replace(",", ""))
     chunks = int(re.search(r"chunks ([\d,]+)", output).group(1).replace(",", ""))
-    memory = sampler.summary()
     shutil.rmtree(out, ignore_errors=True)
     return {"corpus": str(corpus), "documents": docs, "chunks": chunks, "wall_s": round(wall, 2),
             "documents_per_s": round(docs / wall, 1), "driver_peak_mb": round(memory["by_kind"]["driver"]["max_peak_mb"], 1),

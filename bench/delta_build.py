@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from bench.build_scale import Sampler
+from bench.build_scale import run_sampled
 from bench.common import machine, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,24 +54,6 @@ def make_delta(corpus: Path, work: Path, changed: float, added: float, deleted: 
     return {"documents": n, "changed": len(edit), "added": len(donors), "deleted": len(gone)}
 
 
-def _run(code: Path, argv: list[str]) -> tuple[float, dict, str]:
-    env = dict(os.environ, PYTHONPATH=str(code), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               RAY_AUTH_MODE="disabled", OPENAI_API_KEY=os.environ.get("OPENAI_API_KEY", "unused"))
-    env.pop("RAY_ADDRESS", None)
-    t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "index_build", *argv], cwd=code, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    sampler = Sampler(proc.pid)
-    sampler.start()
-    output = proc.communicate()[0]
-    wall = time.perf_counter() - t
-    sampler.stop.set()
-    sampler.join()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} with {code} failed ({proc.returncode}):\n{output[-4000:]}")
-    return wall, sampler.summary(), output
-
-
 def _checksums(version: Path) -> dict:
     out = {}
     for shard in sorted((version / "shards").iterdir()):
@@ -105,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
         common = ["--out", str(root), "--shards", str(args.shards), "--encoder", args.encoder, "--no-progress",
                   "--faiss-index", "flat"]
-        base_s, _, _ = _run(code, ["--corpus", str(args.corpus), "--version", "base", *common])
+        base_s, _, _ = run_sampled(code, ["--corpus", str(args.corpus), "--version", "base", *common])
         summary = args.work / f"{name}-delta.json"
-        wall, memory, output = _run(code, ["--changes", str(args.work / "delta" / "changes.jsonl"), "--deletes",
+        wall, memory, output = run_sampled(code, ["--changes", str(args.work / "delta" / "changes.jsonl"), "--deletes",
                                            str(args.work / "delta" / "deletes.txt"), "--base", "base", "--version",
                                            "delta", *common, "--summary-json", str(summary)])
         got = json.loads(summary.read_text())

@@ -9,11 +9,11 @@ shard keeps corpus order, this gives every shard the same rows a full build of t
 
 It is the build's read pipeline on Ray Data, with the base version as its input:
 
-    changes  read_datasource(CorpusSplits) -> map_batches(parse_changes) -> ChangesSink
+    changes  read_datasource(corpus_splits) -> map_batches(parse_changes) -> ChangesSink
              the changes file read in splits like a corpus, each document filed under the base shard its id hashes
              to (``delta/changes/<base shard>/``), malformed records reported
     deletes  from_items -> map(parse_deletes)      the ids to delete, filed the same way (``delta/deletes/``)
-    apply    read_datasource(DeltaShards) -> map_batches(read.chunk_documents) -> read.FragmentSink
+    apply    read_datasource(delta_shards) -> map_batches(read.chunk_documents) -> read.FragmentSink
              a read task a base shard: its documents streamed from the base version with its changes and deletes
              applied, then its changes the base did not hold (new documents, numbered after every base shard); the
              fragments written as a corpus's are
@@ -37,9 +37,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray.data
-from ray.data import Datasource, ReadTask
-from ray.data.block import BlockMetadata
-from ray.data.datasource import Datasink
 
 from index_format.manifest import DOCUMENTS_FILE, IndexMismatch
 from index_format.records import metadata_json
@@ -47,7 +44,16 @@ from index_format.sharding import shard_of
 from index_format.store import open_store
 
 from .corpus import BadRecord, record_to_document
-from .read import CorpusSplits, ReadResult, chunk_documents, placement, stage_report, write_shard_fragments
+from .read import (
+    ReadResult,
+    TaskSource,
+    WorkAreaSink,
+    chunk_documents,
+    corpus_splits,
+    placement,
+    stage_report,
+    write_shard_fragments,
+)
 from .splits import FRAGMENT_DOCS, Split, decode
 
 DELTA = "delta"
@@ -112,13 +118,9 @@ def parse_changes(batch: pa.Table, name: str, base_shards: int, id_fields: tuple
     return pa.table(cols, schema=CHANGES)
 
 
-class ChangesSink(Datasink):
+class ChangesSink(WorkAreaSink):
     """Each base shard's changes of a write task, as one Parquet file in ``delta/changes/<base shard>/`` of the work
     area (named by its first record, so a retried task replaces its file); returns the bad records."""
-
-    def __init__(self, work_at: str):
-        self.work_at = work_at
-        self.results: list[dict] = []
 
     def get_name(self) -> str:
         return "Changes"
@@ -131,10 +133,8 @@ class ChangesSink(Datasink):
             rows = table.filter(pc.equal(table["base_shard"], shard)).sort_by([("position", "ascending")])
             store.put(f"{DELTA}/changes/{shard:06d}/{rows['position'][0].as_py():012d}.parquet",
                       _parquet(rows.drop_columns(["base_shard", "bad"])), durable=False)
-        return {"bad": list(zip(bad["position"].to_pylist(), bad["bad"].to_pylist(), strict=True))}
-
-    def on_write_complete(self, write_result) -> None:
-        self.results = list(write_result.write_returns)
+        return {"bad": list(zip(bad["position"].to_pylist(), bad["bad"].to_pylist(), strict=True)),
+                "rows": table.num_rows}
 
 
 def parse_deletes(row: dict, work_at: str, base_shards: int, id_fields: tuple[str, ...]) -> dict:
@@ -154,31 +154,18 @@ def parse_deletes(row: dict, work_at: str, base_shards: int, id_fields: tuple[st
     store = open_store(work_at)
     for shard, cols in by_shard.items():
         store.put(f"{DELTA}/deletes/{shard:06d}.parquet", _parquet(pa.table(cols, schema=DELETES)), durable=False)
-    return {"bad": json.dumps(bad)}
+    return {"bad": json.dumps(bad), "rows": len(items)}
 
 
 # ---------------------------------------------------------------- applied to the base, a shard a task
 
 
-class DeltaShards(Datasource):
-    """A Ray Data datasource: one read task a base shard, yielding its documents with the changes and deletes filed
-    under it applied (``apply_to_base_shard``), then its new documents."""
-
-    def __init__(self, delta: DeltaInput, work_at: str):
-        super().__init__()
-        self.delta, self.work_at = delta, work_at
-
-    def estimate_inmemory_data_size(self) -> int | None:
-        return None
-
-    def get_name(self) -> str:
-        return "DeltaShards"
-
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context=None) -> list:
-        d, work_at = self.delta, self.work_at
-        return [ReadTask(lambda s=s, loc=loc: apply_to_base_shard(s, loc, len(d.documents), work_at, d.names),
-                         BlockMetadata(num_rows=None, size_bytes=None, input_files=[loc], exec_stats=None))
-                for s, loc in enumerate(d.documents)]
+def delta_shards(delta: DeltaInput, work_at: str) -> TaskSource:
+    """One read task a base shard, yielding its documents with the changes and deletes filed under it applied
+    (``apply_to_base_shard``), then its new documents."""
+    return TaskSource("DeltaShards", [
+        (lambda s=s, loc=loc: apply_to_base_shard(s, loc, len(delta.documents), work_at, delta.names), [loc])
+        for s, loc in enumerate(delta.documents)])
 
 
 def apply_to_base_shard(shard: int, documents: str, base_shards: int, work_at: str,
@@ -278,7 +265,7 @@ def read_delta(delta: DeltaInput, change_splits: list[Split], num_shards: int, c
     stages: dict = {}
     if change_splits:
         where = placement(None if spread and is_remote(delta.changes) else home)
-        ds = ray.data.read_datasource(CorpusSplits(change_splits), override_num_blocks=len(change_splits), num_cpus=1,
+        ds = ray.data.read_datasource(corpus_splits(change_splits), override_num_blocks=len(change_splits), num_cpus=1,
                                       **where)
         ds = ds.map_batches(parse_changes, batch_size=None, batch_format="pyarrow", num_cpus=1, fn_kwargs={
             "name": delta.names["changes"], "base_shards": base_shards, "id_fields": tuple(id_fields),
@@ -286,16 +273,17 @@ def read_delta(delta: DeltaInput, change_splits: list[Split], num_shards: int, c
         sink = ChangesSink(work_at)
         ds.write_datasink(sink, ray_remote_args={"num_cpus": 1, **where})
         bad += [(0, line, delta.names["changes"], reason) for r in sink.results for line, reason in r["bad"]]
-        stages["changes"] = _stage(ds, "changes")
+        stages["changes"] = _stage(ds) | {"rows": sum(r["rows"] for r in sink.results)}
     if delta.deletes is not None:
         where = placement(None if spread and is_remote(delta.deletes) else home)
         ds = ray.data.from_items([{"deletes": delta.deletes, "name": delta.names["deletes"]}])
         ds = ds.map(parse_deletes, fn_kwargs={"work_at": work_at, "base_shards": base_shards,
                                               "id_fields": tuple(id_fields)}, num_cpus=1, **where)
-        for row in ds.take_all():
+        rows = ds.take_all()
+        for row in rows:
             bad += [(1, line, delta.names["deletes"], reason) for line, reason in json.loads(row["bad"])]
-        stages["deletes"] = _stage(ds, "deletes")
-    ds = ray.data.read_datasource(DeltaShards(delta, work_at), override_num_blocks=base_shards, num_cpus=1, **anywhere)
+        stages["deletes"] = _stage(ds) | {"rows": sum(row["rows"] for row in rows)}
+    ds = ray.data.read_datasource(delta_shards(delta, work_at), override_num_blocks=base_shards, num_cpus=1, **anywhere)
     ds = ds.map_batches(chunk_documents, batch_size=None, batch_format="pyarrow", num_cpus=1, fn_kwargs={
         "num_shards": num_shards, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap}, **anywhere)
     result = write_shard_fragments(ds, num_shards, work_at, anywhere, "apply+chunk+write")
@@ -310,7 +298,8 @@ def read_delta(delta: DeltaInput, change_splits: list[Split], num_shards: int, c
     return DeltaResult(result, sorted(bad), report)
 
 
-def _stage(ds, name: str) -> dict:
+def _stage(ds) -> dict:
+    """The report of the operator a stage's pipeline was fused into (its last)."""
     report = stage_report(ds)
     return list(report.values())[-1] | {"operator": list(report)[-1]} if report else {"seconds": None, "nodes": []}
 

@@ -1,7 +1,7 @@
 """The build's embedding on Ray Data: the rows each shard still needs (``assemble_shard`` wrote them, in blocks, in the
 build's work area) read, embedded by a pool of actors, and their vectors written back beside them.
 
-    read    ray.data.read_datasource(RowsToEmbed(shards))     a read task a shard, in turn: its rows, a block at a time
+    read    ray.data.read_datasource(rows_to_embed(shards))     a read task a shard, in turn: its rows, a block at a time
     embed   .map_batches(EmbedRows, compute=ActorPoolStrategy)   actors that load the encoder once (CPU actors, or
                                                                 one a GPU on a cluster with GPUs) embed a block and
                                                                 write its vectors as one file (row, vector); the pool
@@ -29,15 +29,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 import ray.data
-from ray.data import Datasource, ReadTask
-from ray.data.block import BlockMetadata
 
 from index_format.encoders import cpu_only
 from index_format.prompts import EncoderSpec
 from index_format.sharding import shard_name
 from index_format.store import open_store
 
-from .read import placement, stage_report
+from .read import TaskSource, placement, stage_report
 from .shard_tasks import EMBED_BLOCK
 
 TODO_FILE = "todo.parquet"
@@ -62,23 +60,9 @@ def vectors_prefix(shard: int) -> str:
     return f"shards/{shard_name(shard)}/vectors/"
 
 
-class RowsToEmbed(Datasource):
-    """A Ray Data datasource: one read task a shard, yielding its rows to embed one row group (block) at a time, with
-    the shard's number."""
-
-    def __init__(self, work_at: str, shards: list[int]):
-        super().__init__()
-        self.work_at, self.shards = work_at, shards
-
-    def estimate_inmemory_data_size(self) -> int | None:
-        return None
-
-    def get_name(self) -> str:
-        return "RowsToEmbed"
-
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context=None) -> list:
-        return [ReadTask(_reader(self.work_at, s), BlockMetadata(num_rows=None, size_bytes=None, input_files=None,
-                                                                 exec_stats=None)) for s in self.shards]
+def rows_to_embed(work_at: str, shards: list[int]) -> TaskSource:
+    """One read task a shard, yielding its rows to embed one row group (block) at a time, with the shard's number."""
+    return TaskSource("RowsToEmbed", [(_reader(work_at, s), None) for s in shards])
 
 
 def _reader(work_at: str, shard: int):
@@ -236,7 +220,7 @@ def _pipeline(work_at: str, shards: list[int], spec: EncoderSpec, pool: Pool, ba
     gpus, actors = pool.gpus, pool.actors
     # The shards are read in turn, so that they are embedded in turn; reading reserves no CPU: the actors may hold
     # every CPU of their nodes.
-    ds = ray.data.read_datasource(RowsToEmbed(work_at, shards), override_num_blocks=len(shards), num_cpus=0,
+    ds = ray.data.read_datasource(rows_to_embed(work_at, shards), override_num_blocks=len(shards), num_cpus=0,
                                   concurrency=1, **where)
     return ds.map_batches(EmbedRows, fn_constructor_args=(spec, "cuda" if gpus else "cpu", batch_size,
                                                           0 if gpus else pool.threads, work_at),

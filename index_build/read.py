@@ -2,7 +2,7 @@
 rows written once, as Parquet fragments, into the build's staging area.
 
     scan    ray.data.from_items(files).map(ScanFile)             a file's sha256 and its splits, a task a file
-    read    ray.data.read_datasource(CorpusSplits(splits))       a read task a split: its raw records, in order
+    read    ray.data.read_datasource(corpus_splits(splits))      a read task a split: its raw records, in order
     parse   .map_batches(parse_and_chunk)                        documents, their chunks and shard; bad records
     write   .write_datasink(FragmentSink(...))                   each shard's rows of a block, as two Parquet files
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
@@ -94,22 +95,28 @@ def scan_corpus(files: list[str], split_bytes: int, where: dict) -> tuple[list[S
 # ---------------------------------------------------------------- read
 
 
-class CorpusSplits(Datasource):
-    """A Ray Data datasource: one read task a split, yielding its raw records (``splits.raw_records``) in order."""
+class TaskSource(Datasource):
+    """A Ray Data datasource of one read task a piece of work: ``tasks`` holds each task's function (a generator of
+    Arrow blocks) and the files it reads (None: none to name). ``name`` is what its operator is called."""
 
-    def __init__(self, splits: list[Split]):
+    def __init__(self, name: str, tasks: list[tuple[Callable[[], Iterator[pa.Table]], list[str] | None]]):
         super().__init__()
-        self.splits = splits
+        self.name, self.tasks = name, tasks
 
     def estimate_inmemory_data_size(self) -> int | None:
         return None
 
     def get_name(self) -> str:
-        return "CorpusSplits"
+        return self.name
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context=None) -> list:
-        return [ReadTask(_reader(s), BlockMetadata(num_rows=None, size_bytes=None, input_files=[s.file],
-                                                   exec_stats=None)) for s in self.splits]
+        return [ReadTask(read, BlockMetadata(num_rows=None, size_bytes=None, input_files=files, exec_stats=None))
+                for read, files in self.tasks]
+
+
+def corpus_splits(splits: list[Split]) -> TaskSource:
+    """One read task a split, yielding its raw records (``splits.raw_records``) in order."""
+    return TaskSource("CorpusSplits", [(_reader(s), [s.file]) for s in splits])
 
 
 def _reader(split: Split):
@@ -211,24 +218,28 @@ def chunk_documents(batch: pa.Table, num_shards: int, chunk_size: int, chunk_ove
 # ---------------------------------------------------------------- write
 
 
-class FragmentSink(Datasink):
-    """A Ray Data datasink: a write task's rows, each shard's sorted into corpus order and written as one fragment
-    (``splits.write_fragment``) in the build's work area ``work_at`` (a folder, or a prefix in object storage). Returns, per task, what each shard got
-    (its fragment's key, documents, chunks), the bad records and the task's node; ``on_write_complete`` keeps them
-    all on the driver (``results``)."""
+class WorkAreaSink(Datasink):
+    """A Ray Data datasink writing into the build's work area ``work_at``; what each write task returned is kept on
+    the driver (``results``)."""
 
     def __init__(self, work_at: str):
         self.work_at = work_at
         self.results: list[dict] = []
+
+    def on_write_complete(self, write_result) -> None:
+        self.results = list(write_result.write_returns)
+
+
+class FragmentSink(WorkAreaSink):
+    """A write task's rows, each shard's sorted into corpus order and written as one fragment
+    (``splits.write_fragment``) in the work area (a folder, or a prefix in object storage). Returns, per task, what
+    each shard got (its fragments' keys, documents, chunks), the bad records and the task's node."""
 
     def get_name(self) -> str:
         return "Fragments"
 
     def write(self, blocks, ctx) -> dict:
         return write_fragments(pa.concat_tables(list(blocks)), self.work_at)
-
-    def on_write_complete(self, write_result) -> None:
-        self.results = list(write_result.write_returns)
 
 
 def write_fragments(table: pa.Table, work_at: str) -> dict:
@@ -299,7 +310,7 @@ def read_corpus(splits: list[Split], num_shards: int, chunk_size: int, chunk_ove
     """Read, parse and write the fragments of every split (on ``node``, or anywhere when None)."""
     where = placement(node)
     names = [s.name for s in splits]
-    ds = ray.data.read_datasource(CorpusSplits(splits), override_num_blocks=len(splits), num_cpus=1, **where)
+    ds = ray.data.read_datasource(corpus_splits(splits), override_num_blocks=len(splits), num_cpus=1, **where)
     ds = ds.map_batches(parse_and_chunk, batch_size=None, batch_format="pyarrow", num_cpus=1, fn_kwargs={
         "names": names, "num_shards": num_shards, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
         "id_fields": tuple(id_fields), "text_fields": tuple(text_fields)}, **where)

@@ -187,10 +187,12 @@ class RemoteRoot:
             now = self.active()
             raise Conflict(f"not activating {name!r}: {self.url}/ACTIVE moved from {previous or 'none'} to "
                            f"{now or 'none'} since it was read; activate again if {name!r} should still win") from None
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": name, "previous": previous,
+        now = time.time_ns()  # one reading for the second and its fraction: two readings can straddle a second
+        seconds = time.gmtime(now // 10**9)
+        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", seconds), "version": name, "previous": previous,
                  "by": by}
-        self.store.put(f"activations/{stamp}-{time.time_ns() % 10**9:09d}-{name}.json", json.dumps(entry).encode())
+        key = f"activations/{time.strftime('%Y%m%dT%H%M%SZ', seconds)}-{now % 10**9:09d}-{name}.json"
+        self.store.put(key, json.dumps(entry).encode())
         return previous
 
     def remove(self, name: str) -> dict:

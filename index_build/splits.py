@@ -9,7 +9,7 @@ would.
 A split's raw records (``raw_records``) are what the build's Ray Data read stage hands its parse step
 (``read.parse_and_chunk``); a shard's rows of a block are written as one fragment, two Parquet files named by their
 first and last rows (``fragment_key``), which the shard's task puts together in corpus order. ``read_split`` does the
-same in one process (a delta's tasks use its ``FragmentWriter``; tests and benchmarks).
+same in one process, with ``FragmentWriter`` (the oracle of the tests, and benchmarks).
 """
 
 from __future__ import annotations

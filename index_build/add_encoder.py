@@ -205,8 +205,8 @@ def add_encoder(root: str | Path, name: str, encoder: str, *, base: str | None =
 def _add_encoder(root, name, encoder, base, version, query_prompt, document_prompt, reuse_from, batch_size,
                  do_activate, progress) -> AddEncoderSummary:
     from index_format.encoders import load_encoder
-    from index_format.store import open_store
 
+    from .build import clear_work_area, work_area
     from .embedding import read_vectors, write_todo
 
     t0 = time.perf_counter()
@@ -243,7 +243,7 @@ def _add_encoder(root, name, encoder, base, version, query_prompt, document_prom
     entries: dict[str, NamedEncoder] = {}
     work = staging / "_work"
     work.mkdir()
-    work_at = f"{dest.root}/staging/{key}/_work" if dest.remote is not None else str(work)
+    work_at = work_area(dest, key)  # this staging folder's _work for a local root
     # What earlier versions hold, shard by shard; the rest written to the work area for the embedding.
     todo: dict[int, int] = {}
     for s, shard in enumerate(manifest.shards):
@@ -282,9 +282,7 @@ def _add_encoder(root, name, encoder, base, version, query_prompt, document_prom
                                       "checksums": linked_checksums(target, source, old.checksums, {})})
         write_json_atomic(target / MANIFEST, body.model_dump(mode="json"))
     shutil.rmtree(work)
-    if dest.remote is not None:
-        store = open_store(work_at)
-        store.delete(list(store.list()))
+    clear_work_area(dest, work_at)
     dimension = next(iter(entries.values())).dimension if entries else 0
     summary.spec["dimension"] = dimension
     new = version or f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{name}"

@@ -480,10 +480,10 @@ def _build_index(cfg: BuildConfig, target: Target, nodes: set[str]) -> BuildSumm
     build_key = cfg.build_key(plan.sha256)
     staging = staging_dir(target.local, build_key)
     work = staging / "_work"
-    work_at = _work_at(target, build_key)
+    work_at = work_area(target, build_key)
     shutil.rmtree(work / FRAGMENTS, ignore_errors=True)
     shutil.rmtree(work / "delta", ignore_errors=True)
-    _clear_work_area(target, work_at)
+    clear_work_area(target, work_at)
     (staging / "shards").mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     write_json_atomic(staging / "build.json", {"build_key": build_key, "config": cfg.model_dump(mode="json")})
@@ -589,7 +589,7 @@ def _build_index(cfg: BuildConfig, target: Target, nodes: set[str]) -> BuildSumm
         raise IndexMismatch(f"{name}: its shards hold {sum(c['counts']['chunks'] for c in counts)} chunks, its "
                             f"manifest says {total_chunks}")
     shutil.rmtree(work)
-    _clear_work_area(target, work_at)
+    clear_work_area(target, work_at)
     version_dir, published = target.publish(staging, name, uploads)
     others = sorted({r["node"] for r in shards} - {home})
     if others:  # their shards are published: the staging folders on the other nodes go too
@@ -661,7 +661,7 @@ def _read(cfg: BuildConfig, plan: _Plan, target: Target, work_at: str, bad: _Bad
     return got.report, _Fragments(got.read.fragments, got.read.counts, work_at), got.read.stages
 
 
-def _work_at(target: Target, build_key: str) -> str:
+def work_area(target: Target, build_key: str) -> str:
     """The build's work area, where Ray Data's stages write what the shards' tasks read (the fragments, the rows to
     embed, the vectors): its staging folder's ``_work`` in the root's object storage, or on this node for a local root
     (every stage then runs here)."""
@@ -670,7 +670,7 @@ def _work_at(target: Target, build_key: str) -> str:
     return str(staging_dir(target.local, build_key) / "_work")
 
 
-def _clear_work_area(target: Target, work_at: str) -> None:
+def clear_work_area(target: Target, work_at: str) -> None:
     """A root in object storage: the build's work area there emptied (a local root's is its work folder, removed with
     it)."""
     if target.remote is None:

@@ -18,7 +18,7 @@ It is the build's read pipeline on Ray Data, with the base version as its input:
              applied, then its changes the base did not hold (new documents, numbered after every base shard); the
              fragments written as a corpus's are
 
-Every file passes through the build's work area (``build._work_at``) and the base's documents are read where the
+Every file passes through the build's work area (``build.work_area``) and the base's documents are read where the
 version is (its blobs in object storage, or its folder): for a root in object storage every stage runs on any node,
 a changes or deletes file on this node's disk being read on this node. A changes record repeated (its first kept),
 an id both changed and deleted (the change kept) and an id to delete that the base does not hold are bad records,

@@ -499,7 +499,7 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
           dead_fraction: float) -> FoldSummary:
     import ray
 
-    from .build import ensure_ray
+    from .build import clear_work_area, ensure_ray, work_area
     from .shard_tasks import merge_bm25, merge_bm25_returned
 
     t_start = time.perf_counter()
@@ -584,7 +584,7 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
          "bytes_uploaded": 0, "seconds": 0.0}]
     _, summary.upload = dest.publish(staging, name, uploads)
     if dest.remote is not None:
-        _clear(f"{dest.root}/staging/{key}/_work")
+        clear_work_area(dest, work_area(dest, key))
     if do_activate:
         dest.activate(name, by="fold")
     summary.version, summary.activated = name, do_activate
@@ -626,7 +626,9 @@ def _fold_spread(dest: Target, base: str, manifest: VersionManifest, touched: di
 
     from index_format.store import open_store
 
-    work_at = f"{dest.root}/staging/{key}/_work"
+    from .build import work_area
+
+    work_at = work_area(dest, key)
     store = open_store(work_at)
     for s in touched:
         part = work / f"shard-{s:06d}"
@@ -705,13 +707,6 @@ def _base_files(remote, base: str, names: list[str]) -> dict[str, dict]:
     """The file table entries of the base's shards ``names``: the new version references them as they are."""
     prefixes = tuple(f"shards/{n}/" for n in names)
     return {rel: f for rel, f in remote.files(base).items() if prefixes and rel.startswith(prefixes)}
-
-
-def _clear(work_at: str) -> None:
-    from index_format.store import open_store
-
-    store = open_store(work_at)
-    store.delete(list(store.list()))
 
 
 def main(argv: list[str] | None = None) -> int:

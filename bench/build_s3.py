@@ -80,11 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     server = start_local_s3(bucket) if args.s3_local else None
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
-    from index_format import remote_root
+    from index_format import object_root
 
     # The node cache (mirrors of the roots, blobs) in the work folder, apart from this machine's own: the driver is
     # the only process that reads it (the shard tasks only upload).
-    remote_root.default_cache_dir = lambda: args.work / "node-cache"
+    object_root.default_cache_dir = lambda: args.work / "node-cache"
     from index_build.build import ensure_ray, shutdown_ray
     from index_build.config import BuildConfig
 

@@ -41,9 +41,9 @@ root, version, folder = sys.argv[1], sys.argv[2], sys.argv[3]
 t1 = time.perf_counter()
 got = {}
 if root.startswith("s3://"):
-    from index_format.remote_root import RemoteRoot
-    m = RemoteRoot(root).manifest(version)
-    path, got = RemoteRoot(root).fetch(version, list(m.shards))
+    from index_format.object_root import ObjectRoot
+    m = ObjectRoot(root).manifest(version)
+    path, got = ObjectRoot(root).fetch(version, list(m.shards))
 else:
     path = Path(folder)
 t2 = time.perf_counter()
@@ -96,7 +96,7 @@ def start(root: str, version: str, folder: Path, env: dict) -> dict:
 def one_index(name: str, folder_root: Path, repeats: int, fold_docs: int, scratch: Path) -> dict:
     import boto3
 
-    from index_format.remote_root import CACHE_DIR_ENV, STATE_ENV, RemoteRoot
+    from index_format.object_root import CACHE_DIR_ENV, STATE_ENV, ObjectRoot
     from index_format.versions import active_version, read_version_manifest, versions_dir
 
     version = active_version(folder_root)
@@ -105,8 +105,8 @@ def one_index(name: str, folder_root: Path, repeats: int, fold_docs: int, scratc
     bucket = f"bench-{name.lower()}-{os.getpid()}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     url = f"s3://{bucket}/idx"
-    root = RemoteRoot(url, cache_dir=scratch / "publisher")
-    sent = root.publish(local, version)
+    root = ObjectRoot(url, cache_dir=scratch / "publisher")
+    sent = root.upload_version(local, version)
     root.activate(version, by="bench")
     record: dict = {"index": str(folder_root), "version": version, "chunks": manifest.counts["chunks"],
                     "shards": manifest.num_shards, "bytes": sent["bytes"],
@@ -131,8 +131,8 @@ def one_index(name: str, folder_root: Path, repeats: int, fold_docs: int, scratc
 def fold_through_store(url: str, manifest, docs: int, scratch: Path, env: dict) -> dict:
     """Fold ``docs`` new documents that all land in shard 0; what the fold uploaded against that shard's bytes."""
     from index_build.fold import fold
-    from index_format.change_log import open_change_log
-    from index_format.remote_root import RemoteRoot
+    from index_format.collection_log import open_change_log
+    from index_format.object_root import ObjectRoot
     from index_format.sharding import shard_of
 
     os.environ.update(env)
@@ -145,7 +145,7 @@ def fold_through_store(url: str, manifest, docs: int, scratch: Path, env: dict) 
     log.append([{"id": d, "title": "", "text": f"a folded document {d} about quokkas and marmots", "metadata": {}}
                 for d in ids], [])
     summary = fold(url)
-    files = RemoteRoot(url).files(summary.version)
+    files = ObjectRoot(url).files(summary.version)
     touched = sum(f["size"] for rel, f in files.items() if rel.startswith(f"shards/{manifest.shards[0]}/"))
     return {"documents": docs, "version": summary.version, "shards_changed": summary.shards_changed,
             "bytes_uploaded": summary.upload["bytes_uploaded"], "touched_shard_bytes": touched,

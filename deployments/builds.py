@@ -2,10 +2,12 @@
 (or ``python -m index_build.fold``) process joined to the service's Ray cluster, never inside a serving process.
 
 A ``BuildRunner`` starts the command, follows its progress bars (the stage and how far it is) and keeps the job's
-record, ``<index root>/builds/<id>.json``, written anew as it moves: state (``running``, ``succeeded``,
-``failed``), progress, the build's summary at the end (the JSON it writes with ``--summary-json``), the tail
-of its output when it fails. Any router replica answers ``GET /admin/builds/{id}`` from that file, so a job is
-visible wherever it was started from, and after the runner is gone. The runner lives in one detached Ray actor
+record, ``builds/<id>.json`` in the index root's store (a folder's file, or an object beside the versions in object
+storage: never one node's disk), written anew as it moves: state (``running``, ``succeeded``, ``failed``), progress,
+the build's summary at the end (the JSON it writes with ``--summary-json``), the tail of its output when it fails.
+Any router replica, on any node, answers ``GET /admin/builds/{id}`` from that record, so a job is visible wherever
+it was started from, and after the runner is gone. The job's output and summary files are the runner's own, on its
+node (``state_dir``). The runner lives in one detached Ray actor
 (``deployments.serve.builds``), so a job outlives the replica that asked for it. Should that actor die (Ray
 restarts it, with no memory of its jobs), the records it was following would say ``running`` forever: so the
 runner renews a running record's ``alive`` time every ``ALIVE_EVERY_S``, and a record past ``STALE_S`` without
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.errors import Conflict, InvalidField, NotFound
-from index_format.versions import state_dir
+from index_format.versions import open_root, state_dir
 
 BUILDS_DIR = "builds"  # beside the versions in an index root: <root>/builds/<id>.json, <id>.log
 RECORD_EVERY_S = 1.0  # how often a running job's record is written while its progress moves
@@ -54,19 +56,25 @@ def read_progress(text: str) -> dict[str, Any] | None:
     return last
 
 
-def record_path(root: str | Path, job_id: str) -> Path:
+def _record_key(job_id: str) -> str:
     if not _ID.match(job_id):
         raise NotFound(f"no build {job_id!r}")
-    return state_dir(root) / BUILDS_DIR / f"{job_id}.json"
+    return f"{BUILDS_DIR}/{job_id}.json"
+
+
+def write_record(record: dict[str, Any], root: str | Path | None = None) -> None:
+    """The job's record into its root's store (``root``, else the record's; one writer: its runner; a put is atomic
+    for every reader)."""
+    open_root(root or record["root"]).store.put(_record_key(record["id"]), json.dumps(record, indent=2).encode())
 
 
 def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def settled(record: dict[str, Any], path: Path | None = None, now: float | None = None) -> dict[str, Any]:
+def settled(record: dict[str, Any], root: str | Path | None = None, now: float | None = None) -> dict[str, Any]:
     """The record as it stands: one still ``running`` whose runner has not renewed it for ``STALE_S`` is ``failed``
-    (and written back to ``path``, so every reader sees the same from then on)."""
+    (and, read from ``root``, written back there, so every reader sees the same from then on)."""
     if record.get("state") != "running":
         return record
     now = time.time() if now is None else now
@@ -82,18 +90,19 @@ def settled(record: dict[str, Any], path: Path | None = None, now: float | None 
                        "restarted or its node was lost. Its process may have gone on without it: GET /admin/versions "
                        "says whether it published a version, and a new build of the root is refused while that "
                        "process still holds the root's build lock."}
-    if path is not None:
+    if root is not None:
         with contextlib.suppress(OSError):  # a read-only view of the root: the answer is the same, only not kept
-            _write_json(path, record)
+            write_record(record, root)
     return record
 
 
 def read_record(roots: list[str], job_id: str) -> dict[str, Any]:
     """A job's record, looked up in these index roots."""
+    key = _record_key(job_id)
     for root in roots:
-        path = record_path(root, job_id)
-        if path.is_file():
-            return settled(json.loads(path.read_text()), path)
+        data, _ = open_root(root).store.get_tagged(key)
+        if data is not None:
+            return settled(json.loads(data), root)
     raise NotFound(f"no build {job_id!r}")
 
 
@@ -101,22 +110,18 @@ def list_records(roots: list[str], limit: int = 50) -> list[dict[str, Any]]:
     """The latest jobs of these roots, newest first."""
     out = []
     for root in roots:
-        folder = state_dir(root) / BUILDS_DIR
-        if folder.is_dir():
-            for path in folder.glob("*.json"):
-                if not _ID.match(path.stem):  # a job's summary file, written by the job, read by its runner
-                    continue
-                try:
-                    out.append(settled(json.loads(path.read_text()), path))
-                except (OSError, ValueError):  # being replaced this instant: the next look sees it
-                    continue
+        store = open_root(root).store
+        for key in store.list(f"{BUILDS_DIR}/"):
+            if not _ID.match(key.rsplit("/", 1)[-1].removesuffix(".json")) or not key.endswith(".json"):
+                continue  # a job's output or summary, on the runner's node (a folder root: this folder)
+            data, _ = store.get_tagged(key)
+            if data is None:
+                continue  # removed this instant
+            try:
+                out.append(settled(json.loads(data), root))
+            except ValueError:
+                continue
     return sorted(out, key=lambda r: r.get("started", ""), reverse=True)[:limit]
-
-
-def _write_json(path: Path, body: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(body, indent=2))
-    os.replace(tmp, path)
 
 
 def root_is_building(root: str | Path) -> str | None:
@@ -186,15 +191,14 @@ class BuildRunner:
             env.setdefault("RAY_ADDRESS", _cluster_address())
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=_code_root())
             record["pid"] = proc.pid
-            _write_json(folder / f"{job_id}.json", record)
+            write_record(record)
             self.running[root] = job_id
         threading.Thread(target=self._follow, args=(record, proc, log, summary), daemon=True,
                          name=f"build-{job_id}").start()
         return record
 
     def _follow(self, record: dict, proc: subprocess.Popen, log, summary: Path) -> None:
-        path = Path(record["root"]) / BUILDS_DIR / f"{record['id']}.json"
-        log_path = path.with_suffix(".log")
+        log_path = state_dir(record["root"]) / BUILDS_DIR / f"{record['id']}.log"
         written = time.time()
         try:
             while proc.poll() is None:
@@ -202,7 +206,7 @@ class BuildRunner:
                 progress = read_progress(_tail(log_path, 20_000))
                 if progress != record["progress"] or time.time() - written >= ALIVE_EVERY_S:
                     record["progress"], record["alive"] = progress, _iso(time.time())
-                    _write_json(path, record)
+                    write_record(record)
                     written = time.time()
             log.close()
             output = _tail(log_path, 200_000)
@@ -220,7 +224,7 @@ class BuildRunner:
             record["state"], record["error"] = "failed", f"following the job failed: {e}"
         finally:
             record["finished"] = record["alive"] = _iso(time.time())
-            _write_json(path, record)
+            write_record(record)
             with self._lock:
                 if self.running.get(record["root"]) == record["id"]:
                     del self.running[record["root"]]

@@ -4,10 +4,13 @@ command ``python -m deployments.judgments export ROOT OUT``, which writes them o
 The store is online: the router's ``POST /feedback`` writes it and ``GET /feedback/qrels`` reads it. The
 offline tools (``relevance.evaluate``, ``relevance.tune``, the trainers) read it through this module.
 
-One append-only JSON-lines file per collection, kept beside the index versions (``ROOT/judgments/``),
-so judgments survive restarts and reindexing. Each judgment is one ``write`` of one line under an
-exclusive ``flock`` followed by ``fsync``, so concurrent writers (router replicas are separate
-processes) never interleave or lose a line. A query's id is a digest of its normalized text, so the
+A folder root keeps one append-only JSON-lines file per collection beside the index versions
+(``ROOT/judgments/``), so judgments survive restarts and reindexing. Each judgment is one ``write`` of one
+line under an exclusive ``flock`` followed by ``fsync``, so concurrent writers (router replicas are separate
+processes) never interleave or lose a line. A root in object storage keeps them in its store, one object per
+judgment created only if absent (``judgments/<time>-<random>.json``, ``ObjectJudgments``): routers on any nodes
+never overwrite each other's, none is on a node's disk, and every router reads every judgment as soon as it is
+acknowledged. ``judgments_of(root)`` gives a root's, either kind. A query's id is a digest of its normalized text, so the
 same question judged twice, by anyone, lands on one qrels query.
 
 What is read back is checked, not trusted: a torn line (a writer killed mid-line) or a record with a
@@ -26,12 +29,15 @@ import json
 import logging
 import os
 import re
+import secrets
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from deployments.errors import InvalidField, StorageFull, Unavailable
+from index_format.store import Store, StoreError
 
 JUDGMENTS_FILE = "judgments.jsonl"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -63,7 +69,18 @@ def query_id(query: str) -> str:
     return "q" + hashlib.sha256(" ".join(query.lower().split()).encode()).hexdigest()[:12]
 
 
+def _record(query: str, doc_id: str, label: int, chunk_id: str | None, user: str | None, tenant: str | None,
+            caller: str | None, principals: Sequence[str]) -> dict:
+    check_identifier("doc_id", doc_id)
+    check_identifier("chunk_id", chunk_id)
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "query_id": query_id(query),
+            "query": query, "doc_id": doc_id, "chunk_id": chunk_id, "label": int(label), "user": user,
+            "tenant": tenant, "caller": caller, "principals": sorted(principals)}
+
+
 class JudgmentStore:
+    """A folder root's judgments: one JSON-lines file."""
+
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self.path = self.folder / JUDGMENTS_FILE
@@ -73,11 +90,7 @@ class JudgmentStore:
             tenant: str | None = None, caller: str | None = None, principals: Sequence[str] = ()) -> dict:
         """``caller`` and ``principals``: the key that judged and who it is (the tenant that may read the
         judgment back); ``tenant`` is only a label, kept when keys are off."""
-        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "query_id": query_id(query),
-                  "query": query, "doc_id": doc_id, "chunk_id": chunk_id, "label": int(label), "user": user,
-                  "tenant": tenant, "caller": caller, "principals": sorted(principals)}
-        check_identifier("doc_id", doc_id)
-        check_identifier("chunk_id", chunk_id)
+        record = _record(query, doc_id, label, chunk_id, user, tenant, caller, principals)
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -159,6 +172,65 @@ class JudgmentStore:
         return out
 
 
+class ObjectJudgments(JudgmentStore):
+    """A root in object storage's judgments: one object each in its store (immutable: read once per process)."""
+
+    PREFIX = "judgments/"
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.folder = self.path = f"{store.url}/{self.PREFIX}"
+        self.skipped = 0
+        self._read: dict[str, dict | None] = {}  # key -> its record (None: malformed); objects never change
+
+    def add(self, query: str, doc_id: str, label: int, chunk_id: str | None = None, user: str | None = None,
+            tenant: str | None = None, caller: str | None = None, principals: Sequence[str] = ()) -> dict:
+        record = _record(query, doc_id, label, chunk_id, user, tenant, caller, principals)
+        key = f"{self.PREFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{time.time_ns() % 10**9:09d}-" \
+              f"{secrets.token_hex(6)}.json"
+        try:
+            self.store.put_if(key, json.dumps(record, ensure_ascii=False).encode(), None)  # created, never replaced
+        except StoreError as e:
+            raise Unavailable(f"the judgment was not stored: {e}") from None
+        self._read[key] = record
+        return record
+
+    def records(self) -> list[dict]:
+        try:
+            keys = sorted(self.store.list(self.PREFIX))
+            new = [k for k in keys if k not in self._read]
+            with ThreadPoolExecutor(8) as pool:
+                for key, data in zip(new, pool.map(self._get, new), strict=True):
+                    self._read[key] = _parsed(data)
+        except StoreError as e:
+            raise Unavailable(f"the judgments cannot be read: {e}") from None
+        out = [self._read[k] for k in keys if self._read.get(k) is not None]
+        self.skipped = len(keys) - len(out)
+        if self.skipped:
+            logger.warning(f"{self.path}: skipped {self.skipped} malformed judgment(s)")
+        return out
+
+    def _get(self, key: str) -> bytes | None:
+        return self.store.get_tagged(key)[0]
+
+
+def _parsed(data: bytes | None) -> dict | None:
+    try:
+        record = json.loads(data) if data is not None else None
+    except ValueError:
+        return None
+    return record if _well_formed(record) else None
+
+
+def judgments_of(root: str | Path) -> JudgmentStore:
+    """A collection's judgments: ``ROOT/judgments/`` for a folder root, objects in the store for a root in object
+    storage."""
+    from index_format.versions import open_root
+
+    r = open_root(root)
+    return ObjectJudgments(r.store) if r.shared_by_nodes else JudgmentStore(Path(root) / "judgments")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m deployments.judgments export ROOT OUT``: a collection's judgments as a BEIR folder."""
     import argparse
@@ -166,13 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deployments.judgments", description=main.__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("export", help="write OUT/queries.jsonl and OUT/qrels/test.tsv from ROOT/judgments")
-    p.add_argument("root", help="the collection's index root (a folder; for s3://..., run it on the node that served "
-                   "it: its judgments are in that node's state folder, $RAYSEARCH_STATE)")
+    p.add_argument("root", help="the collection's index root: a folder, or a URL in object storage (s3://bucket/prefix)")
     p.add_argument("out", type=Path)
     args = parser.parse_args(argv)
-    from index_format.versions import state_dir
-
-    store = JudgmentStore(state_dir(args.root) / "judgments")
+    store = judgments_of(args.root)
     texts, qrels = store.qrels()
     store.write_beir(args.out)
     print(f"{sum(len(d) for d in qrels.values())} judgments of {len(texts)} queries -> {args.out}")

@@ -197,12 +197,12 @@ def add_encoder(root: str | Path, name: str, encoder: str, *, base: str | None =
                 progress: bool = True) -> AddEncoderSummary:
     """Publish (and by default activate) a version of ``root`` that is ``base`` (default: the active one) plus the
     encoder ``encoder`` named ``name``; see the module's docstring."""
-    with build_lock(root):
-        return _add_encoder(str(root), checked_encoder_name(name), encoder, base, version, query_prompt,
+    with build_lock(root), Target.open(root) as dest:
+        return _add_encoder(dest, checked_encoder_name(name), encoder, base, version, query_prompt,
                             document_prompt, reuse_from, batch_size, do_activate, progress)
 
 
-def _add_encoder(root, name, encoder, base, version, query_prompt, document_prompt, reuse_from, batch_size,
+def _add_encoder(dest, name, encoder, base, version, query_prompt, document_prompt, reuse_from, batch_size,
                  do_activate, progress) -> AddEncoderSummary:
     from index_format.encoders import load_encoder
 
@@ -210,13 +210,13 @@ def _add_encoder(root, name, encoder, base, version, query_prompt, document_prom
     from .embedding import read_vectors, write_todo
 
     t0 = time.perf_counter()
+    root = dest.root
     if version is not None and not VERSION_NAME.match(version):
         raise ValueError(f"version name {version!r} is not valid: a letter or digit, then letters, digits, '.', '_' "
                          "or '-' (at most 64)")
     if version is not None and version in list_versions(root):
         raise ValueError(f"index version {version!r} already exists under {root}; pick another --version")
-    dest = Target.open(root)
-    base = base or (dest.active_at_start[0] if dest.remote else None) or _active(root)
+    base = base or dest.active_at_start[0] or _active(root)
     base_dir = version_dir(root, base, shards=None)
     manifest = read_version_manifest(base_dir)
     spec = resolve_prompts(encoder, query_prompt, document_prompt)
@@ -293,9 +293,7 @@ def _add_encoder(root, name, encoder, base, version, query_prompt, document_prom
         "reuse": {"shards_linked": [], "encoder_added_to": base, "vectors_reused": summary.reused}})
     write_json_atomic(staging / MANIFEST, VersionManifest(**body.model_dump()).model_dump(mode="json"))
     verify_version(staging)
-    dest.publish(staging, new, [])
-    if do_activate:
-        dest.activate(new, by="add_encoder")
+    dest.publish_version(staging, new, activate=do_activate, by="add_encoder")
     summary.version, summary.activated = new, do_activate
     summary.seconds = {"embed": round(embed_s, 3), "total": round(time.perf_counter() - t0, 3)}
     return summary

@@ -63,8 +63,7 @@ from index_format.sharding import shard_name, shard_of
 from index_format.store import is_remote
 from index_format.versions import (
     build_lock,
-    read_version_manifest,
-    remote,
+    open_root,
     staging_dir,
     verify_version,
 )
@@ -74,7 +73,7 @@ from .corpus import BadRecord, CorpusError, resolve_corpus_file
 from .faiss_index import FaissSpec
 from .reuse import ReusePlan, find_sources, task_sources
 from .splits import DEFAULT_SPLIT_BYTES, FRAGMENTS, Split
-from .target import Target
+from .target import ActivationRefused, Target
 
 if TYPE_CHECKING:
     from .delta import DeltaInput
@@ -228,8 +227,8 @@ def build_index(cfg: BuildConfig) -> BuildSummary:
     """Build, verify, publish and (by default) activate one version of ``cfg.corpus`` under ``cfg.out``;
     one build at a time per root (per node, for a root in object storage: see ``versions.build_lock``)."""
     cfg = cfg.with_prompts()  # what the build key, the actors and the manifest use
-    with build_lock(cfg.out):
-        target = Target.open(cfg.out)  # a root in object storage: ACTIVE and its tag, read as the build starts
+    # ACTIVE and its tag are read as the build starts; its publish lease is held until it ends.
+    with build_lock(cfg.out), Target.open(cfg.out) as target:
         lost: list[str] = []
         while True:
             nodes: set[str] = set()
@@ -377,7 +376,7 @@ def _plan(cfg: BuildConfig, home: str) -> _Plan:
     root = str(cfg.reuse_from or cfg.out)
     base, manifest = _delta_base(cfg)
     parts = {"base": base, "base_build_key": manifest.build_key}
-    delta = DeltaInput(base, base_documents(root if is_remote(root) else Path(root), base, manifest.shards))
+    delta = DeltaInput(base, base_documents(root, base, manifest.shards))
     splits: list[Split] = []
     for name in ("changes", "deletes"):
         given = getattr(cfg, name)
@@ -412,22 +411,15 @@ def _delta_file(name: str, given: str | Path) -> str:
 
 def _delta_base(cfg: BuildConfig) -> tuple[str, VersionManifest]:
     """The version a delta applies to and its manifest (read where the root is: nothing is fetched)."""
-    from index_format.versions import active_version, list_versions, remote, versions_dir
+    from index_format.versions import open_root
 
-    root = cfg.reuse_from or cfg.out
-    base = cfg.base or active_version(root)
-    if is_remote(root):
-        where = f"{remote(root).url}/versions"
-        known = base is not None and base in list_versions(root)
-    else:
-        where = str(versions_dir(root))
-        known = base is not None and (versions_dir(root) / base / MANIFEST).is_file()
-    if not known:
-        raise IndexMismatch(f"no version {base!r} under {where} to apply the delta to" if base else
-                            f"{root} has no active version to apply the delta to; name one with --base")
-    if is_remote(root):
-        return base, remote(root).manifest(base)
-    return base, read_version_manifest(versions_dir(root) / base)
+    root = open_root(cfg.reuse_from or cfg.out)
+    base = cfg.base or root.active()
+    if base is None:
+        raise IndexMismatch(f"{root.url} has no active version to apply the delta to; name one with --base")
+    if base not in root.versions():
+        raise IndexMismatch(f"no version {base!r} under {root.url}/versions to apply the delta to")
+    return base, root.manifest(base)
 
 
 class _BadRecords:
@@ -502,7 +494,8 @@ def _build_index(cfg: BuildConfig, target: Target, nodes: set[str]) -> BuildSumm
         reuse_plan.sources = find_sources(cfg.reuse_from or cfg.out, _spec(cfg), cfg.chunk_size, cfg.chunk_overlap)
     sources = task_sources(reuse_plan.sources) if cfg.reuse else None
     reuse_root = cfg.reuse_from or cfg.out
-    sources_from = remote(reuse_root).url if sources and is_remote(reuse_root) else None
+    reuse_at = open_root(reuse_root)
+    sources_from = reuse_at.url if sources and reuse_at.shared_by_nodes else None
     # A local root is one node's folder: its shards are built there. A root in object storage: the shards spread
     # over the cluster.
     where = home if target.remote is None else None
@@ -590,15 +583,13 @@ def _build_index(cfg: BuildConfig, target: Target, nodes: set[str]) -> BuildSumm
                             f"manifest says {total_chunks}")
     shutil.rmtree(work)
     clear_work_area(target, work_at)
-    version_dir, published = target.publish(staging, name, uploads)
     others = sorted({r["node"] for r in shards} - {home})
-    if others:  # their shards are published: the staging folders on the other nodes go too
-        remove = ray.remote(num_cpus=0)(_task("remove_staging"))
-        for node in others:
-            with contextlib.suppress(ray.exceptions.RayError):  # that node is gone, and its disk with it
-                ray.get(remove.options(**_on(node)).remote(str(staging)))
-    if cfg.activate:
-        target.activate(name)  # verified just above
+    try:
+        version_dir, published = target.publish_version(staging, name, uploads, activate=cfg.activate)  # verified
+    except ActivationRefused:
+        _remove_staging(staging, others)  # published, only not active
+        raise
+    _remove_staging(staging, others)
     seconds["publish"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
     return BuildSummary(name, version_dir, cfg.activate, total_docs, total_chunks, cfg.shards,
@@ -607,6 +598,16 @@ def _build_index(cfg: BuildConfig, target: Target, nodes: set[str]) -> BuildSumm
                         {"files": plan.files, "tasks": len(plan.splits)} if plan.splits else {}, published,
                         _fetched(reuse_plan.sources), {shard_name(r["shard"]): r["node"] for r in shards},
                         stages)
+
+
+def _remove_staging(staging: Path, nodes: list[str]) -> None:
+    """A published version's staging folders on the other nodes that built its shards."""
+    import ray
+
+    remove = ray.remote(num_cpus=0)(_task("remove_staging"))
+    for node in nodes:
+        with contextlib.suppress(ray.exceptions.RayError):  # that node is gone, and its disk with it
+            ray.get(remove.options(**_on(node)).remote(str(staging)))
 
 
 def _fetched(sources: list) -> dict:

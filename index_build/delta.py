@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -307,17 +306,9 @@ def _stage(ds) -> dict:
 def base_documents(root: str, base: str, shards: list[str]) -> list[str]:
     """Where each shard of version ``base`` of ``root`` keeps its documents: a file of the root's folder, or the blob's
     URL in object storage (read by whichever node applies the delta)."""
-    from index_format.store import is_remote
-    from index_format.versions import remote, versions_dir
+    from index_format.versions import open_root
 
-    if is_remote(root):
-        at = remote(root)
-        files = at.files(base)
-        found = [files.get(f"shards/{s}/{DOCUMENTS_FILE}") for s in shards]
-        locations = [f"{at.url}/blobs/{f['sha256']}" if f else None for f in found]
-    else:
-        locations = [str(versions_dir(root) / base / "shards" / s / DOCUMENTS_FILE) for s in shards]
-        locations = [loc if os.path.isfile(loc) else None for loc in locations]
+    locations = open_root(root).locations(base, [f"shards/{s}/{DOCUMENTS_FILE}" for s in shards])
     missing = [s for s, loc in zip(shards, locations, strict=True) if loc is None]
     if missing:
         raise IndexMismatch(f"version {base!r} does not store its documents ({missing[0]} has no {DOCUMENTS_FILE}; it "

@@ -36,9 +36,9 @@ from index_format.sharding import shard_name
 from index_format.store import open_store
 
 from .read import TaskSource, placement, stage_report
-from .shard_tasks import EMBED_BLOCK
 
 TODO_FILE = "todo.parquet"
+EMBED_BLOCK = 1024  # rows of a shard read as one block for the embedding (a row group of its rows to embed)
 TODO_SCHEMA = pa.schema([("row", pa.int64()), ("contents", pa.string())])
 
 

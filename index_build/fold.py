@@ -54,8 +54,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from index_format.change_log import open_change_log
 from index_format.chunking import Chunking
+from index_format.collection_log import open_change_log
 from index_format.lucene import CONTENTS_FIELD
 from index_format.manifest import (
     CHUNKS_FILE,
@@ -85,7 +85,6 @@ from index_format.records import metadata_json, written_document
 from index_format.sharding import shard_of
 from index_format.versions import (
     absolute_root,
-    active_version,
     build_lock,
     read_version_manifest,
     staging_dir,
@@ -487,15 +486,15 @@ def fold(root: Path, through: int | None = None, base: str | None = None, do_act
     activate it. One build or fold at a time per root. A root in object storage: its change log read from the store
     (``index_format.store_log``), the shards the writes touched folded on any node and uploaded (the only new bytes),
     the version published and activated by compare-and-swap."""
-    with build_lock(root):
-        summary = _fold(root, through, base, do_activate, version, dead_fraction)
+    with build_lock(root), Target.open(root) as dest:
+        summary = _fold(dest, through, base, do_activate, version, dead_fraction)
         # The log's closed segments keep each document's last write only: every version, folded or not, replays
         # the same documents from it (index_format.change_log), and the log stops growing with rewrites.
         summary.change_log = dict(open_change_log(root).compact().__dict__)
         return summary
 
 
-def _fold(root: str | Path, through: int | None, base: str | None, do_activate: bool, version: str | None,
+def _fold(dest: Target, through: int | None, base: str | None, do_activate: bool, version: str | None,
           dead_fraction: float) -> FoldSummary:
     import ray
 
@@ -504,8 +503,8 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
 
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
-    dest = Target.open(root)
-    base = base or (dest.active_at_start[0] if dest.remote else active_version(root))
+    root = dest.root
+    base = base or dest.active_at_start[0]
     if base is None:
         raise IndexMismatch(f"{root} has no active version to fold the change log into; build one first")
     # A root in object storage: only the base's own files come to this node; its shards are fetched by the tasks that
@@ -582,11 +581,9 @@ def _fold(root: str | Path, through: int | None, base: str | None, do_activate: 
     uploads = [] if dest.remote is None else [r["upload"] for r in results.values()] + [
         {"files": _base_files(dest.remote, base, [sh for s, sh in enumerate(manifest.shards) if s not in results]),
          "bytes_uploaded": 0, "seconds": 0.0}]
-    _, summary.upload = dest.publish(staging, name, uploads)
+    _, summary.upload = dest.publish_version(staging, name, uploads, activate=do_activate, by="fold")
     if dest.remote is not None:
         clear_work_area(dest, work_area(dest, key))
-    if do_activate:
-        dest.activate(name, by="fold")
     summary.version, summary.activated = name, do_activate
     seconds["publish"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
@@ -655,13 +652,13 @@ def fold_stored_shard(row: dict, root: str, base: str, shards: list[str], work_a
     tables and upload. A node other than the driver's (``home``) keeps nothing of it."""
     import ray
 
-    from index_format.remote_root import RemoteRoot
+    from index_format.object_root import ObjectRoot
     from index_format.store import open_store
 
     from .shard_tasks import upload_shard, verify_shard_files
 
     s = row["shard"]
-    at = RemoteRoot(root)
+    at = ObjectRoot(root)
     base_dir, _ = at.fetch(base, [shards[s]])
     staging = at.local_root() / "staging" / key
     part = staging / "_work" / f"shard-{s:06d}"

@@ -17,7 +17,7 @@ The versions searched are those of the output root (the active one first, then t
 (``shard_tasks.assemble_shard``), which holds its own chunks' text keys, never a source's.
 
 A root in object storage is read through this node's cache: the one version searched (the active one, else the
-newest that fits) is fetched there first (``RemoteRoot.fetch``: only the blobs the node lacks), then read like a
+newest that fits) is fetched there first (``ObjectRoot.fetch``: only the blobs the node lacks), then read like a
 local version. One, not four: each version fetched may cost a download of its size on a fresh node, and the live
 version holds what a new build most likely shares with it (a rebuild, a delta on it). Since blobs are
 content-addressed, a shard linked from it is published as references to blobs already there: nothing is uploaded
@@ -34,8 +34,14 @@ from pathlib import Path
 
 from index_format.manifest import MANIFEST, IndexMismatch, VersionManifest, sha256_file
 from index_format.prompts import EncoderSpec
-from index_format.store import is_remote
-from index_format.versions import active_version, list_versions, read_version_manifest, versions_dir
+from index_format.root import IndexRoot
+from index_format.versions import (
+    active_version,
+    list_versions,
+    open_root,
+    read_version_manifest,
+    versions_dir,
+)
 
 MAX_SOURCES = 4  # versions searched for vectors: the active one and the newest others
 REMOTE_SOURCES = 1  # versions of a root in object storage fetched to be searched (see the module's docstring)
@@ -54,7 +60,7 @@ class SourceVersion:
     name: str
     folder: Path
     manifest: VersionManifest
-    fetched: dict | None = None  # from a root in object storage: what fetching it downloaded (RemoteRoot.fetch)
+    fetched: dict | None = None  # from a root in object storage: what fetching it downloaded (ObjectRoot.fetch)
 
 
 @dataclass
@@ -77,8 +83,9 @@ def find_sources(root: str | Path, spec: EncoderSpec, chunk_size: int, chunk_ove
     """Published versions under ``root`` whose vectors a build with these options may reuse, best first; those of a
     root in object storage fetched into this node's cache first."""
     options = (spec.model, spec.document_prompt, chunk_size, chunk_overlap)
-    if is_remote(root):
-        return _remote_sources(str(root), options)
+    opened = open_root(root)
+    if opened.shared_by_nodes:
+        return _remote_sources(opened, options)
     found = []
     for name in list_versions(root):
         folder = versions_dir(root) / name
@@ -104,12 +111,9 @@ def _best_first(found: list[SourceVersion], live: str | None) -> list[SourceVers
     return active + sorted((s for s in found if s.name != live), key=lambda s: s.manifest.created, reverse=True)
 
 
-def _remote_sources(url: str, options: tuple[str, str, int, int]) -> list[SourceVersion]:
+def _remote_sources(root: IndexRoot, options: tuple[str, str, int, int]) -> list[SourceVersion]:
     """The best REMOTE_SOURCES versions of a root in object storage, fetched: the active one when it fits (its
     manifest alone is read), else the newest that fits."""
-    from index_format.remote_root import RemoteRoot
-
-    root = RemoteRoot(url)
     names, live = root.versions(), root.active()
 
     def fitting(candidates: list[str]) -> list[SourceVersion]:

@@ -61,7 +61,6 @@ from index_format.sharding import shard_of
 from .faiss_index import FaissSpec
 from .tables import CHUNK_SCHEMA, DOCUMENT_SCHEMA, RowGroupWriter, contents_of
 
-EMBED_BLOCK = 1024  # rows of a shard read as one block for the embedding (a row group of its rows to embed)
 REUSED_FILE, REUSED_ROWS_FILE = "reused.npy", "reused_rows.npy"
 
 
@@ -258,6 +257,8 @@ def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_sh
         result |= {"reused": reused, "reused_from": by_version, "dimension": dimension}
     if todo:
         _write_todo(folder, mine, todo, prepend_title, shard, work_at)
+    from .embedding import EMBED_BLOCK
+
     return result | {"todo": len(todo), "blocks": -(-len(todo) // EMBED_BLOCK)}
 
 
@@ -266,9 +267,9 @@ def _sources_here(sources: list[dict] | None, root: str | None) -> list[dict] | 
     node's cache (each blob downloaded once per node; nothing on the driver's node, which fetched them to plan)."""
     if not sources or root is None:
         return sources
-    from index_format.remote_root import RemoteRoot
+    from index_format.object_root import ObjectRoot
 
-    remote = RemoteRoot(root)
+    remote = ObjectRoot(root)
     here = []
     for source in sources:
         if _whole(source):  # this node holds it (the driver's, which fetched it to plan)
@@ -294,7 +295,7 @@ def _write_todo(folder: Path, mine: Path, todo: list[int], prepend_title: bool, 
     area ``work_at`` (uploaded there when it is not this node's folder)."""
     from index_format.store import is_remote, open_store
 
-    from .embedding import TODO_FILE, TODO_SCHEMA, todo_key
+    from .embedding import EMBED_BLOCK, TODO_FILE, TODO_SCHEMA, todo_key
 
     schema = TODO_SCHEMA
     wanted = np.zeros(pq.read_metadata(folder / CHUNKS_FILE).num_rows, dtype=bool)
@@ -410,11 +411,11 @@ def upload_shard(shard_dir: str, upload_to: str | None) -> dict | None:
     version's paths (``shards/<shard>/<file>``), the bytes uploaded and the seconds."""
     if upload_to is None:
         return None
-    from index_format.remote_root import RemoteRoot
+    from index_format.object_root import ObjectRoot
 
     t = time.perf_counter()
     folder = Path(shard_dir)
-    files, sent = RemoteRoot(upload_to).upload_files(folder)
+    files, sent = ObjectRoot(upload_to).upload_files(folder)
     checksums = read_shard_manifest(folder).checksums
     sent_sums = {rel: f["sha256"] for rel, f in files.items() if rel != MANIFEST}
     if sent_sums != checksums:

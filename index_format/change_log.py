@@ -27,7 +27,8 @@ already. So no version, however old, and no full build (``log_seq`` 0) loses a w
 with rewrites of the same documents: it holds what the API wrote once per document, plus the newest segment.
 
 A root in object storage keeps its log in the store instead (``index_format.store_log``: no node's disk, ordered by
-conditional creates); ``open_change_log`` gives a root's log, either kind, with the same methods.
+conditional creates). Both keep one contract (``index_format.changes``); ``index_format.collection_log`` opens a
+root's, either kind.
 
 This is the log alone (``ChangeLog``), on disk beside the versions, so both sides use it: the service appends the
 API's writes and keeps them searchable (``deployments.documents``), the job folds them into a version and compacts
@@ -40,17 +41,26 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from index_format.changes import (
+    Change,
+    ChangeLogError,
+    CompactionSummary,
+    LogCorrupt,
+    LogFull,
+    WriteNotStored,
+    last_writes,
+)
 from index_format.store import fsync_dir
+
+__all__ = ["Change", "ChangeLogError", "CompactionSummary", "LogCorrupt", "LogFull", "WriteNotStored"]
 
 CHANGES_DIR = "changes"  # beside the versions in an index root: <root>/changes/log-<first seq>.jsonl ...
 LEGACY_NAME = "log.jsonl"  # the one file of a log written before segments: its first segment
@@ -58,38 +68,6 @@ LOCK_NAME = "lock"  # writers (and compaction) take turns on this file
 SEGMENT_BYTES = 64 << 20  # a segment at or past this size is closed: the next write starts a new one
 _SEGMENT = re.compile(r"log-(\d+)\.jsonl")
 _SEQ_KEY = b'{"seq":'  # how ``Change.line`` starts every line
-
-
-class ChangeLogError(Exception):
-    """What the change log cannot do (the base of the kinds below)."""
-
-
-class WriteNotStored(ChangeLogError):
-    """A write could not be made durable (an I/O error): nothing of it is in the log; the same write can succeed
-    shortly."""
-
-
-class LogFull(WriteNotStored):
-    """A write found no room on disk (ENOSPC, EDQUOT): retrying will not help until space is freed."""
-
-
-class LogCorrupt(ChangeLogError):
-    """The log holds what no writer writes (a line that is not a change, sequence numbers out of order): it was
-    edited or damaged outside the log; an operator must restore it."""
-
-
-def open_change_log(root: str | Path, after: int = 0):
-    """The change log of an index root's documents, read past ``after``: in the store for a root in object
-    storage (``StoreChangeLog``), else the segments in ``<root>/changes`` (``ChangeLog``)."""
-    from index_format.store import is_remote
-
-    if is_remote(root):
-        from index_format.store_log import StoreChangeLog, import_folder_log
-        from index_format.versions import state_dir
-
-        import_folder_log(str(root), state_dir(root) / CHANGES_DIR)  # a log kept on the node by an earlier release
-        return StoreChangeLog(str(root), after)
-    return ChangeLog(Path(root) / CHANGES_DIR, after=after)
 
 
 def segment_name(first_seq: int) -> str:
@@ -111,29 +89,6 @@ def segments(folder: Path) -> list[tuple[int, Path]]:
         elif name == LEGACY_NAME:
             out.append((1, Path(folder) / name))
     return sorted(out)
-
-
-@dataclass(frozen=True)
-class Change:
-    """One acknowledged write: its sequence number, the documents it upserts (records as the index reads
-    them: id, title, text, metadata) and the ids it deletes, when and by whom (a key id, or None)."""
-
-    seq: int
-    upserts: list[dict[str, Any]] = field(default_factory=list)
-    deletes: list[str] = field(default_factory=list)
-    time: float = 0.0
-    by: str | None = None
-
-    def line(self) -> bytes:
-        body = {"seq": self.seq, "time": self.time, "by": self.by, "upserts": self.upserts, "deletes": self.deletes}
-        return (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-
-    @classmethod
-    def parse(cls, line: bytes) -> Change:
-        body = json.loads(line)
-        return cls(seq=int(body["seq"]), upserts=list(body.get("upserts") or []),
-                   deletes=[str(d) for d in body.get("deletes") or []], time=float(body.get("time") or 0.0),
-                   by=body.get("by"))
 
 
 class ChangeLog:
@@ -315,26 +270,23 @@ class ChangeLog:
         before = sum(p.stat().st_size for _, p in closed)
         if not closed or (len(closed) == 1 and _compacted(closed[0][1])):  # (a one-file log never starts so)
             return CompactionSummary(len(closed), before, before, 0)
-        last: dict[str, int] = {}  # document id -> the seq of its last write in the closed segments
-        total = 0
-        for change in _changes_in(closed):
-            total += 1
-            for doc_id in change.deletes:
-                last[doc_id] = change.seq
-            for record in change.upserts:
-                last[record["id"]] = change.seq
+        read = [0]  # changes in the closed segments (counted on each of the rule's two passes)
+
+        def changes() -> Iterator[Change]:
+            read[0] = 0
+            for change in _changes_in(closed):
+                read[0] += 1
+                yield change
+
         first = closed[0][0]
         target = self.folder / segment_name(first)
         tmp = self.folder / f".compacting-{first}"
         kept = 0
-        with open(tmp, "wb") as f:  # read twice rather than held: memory grows with the documents, not the writes
+        with open(tmp, "wb") as f:
             f.write(COMPACTED_MARK)
-            for change in _changes_in(closed):
-                upserts = [r for r in change.upserts if last[r["id"]] == change.seq]
-                deletes = [d for d in change.deletes if last[d] == change.seq]
-                if upserts or deletes:
-                    f.write(Change(change.seq, upserts, deletes, change.time, change.by).line())
-                    kept += 1
+            for change in last_writes(changes):
+                f.write(change.line())
+                kept += 1
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)  # the oldest segment's name, so the order of names holds throughout
@@ -343,7 +295,7 @@ class ChangeLog:
             if path != target:
                 path.unlink(missing_ok=True)
         fsync_dir(self.folder)
-        return CompactionSummary(len(closed), before, target.stat().st_size, total - kept)
+        return CompactionSummary(len(closed), before, target.stat().st_size, read[0] - kept)
 
 
 COMPACTED_MARK = b"\n"  # a compacted segment starts with an empty line: it is not compacted again for nothing
@@ -374,11 +326,3 @@ def _parse(line: bytes, path: Path) -> Change:
 def _compacted(path: Path) -> bool:
     with open(path, "rb") as f:
         return f.read(1) == COMPACTED_MARK
-
-
-@dataclass(frozen=True)
-class CompactionSummary:
-    segments: int  # closed segments read
-    bytes_before: int
-    bytes_after: int
-    changes_dropped: int  # changes whose every document was written again later

@@ -67,6 +67,11 @@ class Store:
         """Key -> size of the keys under ``prefix`` (past ``offset``, when given: the keys that sort after it)."""
         ...
 
+    def modified(self, prefix: str) -> dict[str, float]:
+        """Key -> the time of its last write, on the store's clock (seconds since the epoch), of the keys under
+        ``prefix`` (a folder-like prefix: ``leases/version/``)."""
+        ...
+
     def upload(self, path: Path, key: str) -> None: ...
     def download(self, key: str, path: Path) -> None: ...
     def delete(self, keys: list[str]) -> None: ...
@@ -148,6 +153,15 @@ class FolderStore(Store):
                 if offset is None or key > offset:
                     out[key] = (Path(folder) / name).stat().st_size
         return dict(sorted(out.items()))
+
+    def modified(self, prefix: str) -> dict[str, float]:
+        out = {}
+        for folder, _, files in os.walk(self._path(prefix)):
+            for name in files:
+                path = Path(folder) / name
+                with contextlib.suppress(FileNotFoundError):  # deleted since the walk listed it
+                    out[path.relative_to(self.folder).as_posix()] = path.stat().st_mtime
+        return out
 
     def upload(self, path: Path, key: str) -> None:
         target = self._path(key)
@@ -244,6 +258,15 @@ class ObjectStore(Store):
             return out
 
         return dict(sorted(self._call("list", prefix, listing).items()))
+
+    def modified(self, prefix: str) -> dict[str, float]:
+        import obstore
+
+        def listing(store):
+            return {meta["path"]: meta["last_modified"].timestamp()
+                    for batch in obstore.list(store, prefix or None) for meta in batch}
+
+        return self._call("list", prefix, listing)
 
     def upload(self, path: Path, key: str) -> None:
         import obstore

@@ -28,7 +28,14 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from index_format.change_log import Change, CompactionSummary, LogCorrupt, WriteNotStored
+from index_format.changes import (
+    Change,
+    ChangeLogLike,
+    CompactionSummary,
+    LogCorrupt,
+    WriteNotStored,
+    last_writes,
+)
 from index_format.store import Conflict, StoreError, open_store
 
 LOG_PREFIX = "changes/log/"
@@ -192,18 +199,7 @@ class StoreChangeLog:
         for key in sources:
             by_seq.update((c.seq, c) for c in map(Change.parse, filter(bytes.strip, self.store.get(key).splitlines())))
         changes = [by_seq[seq] for seq in sorted(by_seq)]
-        last: dict[str, int] = {}
-        for change in changes:
-            for doc_id in change.deletes:
-                last[doc_id] = change.seq
-            for record in change.upserts:
-                last[record["id"]] = change.seq
-        kept = []
-        for change in changes:
-            upserts = [r for r in change.upserts if last[r["id"]] == change.seq]
-            deletes = [d for d in change.deletes if last[d] == change.seq]
-            if upserts or deletes:
-                kept.append(Change(change.seq, upserts, deletes, change.time, change.by))
+        kept = list(last_writes(lambda: changes))
         through_seq = firsts[len(closed)] - 1  # the last seq of the last closed object
         data = b"".join(c.line() for c in kept)
         self.store.put(COMPACTED_PREFIX + object_name(through_seq), data)
@@ -211,18 +207,14 @@ class StoreChangeLog:
         return CompactionSummary(len(closed), before, len(data), len(changes) - len(kept))
 
 
-def import_folder_log(root: str, folder) -> int:
-    """Move a log kept on a node's disk (``folder``: where a root in object storage kept its log before the log
-    moved into the store) into the store as its compacted object, once, when the store holds no log yet: the
-    writes it acknowledged stay searchable. Returns the changes imported."""
-    from pathlib import Path
-
-    from index_format.change_log import ChangeLog
-
+def import_folder_log(root: str, old: ChangeLogLike) -> int:
+    """Move a log kept on a node's disk (``old``: where a root in object storage kept its log before the log moved
+    into the store) into the store as its compacted object, once, when the store holds no log yet: the writes it
+    acknowledged stay searchable. Returns the changes imported."""
     store = open_store(root)
     if store.list(LOG_PREFIX) or store.list(COMPACTED_PREFIX):
         return 0
-    changes = ChangeLog(Path(folder)).read_new()
+    changes = old.read_new()
     if not changes:
         return 0
     try:

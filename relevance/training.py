@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from deployments.judgments import JudgmentStore
+from deployments.judgments import judgments_of
 from relevance.qrels import read_qrels
 
 TRAINING_FILE = "training.json"  # written beside a trained model: its data, held-out split, settings, time
@@ -128,9 +128,7 @@ def beir_judgments_of(folder: Path, qrels: dict[str, dict[str, int]], source: st
 
 def service_judgments(root: Path, held_out_ids: Iterable[str] = ()) -> Judged:
     """What ``POST /feedback`` stored under ``ROOT/judgments`` (every tenant's: an operator's export)."""
-    from index_format.versions import state_dir
-
-    texts, qrels = JudgmentStore(state_dir(root) / "judgments").qrels()
+    texts, qrels = judgments_of(root).qrels()
     held = set(held_out_ids)
     dropped = len(set(qrels) & held)
     qrels = {q: d for q, d in qrels.items() if q not in held}

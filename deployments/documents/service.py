@@ -19,7 +19,8 @@ import numpy as np
 
 from deployments.documents.segment import FreshSegment
 from deployments.search.clients import EncoderClient
-from index_format.change_log import Change, open_change_log
+from index_format.change_log import Change
+from index_format.collection_log import open_change_log
 
 __all__ = ["POLL_S", "CollectionDocuments", "new_segment", "open_documents"]
 

@@ -110,11 +110,11 @@ def inprocess_pipeline(collections: dict[str, Path], settings: RouterSettings | 
 def active_models(collections: dict[str, Path]) -> dict[str, RankingModel]:
     """The active ranking model of each collection given as an index root (a version folder has none)."""
     from index_format.rankers import active_ranker, read_ranker
-    from index_format.store import is_remote
+    from index_format.versions import open_root
 
     models = {}
     for name, path in collections.items():
-        if is_remote(path) or (Path(path) / "versions").is_dir():
+        if open_root(path).shared_by_nodes or (Path(path) / "versions").is_dir():
             active = active_ranker(path)
             if active is not None:
                 description, text = read_ranker(path, active)

@@ -33,17 +33,14 @@ from deployments.serve.shard_group import ShardRetriever
 from deployments.serve.specs import CollectionSpec, HeldSlot, HostSpec, SlotSpec
 from deployments.serve.synthesis import Synthesis
 from index_format.manifest import MANIFEST, VersionManifest
+from index_format.object_root import CACHE_DIR_ENV, STATE_ENV
 from index_format.prompts import EncoderSpec
-from index_format.remote_root import CACHE_DIR_ENV, STATE_ENV
-from index_format.store import is_remote
 from index_format.versions import (
     absolute_root,
-    chosen_version,
+    open_root,
     read_version_manifest,
-    remote,
     resolve_version_dir,
     shard_bytes,
-    state_dir,
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
@@ -90,21 +87,22 @@ def synthesis_deployment(cfg: SynthesisConfig, logs: dict[str, Any] | None = Non
     ).bind(cfg.model_dump(mode="json"))
 
 
-def judgments_root(index: str, version_dir: Path | None) -> Path:
-    """The folder a collection's judgments live in: beside the versions of a folder root (also when the config
-    names a version folder), in the node's state folder for a root in object storage."""
-    if is_remote(index) or version_dir is None or Path(index) != version_dir:
-        return state_dir(index)
-    return version_dir.parent.parent if version_dir.parent.name == "versions" else version_dir
+def judgments_root(index: str, version_dir: Path | None) -> str:
+    """The root whose judgments a collection keeps (``deployments.judgments.judgments_of``): the index root, in a
+    folder or in object storage; the root above it when the config names a version folder."""
+    if version_dir is None or Path(index) != version_dir:
+        return index
+    return str(version_dir.parent.parent if version_dir.parent.name == "versions" else version_dir)
 
 
 def served_version(index: str, version: str | None) -> tuple[VersionManifest, Path | None]:
     """The manifest of the version a collection starts on, and its folder (None for a root in object storage:
     each replica fetches the files it serves to its own node; nothing is downloaded here)."""
-    if not is_remote(index):
+    root = open_root(index)
+    if not root.shared_by_nodes:
         folder = resolve_version_dir(Path(index), version)
         return read_version_manifest(folder), folder
-    return remote(index).manifest(chosen_version(index, version)), None
+    return root.manifest(root.chosen(version)), None
 
 
 def node_env(cfg: AppConfig) -> dict[str, str]:
@@ -257,8 +255,9 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
         manifest, version_dir = served_version(index, coll.version)
         # An index root without a pinned version follows its ACTIVE pointer; a version folder never moves. A root in
         # object storage is named to the hosts either way: they fetch their files from it.
-        follows = coll.version is None and (is_remote(index) or not (Path(index) / MANIFEST).is_file())
-        host_root = index if follows or is_remote(index) else None
+        shared = open_root(index).shared_by_nodes
+        follows = coll.version is None and (shared or not (Path(index) / MANIFEST).is_file())
+        host_root = index if follows or shared else None
         spec = EncoderSpec.of(manifest)  # one query encoder a model and its prompts, shared by the collections
         for each in (spec, *(e.spec for e in manifest.encoders.values())):
             if each not in encoders:
@@ -276,7 +275,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
             name=name, version=manifest.version, slots=shard_slots(cfg, name, host, groups),
             encoder_spec=spec, dimension=manifest.dimension,
             # Beside the versions, so judgments outlive restarts and reindexing.
-            judgments=str(judgments_root(index, version_dir) / "judgments"),
+            judgments=judgments_root(index, version_dir),
             encoder=encoders[spec], encoder_backend=cfg.encoder.backend,
             encoder_threads=cfg.encoder.router_threads, root=str(index) if follows else None,
             rerank=coll.rerank, ann=coll.ann, counts=dict(manifest.counts), bm25=dict(manifest.bm25),

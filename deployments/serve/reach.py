@@ -13,12 +13,13 @@ from pathlib import Path
 
 def root_problem(root: str) -> str | None:
     """Why this process cannot read ``root`` (None: it can). Ray-free."""
-    from index_format.store import StoreError, is_remote
-    from index_format.versions import active_version
+    from index_format.store import StoreError
+    from index_format.versions import open_root
 
     try:
-        if is_remote(root):
-            active_version(root)
+        opened = open_root(root)
+        if opened.shared_by_nodes:
+            opened.active()
         elif not Path(root).exists():
             return "no such file or folder on this node"
     except (StoreError, OSError) as e:

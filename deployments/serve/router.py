@@ -12,7 +12,6 @@ in one place (``deployments.edge.http``'s handlers, over ``deployments.edge.erro
 
 import asyncio
 import logging
-from pathlib import Path
 
 from fastapi import Request
 from fastapi.responses import (
@@ -41,7 +40,7 @@ from deployments.edge.http import CurrentCaller, app, error_response, error_resp
 from deployments.edge.metrics import SearchMetrics
 from deployments.edge.streams import streamed
 from deployments.errors import ServiceError
-from deployments.judgments import JudgmentStore
+from deployments.judgments import judgments_of
 from deployments.search.activation import VersionSwitch
 from deployments.search.clients import Collection, fields_of
 from deployments.search.models import RankingModels
@@ -112,7 +111,7 @@ class SearchRouter:
                                                            if d.follows_active})
         await self.models.follow()
         self.builds = Builds(deployed, default_collection, start_build)
-        self.judgments = Feedback(self.pipeline, {name: JudgmentStore(Path(spec.judgments))
+        self.judgments = Feedback(self.pipeline, {name: judgments_of(spec.judgments)
                                                   for name, spec in collections.items()}, self.guard.keys_on)
         self.metrics = SearchMetrics()
         self.metrics.index(self.pipeline.collections.values())

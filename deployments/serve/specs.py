@@ -53,7 +53,7 @@ class CollectionSpec:
     slots: list[SlotSpec]
     encoder_spec: EncoderSpec  # the version's encoder and prompts (its manifest's)
     dimension: int
-    judgments: str  # the folder POST /feedback writes to, beside the versions
+    judgments: str  # the root whose judgments POST /feedback writes (deployments.judgments.judgments_of)
     encoder: Any = None  # a query-encoder deployment's handle; None: embedded in the router
     encoder_backend: str = "onnx"
     encoder_threads: int = 1

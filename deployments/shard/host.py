@@ -43,8 +43,7 @@ from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.service import ShardService, corpus_df_map
 from index_format.bm25_stats import read_stats
 from index_format.manifest import IndexMismatch
-from index_format.store import is_remote
-from index_format.versions import list_versions, pin_version, version_dir
+from index_format.versions import hold_version, let_go_version, list_versions, version_dir
 
 # A group holding at least this many chunks searches its two legs side by side (see the module).
 LEGS_APART_MIN_CHUNKS = 100_000
@@ -71,6 +70,7 @@ class ShardHost:
         self._loads: dict[str, asyncio.Future] = {}  # versions being loaded, or loaded and not yet taken (``load``)
         self._closing: set[asyncio.Task] = set()  # closes waiting out their grace period (kept referenced)
         self.sick: str | None = None  # why this slot should leave rotation (a JVM error), once seen
+        self._holds_root: str | Path | None = None  # the root whose versions this host holds leases on
         initial = Path(version_dir) if version_dir else self._fetch(version)
         self.initial_version = initial.name
         # Opened now, so a broken index fails the deployment instead of its first request.
@@ -123,6 +123,8 @@ class ShardHost:
         if self.opened.get(version) is group:
             del self.opened[version]
         group.close()
+        if self._holds_root is not None:
+            let_go_version(self._holds_root, version)
 
     def close_later(self, version: str, group: ShardGroup, grace_s: float = CLOSE_GRACE_S) -> asyncio.Task:
         """The one closer of an evicted version (either cache's): closed ``grace_s`` from now, once requests that were
@@ -148,7 +150,10 @@ class ShardHost:
                                          self.verify_checksums, self.search_device) for shard in held])
         if warm:
             group.warm_up(self.warmup_searches)
-        pin_version(version_dir)  # served from this process: not removable until it exits
+        holds = self.root or (version_dir.parent.parent if version_dir.parent.name == "versions" else None)
+        if holds is not None:  # served from this process: not removable until closed (or this process is gone)
+            hold_version(holds, version_dir.name)
+            self._holds_root = holds
         self.opened[version_dir.name] = group
         return group
 
@@ -168,9 +173,7 @@ class ShardHost:
         (what is not there yet) for this host's shards only, before the version is opened."""
         if self.root is None or not version:
             raise IndexMismatch("a shard host needs a version folder, or an index root and a version")
-        if is_remote(self.root):
-            return version_dir(self.root, version, shards=self.shards)
-        return version_dir(self.root, version)
+        return version_dir(self.root, version, shards=self.shards)
 
     async def load(self, version: str) -> ShardGroup:
         """Open on the loading thread, warm up on the search thread (see the module). One load of a version at a

@@ -33,8 +33,8 @@ from deployments.edge.schemas import SearchRequest
 from deployments.search.inprocess import inprocess_pipeline
 from index_build.build import build_index
 from index_build.config import BuildConfig
-from index_format.change_log import open_change_log
-from index_format.remote_root import RemoteRoot
+from index_format.collection_log import open_change_log
+from index_format.object_root import ObjectRoot
 from tests.integration.conftest import ENCODER as HASHING
 from tests.versions_equal import assert_versions_equal, queries
 
@@ -99,7 +99,7 @@ def test_a_build_across_the_nodes_equals_a_single_node_build(cluster_build, one_
     """The corpus's objects are scanned and read by Ray Data's tasks on more than one node (no node downloads the
     corpus), its shards built on more than one, and the version equals the one-node build's."""
     local = one_node
-    folder, _ = RemoteRoot(URL, cache_dir=tmp_path / "fresh").fetch("v1")
+    folder, _ = ObjectRoot(URL, cache_dir=tmp_path / "fresh").fetch("v1")
     assert_versions_equal(local.version_dir, folder)
     nodes = cluster_build["nodes"]
     assert len(nodes) == 3
@@ -177,7 +177,7 @@ def test_a_worker_node_killed_during_a_build_leaves_a_build_that_completes_and_e
     empty, for the tests after."""
     summary = _build_larger(cluster, "killed", kill="node_2")
     print("node killed during the build:", {k: summary[k] for k in ("nodes_lost", "nodes", "seconds")})
-    root = RemoteRoot(LARGER_URL, cache_dir=tmp_path / "fresh")
+    root = ObjectRoot(LARGER_URL, cache_dir=tmp_path / "fresh")
     assert_versions_equal(root.fetch("clean")[0], root.fetch("killed")[0])
 
 
@@ -248,7 +248,7 @@ def test_the_writes_are_folded_on_more_than_one_node_and_served(service, cluster
     summary = json.loads(proc.stdout[proc.stdout.index("{"):])
     print("fold on the cluster:", {k: summary[k] for k in ("shards_changed", "nodes", "seconds")})
     assert len(summary["shards_changed"]) >= 2 and len(set(summary["nodes"].values())) >= 2, summary
-    assert RemoteRoot(URL).active() == summary["version"]
+    assert ObjectRoot(URL).active() == summary["version"]
     with httpx.Client() as client:
         deadline = time.monotonic() + 60
         while summary["version"] not in service.search("zebrafinch0003", 1, client).json()["index_version"].values() \
@@ -263,7 +263,7 @@ def test_the_store_stopped_during_a_switch_keeps_the_old_version_serving(service
     from index_format.versions import active_version
 
     local = one_node
-    RemoteRoot(URL, cache_dir=tmp_path / "publisher").publish(local.version_dir, "v2")
+    ObjectRoot(URL, cache_dir=tmp_path / "publisher").upload_version(local.version_dir, "v2")
     was = active_version(URL)  # v1, or the version a fold of the writes made
     before = service.search("telescope galaxy").json()
     s3_server.stop()

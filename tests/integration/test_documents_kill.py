@@ -20,8 +20,8 @@ import pytest
 
 from index_build.build import build_index
 from index_build.config import BuildConfig
-from index_format.change_log import open_change_log
-from index_format.remote_root import RemoteRoot
+from index_format.collection_log import open_change_log
+from index_format.object_root import ObjectRoot
 from tests.conftest import make_corpus, write_jsonl
 from tests.waiting import wait_until
 
@@ -115,8 +115,8 @@ def index(ray_local, tmp_path_factory, request):
 
     request.getfixturevalue("s3_server")
     boto3.client("s3").create_bucket(Bucket="kill-test")
-    root = RemoteRoot("s3://kill-test/idx", cache_dir=folder / "cache")
-    root.publish(summary.version_dir, summary.version)
+    root = ObjectRoot("s3://kill-test/idx", cache_dir=folder / "cache")
+    root.upload_version(summary.version_dir, summary.version)
     root.activate(summary.version)
     return root.url, folder / "state"
 

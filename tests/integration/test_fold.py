@@ -194,8 +194,8 @@ def test_a_fold_in_object_storage_equals_the_fold_of_a_local_root(folded, s3_roo
     """The same base built into object storage and the same writes in its log: the fold there (the touched shards
     folded by Ray Data tasks, each fetching its own base shard only; the others referenced) publishes what the local
     fold did, and fetched nothing of the base's shards to the driver's node."""
-    from index_format.change_log import open_change_log
-    from index_format.remote_root import RemoteRoot
+    from index_format.collection_log import open_change_log
+    from index_format.object_root import ObjectRoot
     from tests.versions_equal import assert_versions_equal
 
     build_index(BuildConfig(corpus=folded["corpus"], out=s3_root, version="v1", faiss_index=folded["kind"],
@@ -211,9 +211,9 @@ def test_a_fold_in_object_storage_equals_the_fold_of_a_local_root(folded, s3_roo
         del os.environ["RAYSEARCH_INDEX_CACHE"]
     local = folded["summary"]
     assert (summary.shards_changed, summary.shards_linked) == (local.shards_changed, local.shards_linked)
-    fetched = RemoteRoot(s3_root, cache_dir=cache).local_root() / "versions" / "v1"
+    fetched = ObjectRoot(s3_root, cache_dir=cache).local_root() / "versions" / "v1"
     assert not (fetched / "shards").exists() or not any((fetched / "shards").iterdir())  # no base shard came here
-    remote = RemoteRoot(s3_root, cache_dir=tmp_path / "fresh").fetch(summary.version)[0]
+    remote = ObjectRoot(s3_root, cache_dir=tmp_path / "fresh").fetch(summary.version)[0]
     assert_versions_equal(folded["root"] / "versions" / local.version, remote, ignore=frozenset({"build_key"}))
 
 

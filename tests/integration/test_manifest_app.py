@@ -29,7 +29,7 @@ import yaml
 
 from index_build.build import build_index
 from index_build.config import BuildConfig
-from index_format.remote_root import RemoteRoot
+from index_format.object_root import ObjectRoot
 from tests.conftest import _free_port, make_corpus, write_jsonl
 from tests.integration.conftest import ENCODER
 from tests.kuberay import ROOT, app_args, container_env, dockerfile_env, groups, manifest, serve_config
@@ -95,8 +95,8 @@ def store(ray_local, s3_server, tmp_path_factory, tiny_cross_encoder):
     summary = build_index(BuildConfig(corpus=write_jsonl(folder / "corpus.jsonl", docs), out=folder / "index",
                                       encoder=ENCODER, shards=2, chunk_size=40, chunk_overlap=8, version="v1",
                                       progress=False))
-    root = RemoteRoot(index, cache_dir=folder / "publisher-cache")
-    root.publish(summary.version_dir, "v1")
+    root = ObjectRoot(index, cache_dir=folder / "publisher-cache")
+    root.upload_version(summary.version_dir, "v1")
     root.activate("v1")
     # The reranker's folder, where the init container copies it from: s3://<bucket>/models/<its name>.
     model = PurePosixPath(args["reranker"]["model"])

@@ -26,7 +26,7 @@ from index_build.config import BuildConfig
 from index_build.fold import fold
 from index_format import versions
 from index_format.change_log import CHANGES_DIR
-from index_format.remote_root import CACHE_DIR_ENV, STATE_ENV, RemoteRoot, root_slug
+from index_format.object_root import CACHE_DIR_ENV, STATE_ENV, ObjectRoot, root_slug
 from index_format.store import open_store
 from index_format.store_log import LOG_PREFIX
 from tests.conftest import make_corpus, write_jsonl
@@ -49,14 +49,14 @@ def published(ray_local, s3_server, tmp_path_factory):
     docs = make_corpus(40)
     renamed = [{**d, "_id": "v2-" + d["_id"]} for d in docs]
     expected = {}
-    root = RemoteRoot(url, cache_dir=folder / "publisher-cache")
+    root = ObjectRoot(url, cache_dir=folder / "publisher-cache")
     for version, records in (("v1", docs), ("v2", renamed)):
         corpus = write_jsonl(folder / f"{version}.jsonl", records)
         summary = build_index(BuildConfig(corpus=corpus, out=folder / "index", encoder=ENCODER, shards=2, chunk_size=40,
                                           chunk_overlap=8, version=version, progress=False))
         pipeline = inprocess_pipeline({"default": summary.version_dir})
         expected[version] = {q: ids(asyncio.run(pipeline.search(SearchRequest(query=q, limit=10)))) for q in QUERIES}
-        root.publish(summary.version_dir, version)
+        root.upload_version(summary.version_dir, version)
     root.activate("v1")
     shutil.rmtree(folder / "index")  # nothing left on disk but the store
     return url, expected
@@ -100,7 +100,7 @@ def test_served_from_the_store(published, tmp_path, s3_server, monkeypatch):
 
     url, expected = published
     cache, state = tmp_path / "cache", tmp_path / "state"
-    files_v1 = RemoteRoot(url).files("v1")
+    files_v1 = ObjectRoot(url).files("v1")
     with start(url, cache, state) as client:
         assert answers(client) == expected["v1"]
         fetched = blobs(cache)
@@ -139,7 +139,7 @@ def test_served_from_the_store(published, tmp_path, s3_server, monkeypatch):
         monkeypatch.setenv(STATE_ENV, str(state))
         monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "fold-cache"))
         summary = fold(url)
-        assert RemoteRoot(url).active() == summary.version and summary.shards_changed and summary.shards_linked
+        assert ObjectRoot(url).active() == summary.version and summary.shards_changed and summary.shards_linked
         assert 0 < summary.upload["bytes_uploaded"] < summary.upload["bytes"]
         wait_until(lambda: client.get("/admin/versions").json()["collections"]["default"]["serving"] ==
                    summary.version, timeout_s=60, what="the switch to the folded version")

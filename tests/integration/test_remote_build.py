@@ -15,9 +15,9 @@ from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_build.target import ActivationRefused
 from index_build.versions import main as versions_main
-from index_format import remote_root
+from index_format import object_root
 from index_format.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, sha256_file
-from index_format.remote_root import RemoteRoot
+from index_format.object_root import ObjectRoot
 from index_format.store import open_store
 from index_format.versions import active_version, list_versions, read_version_manifest
 from tests.conftest import fake_version, write_jsonl
@@ -29,10 +29,10 @@ OPTIONS = {"encoder": ENCODER, "chunk_size": 40, "chunk_overlap": 8, "shards": 3
 
 @pytest.fixture(scope="module")
 def node_cache(tmp_path_factory):
-    """This node's cache (RemoteRoot's default) in a temporary folder, for the module."""
+    """This node's cache (ObjectRoot's default) in a temporary folder, for the module."""
     cache = tmp_path_factory.mktemp("node-cache")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(remote_root, "default_cache_dir", lambda: cache)
+        mp.setattr(object_root, "default_cache_dir", lambda: cache)
         yield cache
 
 
@@ -53,7 +53,7 @@ def builds(corpus, built, s3_server, node_cache):
 def test_a_build_into_object_storage_equals_a_local_build(builds, tmp_path):
     """Searched in the version as a fresh node fetches it from the store."""
     url, local, first = builds["url"], builds["local"], builds["first"]
-    folder, fetched = RemoteRoot(url, cache_dir=tmp_path / "fresh-node").fetch("v1")
+    folder, fetched = ObjectRoot(url, cache_dir=tmp_path / "fresh-node").fetch("v1")
     assert fetched["bytes_downloaded"] == first.publish["bytes"] > 0
     assert read_version_manifest(folder).corpus == read_version_manifest(local.version_dir).corpus
     assert_versions_equal(local.version_dir, folder)
@@ -84,7 +84,7 @@ def test_the_shard_tasks_upload_the_shards_and_a_rebuild_uploads_only_manifests(
 def test_an_activation_since_the_build_started_is_not_overwritten(builds, corpus, s3_root, tmp_path, monkeypatch):
     """Another publisher activates a version between this build's start and its publish: the build's compare-and-swap
     fails, its version stays published and inactive, and the message says how to activate it."""
-    publish = RemoteRoot.publish
+    publish = ObjectRoot.publish
 
     def theirs_first(self, version_dir, name, uploaded=None):
         if name == "mine":
@@ -92,7 +92,7 @@ def test_an_activation_since_the_build_started_is_not_overwritten(builds, corpus
             self.activate("theirs", by="someone else")
         return publish(self, version_dir, name, uploaded)
 
-    monkeypatch.setattr(RemoteRoot, "publish", theirs_first)
+    monkeypatch.setattr(ObjectRoot, "publish", theirs_first)
     cfg = BuildConfig(corpus=corpus[0], out=s3_root, version="mine", reuse_from=builds["local_root"],
                       **OPTIONS)  # its shards linked from the local root: no embedding, no Lucene
     with pytest.raises(ActivationRefused) as refused:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from deployments.config import AppConfig
-from index_format.remote_root import CACHE_DIR_ENV, STATE_ENV
+from index_format.object_root import CACHE_DIR_ENV, STATE_ENV
 from tests.kuberay import (
     MANIFEST,
     ROOT,

@@ -117,10 +117,10 @@ def test_shard_bytes_are_the_files_of_each_shard_without_its_manifest(root):
 
 
 def test_shard_bytes_of_a_root_in_object_storage_come_from_its_file_table(root, s3_root, tmp_path):
-    from index_format.remote_root import RemoteRoot
+    from index_format.object_root import ObjectRoot
 
-    store = RemoteRoot(s3_root, cache_dir=tmp_path / "cache")
-    store.publish(versions_dir(root) / "v1", "v1")
+    store = ObjectRoot(s3_root, cache_dir=tmp_path / "cache")
+    store.upload_version(versions_dir(root) / "v1", "v1")
     store.activate("v1")
     assert shard_bytes(s3_root) == shard_bytes(root)
     assert not (tmp_path / "cache").exists()  # read from files.json: nothing downloaded

@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from index_format import change_log, store_log
-from index_format.change_log import ChangeLog, WriteNotStored, open_change_log, segment_name, segments
+from index_format.change_log import ChangeLog, WriteNotStored, segment_name, segments
+from index_format.collection_log import open_change_log
 from index_format.store import open_store
 from index_format.store_log import COMPACTED_PREFIX, LOG_PREFIX, StoreChangeLog, object_name
 from tests.unit.test_change_log import _state as replay  # each document's final text, as replaying leaves it

@@ -32,7 +32,7 @@ def test_publish_is_one_rename_and_activation_swaps_the_pointer(tmp_path):
     assert (tmp_path / ACTIVE).read_text() == "v2\n"
     assert resolve_version_dir(tmp_path) == tmp_path / "versions" / "v2"
     assert resolve_version_dir(tmp_path, "v1") == tmp_path / "versions" / "v1"
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp pointer left
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [".ACTIVE.lock"]  # no temp pointer left
 
 
 def test_versions_are_kept_until_removed_and_the_active_one_is_protected(tmp_path):
@@ -103,19 +103,21 @@ def test_one_build_at_a_time_per_root(tmp_path):
         pass
 
 
-def test_a_version_being_served_cannot_be_removed(tmp_path):
-    from index_format.versions import _PINS, pin_version
+def test_a_version_being_served_cannot_be_removed_until_every_holder_lets_go(tmp_path):
+    from index_format.versions import hold_version, let_go_version
 
     for k in ("a", "b"):
         publish(_staged(tmp_path, k), tmp_path, k)
     activate(tmp_path, "b")
-    pin_version(tmp_path / "versions" / "a")
+    hold_version(tmp_path, "a")
+    hold_version(tmp_path, "a")  # a second slot of this process serving it
     try:
-        with pytest.raises(ValueError, match="served by a running app"):
+        with pytest.raises(ValueError, match="served by 1 running process"):
+            remove_version(tmp_path, "a")
+        let_go_version(tmp_path, "a")
+        with pytest.raises(ValueError, match="served by"):
             remove_version(tmp_path, "a")
     finally:
-        import os
-
-        os.close(_PINS.pop(str((tmp_path / "versions" / "a").resolve())))
+        let_go_version(tmp_path, "a")
     remove_version(tmp_path, "a")
     assert list_versions(tmp_path) == ["b"]

@@ -2,16 +2,15 @@
 
 Layout under ``s3://bucket/prefix`` (any store ``index_format.store`` opens)::
 
-    ACTIVE                          name of the live version; replaced only by a compare-and-swap on its tag
-    activations/<time>-<name>.json  one object per activation (objects cannot be appended to)
+    ACTIVE, activations/, leases/   as every root has them (``index_format.root``)
     blobs/<sha256>                  every file of every version, stored once under its checksum
     versions/<name>/files.json      the version's files: relative path -> sha256 and size
     versions/<name>/manifest.json   the version manifest, written last: its presence publishes the version
 
 A file's key is its checksum, so a shard a new version reuses or a fold leaves untouched is a reference to
 blobs already there, never a second upload (what hard links are to a local root), and a download is verified
-by the name it is stored under. Versions are immutable; ``remove`` deletes a version and the blobs no other
-version references.
+by the name it is stored under. Versions are immutable; removing one deletes its file table, and the collection that
+follows deletes the blobs no version references (``index_format.root``: never while a publish is in flight).
 
 A node serves from its cache (``cache_dir``): ``blobs/<sha256>``, shared by every root and replica on the node,
 and ``roots/<slug>/versions/<name>/`` built from them with hard links, a folder laid out as a local root's, so
@@ -33,9 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .manifest import MANIFEST, IndexMismatch, VersionManifest, sha256_file
-from .store import Conflict, ObjectStore, open_store
+from .root import IndexRoot
+from .store import Conflict, ObjectStore
 
-ACTIVE = "ACTIVE"
 FILES = "files.json"
 BLOBS = "blobs"
 CACHE_ENV = "RAYSEARCH_CACHE"
@@ -63,25 +62,17 @@ def root_slug(url: str) -> str:
     return f"{slug}-{hashlib.sha256(url.rstrip('/').encode()).hexdigest()[:8]}"
 
 
-class RemoteRoot:
-    """Versions under a root in object storage: list, publish, activate, fetch to a node, remove."""
+class ObjectRoot(IndexRoot):
+    """Versions under a root in object storage: the file tables over blobs, and a node's copy of a version."""
+
+    shared_by_nodes = True
 
     def __init__(self, url: str, cache_dir: Path | None = None):
         self.url = url.rstrip("/")
-        self.store = open_store(self.url)
-        assert isinstance(self.store, ObjectStore), f"{url} is not an object-storage URL"
+        self.store = ObjectStore(self.url)
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
 
     # Reading the root
-
-    def active(self) -> str | None:
-        return self.active_tagged()[0]
-
-    def active_tagged(self) -> tuple[str | None, str | None]:
-        """The active version's name and the tag a compare-and-swap of ``ACTIVE`` must name."""
-        data, tag = self.store.get_tagged(ACTIVE)
-        name = data.decode().strip() if data is not None else ""
-        return (name or None), tag
 
     def versions(self) -> list[str]:
         keys = self.store.list("versions/")
@@ -125,10 +116,20 @@ class RemoteRoot:
             raise IndexMismatch(f"{name}: its shards hold {chunks} chunks, its manifest says {manifest.counts['chunks']}")
         return manifest
 
-    def history(self) -> list[dict]:
-        keys = sorted(self.store.list("activations/"))
-        with ThreadPoolExecutor(TRANSFERS) as pool:
-            return [json.loads(b) for b in pool.map(self.store.get, keys)]
+    def version_dir(self, name: str, shards: list[str] | None = ()) -> Path:
+        return self.fetch(name, shards)[0]
+
+    def shard_bytes(self, name: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for rel, f in self.files(name).items():
+            if rel.startswith("shards/"):
+                shard, *rest = rel.split("/")[1:]
+                out[shard] = out.get(shard, 0) + (f["size"] if rest != [MANIFEST] else 0)
+        return out
+
+    def locations(self, name: str, files: list[str]) -> list[str | None]:
+        table = self.files(name)
+        return [f"{self.url}/{BLOBS}/{table[rel]['sha256']}" if rel in table else None for rel in files]
 
     # Writing the root
 
@@ -153,8 +154,15 @@ class RemoteRoot:
             done = list(pool.map(one, paths))
         return {rel: entry for rel, entry, _ in done}, sum(sent for *_, sent in done)
 
-    def publish(self, version_dir: Path, name: str, uploaded: dict[str, dict] | None = None) -> dict:
-        """Upload a finished local version folder as ``name``: its blobs, its file table, its manifest last.
+    def publish(self, staging: Path, name: str, uploaded: dict[str, dict] | None = None) -> tuple[Path, dict]:
+        """A finished staging folder on this node's cache disk published as ``name`` (``upload_version``) and kept as
+        the cache's copy of it (``keep``)."""
+        sent = self.upload_version(staging, name, uploaded)
+        return self.keep(staging, name), sent
+
+    def upload_version(self, version_dir: Path, name: str, uploaded: dict[str, dict] | None = None) -> dict:
+        """Upload a finished local version folder as ``name`` (the folder stays): its blobs, its file table, its
+        manifest last.
         ``uploaded``: files already in ``blobs/`` (relative path -> sha256 and size, as ``upload_files`` gives them:
         a build's shard tasks upload their shards), neither read nor sent again. Refuses a name already published.
         Returns what this call sent (files, bytes, bytes uploaded, seconds)."""
@@ -173,42 +181,17 @@ class RemoteRoot:
         return {"files": len(files), "bytes": sum(f["size"] for f in files.values()), "bytes_uploaded": sent,
                 "seconds": time.perf_counter() - started}
 
-    def activate(self, name: str, by: str = "cli", expect: tuple[str | None, str | None] | None = None) -> str | None:
-        """Point ``ACTIVE`` at ``name`` with a compare-and-swap: on the tag read here, or on ``expect`` (the name
-        and tag read earlier, by a build when it started). Returns the version it replaced."""
-        if name not in self.versions():
-            raise IndexMismatch(f"cannot activate {name!r}: no such version under {self.url}/versions")
-        previous, tag = expect if expect is not None else self.active_tagged()
-        if previous == name:
-            return previous
-        try:
-            self.store.put_if(ACTIVE, (name + "\n").encode(), tag)
-        except Conflict:
-            now = self.active()
-            raise Conflict(f"not activating {name!r}: {self.url}/ACTIVE moved from {previous or 'none'} to "
-                           f"{now or 'none'} since it was read; activate again if {name!r} should still win") from None
-        now = time.time_ns()  # one reading for the second and its fraction: two readings can straddle a second
-        seconds = time.gmtime(now // 10**9)
-        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", seconds), "version": name, "previous": previous,
-                 "by": by}
-        key = f"activations/{time.strftime('%Y%m%dT%H%M%SZ', seconds)}-{now % 10**9:09d}-{name}.json"
-        self.store.put(key, json.dumps(entry).encode())
-        return previous
+    def _unpublish(self, name: str) -> None:
+        self.store.delete([f"versions/{_checked(name)}/{MANIFEST}"])  # first: no reader opens it half-deleted
+        self.store.delete([f"versions/{name}/{FILES}"])
 
-    def remove(self, name: str) -> dict:
-        """Delete a version (never the active one) and the blobs no other version references."""
-        if self.active() == name:
-            raise ValueError(f"{name!r} is the active version; activate another one before removing it")
-        if name not in self.versions():
-            raise IndexMismatch(f"no version {name!r} under {self.url}/versions")
-        mine = {f["sha256"] for f in self.files(name).values()}
-        self.store.delete([f"versions/{name}/{MANIFEST}"])  # unpublished first: no reader opens it half-deleted
-        kept = set()
-        for other in self.versions():
-            kept |= {f["sha256"] for f in self.files(other).values()}
-        doomed = sorted(mine - kept)
-        self.store.delete([f"{BLOBS}/{sha}" for sha in doomed] + [f"versions/{name}/{FILES}"])
-        return {"blobs_deleted": len(doomed)}
+    def _collect(self) -> dict:
+        referenced = set()
+        for name in self.versions():
+            referenced |= {f["sha256"] for f in self.files(name).values()}
+        doomed = sorted(k for k in self.store.list(BLOBS + "/") if k.split("/", 1)[1] not in referenced)
+        self.store.delete(doomed)
+        return {"files_deleted": len(doomed)}
 
     # A node's copy
 

@@ -158,6 +158,23 @@ class Autoscaling(BaseModel):
             raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
         return self
 
+    @property
+    def starting_replicas(self) -> int:
+        return max(1, self.min_replicas)
+
+    def serve_options(self) -> dict[str, Any]:
+        """The deployment's ``autoscaling_config``, as Serve takes it (in place of ``num_replicas``)."""
+        return {"autoscaling_config": {
+            "min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+            "initial_replicas": self.starting_replicas, "target_ongoing_requests": self.target_ongoing_requests,
+            "upscale_delay_s": self.upscale_delay_s, "downscale_delay_s": self.downscale_delay_s}}
+
+
+def replica_options(num_replicas: int, autoscaling: Autoscaling | None) -> dict[str, Any]:
+    """A deployment's replica count as Serve's options: a fixed ``num_replicas``, or the load-following
+    ``autoscaling_config`` when ``autoscaling`` is given."""
+    return autoscaling.serve_options() if autoscaling is not None else {"num_replicas": num_replicas}
+
 
 class RerankerBatching(BaseModel):
     """The reranker's user_config: batching knobs that change without restarting replicas."""
@@ -340,6 +357,13 @@ class GroupPlacement(BaseModel):
         None, description="Node labels this group's nodes must have, instead of shards.label_selector (e.g. "
         "{shard-group: '0'} with `ray start --labels shard-group=0`).")
     num_replicas: int | None = Field(None, ge=1, description="Replicas of this group, instead of shards.num_replicas.")
+    autoscaling: Autoscaling | None = Field(
+        None, description="This group's replicas following its load, instead of shards.autoscaling (a hot group, "
+        "a promoted tenant's, grows alone).")
+
+    @property
+    def starting_replicas(self) -> int:
+        return self.autoscaling.starting_replicas if self.autoscaling is not None else self.num_replicas
 
 
 class ShardsConfig(BaseModel):
@@ -358,6 +382,11 @@ class ShardsConfig(BaseModel):
         "instead of one per shard): 0 puts all of a collection's shards in one group, the right choice when they "
         "fit one node; N makes groups of N shards (e.g. what one node of a cluster holds).")
     num_replicas: int = Field(1, ge=1, description="Replicas of each shard retriever (deployment placement).")
+    autoscaling: Autoscaling | None = Field(
+        None, description="Each shard group's replicas follow its own load (Serve's autoscaling, per group: "
+        "{min_replicas, max_replicas, target_ongoing_requests, upscale_delay_s, downscale_delay_s}), in place of "
+        "num_replicas; every group hot grows a whole copy of the index, one group hot grows that group alone. A new "
+        "replica fetches its group into its node's cache, as any replica does. null: num_replicas, fixed.")
     num_cpus: float = Field(0.25, gt=0, description="CPUs reserved per shard replica.")
     num_gpus: float = Field(0, ge=0, description="GPUs per shard replica (fractions share one GPU).")
     resources: dict[str, float] = Field(
@@ -428,7 +457,9 @@ class ShardsConfig(BaseModel):
         return GroupPlacement(
             resources=self.resources if own.resources is None else own.resources,
             label_selector=self.label_selector if own.label_selector is None else own.label_selector,
-            num_replicas=own.num_replicas or self.num_replicas)
+            num_replicas=own.num_replicas or self.num_replicas,
+            autoscaling=own.autoscaling if own.autoscaling is not None else
+            (None if own.num_replicas is not None else self.autoscaling))
 
     def overridden(self, override: ShardsOverride | None) -> ShardsConfig:
         """This block with what a collection's own ``shards`` sets (validated together: a rule that joins two
@@ -439,7 +470,7 @@ class ShardsConfig(BaseModel):
 
 
 # The fields that place shard replicas on nodes: asking for any of them makes ``placement: auto`` a deployment.
-PLACING = ("resources", "label_selector", "groups", "max_replicas_per_node", "memory_per_replica")
+PLACING = ("resources", "label_selector", "groups", "max_replicas_per_node", "memory_per_replica", "autoscaling")
 
 
 def _overrides(model: type[BaseModel], name: str, doc: str, leave_out: tuple[str, ...] = ()) -> type[BaseModel]:
@@ -527,6 +558,9 @@ class RouterConfig(RouterSettings):
     need a redeploy."""
 
     num_replicas: int = Field(1, ge=1, description="Replicas of the router (the HTTP ingress).")
+    autoscaling: Autoscaling | None = Field(
+        None, description="The router's replicas follow the load (Serve's autoscaling: {min_replicas, max_replicas, "
+        "target_ongoing_requests, ...}), in place of num_replicas. null: num_replicas, fixed.")
     num_cpus: float = Field(0.25, gt=0, description="CPUs reserved per router replica.")
     resources: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources each router replica needs: keep the ingress beside "

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.config import ShardsConfig
+from deployments.config import ShardsConfig, replica_options
 
 GIB = 2**30
 
@@ -50,7 +50,7 @@ def group_options(shards: ShardsConfig, index: int, group_bytes: int) -> dict[st
     where it may run, from ``shards`` with the group's own entry of ``shards.groups`` over it."""
     group = shards.group(index)
     return {
-        "num_replicas": group.num_replicas,
+        **replica_options(group.num_replicas, group.autoscaling),
         "ray_actor_options": actor_options(shards.num_cpus, shards.num_gpus, group.resources, group.label_selector,
                                            replica_memory(shards, group_bytes)),
         **per_node(shards.max_replicas_per_node),

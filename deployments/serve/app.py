@@ -15,7 +15,7 @@ from typing import Any
 
 from ray.serve import Application
 
-from deployments.config import AppConfig, RerankerConfig, ShardsConfig, SynthesisConfig
+from deployments.config import AppConfig, RerankerConfig, ShardsConfig, SynthesisConfig, replica_options
 from deployments.placement import (
     GroupNeed,
     actor_options,
@@ -60,16 +60,12 @@ def check_model_available(model: str, what: str) -> None:
 
 def reranker_deployment(cfg: RerankerConfig, logs: dict[str, Any] | None = None):
     check_model_available(cfg.model, "reranker.model")
-    a = cfg.autoscaling
     return Reranker.options(
         name="reranker",
         max_ongoing_requests=cfg.max_ongoing_requests,
         ray_actor_options=actor_options(cfg.num_cpus, cfg.num_gpus, cfg.resources),
         **per_node(cfg.max_replicas_per_node),
-        autoscaling_config={"min_replicas": a.min_replicas, "max_replicas": a.max_replicas,
-                            "initial_replicas": max(1, a.min_replicas),
-                            "target_ongoing_requests": a.target_ongoing_requests,
-                            "upscale_delay_s": a.upscale_delay_s, "downscale_delay_s": a.downscale_delay_s},
+        **cfg.autoscaling.serve_options(),
         user_config=cfg.batching.model_dump(mode="json"),
         **({"logging_config": logs} if logs else {}),
     ).bind(cfg.model, "cuda" if cfg.num_gpus else cfg.device, cfg.dtype, cfg.max_length,
@@ -140,13 +136,14 @@ def logical_cpus_needed(cfg: AppConfig) -> float:
         s = cfg.shards_of(name)
         if not s.in_router:
             groups = len(shard_groups(list(manifests[-1].shards), s.group_size))
-            need += sum(s.group(i).num_replicas for i in range(groups)) * s.num_cpus
+            need += sum(s.group(i).starting_replicas for i in range(groups)) * s.num_cpus
     if not cfg.encoder.in_router:
         models = {m.encoder for m in manifests} | {e.encoder for m in manifests for e in m.encoders.values()}
         need += len(models) * cfg.encoder.num_replicas * cfg.encoder.num_cpus
-    need += cfg.router.num_replicas * cfg.router.num_cpus
+    need += (cfg.router.autoscaling.starting_replicas if cfg.router.autoscaling else cfg.router.num_replicas) \
+        * cfg.router.num_cpus
     if cfg.reranker.model:
-        need += max(1, cfg.reranker.autoscaling.min_replicas) * cfg.reranker.num_cpus
+        need += cfg.reranker.autoscaling.starting_replicas * cfg.reranker.num_cpus
     if cfg.synthesis.enabled:
         need += cfg.synthesis.num_replicas * cfg.synthesis.num_cpus
     return need
@@ -291,7 +288,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
     r = cfg.router
     return SearchRouter.options(
         name="router",
-        num_replicas=r.num_replicas,
+        **replica_options(r.num_replicas, r.autoscaling),
         ray_actor_options=with_env({"num_cpus": r.num_cpus, "resources": dict(r.resources)}, node_env(cfg)),
         max_queued_requests=r.max_queued_requests,
         user_config=r.settings().model_dump(mode="json"),

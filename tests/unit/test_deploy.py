@@ -195,14 +195,18 @@ def test_the_groups_hold_the_deployments_at_their_least_and_their_most():
     assert cfg.shards.group_size == 0
     shard_groups = 1
     s, r, k = cfg.shards, cfg.router, cfg.reranker
-    shards = ("shards", shard_groups * s.num_replicas, {"CPU": s.num_cpus, "GPU": s.num_gpus, **s.resources})
-    router = ("router", r.num_replicas, {"CPU": r.num_cpus, **r.resources})
+    assert s.autoscaling and r.autoscaling and s.max_replicas_per_node == 1  # two copies at least, on two nodes
+    shard_needs = {"CPU": s.num_cpus, "GPU": s.num_gpus, **s.resources}
+    router_needs = {"CPU": r.num_cpus, **r.resources}
     reranker = {"CPU": k.num_cpus, "GPU": k.num_gpus, **k.resources}
     assert cfg.encoder.in_router and not cfg.synthesis.enabled  # no other deployment to place
     gs = groups()
-    for end, count in (("min", k.autoscaling.min_replicas), ("max", k.autoscaling.max_replicas)):
+    for end in ("min", "max"):
+        count = {d: getattr(a, f"{end}_replicas") for d, a in
+                 (("shards", s.autoscaling), ("router", r.autoscaling), ("reranker", k.autoscaling))}
         pods = [(g.name, g.offers) for g in gs for _ in range(g.min_pods if end == "min" else g.max_pods)]
-        used = placed([shards, router, ("reranker", count, reranker)], pods)
+        used = placed([("shards", shard_groups * count["shards"], shard_needs), ("router", count["router"], router_needs),
+                       ("reranker", count["reranker"], reranker)], pods)
         sizes = {g.name: g.min_pods if end == "min" else g.max_pods for g in gs if g.name != "head"}
         assert used == sizes, f"at the {end}: pods used {used}, pods the groups have {sizes}"
 

@@ -80,8 +80,9 @@ def test_a_group_takes_its_own_entry_over_the_block():
     s = ShardsConfig(resources={"search_node": 1}, label_selector={"zone": "a"}, num_replicas=2,
                      groups={1: {"resources": {"node_c": 1}, "num_replicas": 3}, 2: {"label_selector": {}}})
     assert s.group(0).model_dump() == {"resources": {"search_node": 1}, "label_selector": {"zone": "a"},
-                                       "num_replicas": 2}
-    assert s.group(1).model_dump() == {"resources": {"node_c": 1}, "label_selector": {"zone": "a"}, "num_replicas": 3}
+                                       "num_replicas": 2, "autoscaling": None}
+    assert s.group(1).model_dump() == {"resources": {"node_c": 1}, "label_selector": {"zone": "a"}, "num_replicas": 3,
+                                       "autoscaling": None}
     assert s.group(2).label_selector == {}  # an empty selector given: any node, not the block's
 
 
@@ -258,3 +259,36 @@ def test_the_readmes_placement_example_is_a_valid_config():
     block = re.search(r"### Splitting an index across nodes.*?```yaml\n(.*?)```", readme, re.S).group(1)
     cfg = AppConfig.model_validate(yaml.safe_load(block))
     assert cfg.shards.memory_per_replica == "auto" and set(cfg.shards.groups) == {0, 1}
+
+
+# ---------------------------------------------------------------- replicas that follow the load
+
+
+def test_shard_groups_and_routers_autoscale_each_on_its_own_load(root):
+    """``shards.autoscaling`` makes each group a Serve deployment whose replicas follow its own load (a hot group grows
+    alone); a group's own entry overrides it, a fixed num_replicas included; the router's the same way."""
+    from deployments.serve.app import build_app, logical_cpus_needed
+
+    load = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 3, "upscale_delay_s": 2}
+    cfg = AppConfig(index=root, router={"autoscaling": {"min_replicas": 2, "max_replicas": 5}},
+                    shards={"group_size": 1, "autoscaling": load,
+                            "groups": {1: {"autoscaling": {"min_replicas": 2, "max_replicas": 8}},
+                                       2: {"num_replicas": 3}}})
+    assert cfg.shards_of("default").placement == "auto" and not cfg.shards_of("default").in_router
+    router = build_app(cfg)._bound_deployment
+    routed = deployment_to_schema(router).model_dump(exclude_unset=True)
+    assert routed["autoscaling_config"]["min_replicas"] == 2 and routed["autoscaling_config"]["max_replicas"] == 5
+    assert "num_replicas" not in routed or routed["num_replicas"] in (None, "auto")
+    schemas = list(shard_deployments(cfg).values())
+    scaling = [(s.get("autoscaling_config") or {}).get("max_replicas") for s in schemas]
+    assert scaling == [4, 8, None]  # group 0 the block's, group 1 its own, group 2 fixed
+    assert schemas[0]["autoscaling_config"]["target_ongoing_requests"] == 3
+    assert schemas[0]["autoscaling_config"]["upscale_delay_s"] == 2
+    assert schemas[2]["num_replicas"] == 3
+    # What starting needs: each group's starting replicas (1, 2, 3) and the router's 2, a quarter CPU each.
+    assert logical_cpus_needed(cfg) == pytest.approx((1 + 2 + 3) * 0.25 + 2 * 0.25)
+
+
+def test_autoscaling_cannot_be_asked_of_shards_searched_inside_the_router(root):
+    with pytest.raises(ValidationError, match="autoscaling would be ignored"):
+        ShardsConfig(placement="router", autoscaling={"max_replicas": 2})

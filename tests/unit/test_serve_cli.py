@@ -55,6 +55,8 @@ OTHER = {"security.api_key_digests": [DIGEST], "security.admin_key_digests": [DI
          "shards.label_selector": {"zone": "a"}, "shards.groups": {0: {"resources": {"node_b": 1.0}}},
          "shards.memory_per_replica": "auto", "shards.memory_base": "2GiB",
          "security.key_limit": {"requests_per_s": 2.0, "burst": 4, "max_inflight": 2},
+         "shards.autoscaling": {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 4.0},
+         "router.autoscaling": {"min_replicas": 2, "max_replicas": 4},
          "security.key_limits": {DIGEST: {"requests_per_s": 1.0, "burst": 1, "max_inflight": 1}}}
 
 

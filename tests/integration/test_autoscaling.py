@@ -1,5 +1,5 @@
 """Shard groups that follow their load: under a steady load a group's replicas grow to the most its autoscaling
-allows, every answer whole meanwhile; once the load stops they shrink back to the fewest."""
+allows, and as the load falls they shrink back to the fewest, drained, every answer whole throughout."""
 
 from __future__ import annotations
 
@@ -51,17 +51,21 @@ def running(deployment: str) -> int:
     return int(states.get("RUNNING", 0))
 
 
-def test_a_groups_replicas_grow_under_load_and_shrink_after_it(served):
+def test_a_groups_replicas_grow_under_load_and_shrink_drained_as_it_falls(served):
+    """Six clients: the group grows to two replicas. Then one client goes on while it shrinks back to one: the replica
+    let go takes no new request and finishes those it has (Serve's graceful shutdown), and a call whose replica went
+    away is sent again to the other (``handles.call_with_retry``): every answer whole throughout."""
     assert running(GROUP) == 1
-    stop, answers = threading.Event(), []
+    heavy, light, answers = threading.Event(), threading.Event(), []
 
-    def load() -> None:
+    def load(until: threading.Event) -> None:
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as c:
-            while not stop.is_set():
+            while not until.is_set():
                 r = c.post("/search", json={"query": "alpha beta gamma", "limit": 5})
                 answers.append((r.status_code, r.json().get("partial") if r.status_code == 200 else r.text))
 
-    threads = [threading.Thread(target=load) for _ in range(6)]
+    threads = [threading.Thread(target=load, args=(heavy,)) for _ in range(5)]
+    threads.append(threading.Thread(target=load, args=(light,)))
     for t in threads:
         t.start()
     try:
@@ -69,13 +73,16 @@ def test_a_groups_replicas_grow_under_load_and_shrink_after_it(served):
                    every_s=0.5)
         grown_at = len(answers)
         time.sleep(3)  # served by both for a while
+        heavy.set()  # the load falls to one client, which goes on while the group shrinks
+        wait_until(lambda: running(GROUP) == 1, timeout_s=90, what=f"{GROUP} to shrink back to 1 replica",
+                   every_s=0.5)
+        shrunk_at = len(answers)
+        time.sleep(2)
     finally:
-        stop.set()
+        heavy.set()
+        light.set()
         for t in threads:
             t.join()
-    assert len(answers) > grown_at
+    assert grown_at < shrunk_at < len(answers)  # answers while two served, while one was let go, and after
     assert {status for status, _ in answers} == {200}, [a for a in answers if a[0] != 200][:3]
     assert not any(partial for _, partial in answers)
-    wait_until(lambda: running(GROUP) == 1, timeout_s=90, what=f"{GROUP} to shrink back to 1 replica", every_s=0.5)
-    r = served.post("/search", json={"query": "alpha", "limit": 5})
-    assert r.status_code == 200 and not r.json().get("partial")

@@ -124,7 +124,8 @@ def placement(cluster: LocalCluster) -> dict[str, list[str]]:
     proc = on_cluster(cluster, ["-c", code], timeout=120)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-2000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    # Ray may print a line of its own after ours (a node it saw die): ours is the last JSON one.
+    return json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.startswith("{")))
 
 
 def visibility(service: Service, writes: int, prefix: str = "zebrafinch") -> dict:

@@ -128,6 +128,15 @@ class LocalCluster:
         script = f"mount -t tmpfs -o size=4g tmpfs {_quote(str(self.private))} && exec {start}"
         self._spawn(node, ["unshare", "--mount", "--propagation", "private", "sh", "-c", script])
 
+    def add(self, name: str, resources: dict[str, float] | None = None, timeout_s: float = 120) -> None:
+        """A worker node joins (as an autoscaler adds a pod): its own name as a resource, and ``resources``."""
+        self._start_worker(Node(name, {name: 1} | (resources or {})))
+        self._wait_nodes(len(self.nodes), timeout_s)
+
+    def node_id(self, name: str) -> str:
+        """Ray's id of the live node named ``name``."""
+        return next(n["id"] for n in self.alive_nodes() if name in n["resources"])
+
     def restart(self, name: str, timeout_s: float = 120) -> None:
         """A lost worker node comes back (as Kubernetes restarts a pod): same name and resources, an empty disk."""
         old = next(n for n in self.nodes if n.name == name)

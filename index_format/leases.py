@@ -101,10 +101,11 @@ class Lease:
 
 def store_now(store: Store) -> float:
     """The store's clock: the modification time it gives a probe written now (then deleted)."""
-    key = f"{LEASES}/clock/{holder_id()}/probe"
+    folder = f"{LEASES}/clock/"
+    key = f"{folder}{holder_id()}"
     store.put(key, b"", durable=False)
     try:
-        return store.modified(key.rsplit("/", 1)[0] + "/")[key]
+        return store.modified(folder)[key]
     finally:
         store.delete([key])
 

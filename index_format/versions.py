@@ -8,6 +8,7 @@ A version to read from object storage is first fetched into the node's cache.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
@@ -165,6 +166,14 @@ def hold_version(root: str | Path, name: str) -> None:
     key = (str(root), name)
     lease, users = _HELD.get(key) or (open_root(root).hold(name), 0)
     _HELD[key] = (lease, users + 1)
+
+
+@atexit.register
+def _let_go_of_all() -> None:
+    """A process that exits cleanly lets go of what it held at once (one killed lets go when its leases lapse)."""
+    for lease, _ in list(_HELD.values()):
+        lease.release()
+    _HELD.clear()
 
 
 def let_go_version(root: str | Path, name: str) -> None:

@@ -4,8 +4,8 @@
         --out bench/results/autoscale_ramp.json
 
 A head and two workers (``bench.local_cluster``: private disks, one machine), each worker offering ``search_node``;
-the corpus built into a local S3 server (``--local-s3`` as ``bench.cluster`` does it); then, for each side in one
-run, the same service with the shard groups placed by capacity, one replica a group at the start:
+the corpus built into a local S3 server (as ``bench.cluster`` does it); then, for each side in one run (a fresh
+cluster each, the corpus built again into it), the same service with the shard groups placed by capacity, one replica a group at the start:
 
 - fixed: ``shards.num_replicas: 1``;
 - autoscaled: ``shards.autoscaling: {min_replicas: 1, max_replicas: 2, target_ongoing_requests: 2}``,
@@ -74,10 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         boto3.client("s3").create_bucket(Bucket="bench")
         boto3.client("s3").upload_file(str(args.corpus), "bench", "corpus/corpus.jsonl")
         resources = {"node_head": {"router": 1}, "node_1": {"search_node": 1}, "node_2": {"search_node": 1}}
-        with LocalCluster(work / "cluster", workers=2, head_cpus=1, cpus=1, resources=resources) as cluster:
-            root = "s3://bench/ramp"
-            record["build"] = build(cluster, "s3://bench/corpus/corpus.jsonl", root, args.shards, args.encoder)
-            for side, config in SIDES.items():
+        for side, config in SIDES.items():  # a cluster each: Serve's HTTP port is the first app's for the cluster's life
+            with LocalCluster(work / side, workers=2, head_cpus=1, cpus=1, resources=resources) as cluster:
+                root = f"s3://bench/ramp-{side}"
+                record.setdefault("build", {})[side] = build(cluster, "s3://bench/corpus/corpus.jsonl", root,
+                                                             args.shards, args.encoder)
                 service = Service(cluster, root, config | {"router": ROUTER}, cluster.workdir)
                 steps = []
                 try:

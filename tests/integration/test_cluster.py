@@ -316,7 +316,9 @@ def test_a_node_drained_hands_its_replicas_to_a_node_that_joined_and_costs_no_an
             except httpx.HTTPError as e:
                 tally["failed"].append(type(e).__name__)
                 continue
-            if r.status_code != 200:
+            if r.status_code == 404 and '"error"' not in r.text:  # Serve's proxy, its routes dropped as it drains
+                tally["failed"].append("proxy 404")
+            elif r.status_code != 200:
                 tally["failed"].append(r.status_code)
             else:
                 tally["answered"] += 1
@@ -351,7 +353,8 @@ def test_a_node_drained_hands_its_replicas_to_a_node_that_joined_and_costs_no_an
     print("node drained under load:", {"answered": tally["answered"], "partial": tally["partial"],
                                        "failed": tally["failed"], "moved_s": round(moved_s, 1)})
     assert tally["answered"] > 20 and tally["partial"] == 0, tally  # every group served throughout
-    # Only connections through node_2's own proxy, which Serve stops as the node drains (here the kernel spreads
-    # connections over every node's proxy; a load balancer takes a draining node out of rotation first).
-    assert len(tally["failed"]) <= 3 and set(tally["failed"]) <= {"ReadError", "RemoteProtocolError", "ConnectError"}, \
-        tally
+    # Only requests through node_2's own proxy, which Serve drains with the node: it drops its routes (a 404 of its
+    # own), then closes (here the kernel spreads connections over every node's proxy; a load balancer would take the
+    # draining node out of rotation first). Never an answer of the app's.
+    assert len(tally["failed"]) <= 5, tally
+    assert set(tally["failed"]) <= {"ReadError", "RemoteProtocolError", "ConnectError", "proxy 404"}, tally

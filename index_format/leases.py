@@ -65,7 +65,6 @@ class Lease:
         self.key = f"{lease_prefix(kind, subject)}{self.holder}.json"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.renewals = 0
 
     def _write(self) -> None:
         body = {"holder": self.holder, "host": socket.gethostname(), "pid": os.getpid(), "ttl_s": self.ttl_s}
@@ -81,7 +80,6 @@ class Lease:
         while not self._stop.wait(self.ttl_s / 3):
             try:
                 self._write()
-                self.renewals += 1
             except Exception:  # noqa: BLE001 (the next tick tries again; the lease lapses only after ttl_s of this)
                 continue
 
@@ -110,13 +108,12 @@ def store_now(store: Store) -> float:
         store.delete([key])
 
 
-def live_leases(store: Store, kind: str, subject: str = "-", ignore: str | None = None) -> list[LiveLease]:
-    """The leases of ``kind`` on ``subject`` still live by the store's clock (``ignore``: a key of one's own)."""
-    prefix = lease_prefix(kind, subject)
-    written = {k: t for k, t in store.modified(prefix).items() if k != ignore}
+def live_leases(store: Store, kind: str, subject: str = "-", now: float | None = None) -> list[LiveLease]:
+    """The leases of ``kind`` on ``subject`` still live by the store's clock (``now``: its reading, when taken)."""
+    written = store.modified(lease_prefix(kind, subject))
     if not written:
         return []
-    now = store_now(store)
+    now = store_now(store) if now is None else now
     out = []
     for key, at in sorted(written.items()):
         data, _ = store.get_tagged(key)
@@ -134,8 +131,9 @@ def clear_lapsed(store: Store, kind: str, keep: str | None = None) -> int:
     live = {keep}
     prefix = f"{LEASES}/{kind}/"
     keys = list(store.modified(prefix))
+    now = store_now(store) if keys else 0.0  # one reading of the store's clock for every subject
     for subject in {k[len(prefix):].split("/", 1)[0] for k in keys}:
-        live |= {lease.key for lease in live_leases(store, kind, subject)}
+        live |= {lease.key for lease in live_leases(store, kind, subject, now)}
     doomed = [k for k in keys if k not in live]
     store.delete(doomed)
     return len(doomed)

@@ -177,12 +177,13 @@ def test_a_folder_root_reads_its_history_from_before_one_object_per_activation(t
     assert root.rollback() == ("v2", "v1")
 
 
-def test_judgments_written_by_two_routers_are_all_kept_and_seen_by_both(root, tmp_path):
+def test_judgments_written_by_two_routers_are_all_kept_and_seen_by_both(root, tmp_path, monkeypatch):
     """Two routers (two stores open on one root, as on two nodes) judging at once: none lost, each sees all at once."""
     from concurrent.futures import ThreadPoolExecutor
 
     from deployments.judgments import judgments_of
 
+    monkeypatch.setenv("RAYSEARCH_STATE", str(tmp_path / "node-state"))  # where a node's disk kept them before
     target = root.url if root.shared_by_nodes else root.folder
     one, two = judgments_of(target), judgments_of(target)
     with ThreadPoolExecutor(8) as pool:
@@ -194,7 +195,10 @@ def test_judgments_written_by_two_routers_are_all_kept_and_seen_by_both(root, tm
     two.add("a late question", "doc-late", 2)
     assert one.qrels()[1][next(q for q, t in one.qrels()[0].items() if t == "a late question")] == {"doc-late": 2}
     if root.shared_by_nodes:
-        assert not (tmp_path / "root").exists() and not list(tmp_path.glob("**/judgments*"))  # no node's disk
+        assert not (tmp_path / "node-state").exists()  # nothing on the node's disk
+        assert len(root.store.list("judgments/")) == 41  # an object each, in the store
+    else:
+        assert len((root.folder / "judgments" / "judgments.jsonl").read_text().splitlines()) == 41
 
 
 def test_a_build_record_is_kept_in_the_root_and_read_by_any_router(root):

@@ -234,7 +234,7 @@ def test_writes_through_two_routers_leave_one_gapless_log_each_visible_on_the_ot
           [round(x * 1000) for x in seen["seconds"]])
 
 
-def test_a_worker_node_killed_under_load_costs_no_answer_and_its_replicas_come_back(service, cluster):
+def test_a_worker_node_killed_under_load_leaves_no_answer_partial_and_its_replicas_come_back(service, cluster):
     """node_2 holds one replica of each group: killed under load, the other replicas answer every search whole (a
     call whose replica died is sent again to the group's other one), no acknowledged write is lost, and once the
     node is back each group has its two replicas again."""
@@ -298,7 +298,7 @@ def test_the_store_stopped_during_a_switch_keeps_the_old_version_serving(service
     assert active_version(URL) == was
 
 
-def test_a_node_drained_hands_its_replicas_to_a_node_that_joined_and_costs_no_answer(service, cluster):
+def test_a_node_drained_hands_its_replicas_to_a_node_that_joined_and_no_answer_is_partial(service, cluster):
     """A third worker joins (nothing moves to it: no replica needs a place); node_2 is then drained as a pod about to
     go is (Ray's drain with a deadline): Serve starts each of its replicas on node_3 and stops the old one once the new
     one runs. One client searches throughout (through every node's proxy); node_2, holding no replica, is then removed."""

@@ -23,6 +23,7 @@ The machine is shared: the load generator runs on the same cores as the nodes. C
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -128,6 +130,24 @@ def placement(cluster: LocalCluster) -> dict[str, list[str]]:
     return json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.startswith("{")))
 
 
+def override(cluster: LocalCluster, deployment: str, options: dict | None, app: str = "raysearch") -> None:
+    """Deploy the running app's config again with ``options`` over one deployment's (Serve's per-deployment
+    override, applied in place: nothing restarts), or without that override (None), as an operator's ``serve
+    deploy`` of an edited config does."""
+    code = ("import json, sys\n"
+            "from deployments.rebalance.mover import ServeApp\n"
+            "from deployments.settings import _client\n"
+            "app, name, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])\n"
+            "served = ServeApp(app, [], _client())\n"
+            "config = served.read()[2]\n"
+            "others = [d for d in config.get('deployments') or [] if d.get('name') != name]\n"
+            "config['deployments'] = others + ([{'name': name, **options}] if options is not None else [])\n"
+            "served.deploy(config)\n")
+    proc = on_cluster(cluster, ["-c", code, app, deployment, json.dumps(options)], timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+
+
 def visibility(service: Service, writes: int, prefix: str = "zebrafinch") -> dict:
     """Each write's time from acknowledgement to its first answer from a router other than the one that took it.
     Every request opens its own connection: a proxy sends requests to the router replica on its own node, and the
@@ -156,6 +176,62 @@ def visibility(service: Service, writes: int, prefix: str = "zebrafinch") -> dic
     rest = seconds[1:]
     return {"writes": writes, "writers": sorted(writers), "seconds": seconds, "first_ms": round(seconds[0] * 1000, 1),
             "p50_ms": _ms(rest, 50), "p99_ms": _ms(rest, 99), "max_ms": round(max(rest) * 1000, 1)}
+
+
+@contextlib.contextmanager
+def searching(service: Service, query: str = "telescope galaxy", client: str = "http") -> Iterator[dict]:
+    """One client searching without pause while the body runs, each search on a new connection (so they spread over
+    every node's proxy): a bare HTTP client (``http``: a failure is the caller's), or the project's own
+    (``raysearch``: it sends a search again whose connection went away or that a proxy did not route; ``resent``
+    counts those). What it got, tallied once it stops: answered, partial, failed with why, resent, p99 in ms."""
+    from raysearch_client import SearchClient, SearchServiceError
+
+    stop, tally = threading.Event(), {"answered": 0, "partial": 0, "failed": [], "resent": 0}
+    latencies: list[float] = []
+
+    def one() -> float | None:
+        """The coverage of one search, or None with its failure tallied."""
+        if client == "http":
+            r = service.search(query, 10)
+            if r.status_code == 404 and '"error"' not in r.text:  # a proxy's own, its routes dropped as it drains
+                tally["failed"].append("proxy 404")
+            elif r.status_code != 200:
+                tally["failed"].append(r.status_code)
+            else:
+                return r.json()["coverage"]["ratio"]
+            return None
+        sent = []
+        with SearchClient(service.base, timeout=30) as c:
+            c.http.event_hooks["request"].append(sent.append)
+            try:
+                return c.search(query, limit=10).coverage.ratio
+            except SearchServiceError as e:
+                tally["failed"].append(e.status)
+            finally:
+                tally["resent"] += len(sent) - 1
+        return None
+
+    def load() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                ratio = one()
+            except httpx.HTTPError as e:
+                tally["failed"].append(type(e).__name__)
+                continue
+            if ratio is not None:
+                latencies.append(time.monotonic() - started)
+                tally["answered"] += 1
+                tally["partial"] += ratio < 1
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    try:
+        yield tally
+    finally:
+        stop.set()
+        thread.join(60)
+        tally["p99_ms"] = _ms(latencies, 99) if latencies else None
 
 
 def kill_under_load(service: Service, cluster: LocalCluster, node: str, down_s: float = 4, query: str = "solar cell",

@@ -574,6 +574,25 @@ class RouterConfig(RouterSettings):
         return RouterSettings.model_validate(self.model_dump(include=set(RouterSettings.model_fields)))
 
 
+class RebalanceConfig(BaseModel):
+    """Shard replicas spread over the nodes as nodes join (``deployments.rebalance``): a replica at a time moves from
+    the node furthest above its share to one below it, the new one started and running before the old one goes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(False, description="Move shard replicas onto nodes that hold less than their share (a node "
+                          "that joined holds none). Needs shards.max_replicas_per_node, which steers a new replica "
+                          "to a node without one of its group. false: replicas stay where Serve started them.")
+    strategy: Literal["replicas", "cpus"] = Field(
+        "replicas", description="A node's share: replicas, the same number on every node that can hold them; cpus, "
+        "in proportion to its CPUs (nodes of different sizes).")
+    check_interval_s: float = Field(15.0, gt=0, description="How often the layout is checked (a move at most a "
+                                    "check).")
+    move_timeout_s: float = Field(300.0, gt=0, description="How long each step of a move may take (the new replica "
+                                  "running, the old one gone) before the move is given up and the group left as it "
+                                  "was.")
+
+
 class AppConfig(BaseModel):
     """Everything the app builder needs, nested by component; ``index`` (with its ``version``) is shorthand for
     one collection named ``default_collection``."""
@@ -608,6 +627,8 @@ class AppConfig(BaseModel):
         "route and replica of the request it was written for) or Serve's text lines.")
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)
     synthesis: SynthesisConfig = Field(default_factory=SynthesisConfig)
+    rebalance: RebalanceConfig = Field(default_factory=RebalanceConfig, description="Shard replicas moved onto "
+                                       "nodes that join.")
 
     @model_validator(mode="after")
     def _one_way_to_name_indexes(self) -> AppConfig:
@@ -628,6 +649,12 @@ class AppConfig(BaseModel):
                 problems = "; ".join(".".join(map(str, ("collections", name, "shards", *err["loc"]))) + ": "
                                      + err["msg"].removeprefix("Value error, ") for err in e.errors())
                 raise ValueError(f"{problems} (with the top-level shards block)") from None
+        if self.rebalance.enabled:
+            for name in self.resolved_collections():
+                s = self.shards_of(name)
+                if not s.in_router and s.max_replicas_per_node is None:
+                    raise ValueError(f"rebalance.enabled needs shards.max_replicas_per_node (collection {name!r} has "
+                                     "none): it is what sends a group's new replica to a node without one")
         return self
 
     def shards_of(self, collection: str) -> ShardsConfig:

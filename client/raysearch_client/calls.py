@@ -49,6 +49,7 @@ class Call:
     read: Callable[[httpx.Response], Any]
     body: Any = None
     ok: tuple[int, ...] = (200,)
+    idempotent: bool = False  # sent twice, the same as once: sent again when its connection went away mid-call
 
 
 def reader(model: type[BaseModel]) -> Callable[[httpx.Response], Any]:
@@ -70,7 +71,7 @@ def sent(req: SearchRequest | BuildRequest) -> dict[str, Any]:
 
 
 def search(req: SearchRequest) -> Call:
-    return Call("POST", "/search", reader(SearchResponse), sent(req))
+    return Call("POST", "/search", reader(SearchResponse), sent(req), idempotent=True)
 
 
 def next_page(req: SearchRequest, page: SearchResponse) -> SearchRequest | None:
@@ -82,11 +83,13 @@ def next_page(req: SearchRequest, page: SearchResponse) -> SearchRequest | None:
 
 def stream_answer(req: SearchRequest) -> Call:
     """``POST /search`` with ``synthesize`` and ``stream``: NDJSON events (``raysearch_client.events``)."""
-    return Call("POST", "/search", lambda r: r, sent(req.model_copy(update={"synthesize": True, "stream": True})))
+    return Call("POST", "/search", lambda r: r, sent(req.model_copy(update={"synthesize": True, "stream": True})),
+                idempotent=True)
 
 
 def search_batch(searches: Sequence[str | SearchRequest | dict]) -> Call:
-    return Call("POST", "/search/batch", batch_answers, {"searches": [sent(search_request(s, {})) for s in searches]})
+    return Call("POST", "/search/batch", batch_answers, {"searches": [sent(search_request(s, {})) for s in searches]},
+                idempotent=True)
 
 
 def batch_answers(r: httpx.Response) -> list[SearchResponse | SearchServiceError]:
@@ -104,7 +107,7 @@ def feedback(query: str, label: int, doc_id: str | None, fields: dict[str, Any])
 
 def health() -> Call:
     # A service with no shard up answers 503 with the same body.
-    return Call("GET", "/health", reader(HealthResponse), ok=(200, 503))
+    return Call("GET", "/health", reader(HealthResponse), ok=(200, 503), idempotent=True)
 
 
 def documents_path(collection: str, *rest: str) -> str:
@@ -114,11 +117,11 @@ def documents_path(collection: str, *rest: str) -> str:
 
 def upsert_documents(collection: str, documents: Sequence[dict[str, Any]]) -> Call:
     req = UpsertDocumentsRequest(documents=list(documents))
-    return Call("PUT", documents_path(collection), reader(WriteResponse), req.model_dump(mode="json"))
+    return Call("PUT", documents_path(collection), reader(WriteResponse), req.model_dump(mode="json"), idempotent=True)
 
 
 def get_document(collection: str, doc_id: str) -> Call:
-    return Call("GET", documents_path(collection, doc_id), reader(DocumentResponse))
+    return Call("GET", documents_path(collection, doc_id), reader(DocumentResponse), idempotent=True)
 
 
 def delete_documents(collection: str, ids: Sequence[str]) -> Call:
@@ -131,14 +134,15 @@ def start_build(fields: dict[str, Any]) -> Call:
 
 
 def build(build_id: str) -> Call:
-    return Call("GET", f"/admin/builds/{quote(build_id, safe='')}", reader(BuildJob))
+    return Call("GET", f"/admin/builds/{quote(build_id, safe='')}", reader(BuildJob), idempotent=True)
 
 
 def builds() -> Call:
-    return Call("GET", "/admin/builds", lambda r: BuildJobs.model_validate_json(r.content).builds)
+    return Call("GET", "/admin/builds", lambda r: BuildJobs.model_validate_json(r.content).builds, idempotent=True)
 
 
 RETRIED = (429, 503)  # the statuses that say when to come back (Retry-After)
+GONE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)  # a connection closed mid-call
 
 
 def retry_after(r: httpx.Response, max_wait_s: float) -> float | None:
@@ -151,6 +155,38 @@ def retry_after(r: httpx.Response, max_wait_s: float) -> float | None:
         return min(max(0.0, float(r.headers["retry-after"])), max_wait_s)
     except ValueError:
         return None
+
+
+def from_proxy(r: httpx.Response) -> bool:
+    """A 404 that is not the service's (its errors are a JSON object with ``error``): a proxy in front of it that
+    has no route to it now, one starting or one draining with its node. The call never reached the service."""
+    if r.status_code != 404:
+        return False
+    try:
+        body = r.json()
+    except ValueError:
+        return True
+    return not (isinstance(body, dict) and "error" in body)
+
+
+def fresh(attempt: int) -> dict[str, str]:
+    """The headers of a call's ``attempt``: a call sent again asks for its connection to be closed after it, so a
+    connection to a proxy going away is not kept for the next call (and the next attempt opens a new one)."""
+    return {"Connection": "close"} if attempt else {}
+
+
+def resend_wait(call: Call, attempt: int, r: httpx.Response | None = None, error: Exception | None = None,
+                max_wait_s: float = 10.0) -> float | None:
+    """Seconds to wait before sending ``call`` again after ``attempt`` (0 for the first), or None: its answer says
+    when to come back (``retry_after``); it never reached the service (a connection refused, a proxy's own 404);
+    or it is idempotent and its connection closed before the answer (a proxy or a node going away mid-call).
+    Every other failure is the caller's to see."""
+    backoff = min(0.1 * 2 ** attempt, max_wait_s)
+    if error is not None:
+        return backoff if isinstance(error, httpx.ConnectError) or (call.idempotent and isinstance(error, GONE)) \
+            else None
+    assert r is not None
+    return backoff if from_proxy(r) else retry_after(r, max_wait_s)
 
 
 def error_of(r: httpx.Response) -> SearchServiceError:

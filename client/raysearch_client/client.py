@@ -1,10 +1,12 @@
 """The search service over HTTP, sync (``SearchClient``) and async (``AsyncSearchClient``): the same methods, each
 one call of ``raysearch_client.calls`` sent with the one retry rule.
 
-Only a 503 or a 429 that says when to come back (``Retry-After``: overloaded, a replica restarting, or the key over
-its own limits) is sent again, after
-that many seconds (at most ``max_retry_wait_s``), ``max_retries`` times: every other failure is the caller's to
-see, as a ``SearchServiceError``. A search of a batch that failed is a ``SearchServiceError`` in its place.
+A call is sent again, ``max_retries`` times, when the answer says when to come back (a 503 or a 429 with
+``Retry-After``: overloaded, a replica restarting, or the key over its own limits; after that many seconds, at most
+``max_retry_wait_s``), and when it never reached the service or lost its connection before the answer (a refused
+connection, a proxy's own 404, a connection closed mid-call of a search or another idempotent call: a proxy or node
+going away; after a short backoff, on a new connection: ``calls.resend_wait``). Every other failure is the caller's
+to see, as a ``SearchServiceError``. A search of a batch that failed is a ``SearchServiceError`` in its place.
 """
 
 from __future__ import annotations
@@ -57,10 +59,19 @@ class SearchClient:
         self.http.close()
 
     def _send(self, call: Call, stream: bool = False) -> httpx.Response:
-        for attempt in range(self.settings.max_retries + 1):
-            r = self.http.send(self.http.build_request(call.method, call.path, json=call.body), stream=stream)
-            wait = calls.retry_after(r, self.settings.max_retry_wait_s)
-            if wait is None or attempt == self.settings.max_retries:
+        last = self.settings.max_retries
+        for attempt in range(last + 1):
+            try:
+                r = self.http.send(self.http.build_request(call.method, call.path, json=call.body,
+                                                           headers=calls.fresh(attempt)), stream=stream)
+            except httpx.TransportError as e:
+                wait = calls.resend_wait(call, attempt, error=e, max_wait_s=self.settings.max_retry_wait_s)
+                if wait is None or attempt == last:
+                    raise
+                time.sleep(wait)
+                continue
+            wait = calls.resend_wait(call, attempt, r, max_wait_s=self.settings.max_retry_wait_s)
+            if wait is None or attempt == last:
                 break
             r.close()
             time.sleep(wait)
@@ -152,10 +163,19 @@ class AsyncSearchClient:
         await self.http.aclose()
 
     async def _send(self, call: Call, stream: bool = False) -> httpx.Response:
-        for attempt in range(self.settings.max_retries + 1):
-            r = await self.http.send(self.http.build_request(call.method, call.path, json=call.body), stream=stream)
-            wait = calls.retry_after(r, self.settings.max_retry_wait_s)
-            if wait is None or attempt == self.settings.max_retries:
+        last = self.settings.max_retries
+        for attempt in range(last + 1):
+            try:
+                r = await self.http.send(self.http.build_request(call.method, call.path, json=call.body,
+                                                                 headers=calls.fresh(attempt)), stream=stream)
+            except httpx.TransportError as e:
+                wait = calls.resend_wait(call, attempt, error=e, max_wait_s=self.settings.max_retry_wait_s)
+                if wait is None or attempt == last:
+                    raise
+                await asyncio.sleep(wait)
+                continue
+            wait = calls.resend_wait(call, attempt, r, max_wait_s=self.settings.max_retry_wait_s)
+            if wait is None or attempt == last:
                 break
             await r.aclose()
             await asyncio.sleep(wait)

@@ -27,6 +27,7 @@ from deployments.placement import (
 )
 from deployments.serve.query_encoder import QueryEncoder
 from deployments.serve.reach import check_nodes_reach
+from deployments.serve.rebalancer import Rebalancer
 from deployments.serve.reranker import Reranker
 from deployments.serve.router import SearchRouter
 from deployments.serve.shard_group import ShardRetriever
@@ -216,6 +217,16 @@ def shard_slots(cfg: AppConfig, collection: str, host: HostSpec, groups: list[Pl
     return slots
 
 
+def rebalancer_deployment(cfg: AppConfig, collections) -> Any:
+    """The deployment that moves shard replicas onto nodes that join (``rebalance.enabled``), over every shard
+    deployment of the app; None when off or when every collection's shards are searched inside the router."""
+    groups = [slot.name for c in collections for slot in c.slots if not isinstance(slot.target, HeldSlot)]
+    if not cfg.rebalance.enabled or not groups:
+        return None
+    return Rebalancer.options(name="rebalancer", logging_config=logging_config(cfg)).bind(
+        groups, cfg.rebalance.model_dump(mode="json"))
+
+
 def cluster_nodes() -> list[dict[str, float]] | None:
     """Each alive node's total resources (CPU, GPU, memory, custom ones) when Ray runs in this process; else None."""
     import ray
@@ -285,6 +296,7 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
     default = cfg.default_collection if cfg.collections else next(iter(collections))
     reranker = reranker_deployment(cfg.reranker, logging_config(cfg)) if cfg.reranker.model else None
     synthesis = synthesis_deployment(cfg.synthesis, logging_config(cfg)) if cfg.synthesis.enabled else None
+    rebalancer = rebalancer_deployment(cfg, collections.values())
     r = cfg.router
     return SearchRouter.options(
         name="router",
@@ -294,4 +306,4 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
         user_config=r.settings().model_dump(mode="json"),
         logging_config=logging_config(cfg),
     ).bind(collections, default, reranker, synthesis, cfg.synthesis.llm_rerank, cfg.security,
-           otlp_endpoint=cfg.otlp_endpoint)
+           otlp_endpoint=cfg.otlp_endpoint, rebalancer=rebalancer)

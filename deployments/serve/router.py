@@ -39,7 +39,7 @@ from deployments.edge.guard import Caller, Guard, install
 from deployments.edge.http import CurrentCaller, app, error_response, error_responses, install_mcp, request_id
 from deployments.edge.metrics import SearchMetrics
 from deployments.edge.streams import streamed
-from deployments.errors import ServiceError
+from deployments.errors import NotFound, ServiceError
 from deployments.judgments import judgments_of
 from deployments.search.activation import VersionSwitch
 from deployments.search.clients import Collection, fields_of
@@ -73,7 +73,7 @@ async def _replica_gone(request: Request, exc: RayActorError) -> JSONResponse:
 class SearchRouter:
     async def __init__(self, collections: dict[str, CollectionSpec], default_collection: str, reranker=None,
                        synthesis=None, llm_rerank: bool = False, security: SecurityConfig | None = None,
-                       otlp_endpoint: str | None = None):
+                       otlp_endpoint: str | None = None, rebalancer=None):
         """Everything the replica serves with, made once before it answers: each collection at the version it was
         deployed with (its shards asked for their fields, which loads the version on them), every write acknowledged
         before the replica started applied, and then the followers of ACTIVE and of the change logs started."""
@@ -99,6 +99,7 @@ class SearchRouter:
                                              encoders={n: client for n, (_, client) in d.named.items()},
                                              fresh=documents[name].segment if name in documents else None)
                   for (name, d), f in zip(deployed.items(), fields, strict=True)}
+        self.rebalancer = rebalancer  # the shard replicas' mover, when rebalance.enabled (GET /admin/rebalance)
         self.stages = {"reranker": HandleReranker(reranker) if reranker is not None else None,
                        "synthesis": HandleSynthesizer(synthesis, llm_rerank) if synthesis is not None else None}
         self.pipeline = SearchPipeline(opened, default_collection, self.settings, reranker=self.stages["reranker"],
@@ -273,6 +274,15 @@ class SearchRouter:
         result = await self.versions.rollback(collection)
         self.metrics.index(self.pipeline.collections.values())
         return api.ActivationResponse(**result)
+
+    @app.get("/admin/rebalance", responses=error_responses({403: "A key that is not an admin key",
+                                                            404: "Rebalancing is off (rebalance.enabled)"}))
+    async def rebalance_status(self) -> dict:
+        """The shard replicas' mover: its last check of the layout (balanced, waiting, or the move it made) and its
+        latest moves, each with its outcome and seconds."""
+        if self.rebalancer is None:
+            raise NotFound("rebalancing is off: set rebalance.enabled (with shards.max_replicas_per_node) and redeploy")
+        return await self.rebalancer.report.remote()
 
     @app.post("/admin/builds", response_model=api.BuildJob, status_code=202,
               responses=error_responses({403: "A key that is not an admin key", 404: "Unknown collection",

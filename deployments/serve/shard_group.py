@@ -14,9 +14,12 @@ when it holds the shards itself, ``shards.placement: router``).
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 from ray import serve
 
+from deployments.rebalance.retire import retiring
 from deployments.serve.heap import settle_heap
 from deployments.shard.features import FeatureQuery
 from deployments.shard.group import ShardGroup
@@ -38,6 +41,7 @@ class ShardRetriever:
         # Serve's multiplexing is this deployment's cache of versions (it also tells Serve's router which replicas
         # hold which): the host loads them, and closes those it evicts (deployments.shard.host).
         self._version = serve.multiplexed(max_num_models_per_replica=max_versions)(load)
+        self._replica_id = serve.get_replica_context().replica_id.unique_id
         settle_heap()
 
     async def _service(self) -> ShardGroup:
@@ -61,7 +65,10 @@ class ShardRetriever:
 
     async def check_health(self) -> None:
         """Serve's health check (every ``health_check_period_s``): a slot whose JVM ran out of heap, or whose
-        index files vanished, leaves rotation and is replaced."""
+        index files vanished, leaves rotation and is replaced; one a rebalance moved elsewhere
+        (``deployments.rebalance.retire``) fails it on purpose, so that Serve stops it gracefully."""
+        if await asyncio.to_thread(retiring, self._replica_id):
+            raise RuntimeError("retired by a rebalance: a replica of this group runs on another node in its place")
         await self.host.check_health()
 
     async def info(self) -> dict:

@@ -1,5 +1,5 @@
-"""The client over a scripted transport: its retry rule (a 503 or a 429 with Retry-After is sent again, nothing else
-is), and
+"""The client over a scripted transport: its retry rule (a 503 or a 429 with Retry-After is sent again; a call that
+never reached the service, or an idempotent one whose connection closed mid-call, too; nothing else is), and
 each method's route, HTTP method and body as the server declares them (deployments/serve/router.py), and how its
 answer is read. (The client against the real served app: tests/integration/test_http.py.)"""
 
@@ -78,6 +78,71 @@ def test_retries_stop_at_max_retries_and_the_async_client_does_the_same(status):
 
     assert asyncio.run(go()).total == 0 and len(sent) == 2
     assert sent[0].read() == b'{"query":"q","limit":3}'  # only the fields given are sent
+
+
+def failing(failures: list[Exception | httpx.Response]):
+    """A transport that fails the first calls as given (an exception raised, or a response), then answers OK."""
+    sent = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        if len(sent) <= len(failures):
+            failure = failures[len(sent) - 1]
+            if isinstance(failure, Exception):
+                raise failure
+            return httpx.Response(failure.status_code, content=failure.content, headers=failure.headers)
+        if request.url.path.startswith("/collections"):
+            return httpx.Response(200, json={"collection": "c", "upserted": 1, "deleted": 0, "seq": 1,
+                                                      "searchable": True})
+        return httpx.Response(200, json=OK)
+
+    return sent, handler
+
+
+PROXY_404 = httpx.Response(404, text="Path '/search' not found. Ping http://.../-/routes for available routes.")
+
+
+@pytest.mark.parametrize("failure", [httpx.ConnectError("refused"), httpx.RemoteProtocolError("closed"),
+                                     httpx.ReadError("reset"), PROXY_404], ids=["connect", "closed", "reset", "proxy404"])
+def test_a_search_whose_connection_went_away_or_that_a_proxy_did_not_route_is_sent_again(failure):
+    sent, handler = failing([failure, failure])
+    with SearchClient("http://x", transport=httpx.MockTransport(handler)) as client:
+        assert client.search("q").total == 0
+    assert len(sent) == 3
+    assert sent[0].headers["connection"] == "keep-alive" and sent[1].headers["connection"] == "close"  # a new one after
+
+    async def go():
+        async with AsyncSearchClient("http://x", transport=httpx.MockTransport(handler)) as client:
+            return await client.search("q")
+
+    sent.clear()
+    assert asyncio.run(go()).total == 0 and len(sent) == 3
+
+
+def test_a_write_that_lost_its_connection_mid_call_is_not_sent_again_unless_idempotent():
+    docs = [{"id": "d1", "text": "t"}]
+    sent, handler = failing([httpx.RemoteProtocolError("closed")])
+    with SearchClient("http://x", transport=httpx.MockTransport(handler)) as client, \
+            pytest.raises(httpx.RemoteProtocolError):
+        client.delete_documents("c", ["d1"])  # may have been applied: the caller decides
+    assert len(sent) == 1
+    sent, handler = failing([httpx.ConnectError("refused"), httpx.RemoteProtocolError("closed")])
+    with SearchClient("http://x", transport=httpx.MockTransport(handler)) as client:
+        assert client.upsert_documents("c", docs).upserted == 1  # a PUT of the same documents is the same twice
+    assert len(sent) == 3
+
+
+def test_the_service_s_own_404_is_the_caller_s_and_retries_stop_at_max_retries():
+    sent, handler = failing([httpx.Response(404, json={"error": "unknown collection 'x'"})])
+    with SearchClient("http://x", transport=httpx.MockTransport(handler)) as client, \
+            pytest.raises(SearchServiceError) as e:
+        client.search("q")
+    assert len(sent) == 1 and e.value.status == 404
+    sent, handler = failing([httpx.ReadError("reset")] * 5)
+    with SearchClient("http://x", max_retries=2, transport=httpx.MockTransport(handler)) as client, \
+            pytest.raises(httpx.ReadError):
+        client.search("q")
+    assert len(sent) == 3
 
 
 def test_a_request_that_breaks_a_rule_is_refused_before_it_is_sent():

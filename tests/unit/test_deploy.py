@@ -190,13 +190,16 @@ def test_the_groups_hold_the_deployments_at_their_least_and_their_most():
     """At the groups' minReplicas every deployment's fewest replicas fit, at maxReplicas its most, and each group
     is at each end exactly as large as what lands on it (a larger maxReplicas would be pods nothing asks for)."""
     cfg = AppConfig.model_validate(app_args())
-    # group_size 0: the index's shards form one group, whatever their number. With group_size N the count of shard
-    # deployments depends on the index, and so must the search group's size: update this arithmetic then.
-    assert cfg.shards.group_size == 0
-    shard_groups = 1
+    # group_size 2 on the index of 4 shards the manifest names: two shard deployments. Another index needs this
+    # arithmetic (and the search group's size) updated with it.
+    assert cfg.shards.group_size == 2 and "index_build\n#           --shards 4" in MANIFEST.read_text()
+    shard_groups = 2
     s, r, k = cfg.shards, cfg.router, cfg.reranker
     assert s.autoscaling and r.autoscaling and s.max_replicas_per_node == 1  # two copies at least, on two nodes
-    shard_needs = {"CPU": s.num_cpus, "GPU": s.num_gpus, **s.resources}
+    assert not s.groups  # every group on the same pods, with the same bounds: each search fans out to all of them
+    # max_replicas_per_node 1 as Serve does it: a resource of the deployment's own that every pod offers once
+    shard_needs = [{"CPU": s.num_cpus, "GPU": s.num_gpus, **s.resources, f"one of group {i}": 1}
+                   for i in range(shard_groups)]
     router_needs = {"CPU": r.num_cpus, **r.resources}
     reranker = {"CPU": k.num_cpus, "GPU": k.num_gpus, **k.resources}
     assert cfg.encoder.in_router and not cfg.synthesis.enabled  # no other deployment to place
@@ -204,9 +207,10 @@ def test_the_groups_hold_the_deployments_at_their_least_and_their_most():
     for end in ("min", "max"):
         count = {d: getattr(a, f"{end}_replicas") for d, a in
                  (("shards", s.autoscaling), ("router", r.autoscaling), ("reranker", k.autoscaling))}
-        pods = [(g.name, g.offers) for g in gs for _ in range(g.min_pods if end == "min" else g.max_pods)]
-        used = placed([("shards", shard_groups * count["shards"], shard_needs), ("router", count["router"], router_needs),
-                       ("reranker", count["reranker"], reranker)], pods)
+        once = {f"one of group {i}": 1 for i in range(shard_groups)}
+        pods = [(g.name, g.offers | once) for g in gs for _ in range(g.min_pods if end == "min" else g.max_pods)]
+        used = placed([*((f"shard group {i}", count["shards"], needs) for i, needs in enumerate(shard_needs)),
+                       ("router", count["router"], router_needs), ("reranker", count["reranker"], reranker)], pods)
         sizes = {g.name: g.min_pods if end == "min" else g.max_pods for g in gs if g.name != "head"}
         assert used == sizes, f"at the {end}: pods used {used}, pods the groups have {sizes}"
 

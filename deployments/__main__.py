@@ -239,6 +239,7 @@ def _stop(serve, ray) -> None:
 
 
 def _serve(args, cfg, proxy_port: int, ray, serve) -> int:
+    from deployments.config import app_policy_from_yaml
     from deployments.settings import deploy_app
 
     serve.start(http_options={"host": args.host, "port": proxy_port})
@@ -249,7 +250,8 @@ def _serve(args, cfg, proxy_port: int, ray, serve) -> int:
                                           "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE")
                if k in os.environ}
     try:
-        deploy_app(cfg.model_dump(mode="json", exclude_defaults=True), APP, env_vars=offline)
+        deploy_app(cfg.model_dump(mode="json", exclude_defaults=True), APP, env_vars=offline,
+                   autoscaling_policy=app_policy_from_yaml(args.config) if args.config else None)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -671,6 +671,16 @@ class AppConfig(BaseModel):
 BUILDER = "deployments.serve.app:build_app"  # the import path a Serve config names this app by
 
 
+def app_policy_from_yaml(path: Path) -> dict[str, Any] | None:
+    """The application-level ``autoscaling_policy`` of a Serve config file (None for a file of the app's args, or an
+    application without one); ``app_args_from_yaml`` has checked the file."""
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict) or "applications" not in data:
+        return None
+    apps = [a for a in data["applications"] or [] if isinstance(a, dict) and a.get("import_path") == BUILDER]
+    return apps[0].get("autoscaling_policy") if len(apps) == 1 else None
+
+
 def app_args_from_yaml(path: Path) -> dict[str, Any]:
     """The app's config from a YAML file, not yet validated: a mapping of ``AppConfig``'s fields, or a Serve config
     file (``serve run``'s, as serve_config.yaml) whose one application built by ``BUILDER`` gives its ``args``.

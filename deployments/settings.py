@@ -41,16 +41,19 @@ def _client(address: str | None = None):
 
 
 def deploy_app(args: dict[str, Any], name: str = "raysearch", route_prefix: str = "/",
-               env_vars: dict[str, str] | None = None, timeout_s: float = 900) -> None:
+               env_vars: dict[str, str] | None = None, timeout_s: float = 900,
+               autoscaling_policy: dict[str, Any] | None = None) -> None:
     """Deploy ``deployments.serve.app:build_app`` with ``args`` from a config (as ``serve run CONFIG`` does), so
-    that its settings can later be changed in place; waits until the application runs."""
+    that its settings can later be changed in place; waits until the application runs. ``autoscaling_policy``: the
+    application-level policy, as a Serve config names it (``deployments.serve.autoscale``)."""
     from ray import serve
     from ray.serve.schema import ServeDeploySchema
 
     client = _client()
     apps = _declared_apps(client)
     apps[name] = {"name": name, "route_prefix": route_prefix, "import_path": BUILDER,
-                  "args": args, **({"runtime_env": {"env_vars": env_vars}} if env_vars else {})}
+                  "args": args, **({"runtime_env": {"env_vars": env_vars}} if env_vars else {}),
+                  **({"autoscaling_policy": autoscaling_policy} if autoscaling_policy else {})}
     client.deploy_apps(ServeDeploySchema(applications=list(apps.values())))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -31,7 +31,7 @@ from deployments.serve.rebalancer import Rebalancer
 from deployments.serve.reranker import Reranker
 from deployments.serve.router import SearchRouter
 from deployments.serve.shard_group import ShardRetriever
-from deployments.serve.specs import CollectionSpec, HeldSlot, HostSpec, SlotSpec
+from deployments.serve.specs import CollectionSpec, HeldSlot, HostSpec, SlotSpec, slot_name
 from deployments.serve.synthesis import Synthesis
 from index_format.manifest import MANIFEST, VersionManifest
 from index_format.object_root import CACHE_DIR_ENV, STATE_ENV
@@ -121,11 +121,6 @@ def shard_groups(shards: list[str], group_size: int) -> list[list[str]]:
     """The shards each shard deployment serves: all in one group (0), or consecutive groups of ``group_size``."""
     size = group_size or len(shards) or 1
     return [shards[i:i + size] for i in range(0, len(shards), size)]
-
-
-def slot_name(collection: str, group: list[str], index: int) -> str:
-    """A shard deployment's name: ``<collection>-shard-000`` for one shard, ``<collection>-group-000`` else."""
-    return f"{collection}-{group[0]}" if len(group) == 1 else f"{collection}-group-{index:03d}"
 
 
 def logical_cpus_needed(cfg: AppConfig) -> float:

@@ -7,11 +7,25 @@ for a bound deployment, and Serve finds them wherever they sit in the arguments.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.edge.schemas import AnnParams
 from index_format.prompts import EncoderSpec
+
+_SLOT = re.compile(r"^(?P<collection>.+)-(?:shard|group)-\d{3,}$")
+
+
+def slot_name(collection: str, group: list[str], index: int) -> str:
+    """A shard deployment's name: ``<collection>-shard-000`` for one shard, ``<collection>-group-000`` else."""
+    return f"{collection}-{group[0]}" if len(group) == 1 else f"{collection}-group-{index:03d}"
+
+
+def slot_collection(name: str) -> str | None:
+    """The collection whose shard deployment ``name`` is (``slot_name``'s inverse); None for any other deployment."""
+    m = _SLOT.match(name)
+    return m.group("collection") if m else None
 
 
 @dataclass(frozen=True)

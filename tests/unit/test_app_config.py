@@ -1,7 +1,14 @@
 import pytest
 from pydantic import ValidationError
 
-from deployments.config import AppConfig, CollectionConfig, RerankerConfig, RouterSettings, app_args_from_yaml
+from deployments.config import (
+    AppConfig,
+    CollectionConfig,
+    RerankerConfig,
+    RouterSettings,
+    app_args_from_yaml,
+    app_policy_from_yaml,
+)
 from deployments.edge.schemas import SearchRequest
 
 
@@ -89,6 +96,17 @@ def test_a_yaml_file_of_args_alone_is_read_as_it_is_and_a_serve_config_must_hold
                          "                deployments: [{name: router, user_config: {rrf_k: 10}}]}]\n")
     with pytest.raises(ValueError, match="per-deployment overrides"):
         app_args_from_yaml(overrides)
+
+
+def test_the_application_level_autoscaling_policy_of_a_serve_config_is_carried_and_an_args_file_has_none(tmp_path):
+    serve_config = tmp_path / "serve.yaml"
+    serve_config.write_text("applications: [{import_path: 'deployments.serve.app:build_app', args: {index: a},\n"
+                            "  autoscaling_policy: {policy_function: 'deployments.serve.autoscale:groups_together'}}]\n")
+    assert app_args_from_yaml(serve_config) == {"index": "a"}
+    assert app_policy_from_yaml(serve_config) == {"policy_function": "deployments.serve.autoscale:groups_together"}
+    args = tmp_path / "args.yaml"
+    args.write_text("index: a\n")
+    assert app_policy_from_yaml(args) is None
 
 
 def test_the_index_shorthand_takes_a_version():

@@ -17,7 +17,7 @@ from index_build.config import BuildConfig
 from tests.conftest import make_corpus, write_jsonl
 from tests.waiting import wait_until
 
-PORT = 18263
+PORT = 18277
 APP = "together"
 GROUPS = ("default-shard-000", "default-shard-001")
 

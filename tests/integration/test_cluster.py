@@ -60,13 +60,11 @@ LARGER_URL = f"s3://{BUCKET}/idx-larger"
 LARGER_CORPUS_URL = f"s3://{BUCKET}/corpus-larger/"
 # Placed by capacity, as README's cluster recipe: both workers offer search_node, and each group (0: shards 0 and 1,
 # 1: shard 2) has two replicas on two nodes (max_replicas_per_node 1), one on each worker; a router on the head and
-# one on node_1; replicas moved onto a node that joins. Group 0 is autoscaled (2 to 3, with a target one client
-# never reaches), so the move onto a node that joins is of an autoscaled group, as the manifest's are.
+# one on node_1; replicas moved onto a node that joins.
 SERVE_CONFIG = {
     "shards": {"placement": "deployment", "group_size": 2, "num_cpus": 0.1, "warmup_searches": 0,
                "lucene_heap": "256m", "num_replicas": 2, "max_replicas_per_node": 1,
-               "resources": {"search_node": 0.1},
-               "groups": {0: {"autoscaling": {"min_replicas": 2, "max_replicas": 3, "target_ongoing_requests": 5}}}},
+               "resources": {"search_node": 0.1}},
     "router": {"num_replicas": 2, "num_cpus": 0.1, "resources": {"router": 1}},
     "rebalance": {"enabled": True, "check_interval_s": 2, "move_timeout_s": 120},
 }

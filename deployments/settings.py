@@ -50,7 +50,7 @@ def deploy_app(args: dict[str, Any], name: str = "raysearch", route_prefix: str 
     from ray.serve.schema import ServeDeploySchema
 
     client = _client()
-    apps = _declared_apps(client)
+    apps = declared_apps(client)
     apps[name] = {"name": name, "route_prefix": route_prefix, "import_path": BUILDER,
                   "args": args, **({"runtime_env": {"env_vars": env_vars}} if env_vars else {}),
                   **({"autoscaling_policy": autoscaling_policy} if autoscaling_policy else {})}
@@ -66,7 +66,7 @@ def deploy_app(args: dict[str, Any], name: str = "raysearch", route_prefix: str 
     raise RuntimeError(f"application {name!r} was not running after {timeout_s:.0f} s")
 
 
-def _declared_apps(client) -> dict[str, dict]:
+def declared_apps(client) -> dict[str, dict]:
     """The applications deployed from a config, as config dicts (imperative ones have none)."""
     details = client.get_serve_details()
     out = {}
@@ -91,7 +91,7 @@ def apply_router_settings(settings: dict[str, Any], app: str = "raysearch", addr
     for settings RouterSettings refuses (nothing is applied) and RuntimeError for an application that
     was not deployed from a config."""
     client = _client(address)
-    apps = _declared_apps(client)
+    apps = declared_apps(client)
     if app not in apps:
         raise RuntimeError(
             f"application {app!r} is not running from a config (serve run CONFIG, serve deploy or python -m "

@@ -115,8 +115,9 @@ class ServeApp:
         """Deploy this application's ``config``, every other application as it is deployed."""
         from ray.serve.schema import ServeDeploySchema
 
-        apps = {name: a["deployed_app_config"] for name, a in (self._details().get("applications") or {}).items()
-                if a.get("deployed_app_config") is not None}
+        from deployments.settings import declared_apps
+
+        apps = declared_apps(self.client)
         apps[self.app] = config
         self.client.deploy_apps(ServeDeploySchema(applications=list(apps.values())))
 
@@ -142,10 +143,8 @@ class Rebalancing:
     """Checks the layout and makes at most one move a check (``check``); keeps what it did for ``report``."""
 
     def __init__(self, app: ServeApp, strategy: Strategy = "replicas", move_timeout_s: float = 300,
-                 poll_s: float = 0.5, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+                 poll_s: float = 0.5):
         self.app, self.strategy, self.move_timeout_s, self.poll_s = app, strategy, move_timeout_s, poll_s
-        self.clock, self.sleep = clock, sleep
         self.moves: deque[dict[str, Any]] = deque(maxlen=20)
         self.last: dict[str, Any] = {"state": "not checked yet"}
 
@@ -173,19 +172,19 @@ class Rebalancing:
         return self.last
 
     def _wait(self, ready: Callable[[], Any]) -> Any:
-        deadline = self.clock() + self.move_timeout_s
+        deadline = time.monotonic() + self.move_timeout_s
         while True:
             got = ready()
-            if got or self.clock() >= deadline:
+            if got or time.monotonic() >= deadline:
                 return got
-            self.sleep(self.poll_s)
+            time.sleep(self.poll_s)
 
     def _running(self, group: str) -> list[Replica]:
         g = self.app.read()[1].get(group)
         return g.running if g is not None else []
 
     def move(self, move: Move, group: Group, config: dict[str, Any], layout: Layout) -> dict[str, Any]:
-        started = self.clock()
+        started = time.monotonic()
         before = {r.id: r for r in group.running}
         old = next(r for r in group.running if r.node == move.source)
         done: dict[str, Any] = {"group": move.group, "from": move.source, "planned_to": move.target,
@@ -221,6 +220,6 @@ class Rebalancing:
             nodes = sorted(r.node for r in settled or [])
             if not settled or old.id in {r.id for r in settled} or done["to"] not in nodes:
                 done["outcome"], done["why"] = "moved back", f"the group settled on nodes {nodes}"
-        done["seconds"] = round(self.clock() - started, 1)
+        done["seconds"] = round(time.monotonic() - started, 1)
         logger.info("rebalance: %s", done)
         return done

@@ -12,9 +12,11 @@ encoder or a named one, takes that vector; only the rest are embedded. So an enc
 own (``python -m index_build --encoder ...``) is added to the served version without embedding anything again.
 
 The rest are embedded as a build embeds (``embedding.embed_rows``): each shard's rows written to a work area, Ray
-Data's actor pool embedding them and writing their vectors back. For a root in object storage the work area is there
-and the pool spans the cluster's nodes; for a local root it is this node's folder and the pool this node's. The
-driver then puts each shard's vectors together and builds its FAISS index.
+Data's actor pool embedding them and writing their vectors back. For a root in object storage every step is spread
+over the nodes: each shard is read on any node (``prepare_stored_shard``), the work area is in the store, the pool
+spans the cluster, and each shard's vectors are put together, indexed, verified and uploaded on any node
+(``finish_stored_shard``); the driver publishes the version's manifest. A local root's folder is on this node, so
+there every step runs here.
 
 Later folds embed the documents written through the API with every encoder the version holds. A new full build
 holds the encoders it is told about only: add them to it again (its vectors are then all reused).
@@ -26,6 +28,7 @@ import argparse
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -204,10 +207,7 @@ def add_encoder(root: str | Path, name: str, encoder: str, *, base: str | None =
 
 def _add_encoder(dest, name, encoder, base, version, query_prompt, document_prompt, reuse_from, batch_size,
                  do_activate, progress) -> AddEncoderSummary:
-    from index_format.encoders import load_encoder
-
     from .build import clear_work_area, work_area
-    from .embedding import read_vectors, write_todo
 
     t0 = time.perf_counter()
     root = dest.root
@@ -217,7 +217,9 @@ def _add_encoder(dest, name, encoder, base, version, query_prompt, document_prom
     if version is not None and version in list_versions(root):
         raise ValueError(f"index version {version!r} already exists under {root}; pick another --version")
     base = base or dest.active_at_start[0] or _active(root)
-    base_dir = version_dir(root, base, shards=None)
+    # A root in object storage: only the base's own files come to this node; its shards are fetched by the tasks that
+    # read and write them, each on its node.
+    base_dir = version_dir(root, base, shards=None if dest.remote is None else ())
     manifest = read_version_manifest(base_dir)
     spec = resolve_prompts(encoder, query_prompt, document_prompt)
     if name in manifest.encoders:
@@ -226,7 +228,6 @@ def _add_encoder(dest, name, encoder, base, version, query_prompt, document_prom
     c = manifest.build_config
     prepend_title = c.get("prepend_title", True)
     chunking = (c.get("chunk_size"), c.get("chunk_overlap"), prepend_title)
-    holders = _holders([root, *reuse_from] if not dest.remote else list(reuse_from), spec, chunking)
     key = "encoder-" + hashlib.sha256(json.dumps([base, name, spec.__dict__]).encode()).hexdigest()[:16]
     staging = staging_dir(dest.local, key)
     shutil.rmtree(staging, ignore_errors=True)  # nothing to resume: the vectors are reused from where they are
@@ -239,12 +240,46 @@ def _add_encoder(dest, name, encoder, base, version, query_prompt, document_prom
     summary = AddEncoderSummary("", base, name, {"encoder": spec.model, "dimension": 0,
                                                  "query_prompt": spec.query_prompt,
                                                  "document_prompt": spec.document_prompt})
+    work_at = work_area(dest, key)  # this staging folder's _work for a local root
+    if dest.remote is None:
+        entries, uploads = _add_here(root, base_dir, manifest, staging, work_at, spec, name, chunking, reuse_from,
+                                     batch_size, progress, summary)
+    else:
+        entries, uploads = _add_spread(dest, base, manifest, key, work_at, spec, name, chunking, reuse_from,
+                                       batch_size, progress, summary)
+    clear_work_area(dest, work_at)
+    dimension = next(iter(entries.values())).dimension if entries else 0
+    summary.spec["dimension"] = dimension
+    new = version or f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{name}"
+    body = manifest.model_copy(update={
+        "version": new, "build_key": f"{manifest.build_key}+{key}", "created": now_iso(),
+        "code_version": code_version(),
+        "encoders": manifest.encoders | {name: NamedEncoder(**summary.spec)},
+        "reuse": {"shards_linked": [], "encoder_added_to": base, "vectors_reused": summary.reused}})
+    write_json_atomic(staging / MANIFEST, VersionManifest(**body.model_dump()).model_dump(mode="json"))
+    if dest.remote is None:
+        verify_version(staging)
+    # A root in object storage: each shard was verified and uploaded by its task (``finish_stored_shard``).
+    dest.publish_version(staging, new, uploads, activate=do_activate, by="add_encoder")
+    summary.version, summary.activated = new, do_activate
+    summary.seconds |= {"total": round(time.perf_counter() - t0, 3)}
+    return summary
+
+
+def _add_here(root, base_dir: Path, manifest: VersionManifest, staging: Path, work_at: str, spec: EncoderSpec,
+              name: str, chunking: tuple, reuse_from: tuple[str, ...], batch_size: int, progress: bool,
+              summary: AddEncoderSummary) -> tuple[dict[str, NamedEncoder], list]:
+    """A local root, on this node (its folder is here): each shard linked from its base, its reusable vectors found in
+    this root's versions and ``reuse_from``'s, the rest embedded by the pool, its encoder's files written."""
+    from index_format.encoders import load_encoder
+
+    from .embedding import read_vectors, write_todo
+
+    prepend_title = chunking[2]
+    holders = _holders([root, *reuse_from], spec, chunking)
     seen: dict[Path, list[bytes]] = {}
-    entries: dict[str, NamedEncoder] = {}
     work = staging / "_work"
     work.mkdir()
-    work_at = work_area(dest, key)  # this staging folder's _work for a local root
-    # What earlier versions hold, shard by shard; the rest written to the work area for the embedding.
     todo: dict[int, int] = {}
     for s, shard in enumerate(manifest.shards):
         source, target = base_dir / "shards" / shard, staging / "shards" / shard
@@ -263,8 +298,9 @@ def _add_encoder(dest, name, encoder, base, version, query_prompt, document_prom
         summary.embedded += len(missing)
         summary.reused += len(contents) - len(missing)
     t = time.perf_counter()
-    dimension, summary.stages = _embed(work_at, todo, spec, batch_size, dest.remote is None, name, progress)
-    embed_s = time.perf_counter() - t
+    dimension, summary.stages = _embed(work_at, todo, spec, batch_size, True, name, progress)
+    summary.seconds["embed"] = round(time.perf_counter() - t, 3)
+    entries = {}
     for s, shard in enumerate(manifest.shards):
         source, target = base_dir / "shards" / shard, staging / "shards" / shard
         found = np.load(work / f"{s}.found.npy")
@@ -275,28 +311,152 @@ def _add_encoder(dest, name, encoder, base, version, query_prompt, document_prom
             vectors = np.zeros((len(found), dimension), dtype=np.float32)
         for rows, fresh in read_vectors(work_at, s) if s in todo else ():
             vectors[rows] = fresh
-        entry = write_encoder_files(target, name, spec, vectors, c)
-        entries[shard] = entry
-        old = read_shard_manifest(source)
-        body = old.model_copy(update={"encoders": old.encoders | {name: entry},
-                                      "checksums": linked_checksums(target, source, old.checksums, {})})
-        write_json_atomic(target / MANIFEST, body.model_dump(mode="json"))
+        entries[shard] = _write_shard(source, target, name, spec, vectors, manifest.build_config)
     shutil.rmtree(work)
-    clear_work_area(dest, work_at)
-    dimension = next(iter(entries.values())).dimension if entries else 0
-    summary.spec["dimension"] = dimension
-    new = version or f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{name}"
-    body = manifest.model_copy(update={
-        "version": new, "build_key": f"{manifest.build_key}+{key}", "created": now_iso(),
-        "code_version": code_version(),
-        "encoders": manifest.encoders | {name: NamedEncoder(**summary.spec)},
-        "reuse": {"shards_linked": [], "encoder_added_to": base, "vectors_reused": summary.reused}})
-    write_json_atomic(staging / MANIFEST, VersionManifest(**body.model_dump()).model_dump(mode="json"))
-    verify_version(staging)
-    dest.publish_version(staging, new, activate=do_activate, by="add_encoder")
-    summary.version, summary.activated = new, do_activate
-    summary.seconds = {"embed": round(embed_s, 3), "total": round(time.perf_counter() - t0, 3)}
-    return summary
+    return entries, []
+
+
+def _write_shard(source: Path, target: Path, name: str, spec: EncoderSpec, vectors: np.ndarray,
+                 build_config: dict) -> NamedEncoder:
+    """The encoder's files written into ``target`` (the base shard ``source`` linked), and its shard manifest."""
+    entry = write_encoder_files(target, name, spec, vectors, build_config)
+    old = read_shard_manifest(source)
+    body = old.model_copy(update={"encoders": old.encoders | {name: entry},
+                                  "checksums": linked_checksums(target, source, old.checksums, {})})
+    write_json_atomic(target / MANIFEST, body.model_dump(mode="json"))
+    return entry
+
+
+def _add_spread(dest, base: str, manifest: VersionManifest, key: str, work_at: str, spec: EncoderSpec, name: str,
+                chunking: tuple, reuse_from: tuple[str, ...], batch_size: int, progress: bool,
+                summary: AddEncoderSummary) -> tuple[dict[str, NamedEncoder], list]:
+    """A root in object storage, spread over the nodes by Ray Data: each shard read on any node
+    (``prepare_stored_shard``: its reusable vectors and the rows to embed, into the work area in the store), the rows
+    embedded by the pool on any node, then each shard's encoder files written, verified and uploaded on any node
+    (``finish_stored_shard``). A ``reuse_from`` root that is a folder is on this node only: the reading then runs
+    here."""
+    import ray
+    import ray.data
+
+    from index_format.store import is_remote
+
+    from .read import placement, stage_report
+
+    shards = list(manifest.shards)
+    home = ray.get_runtime_context().get_node_id()
+    where = placement(home if any(not is_remote(r) for r in reuse_from) else None)
+    items = [{"shard": s} for s in range(len(shards))]
+    t = time.perf_counter()
+    # No CPU reserved, as a fold's tasks reserve none: the service beside it may hold every CPU of the cluster.
+    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items))).map(
+        prepare_stored_shard, num_cpus=0, fn_kwargs={
+            "root": dest.remote.url, "base": base, "shards": shards, "work_at": work_at, "spec": spec,
+            "chunking": chunking, "reuse_from": list(reuse_from)}, **where)
+    prepared = {row["shard"]: pickle.loads(row["result"]) for row in ds.take_all()}
+    stages = {f"read shards: {n}": st for n, st in stage_report(ds).items()}
+    todo = {s: p["todo"] for s, p in prepared.items() if p["todo"]}
+    for p in prepared.values():
+        summary.chunks += p["chunks"]
+        summary.embedded += p["todo"]
+        summary.reused += p["chunks"] - p["todo"]
+        for version, n in p["reused_from"].items():
+            summary.reused_from[version] = summary.reused_from.get(version, 0) + n
+    summary.seconds["read"] = round(time.perf_counter() - t, 3)
+    t = time.perf_counter()
+    dimension, embedded = _embed(work_at, todo, spec, batch_size, False, name, progress)
+    summary.seconds["embed"] = round(time.perf_counter() - t, 3)
+    t = time.perf_counter()
+    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items))).map(
+        finish_stored_shard, num_cpus=0, fn_kwargs={
+            "root": dest.remote.url, "base": base, "key": key, "shards": shards, "work_at": work_at, "spec": spec,
+            "name": name, "dimension": dimension, "build_config": manifest.build_config,
+            "expect": manifest.shard_expect(), "home": home})
+    finished = {row["shard"]: pickle.loads(row["result"]) for row in ds.take_all()}
+    summary.stages = stages | embedded | {f"write shards: {n}": st for n, st in stage_report(ds).items()}
+    summary.seconds["write"] = round(time.perf_counter() - t, 3)
+    return ({shards[s]: NamedEncoder(**f["entry"]) for s, f in sorted(finished.items())},
+            [f["upload"] for _, f in sorted(finished.items())])
+
+
+def _work_npy(shard: int, what: str) -> str:
+    """Where a shard's mask of reused rows (``found``) and their vectors (``reused``) wait in the work area."""
+    from index_format.sharding import shard_name
+
+    return f"shards/{shard_name(shard)}/{what}.npy"
+
+
+def prepare_stored_shard(row: dict, root: str, base: str, shards: list[str], work_at: str, spec: EncoderSpec,
+                         chunking: tuple, reuse_from: list[str]) -> dict:
+    """Ray Data ``map``, on any node: one base shard of a root in object storage fetched into the node's cache, its
+    vectors found in ``reuse_from``'s versions, and what they do not hold written to the work area to be embedded.
+    Returns (pickled) its chunks, the rows to embed and the vectors reused by version."""
+    import io
+
+    from index_format.object_root import ObjectRoot
+    from index_format.store import open_store
+
+    from .embedding import write_todo
+
+    s = row["shard"]
+    base_dir, _ = ObjectRoot(root).fetch(base, [shards[s]])
+    contents = _shard_contents(base_dir / "shards" / shards[s], chunking[2])
+    tally: dict[str, int] = {}
+    vectors, found = _reused([text_key(t) for t in contents], _holders(reuse_from, spec, chunking), chunking[2],
+                             tally, {})
+    store = open_store(work_at)
+    for what, array in (("found", found), ("reused", vectors)):
+        if array is not None:
+            buf = io.BytesIO()
+            np.save(buf, array)
+            store.put(_work_npy(s, what), buf.getvalue(), durable=False)
+    missing = np.flatnonzero(~found)
+    if len(missing):
+        write_todo(work_at, s, missing, [contents[i] for i in missing])
+    return {"shard": s, "result": pickle.dumps({"chunks": len(contents), "todo": len(missing),
+                                                "reused_from": tally})}
+
+
+def finish_stored_shard(row: dict, root: str, base: str, key: str, shards: list[str], work_at: str,
+                        spec: EncoderSpec, name: str, dimension: int, build_config: dict, expect: dict,
+                        home: str) -> dict:
+    """Ray Data ``map``, on any node: one shard of the new version staged on the node (its base shard linked, the
+    encoder's vectors put together from what was reused and what was embedded, its FAISS index built), verified and
+    uploaded. Returns (pickled) its manifest entry, its upload and its node; a node other than the driver's
+    (``home``) keeps nothing of it."""
+    import io
+
+    import ray
+
+    from index_format.encoders import load_encoder
+    from index_format.manifest import verify_shard
+    from index_format.object_root import ObjectRoot
+    from index_format.store import open_store
+
+    from .embedding import read_vectors
+    from .shard_tasks import upload_shard
+
+    s = row["shard"]
+    at = ObjectRoot(root)
+    base_dir, _ = at.fetch(base, [shards[s]])
+    source, target = base_dir / "shards" / shards[s], staging_dir(at.local_root(), key) / "shards" / shards[s]
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    link_shard(source, target)
+    store = open_store(work_at)
+    found = np.load(io.BytesIO(store.get(_work_npy(s, "found"))))
+    reused = _work_npy(s, "reused")
+    vectors = np.load(io.BytesIO(store.get(reused))) if store.exists(reused) else None
+    if vectors is None:  # nothing reused: the embedding (or, for an empty version, the model) says the dimension
+        vectors = np.zeros((len(found), dimension or load_encoder(spec.model).dimension), dtype=np.float32)
+    for rows, fresh in read_vectors(work_at, s) if not found.all() else ():
+        vectors[rows] = fresh
+    entry = _write_shard(source, target, name, spec, vectors, build_config)
+    verify_shard(target, expect=expect)
+    node = ray.get_runtime_context().get_node_id()
+    result = {"entry": entry.model_dump(mode="json"), "upload": upload_shard(str(target), root), "node": node}
+    if node != home:
+        shutil.rmtree(target, ignore_errors=True)
+    return {"shard": s, "result": pickle.dumps(result)}
 
 
 def _embed(work_at: str, todo: dict[int, int], spec: EncoderSpec, batch_size: int, local: bool, name: str,

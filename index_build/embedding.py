@@ -3,7 +3,8 @@ build's work area) read, embedded by a pool of actors, and their vectors written
 
     read    ray.data.read_datasource(rows_to_embed(shards))     a read task a shard, in turn: its rows, a block at a time
     embed   .map_batches(EmbedRows, compute=ActorPoolStrategy)   actors that load the encoder once (CPU actors, or
-                                                                one a GPU on a cluster with GPUs) embed a block and
+                                                                one a GPU on a cluster with GPUs, in float16 with
+                                                                tokenizer threads) embed a block and
                                                                 write its vectors as one file (row, vector); the pool
                                                                 grows from an actor a node to as many as they allow
     count   .iter_batches() on the driver                       each block's shard and rows, nothing more: a shard's
@@ -19,6 +20,7 @@ block embedded again replaces its file), and shows its progress bars.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -86,9 +88,13 @@ class EmbedRows:
             import torch
 
             torch.set_num_threads(threads)
+        if device == "cuda":
+            # On a GPU the tokenizer is the bottleneck (bench/README.md, "On a GPU": 3,100 chunks/s with one
+            # tokenizer thread, 4,114 with its threads on); a CPU actor's cores are torch's instead.
+            os.environ["TOKENIZERS_PARALLELISM"] = "true"
         from index_format.encoders import load_encoder
 
-        self.encoder = load_encoder(spec.model, device, threads=threads or 1)
+        self.encoder = load_encoder(spec.model, device, threads=threads or 1, half=device == "cuda")
         self.prompt = spec.document_prompt
         self.batch_size = batch_size
 

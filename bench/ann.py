@@ -40,11 +40,13 @@ from bench.common import load_beir, machine, write_record
 
 SETTINGS = {  # HNSW never explores fewer than the k = 200 asked for, so efSearch below 200 is efSearch 200
     "flat": [{}],
+    "version": [{}],  # the version's own index files (--from-index), as built
     "hnsw": [{"ef_search": e} for e in (128, 256, 512)],
     "hnsw_sq8": [{"ef_search": e} for e in (128, 256)],
     "ivf": [{"nprobe": p} for p in (16, 32, 64, 128)],
     "ivf_sq8": [{"nprobe": p} for p in (32, 64)],
     "ivf_pq": [{"nprobe": p} for p in (32, 64, 128)],
+    "ivf_rabitq": [{"nprobe": p, "refine": r} for p in (32, 64, 128) for r in (2, 4, 8)],
 }
 FILTERS = {"none": None, "10%": 10, "1%": 1}
 K = 200
@@ -67,6 +69,23 @@ class Shards:
         self.ids = [[chunk_ids[i] for i in r] for r in self.rows]
         self.allowed = {name: [None if keep is None else np.flatnonzero(buckets[r] < keep) for r in self.rows]
                         for name, keep in FILTERS.items()}
+        self.folders: list[Path] = []
+
+    @classmethod
+    def of_version(cls, folder: Path) -> Shards:
+        """A built version's own shards: each one's stored vectors (memory-mapped) and chunk ids."""
+        from index_format.manifest import CHUNKS_FILE, EMBEDDINGS_FILE
+        from index_format.versions import read_version_manifest
+
+        self = cls.__new__(cls)
+        self.folders = [folder / "shards" / name for name in read_version_manifest(folder).shards]
+        self.vectors = [np.load(f / EMBEDDINGS_FILE, mmap_mode="r") for f in self.folders]
+        tables = [pq.read_table(f / CHUNKS_FILE, columns=["chunk_id", "doc_id"]) for f in self.folders]
+        self.ids = [t["chunk_id"].to_pylist() for t in tables]
+        buckets = [np.array([bucket(d) for d in t["doc_id"].to_pylist()]) for t in tables]
+        self.allowed = {name: [None if keep is None else np.flatnonzero(b < keep) for b in buckets]
+                        for name, keep in FILTERS.items()}
+        return self
 
 
 def build(shards: Shards, kind: str) -> tuple[list, float, float]:
@@ -75,18 +94,23 @@ def build(shards: Shards, kind: str) -> tuple[list, float, float]:
 
     from deployments.shard.dense import DenseShard
     from index_build.faiss_index import FaissSpec, build_faiss_index, resolved_kind, search_options
+    from index_format.manifest import FAISS_FILE, read_shard_manifest
 
     faiss.omp_set_num_threads(1)
     spec = FaissSpec(kind=kind, device="cpu")
     out, seconds, size, rows = [], 0.0, 0, 0
-    for vectors, ids in zip(shards.vectors, shards.ids, strict=True):
+    for s, (vectors, ids) in enumerate(zip(shards.vectors, shards.ids, strict=True)):
         t = time.process_time()
-        index = build_faiss_index(vectors, spec)
+        if kind == "version":
+            index = faiss.read_index(str(shards.folders[s] / FAISS_FILE))
+            options = read_shard_manifest(shards.folders[s]).faiss
+        else:
+            index = build_faiss_index(vectors, spec)
+            options = search_options(spec, resolved_kind(spec, len(vectors)), index)
         seconds += time.process_time() - t
         size += len(faiss.serialize_index(index))
         rows += index.ntotal
-        out.append(DenseShard(index, ids, options=search_options(spec, resolved_kind(spec, len(vectors)), index),
-                              vectors=vectors))
+        out.append(DenseShard(index, ids, options=options, vectors=vectors))
     return out, seconds, size / rows
 
 
@@ -183,12 +207,16 @@ def measure(shards: Shards, queries: np.ndarray, qids: list[str], qrels: dict, b
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.ann", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vectors", type=Path, required=True, help="a folder written by bench.minilm_vectors")
+    ap.add_argument("--vectors", type=Path, help="a folder written by bench.minilm_vectors")
+    ap.add_argument("--from-index", type=Path, help="instead of --vectors: a built version (or an index root: its "
+                    "active one), measured on its own shards and stored vectors, the queries embedded with its "
+                    "encoder; the kind 'version' is its own index as built")
     ap.add_argument("--corpus", type=Path, required=True, help="the BEIR folder (queries and qrels)")
     ap.add_argument("--split", default="test")
     ap.add_argument("--index", type=Path, help="a built version of the same corpus and chunking: its BM25 leg")
     ap.add_argument("--shards", type=int, default=4)
-    ap.add_argument("--kinds", nargs="+", default=list(SETTINGS))
+    ap.add_argument("--kinds", nargs="+", choices=list(SETTINGS), default=None,
+                    help="index types to measure (default: all; 'version' only with --from-index)")
     ap.add_argument("--check-proxy", action="store_true", help="also: real against proxy vectors, same rows")
     ap.add_argument("--shard-depth", nargs="+", choices=["k", "share"], default=["k"],
                     help="what each shard is asked for: all K (k), or its likely share of K and again for K where "
@@ -196,8 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("bench/results/ann.json"))
     args = ap.parse_args(argv)
 
+    if not args.vectors and not args.from_index:
+        ap.error("give --vectors or --from-index")
+    args.kinds = args.kinds or [k for k in SETTINGS if k != "version" or args.from_index]
     if "flat" not in args.kinds:
         args.kinds = ["flat", *args.kinds]  # the exact answer every recall is measured against
+    if args.from_index:
+        return _from_index(args)
     vectors = np.load(args.vectors / "vectors.npy")
     table = pq.read_table(args.vectors / "chunks.parquet")
     chunk_ids, doc_ids = table["chunk_id"].to_pylist(), table["doc_id"].to_pylist()
@@ -227,6 +260,38 @@ def main(argv: list[str] | None = None) -> int:
     record["rows"] += measure(Shards(vectors, chunk_ids, doc_ids, args.shards), queries, qids, qrels, bm25, args.kinds,
                               "all", tuple(args.shard_depth))
     write_record(args.out, record)
+    _table(record)
+    return 0
+
+
+def _from_index(args) -> int:
+    """The measurement on a built version's own shards (``--from-index``)."""
+    from index_format.encoders import encode_queries, load_encoder
+    from index_format.versions import read_version_manifest, resolve_version_dir
+
+    folder = resolve_version_dir(args.from_index)
+    manifest = read_version_manifest(folder)
+    texts, qrels = load_beir(args.corpus, args.split)
+    qids = sorted(qrels)
+    queries = encode_queries(load_encoder(manifest.encoder), [texts[q] for q in qids], manifest.query_prompt or "")
+    bm25 = None
+    if args.index:
+        from deployments.search.inprocess import LocalIndex
+
+        index = LocalIndex(args.index)
+        bm25 = {qid: [(h.chunk_id, h.score) for h in index.bm25(texts[qid], K)] for qid in qids}
+        del index
+    shards = Shards.of_version(folder)
+    record = {"machine": machine(), "version": str(folder), "encoder": manifest.encoder,
+              "chunks": int(sum(len(i) for i in shards.ids)), "shards": len(shards.ids), "queries": len(qids), "k": K,
+              "filters": dict(FILTERS), "rows": measure(shards, queries, qids, qrels, bm25, args.kinds, "version",
+                                                        tuple(args.shard_depth))}
+    write_record(args.out, record)
+    _table(record)
+    return 0
+
+
+def _table(record: dict) -> None:
     print("| vectors | type | setting | shard depth | bytes/chunk | build CPU s | recall@10 (none / 10% / 1%) | "
           "recall@200 (none / 10% / 1%) | CPU ms a query, 4 shards (none / 10% / 1%) | nDCG@10 dense | hybrid |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -238,7 +303,6 @@ def main(argv: list[str] | None = None) -> int:
               f"{' / '.join(str(x['recall@200']) for x in f)} | "
               f"{' / '.join(str(x['cpu_ms_per_query']) for x in f)} | {f[0].get('ndcg10_dense', '')} | "
               f"{f[0].get('ndcg10_hybrid', '')} |")
-    return 0
 
 
 if __name__ == "__main__":

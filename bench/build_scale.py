@@ -136,13 +136,15 @@ def run_sampled(code: Path, args: list[str]) -> tuple[float, dict, str]:
     return wall, sampler.summary(), output
 
 
-def run_build(code: Path, corpus: Path, out: Path, encoder: str, shards: int, extra: list[str]) -> dict:
+def run_build(code: Path, corpus: Path, out: Path, encoder: str, shards: int, extra: list[str],
+              keep: bool = False) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     wall, memory, output = run_sampled(code, ["--corpus", str(corpus), "--out", str(out), "--shards", str(shards),
                                               "--encoder", encoder, "--no-reuse", "--no-progress", *extra])
     docs = int(re.search(r"documents\s+([\d,]+)", output).group(1).replace(",", ""))
     chunks = int(re.search(r"chunks ([\d,]+)", output).group(1).replace(",", ""))
-    shutil.rmtree(out, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(out, ignore_errors=True)
     return {"corpus": str(corpus), "documents": docs, "chunks": chunks, "wall_s": round(wall, 2),
             "documents_per_s": round(docs / wall, 1), "driver_peak_mb": round(memory["by_kind"]["driver"]["max_peak_mb"], 1),
             "memory": memory, "summary": output.strip().splitlines()[-12:]}
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="more flags for every build (default: flat FAISS, the index every code compared can build)")
     ap.add_argument("--work", type=Path, default=Path("bench/out/build-scale"), help="where the indexes are built")
     ap.add_argument("--out", type=Path, default=Path("bench/results/build_scale.json"))
+    ap.add_argument("--keep", action="store_true", help="keep each index built (under --work), to measure it after")
     args = ap.parse_args(argv)
 
     codes = [(v.split("=", 1)[0], Path(v.split("=", 1)[1]).resolve()) for v in args.code] or [("this", ROOT)]
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, code in codes:
             print(f"building {corpus} with {name} ({code}) ...", flush=True)
             r = run_build(code, corpus, args.work / f"{name}-{corpus.name}", args.encoder, args.shards,
-                          args.build_args.split())
+                          args.build_args.split(), args.keep)
             r["code"] = name
             r["commit"] = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True,
                                          text=True).stdout.strip()

@@ -85,7 +85,8 @@ class AddEncoderSummary:
     reused_from: dict[str, int] = field(default_factory=dict)
     activated: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
-    stages: dict = field(default_factory=dict)  # the embedding's Ray Data operators: rows, bytes, seconds, nodes
+    stages: dict = field(default_factory=dict)  # its Ray Data operators: rows, bytes, seconds, nodes
+    nodes: dict[str, str] = field(default_factory=dict)  # a root in object storage: the node that wrote each shard
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -374,6 +375,7 @@ def _add_spread(dest, base: str, manifest: VersionManifest, key: str, work_at: s
     finished = {row["shard"]: pickle.loads(row["result"]) for row in ds.take_all()}
     summary.stages = stages | embedded | {f"write shards: {n}": st for n, st in stage_report(ds).items()}
     summary.seconds["write"] = round(time.perf_counter() - t, 3)
+    summary.nodes = {shards[s]: f["node"] for s, f in sorted(finished.items())}
     return ({shards[s]: NamedEncoder(**f["entry"]) for s, f in sorted(finished.items())},
             [f["upload"] for _, f in sorted(finished.items())])
 
@@ -470,11 +472,12 @@ def _embed(work_at: str, todo: dict[int, int], spec: EncoderSpec, batch_size: in
     from tqdm import tqdm
 
     from .build import ensure_ray
-    from .embedding import embed_rows, embedding_pool, node_plans
+    from .embedding import beside_service, embed_rows, embedding_pool, node_plans
 
     ensure_ray()
     home = ray.get_runtime_context().get_node_id()
-    pool = embedding_pool(node_plans(spec.model, "auto", 1), "auto", home if local else None, len(todo))
+    # Run against a served root, as a fold is: its actors hold no CPU the service's replicas may be holding.
+    pool = beside_service(embedding_pool(node_plans(spec.model, "auto", 1), "auto", home if local else None, len(todo)))
     got = {"dimension": 0}
     with tqdm(total=sum(todo.values()), desc=f"encoder {name}", unit="chunk", disable=not progress) as bar:
         def written(shard: int, rows: int, dimension: int) -> None:

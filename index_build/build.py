@@ -70,7 +70,7 @@ from index_format.versions import (
 
 from .config import BuildConfig
 from .corpus import BadRecord, CorpusError, resolve_corpus_file
-from .faiss_index import FaissSpec
+from .faiss_index import FaissSpec, spec_of_config
 from .reuse import ReusePlan, find_sources, task_sources
 from .splits import DEFAULT_SPLIT_BYTES, FRAGMENTS, Split
 from .target import ActivationRefused, Target
@@ -724,8 +724,8 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
 
     def spec_on(node: str) -> FaissSpec:
         gpu = nodes[node].gpus > 0 and cfg.device.value != "cpu"
-        return FaissSpec(cfg.faiss_index.value, cfg.hnsw_m, cfg.hnsw_ef_construction, cfg.ivf_nlist,
-                         cfg.device.value if gpu else "cpu", cfg.hnsw_ef_search, cfg.ivf_nprobe, cfg.pq_m, cfg.refine)
+        return spec_of_config(cfg.content_key() | {"rabitq_bits": cfg.rabitq_bits},
+                              device=cfg.device.value if gpu else "cpu")
 
     # An indexing JVM keeps about one core busy. Lucene builds start at once (they need no vectors)
     # but only on the CPUs the embedding's actors leave free, topped up as they finish.

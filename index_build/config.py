@@ -38,6 +38,7 @@ class FaissIndexType(StrEnum):
     ivf = "ivf"
     ivf_sq8 = "ivf_sq8"
     ivf_pq = "ivf_pq"
+    ivf_rabitq = "ivf_rabitq"
 
 
 class Device(StrEnum):
@@ -94,8 +95,9 @@ class BuildConfig(BaseModel):
     faiss_index: FaissIndexType = Field(
         FaissIndexType.auto, description="auto: flat for shards under 20,000 chunks, hnsw above (the rule and its "
         "figures: bench/README.md, 'Approximate search'); flat (exact); hnsw or ivf (approximate, full vectors); "
-        "hnsw_sq8, ivf_sq8 (8-bit codes: a quarter of the memory) or ivf_pq (product quantization: 1/17 at 384 "
-        "dimensions), whose candidates are rescored exactly with the stored vectors.")
+        "hnsw_sq8, ivf_sq8 (8-bit codes: a quarter of the memory), ivf_pq (product quantization: 1/17 at 384 "
+        "dimensions) or ivf_rabitq (RaBitQ, one bit a dimension: 56 bytes a vector at 384), whose candidates are "
+        "rescored exactly with the stored vectors, read from disk where they are needed.")
     hnsw_m: int = Field(32, ge=4, le=256, description="HNSW graph degree M.")
     hnsw_ef_construction: int = Field(80, ge=8, description="HNSW efConstruction.")
     hnsw_ef_search: int = Field(
@@ -112,6 +114,9 @@ class BuildConfig(BaseModel):
     refine: int = Field(
         0, ge=0, le=64, description="Quantized types: k x REFINE candidates are rescored exactly with the shard's "
         "stored vectors (0: 4; 1: no rescoring).")
+    rabitq_bits: int = Field(
+        4, ge=1, le=8, description="ivf_rabitq: bits a dimension of each code (1: 56 bytes a vector at 384 "
+        "dimensions, 4: 212); fewer bits need more candidates rescored (--refine) for the same recall.")
 
     # Lucene / BM25
     bm25_k1: float = Field(0.9, gt=0, description="BM25 k1 recorded for query time (Pyserini's BEIR default).")
@@ -198,6 +203,8 @@ class BuildConfig(BaseModel):
         for side in ("query_prompt", "document_prompt"):  # none: the key of a build from before prompts existed
             if not data[side]:
                 del data[side]
+        if self.faiss_index != FaissIndexType.ivf_rabitq:  # the key of any other index type as before the option
+            del data["rabitq_bits"]
         return data
 
     def build_key(self, corpus_fingerprint: str) -> str:

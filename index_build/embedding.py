@@ -167,6 +167,14 @@ class Pool:
     gpus: bool
     threads: int
     node: str | None
+    reserve_cpus: bool = True  # a CPU actor holds a CPU; False beside a service whose replicas may hold them all
+
+
+def beside_service(pool: Pool) -> Pool:
+    """The pool reserving no CPU (a GPU actor still its GPU): what a job run against a served root (a fold,
+    ``add_encoder``) embeds with, as the service's replicas may hold every CPU of the cluster and a pool waiting for
+    one would wait for ever. Its actors then share the cores with the replicas."""
+    return replace(pool, reserve_cpus=False)
 
 
 def embedding_pool(plans: dict[str, NodePlan], device: str, node: str | None, shards: int) -> Pool:
@@ -233,4 +241,4 @@ def _pipeline(work_at: str, shards: list[int], spec: EncoderSpec, pool: Pool, ba
                           batch_size=EMBED_BLOCK, batch_format="pyarrow",
                           compute=ray.data.ActorPoolStrategy(min_size=actors[0], max_size=max(actors),
                                                              max_tasks_in_flight_per_actor=4 if gpus else 2),
-                          num_cpus=0 if gpus else 1, num_gpus=1 if gpus else 0, **where)
+                          num_cpus=0 if gpus or not pool.reserve_cpus else 1, num_gpus=1 if gpus else 0, **where)

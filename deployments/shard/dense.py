@@ -17,7 +17,7 @@ EXACT_FILTERED_ROWS = 20_000  # a filter leaving at most this many rows is searc
 
 class DenseShard:
     """A shard's FAISS index with its search-time options: the defaults its manifest records (``options``:
-    ef_search, nprobe, refine), which a request's ``ann`` overrides (ef_search, nprobe, exact).
+    ef_search, nprobe, refine), which a request's ``ann`` overrides (ef_search, nprobe, refine, exact).
 
     HNSW never explores fewer than the k candidates asked for (efSearch = max(ef_search, k)). For quantized
     codes, k x refine candidates are rescored with the shard's stored float vectors (``vectors``, memory-mapped:
@@ -44,6 +44,7 @@ class DenseShard:
         self.shard = shard
         self.vectors = vectors
         self.is_hnsw = hasattr(index, "hnsw")
+        self.by_distance = index.metric_type == faiss.METRIC_L2  # RaBitQ's codes (``faiss_index.metric_of``)
         self.nlist = int(index.nlist) if hasattr(index, "nlist") else 0
         self.ef_search = int(options.get("ef_search") or (index.hnsw.efSearch if self.is_hnsw else 0))
         self.nprobe = int(options.get("nprobe") or (index.nprobe if self.nlist else 0))
@@ -95,7 +96,8 @@ class DenseShard:
                 approximate and allowed_rows is not None and len(allowed_rows) <= EXACT_FILTERED_ROWS)):
             return self._exact(queries, k, allowed_rows)
         k = min(k, self.ntotal)
-        fetch = min(k * self.refine, self.index.ntotal)
+        refine = max(1, int((ann or {}).get("refine") or self.refine)) if self.vectors is not None else 1
+        fetch = min(k * refine, self.index.ntotal)
         if approximate and allowed_rows is not None:
             widen = self.ntotal / max(len(allowed_rows), 1)
             ann = dict(ann or {})
@@ -114,7 +116,7 @@ class DenseShard:
             if (rows < 0).any() and fetch < min(wanted + self.dead, self.index.ntotal):
                 scores, rows = self._to_rows(*self._search(queries, min(wanted + self.dead, self.index.ntotal),
                                                            None, ann), wanted)
-        if self.refine == 1:
+        if refine == 1:
             return scores, rows
         return self._rescore(queries, rows, k)
 
@@ -122,6 +124,8 @@ class DenseShard:
         """The index's own answer: (scores, ids), ids being rows unless the shard was folded."""
         params = self._params(allowed_rows, fetch, ann)
         scores, ids = self.index.search(queries, fetch, params=params) if params else self.index.search(queries, fetch)
+        if self.by_distance:  # unit vectors: |q - x|^2 = 2 - 2 q.x
+            scores = np.where(ids >= 0, 1 - scores / 2, -np.inf).astype(np.float32)
         if self.vector_rows is not None and allowed_rows is not None:
             ids = np.where(ids >= 0, self.vector_rows[np.maximum(ids, 0)], -1)
         return scores, ids

@@ -284,6 +284,19 @@ def test_the_writes_are_folded_on_more_than_one_node_and_served(service, cluster
     assert answer["results"] and answer["results"][0]["doc_id"] == "zebrafinch-0003"
 
 
+def test_an_encoder_added_reads_and_writes_its_shards_on_more_than_one_node(service, cluster):
+    """``python -m index_build.add_encoder`` on the cluster: each shard read, and its new vectors and FAISS index
+    written, verified and uploaded, by Ray Data tasks on more than one node; published beside its base."""
+    proc = on_cluster(cluster, ["-m", "index_build.add_encoder", "--index", URL, "--name", "small", "--encoder",
+                                "hashing:16", "--no-activate", "--no-progress", "--json"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(proc.stdout[proc.stdout.index("{"):])
+    print("add_encoder on the cluster:", {k: summary[k] for k in ("nodes", "seconds")})
+    assert summary["embedded"] == summary["chunks"] > 0
+    assert len(summary["nodes"]) >= 2 and len(set(summary["nodes"].values())) >= 2, summary
+    assert summary["version"] in ObjectRoot(URL).versions() and ObjectRoot(URL).active() != summary["version"]
+
+
 def test_the_store_stopped_during_a_switch_keeps_the_old_version_serving(service, s3_server, one_node, tmp_path):
     from index_format.versions import active_version
 

@@ -50,7 +50,7 @@ def test_every_index_type_finds_an_exact_copy_and_near_all_of_the_exact_top10(da
     shard = _shard(x, kind)
     assert type(shard.index).__name__ == {"flat": "IndexFlatIP", "hnsw": "IndexHNSWFlat", "hnsw_sq8": "IndexHNSWSQ",
                                           "ivf": "IndexIVFFlat", "ivf_sq8": "IndexIVFScalarQuantizer",
-                                          "ivf_pq": "IndexIVFPQ"}[kind]
+                                          "ivf_pq": "IndexIVFPQ", "ivf_rabitq": "IndexIVFRaBitQ"}[kind]
     rows, _ = shard.search_rows(x[7], 1, ann={"nprobe": 16})
     assert rows.tolist() == [7]
     recalls = []
@@ -104,6 +104,34 @@ def test_a_wider_search_finds_at_least_as_much_and_exact_is_brute_force(data):
     assert rows.tolist() == best.tolist()
 
 
+def test_rabitq_codes_rescored_with_the_stored_vectors_find_the_exact_top10_and_refine_is_a_request_knob(data):
+    """RaBitQ keeps a few bits a dimension: its own order is rough, and the oversampled candidates rescored exactly
+    from the stored vectors recover the exact top-10; fewer bits need more candidates; a request's ``refine``
+    overrides the index's."""
+    x, queries = data
+    four, one = _shard(x, "ivf_rabitq"), _shard(x, "ivf_rabitq", rabitq_bits=1)
+    assert four.refine == 4 and one.index.code_size < four.index.code_size < x.shape[1] * 4  # codes, not floats
+
+    def recall(shard, refine):
+        got = []
+        for q in queries:
+            exact = np.argsort(-(x @ q))[:10]
+            rows, scores = shard.search_rows(q, 10, ann={"refine": refine})
+            got.append(_recall(rows, exact))
+            if refine > 1:
+                np.testing.assert_allclose(scores, x[rows] @ q, rtol=1e-5, atol=1e-6)
+            else:  # the codes' own estimate, as an inner product (built on distances: faiss_index.metric_of)
+                assert np.all(np.diff(scores) <= 1e-6) and np.all(np.abs(scores) <= 1.5)
+        return float(np.mean(got))
+
+    assert recall(four, 4) >= 0.95
+    assert recall(one, 16) > recall(one, 1)
+    assert AnnParams(refine=8).merged_over(AnnParams(nprobe=8)) == {"nprobe": 8, "refine": 8}
+    for bad in ({"refine": 0}, {"refine": 65}):
+        with pytest.raises(ValidationError):
+            SearchRequest(query="q", ann=bad)
+
+
 def test_request_and_collection_options_merge_and_are_bounded():
     collection = AnnParams(ef_search=256, nprobe=32)
     assert AnnParams(ef_search=64).merged_over(collection) == {"ef_search": 64, "nprobe": 32}
@@ -115,7 +143,7 @@ def test_request_and_collection_options_merge_and_are_bounded():
     assert SearchRequest(query="q", ann={"ef_search": 4096}).ann.ef_search == 4096
 
 
-@pytest.mark.parametrize("kind", ["hnsw", "ivf", "ivf_pq"])
+@pytest.mark.parametrize("kind", ["hnsw", "ivf", "ivf_pq", "ivf_rabitq"])
 def test_a_filtered_search_is_exact_when_few_rows_pass_and_widened_when_many_do(data, kind, monkeypatch):
     import deployments.shard.dense as dense
 

@@ -33,7 +33,9 @@ from bench.serving import level
 
 
 def memory_by_process() -> dict[str, dict[str, float]]:
-    """label -> {"hwm_mb", "rss_mb"} of every ray and python process on the machine but this one."""
+    """label -> {"hwm_mb", "rss_mb", "anon_mb", "file_mb"} of every ray and python process on the machine but this
+    one. RSS splits into anonymous memory (what the process holds: its heap, the JVM's, decoded tables) and
+    file-backed pages (memory-mapped index files it has read: the kernel's page cache, dropped under pressure)."""
     import psutil
 
     from bench.cpu import process_label
@@ -50,10 +52,12 @@ def memory_by_process() -> dict[str, dict[str, float]]:
         except OSError:
             continue
         fields = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines()
-                  if line.startswith(("VmHWM", "VmRSS"))}
-        entry = out.setdefault(label, {"hwm_mb": 0.0, "rss_mb": 0.0, "processes": 0})
+                  if line.startswith(("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"))}
+        entry = out.setdefault(label, {"hwm_mb": 0.0, "rss_mb": 0.0, "anon_mb": 0.0, "file_mb": 0.0, "processes": 0})
         entry["hwm_mb"] = round(entry["hwm_mb"] + fields.get("VmHWM", 0) / 1024, 1)
         entry["rss_mb"] = round(entry["rss_mb"] + fields.get("VmRSS", 0) / 1024, 1)
+        entry["anon_mb"] = round(entry["anon_mb"] + fields.get("RssAnon", 0) / 1024, 1)
+        entry["file_mb"] = round(entry["file_mb"] + (fields.get("RssFile", 0) + fields.get("RssShmem", 0)) / 1024, 1)
         entry["processes"] += 1
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["hwm_mb"]))
 

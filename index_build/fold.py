@@ -58,6 +58,7 @@ from index_format.chunking import Chunking
 from index_format.collection_log import open_change_log
 from index_format.lucene import CONTENTS_FIELD
 from index_format.manifest import (
+    CHUNKS_ARROW,
     CHUNKS_FILE,
     DOCUMENTS_FILE,
     EMBEDDINGS_FILE,
@@ -316,7 +317,7 @@ def fold_shard(base_shard: str, shard_dir: str, part: str, build_key: str, build
         raise IndexMismatch(f"{folder.name}: a fold left counts that disagree: {counts}")
     encoders = {name: _fold_named(base, folder, part_dir, name, entry, kept, old.build_config)
                 for name, entry in old.encoders.items()}
-    written = {DOCUMENTS_FILE: docs_sum, CHUNKS_FILE: chunks_sum, EMBEDDINGS_FILE: vectors_sum} | faiss_sums
+    written = {DOCUMENTS_FILE: docs_sum, EMBEDDINGS_FILE: vectors_sum} | chunks_sum | faiss_sums
     body = ShardManifest(shard=old.shard, num_shards=old.num_shards, build_key=build_key,
                          **encoder_fields(EncoderSpec.of(old), old.dimension), metric=old.metric, faiss=faiss_info, counts=counts, lucene=lucene, encoders=encoders,
                          checksums=linked_checksums(folder, base, old.checksums, written), build_config=old.build_config,
@@ -346,10 +347,15 @@ def _fold_documents(base: Path, folder: Path, gone: pa.Array, new_docs: pa.Table
     return kept.num_rows + new_docs.num_rows, sha256_file(folder / DOCUMENTS_FILE)
 
 
-def _fold_chunks(base: Path, folder: Path, keep: np.ndarray, new_chunks: pa.Table) -> str:
+def _fold_chunks(base: Path, folder: Path, keep: np.ndarray, new_chunks: pa.Table) -> dict[str, str]:
+    """The chunk table less the replaced and deleted rows, plus the new ones, and its copy a replica maps
+    (``chunk_table``); their checksums."""
+    from index_format.chunk_table import write_arrow_table
+
     chunks = pq.read_table(base / CHUNKS_FILE, memory_map=True)
     _replace_table(folder / CHUNKS_FILE, [chunks.filter(pa.array(keep)), new_chunks], CHUNK_SCHEMA)
-    return sha256_file(folder / CHUNKS_FILE)
+    write_arrow_table(folder)
+    return {CHUNKS_FILE: sha256_file(folder / CHUNKS_FILE), CHUNKS_ARROW: sha256_file(folder / CHUNKS_ARROW)}
 
 
 def _fold_vectors(base: Path, folder: Path, kept: np.ndarray, rows: int, new_vectors: np.ndarray,

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from index_format.chunk_table import write_arrow_table
 from index_format.lucene import CONTENTS_FIELD
 from index_format.manifest import (
     CHUNKS_FILE,
@@ -251,6 +252,7 @@ def assemble_shard(shard: int, shard_dir: str, work: str, build_key: str, num_sh
                 "created": now_iso()}).model_dump(mode="json"))  # its files are verified before publishing
             return result | {"linked": donor["name"], "reused": chunks, "reused_from": {donor["name"]: chunks},
                              "dimension": old.dimension, "upload": upload_shard(shard_dir, upload_to)}
+    write_arrow_table(folder)  # the table as a replica maps it (a shard linked whole above keeps its donor's files)
     todo = list(range(chunks))
     if sources and chunks:
         reused, by_version, dimension, todo = _find_vectors(list(_text_keys(folder, prepend_title)), sources, mine)

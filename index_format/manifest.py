@@ -26,6 +26,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 # A shard folder's files (the build writes them, serving reads them): the layout of an index version.
 CHUNKS_FILE = "chunks.parquet"
+CHUNKS_ARROW = "chunks.arrow"  # the same rows as Arrow IPC, memory-mapped by a replica (index_format.chunk_table)
 DOCUMENTS_FILE = "documents.parquet"  # the shard's documents as read, in corpus order (deltas start from them)
 EMBEDDINGS_FILE = "embeddings.npy"
 FAISS_FILE = "dense.faiss"

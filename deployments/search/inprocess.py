@@ -18,6 +18,7 @@ from deployments.search.clients import Collection
 from deployments.search.hits import Hit, merge_top_k
 from deployments.search.learned import RankingModel
 from deployments.search.pipeline import SearchPipeline
+from deployments.shard.chunk_ids import ids_at
 from deployments.shard.group import ShardGroup
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.service import ShardService, open_version
@@ -158,7 +159,7 @@ class LocalIndex:
                             for i, (s, rows) in enumerate(zip(self.shards, allowed, strict=True))), k)
 
     def _hits(self, shard: int, rows: np.ndarray, scores: np.ndarray) -> list[Hit]:
-        ids = self.shards[shard].id_array[rows].tolist()
+        ids = ids_at(self.shards[shard].ids, rows)
         return [Hit(c, s, shard) for c, s in zip(ids, scores.tolist(), strict=True)]
 
     def fetch(self, hits: list[Hit]) -> list[dict]:

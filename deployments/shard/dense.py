@@ -40,7 +40,7 @@ class DenseShard:
             self.id_of_row = np.full(len(chunk_ids), -1, dtype=np.int64)
             live = self.vector_rows >= 0
             self.id_of_row[self.vector_rows[live]] = np.flatnonzero(live)
-        self.chunk_ids = list(chunk_ids)
+        self.chunk_ids = chunk_ids  # a shard's ChunkIds (read where needed), or a test's list
         self.shard = shard
         self.vectors = vectors
         self.is_hnsw = hasattr(index, "hnsw")
@@ -206,7 +206,7 @@ class TorchDenseShard:
         self.device = torch.device(device)
         self.dtype = getattr(torch, dtype) if self.device.type == "cuda" else torch.float32
         self.vectors = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32)).to(self.device, self.dtype)
-        self.chunk_ids = list(chunk_ids)
+        self.chunk_ids = chunk_ids  # a shard's ChunkIds (read where needed), or a test's list
         self.shard = shard
 
     @property

@@ -14,11 +14,11 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 
 import numpy as np
 
 from deployments.bounded import BoundedCache
+from deployments.shard.chunk_ids import ids_at
 from deployments.shard.features import FeatureQuery, candidates_features
 from deployments.shard.filters import FilterError
 from deployments.shard.lucene import FactsReader
@@ -43,18 +43,26 @@ def _timed(fn, *args) -> LegPart:
     return LegPart(rows, scores, (time.perf_counter() - t0) * 1000)
 
 
-def _best(rows: list[np.ndarray], scores: list[np.ndarray], ranks: list[np.ndarray], ids: list[np.ndarray],
+def _best(rows: list[np.ndarray], scores: list[np.ndarray], ranks: list[np.ndarray], ids: list[Sequence[str]],
           k: int) -> list[tuple[str, float]]:
     """Top-k of per-shard top-k arrays (chunk-table rows and scores): score descending, then chunk id
     ascending (``topk.top_k``). Ties are broken by each row's rank in the group's sorted chunk ids, so
-    the sort compares integers, not strings (about 0.5 ms a query less than sorting the ids themselves)."""
+    the sort compares integers, not strings (about 0.5 ms a query less than sorting the ids themselves); only the
+    k kept are read as ids, each shard's in one read."""
     all_scores = np.concatenate(scores) if len(scores) > 1 else scores[0]
     if len(all_scores) == 0 or k <= 0:
         return []
     all_ranks = np.concatenate([rank[r] for rank, r in zip(ranks, rows, strict=True)])
     order = top_k(all_scores, k, all_ranks)
-    all_ids = np.concatenate([id_array[r] for id_array, r in zip(ids, rows, strict=True)])
-    return list(zip(all_ids[order].tolist(), all_scores[order].tolist(), strict=True))
+    bounds = np.cumsum([0] + [len(r) for r in rows])
+    shard = np.searchsorted(bounds, order, side="right") - 1
+    all_rows = np.concatenate(rows) if len(rows) > 1 else rows[0]
+    picked: list[str] = [""] * len(order)
+    for s in np.unique(shard):
+        at = np.flatnonzero(shard == s)
+        for i, chunk_id in zip(at, ids_at(ids[s], all_rows[order[at]]), strict=True):
+            picked[i] = chunk_id
+    return list(zip(picked, all_scores[order].tolist(), strict=True))
 
 
 def complete_legs(parts: list[LegPart], k: int, depth: int, again: Callable[[int], LegPart]) -> int:
@@ -68,11 +76,18 @@ def complete_legs(parts: list[LegPart], k: int, depth: int, again: Callable[[int
 
 
 def id_ranks(services: Sequence[ShardService]) -> list[np.ndarray]:
-    """Per shard, each row's position among all the group's chunk ids in sorted order."""
-    all_ids = np.concatenate([s.id_array for s in services]) if services else np.zeros(0, dtype=object)
-    rank = np.empty(len(all_ids), dtype=np.int64)
-    rank[np.argsort(all_ids, kind="stable")] = np.arange(len(all_ids), dtype=np.int64)
-    bounds = np.cumsum([0] + [len(s.id_array) for s in services])
+    """Per shard, each row's position among all the group's chunk ids in sorted order (the ids read once, then
+    dropped: 4 bytes a chunk kept)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    columns = [s.table.column("chunk_id") for s in services]
+    total = sum(len(c) for c in columns)
+    rank = np.empty(total, dtype=np.int32 if total < 2**31 else np.int64)
+    if total:
+        order = pc.sort_indices(pa.chunked_array([chunk for c in columns for chunk in c.chunks], pa.string()))
+        rank[order.to_numpy()] = np.arange(total, dtype=rank.dtype)
+    bounds = np.cumsum([0] + [len(c) for c in columns])
     return [rank[bounds[i]:bounds[i + 1]] for i in range(len(services))]
 
 
@@ -86,10 +101,8 @@ class ShardGroup:
             raise ValueError("a shard group needs at least one shard")
         self.services = list(services)
         self.name = ",".join(s.name for s in self.services)
-        self.id_arrays = [s.id_array for s in self.services]
+        self.shard_ids = [s.ids for s in self.services]
         self.ranks = id_ranks(self.services)
-        # chunk id -> shard * ROWS + row: a page's rows are found in one pass, whichever shards hold them.
-        self.where = {cid: i * ROWS + row for i, s in enumerate(self.services) for cid, row in s.row_of.items()}
         # Shards asked again for a leg's whole k (``complete_legs``) since opened, per leg (the legs may run on two
         # threads at once, each counting its own).
         self.deepened = {"dense": 0, "keyword": 0}
@@ -104,9 +117,23 @@ class ShardGroup:
     def size(self) -> int:
         return len(self.services)
 
+    def where(self, chunk_ids: Sequence[str]) -> np.ndarray:
+        """Each id as shard * ROWS + row of the shard that holds it (-1 where none of the group's does)."""
+        code = np.full(len(chunk_ids), -1, dtype=np.int64)
+        for i, s in enumerate(self.services):
+            if not (code < 0).any():
+                break
+            rows = s.ids.rows_of(chunk_ids)
+            found = (rows >= 0) & (code < 0)
+            code[found] = i * ROWS + rows[found]
+        return code
+
     def locate(self, chunk_id: str) -> tuple[int, int]:
         """(the shard that holds the chunk, its row there); KeyError when none of the group's does."""
-        return divmod(self.where[chunk_id], ROWS)
+        code = int(self.where([chunk_id])[0])
+        if code < 0:
+            raise KeyError(chunk_id)
+        return divmod(code, ROWS)
 
     def terms(self, text: str) -> list[str]:
         """The text as the group's shards analyze it (one analyzer for all), kept for the most recent texts: a
@@ -196,11 +223,11 @@ class ShardGroup:
         hits sent along."""
         answer = ShardAnswer(self.name, shards=self.size)
         if dense:
-            answer.dense = _best([d.rows for d in dense], [d.scores for d in dense], self.ranks, self.id_arrays,
+            answer.dense = _best([d.rows for d in dense], [d.scores for d in dense], self.ranks, self.shard_ids,
                                  query.k_dense)
         if keyword:
             answer.keyword = _best([d.rows for d in keyword], [d.scores for d in keyword], self.ranks,
-                                   self.id_arrays, query.k_keyword)
+                                   self.shard_ids, query.k_keyword)
         if any(rows is not None for rows in allowed):
             answer.allowed = sum(len(rows) for rows in allowed if rows is not None)
         if (top := query.rows_for_top) > 0:
@@ -232,7 +259,7 @@ class ShardGroup:
         """Chunk rows for the ids this group holds, in the order asked."""
         if len(self.services) == 1:
             return self.services[0].fetch(chunk_ids)
-        located = [self.locate(c) for c in chunk_ids if c in self.where]
+        located = [divmod(int(code), ROWS) for code in self.where(chunk_ids) if code >= 0]
         per_shard: list[list[int]] = [[] for _ in self.services]
         for shard, row in located:
             per_shard[shard].append(row)
@@ -243,7 +270,7 @@ class ShardGroup:
         """The stored vectors of these chunks, in the order asked (one read per shard)."""
         out: list[np.ndarray | None] = [None] * len(chunk_ids)
         for s in self.services:
-            mine = [i for i, c in enumerate(chunk_ids) if c in s.row_of]
+            mine = np.flatnonzero(s.ids.rows_of(chunk_ids) >= 0).tolist()
             if mine:
                 for i, v in zip(mine, s.vectors([chunk_ids[i] for i in mine]), strict=True):
                     out[i] = v
@@ -255,7 +282,7 @@ class ShardGroup:
     def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
         """Each shard's features of the candidates it holds, as one table in the order asked (each candidate found
         in one lookup, ``where``)."""
-        code = np.fromiter(map(self.where.get, query.chunk_ids, repeat(-1)), dtype=np.int64, count=len(query.chunk_ids))
+        code = self.where(query.chunk_ids)
         shard, rows = np.divmod(code, ROWS)
         located = [(at, rows[at]) for at in (np.flatnonzero((code >= 0) & (shard == i)) for i in range(self.size))]
         postings = query.reads_postings and bool((code >= 0).any())

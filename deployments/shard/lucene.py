@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from deployments.shard.chunk_ids import ids_at, rows_of
 from index_format.bm25_stats import CollectionStats, lucene_idf
 from index_format.lucene import CONTENTS_FIELD, HELPER_CLASS, boot
 
@@ -176,13 +177,11 @@ class LuceneShard:
         self.searcher = self.searchers[CONTENTS_FIELD]
         contents = self.fields[CONTENTS_FIELD]
         self.doc_count, self.k1, self.b = contents.doc_count, contents.k1, contents.b
-        self.chunk_ids = list(chunk_ids)
+        self.chunk_ids = chunk_ids  # a shard's ChunkIds (read where needed), or a test's list
         # Lucene doc number -> row of the shard's chunk table (the FAISS row too).
-        row_of = {cid: i for i, cid in enumerate(self.chunk_ids)}
         stored = self.reader.storedFields()
         # A deleted document (a folded shard's replaced chunk) is never a hit; its id may be gone from the table.
-        self.row_of_doc = np.array([row_of.get(stored.document(d).get("id"), -1) for d in range(self.reader.maxDoc())],
-                                   dtype=np.int64)
+        self.row_of_doc = rows_of(chunk_ids, [stored.document(d).get("id") for d in range(self.reader.maxDoc())])
         self.analyzer = QueryAnalyzer()
         live = np.flatnonzero(self.row_of_doc >= 0)
         self.doc_of_row = np.full(len(self.chunk_ids), -1, dtype=np.int64)  # chunk-table row -> Lucene doc number
@@ -299,7 +298,7 @@ class LuceneShard:
     def _search_fast(self, terms, k, allowed_rows, shared, weights):
         allowed = None
         if allowed_rows is not None:
-            allowed = [self.chunk_ids[r] for r in allowed_rows]
+            allowed = ids_at(self.chunk_ids, allowed_rows)
         found = self.j.ShardSearch.search(*self._helper_clauses(terms, weights), int(k), "id", allowed, shared)
         docs = np.asarray(found.docs, dtype=np.int64)
         return self.row_of_doc[docs], np.asarray(found.scores, dtype=np.float32)
@@ -323,8 +322,8 @@ class LuceneShard:
 
     def _filtered(self, builder, allowed_rows):
         ids = self.j.ArrayList()
-        for row in allowed_rows:
-            ids.add(self.j.BytesRef(self.chunk_ids[row].encode("utf-8")))
+        for chunk_id in ids_at(self.chunk_ids, allowed_rows):
+            ids.add(self.j.BytesRef(chunk_id.encode("utf-8")))
         builder.add(self.j.TermInSetQuery("id", ids), self.j.Occur.FILTER)
         # With a FILTER clause, SHOULD clauses become optional: without this every allowed chunk would
         # match with score 0, query terms or not.

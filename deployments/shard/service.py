@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from deployments.bounded import BoundedCache
+from deployments.shard.chunk_ids import ChunkIds
 from deployments.shard.dense import DenseShard, TorchDenseShard
 from deployments.shard.features import position_of, words
 from deployments.shard.filters import MetadataTable
 from deployments.shard.lucene import FieldStats, LuceneShard
 from deployments.shard.vocabulary import document_frequencies
 from index_format.bm25_stats import CollectionStats, read_field_stats, read_stats
+from index_format.chunk_table import ChunkTable
 from index_format.manifest import (
     CHUNKS_FILE,
     EMBEDDINGS_FILE,
@@ -70,11 +70,12 @@ class ShardService:
         self.name = self.folder.name
         self.manifest: ShardManifest = verify_shard(self.folder, expect=dict(expect or {}), checksums=verify_checksums)
         self.shard = self.manifest.shard
-        # One chunk per column: Arrow's ``take`` over a table of many chunks (one per Parquet row group) cost time
-        # in proportion to the whole table, 43% of the router's CPU at 273k rows a shard (py-spy, 1M corpus).
-        self.table: pa.Table = pq.read_table(self.folder / CHUNKS_FILE).combine_chunks()
-        chunk_ids = self.table["chunk_id"].to_pylist()
-        self.row_of = {cid: i for i, cid in enumerate(chunk_ids)}
+        # Memory-mapped (``chunks.arrow``; a version built before it: read whole): a page's rows are read from
+        # their batch alone (a ``take`` over a table of many chunks cost time in proportion to the whole table, 43%
+        # of the router's CPU at 273k rows a shard: py-spy, 1M corpus).
+        self.table = ChunkTable(self.folder)
+        self.ids = ChunkIds(self.table)  # row -> id read from the table, id -> row by a sorted hash array
+        chunk_ids = self.ids
         self.embeddings = mapped(self.folder / EMBEDDINGS_FILE)
         if resolve_device(search_device) == "cuda":  # exact search on the GPU, from the shard's vectors
             self.dense = TorchDenseShard(np.load(self.folder / EMBEDDINGS_FILE), chunk_ids, self.shard, "cuda")
@@ -94,9 +95,7 @@ class ShardService:
             fields = version_fields(self.folder.parent.parent) if self.manifest.lucene.get("fields") else {}
         self.lucene = LuceneShard(self.folder / LUCENE_DIR, chunk_ids, self.manifest.lucene, corpus, corpus_df,
                                   self.shard, fields=fields)
-        self.metadata = MetadataTable.from_json_column(self.table["metadata_json"].to_pylist())
-        # Row -> chunk id as an array: hits become ids by one fancy index, and sort by id in numpy.
-        self.id_array = np.array(chunk_ids, dtype=object)
+        self.metadata = MetadataTable.from_json_column(self.table.column("metadata_json").to_pylist())
         # Computed on the first spell-corrected query of each set of callers; the few latest are kept (one pass
         # over the shard's texts each, so a bounded cache, not one per caller forever).
         self._vocabularies: BoundedCache[tuple | None, dict[str, int]] = BoundedCache(VOCABULARIES_KEPT)
@@ -158,8 +157,9 @@ class ShardService:
         """Words in each chunk's text and in its title, and its position in its document, by row: read once, on the
         first call (a ranking model's length features; a shard that serves no model never pays for them)."""
         if self._row_facts is None:
-            positions = np.array([position_of(c) for c in self.id_array], dtype=np.float32)
-            self._row_facts = (words(self.table["text"].to_pylist()), words(self.table["title"].to_pylist()), positions)
+            positions = np.array([position_of(c) for c in self.ids], dtype=np.float32)
+            self._row_facts = (words(self.table.column("text").to_pylist()),
+                               words(self.table.column("title").to_pylist()), positions)
         return self._row_facts
 
     @property
@@ -190,7 +190,8 @@ class ShardService:
     def fetch(self, chunk_ids: list[str]) -> list[dict]:
         """Chunk rows for ids held by this shard, in the order asked: the chunk table's columns, and
         ``metadata`` (``metadata_json`` parsed). Rows are shared between calls: read them, never change them."""
-        return self.rows_at([self.row_of[c] for c in chunk_ids if c in self.row_of])
+        rows = self.ids.rows_of(chunk_ids)
+        return self.rows_at(rows[rows >= 0].tolist())
 
     def rows_at(self, rows: list[int]) -> list[dict]:
         """The chunk rows at these positions of the chunk table (see ``ROWS_KEPT``). Called from more than one
@@ -200,7 +201,7 @@ class ShardService:
         found = {r: kept.get(r) for r in rows}
         missing = [r for r, row in found.items() if row is None]
         if missing:
-            for r, row in zip(missing, self.table.take(pa.array(missing, pa.int64())).to_pylist(), strict=True):
+            for r, row in zip(missing, self.table.take(missing).to_pylist(), strict=True):
                 row["metadata"] = json.loads(row["metadata_json"] or "{}")
                 kept.put(r, row)
                 found[r] = row
@@ -213,14 +214,16 @@ class ShardService:
         key = None if acl is None else (acl[0], tuple(sorted(acl[1])))
         found = self._vocabularies.get(key)
         if found is None:
-            titles, texts = self.table["title"].to_pylist(), self.table["text"].to_pylist()
+            titles, texts = self.table.column("title").to_pylist(), self.table.column("text").to_pylist()
             rows = range(len(texts)) if acl is None else self._visible(*acl).tolist()
             found = dict(document_frequencies(f"{titles[i]} {texts[i]}" for i in rows))
             self._vocabularies.put(key, found)
         return found
 
     def vectors(self, chunk_ids: list[str]) -> np.ndarray:
-        rows = [self.row_of[c] for c in chunk_ids]
+        rows = self.ids.rows_of(chunk_ids)
+        if (rows < 0).any():
+            raise KeyError(f"chunk {chunk_ids[int(np.flatnonzero(rows < 0)[0])]!r} is not in shard {self.name}")
         return np.asarray(self.embeddings[rows], dtype=np.float32)
 
 

@@ -101,7 +101,7 @@ def test_field_scores_are_each_fields_exact_bm25_of_the_given_rows(local, oracle
         assert sorted(scores) == ["contents", "title"]
         for field, got in scores.items():
             truth = _lucene_scores(index_dir, terms, {field: 1.0})
-            expected = [truth.get(shard.id_array[r], 0.0) for r in rows]
+            expected = [truth.get(shard.ids[int(r)], 0.0) for r in rows]
             assert got.dtype == np.float32 and len(got) == len(rows)
             assert np.allclose(got, expected, rtol=1e-5, atol=0), field
         assert (scores["title"] > 0).any() and (scores["title"] == 0).any()
@@ -202,7 +202,7 @@ def test_each_candidates_ranking_features_equal_their_oracles(built, oracle, gro
     *_, index_dir = oracle
     pipeline = inprocess_pipeline({"default": summary.version_dir}, group_size=group_size)
     local = LocalIndex(summary.version_dir)
-    rows = {r["chunk_id"]: r for s in local.shards for r in s.fetch(s.id_array.tolist())}
+    rows = {r["chunk_id"]: r for s in local.shards for r in s.fetch(list(s.ids))}
     analyzer = QueryAnalyzer()
     for query in ["sailing boat wind", "astronomy telescope galaxy", "music note piano piano"]:
         table = asyncio.run(pipeline.ranking_features(SearchRequest(query=query)))
@@ -249,7 +249,7 @@ def test_a_model_that_reads_one_field_has_only_that_field_scored(built):
     _, summary = built[3]
     local = LocalIndex(summary.version_dir)
     group = ShardGroup(local.shards)
-    ids = [c for s in local.shards for c in s.id_array.tolist()[:15]]
+    ids = [c for s in local.shards for c in list(s.ids)[:15]]
     for query in ["sailing boat wind", "music note piano piano"]:
         every = group.features(FeatureQuery(query, ids))
         one = group.features(FeatureQuery(query, ids, names=frozenset({"bm25_title", "term_coverage",

@@ -163,7 +163,7 @@ def test_the_folded_version_reads_a_ranking_models_features_as_a_full_build(fold
             # The JVM's coverage is the Python rule's over the same bits.
             expected = coverage(held_of_bits(masks, len(distinct)), weights)
             assert np.allclose(shares, expected, rtol=1e-6, atol=0), q
-            ids = [c for s in index.shards for c in s.id_array]
+            ids = [c for s in index.shards for c in s.ids]
             facts.append({c: ({f: float(v[i]) for f, v in fields.items()}, int(masks[i])) for i, c in enumerate(ids)})
         assert facts[0].keys() == facts[1].keys(), q
         for chunk_id, (scores, mask) in facts[1].items():

@@ -217,7 +217,7 @@ def test_a_failing_or_slow_shard_degrades_instead_of_failing(built):
     resp = search(pipe, query="telescope galaxy", limit=5)
     assert resp.coverage.degraded and resp.coverage.shards_answered == 1 and resp.coverage.ratio == pytest.approx(1 / 3)
     assert sorted(f.split(": ")[1] for f in resp.coverage.failed) == ["RuntimeError", "timeout"]
-    assert resp.results and all(r.chunk_id in shards[2].service.services[0].row_of for r in resp.results)
+    assert resp.results and all(r.chunk_id in shards[2].service.services[0].ids for r in resp.results)
 
 
 def test_a_failing_group_counts_all_its_shards(built):
@@ -232,7 +232,7 @@ def test_a_failing_group_counts_all_its_shards(built):
     shards[0].search = boom
     resp = search(pipe, query="telescope galaxy", limit=5)
     assert resp.coverage.shards_asked == 3 and resp.coverage.shards_answered == 1
-    assert resp.results and all(r.chunk_id in shards[1].service.services[0].row_of for r in resp.results)
+    assert resp.results and all(r.chunk_id in shards[1].service.services[0].ids for r in resp.results)
 
 
 @pytest.mark.parametrize("group_size", [1, 2])

@@ -169,7 +169,7 @@ def test_dedupe_drops_what_lies_within_the_threshold_of_a_better_result_kept(pip
     local = LocalIndex(built[3][1].version_dir)
     whole = search(pipeline, query=Q, method="keyword", limit=40, candidates=40)
     ids = [r.chunk_id for r in whole.results]
-    vectors = np.stack([next(s.vectors([c])[0] for s in local.shards if c in s.row_of) for c in ids])
+    vectors = np.stack([next(s.vectors([c])[0] for s in local.shards if c in s.ids) for c in ids])
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     threshold = 0.6
     kept: list[int] = []

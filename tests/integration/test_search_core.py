@@ -107,7 +107,7 @@ def test_sharded_dense_with_and_without_filter_equals_brute_force(local):
     rows = np.arange(0, shard.table.num_rows, 3, dtype=np.int64)
     allowed = {shard.table["chunk_id"].to_pylist()[i] for i in rows}
     filtered_rows, filtered_scores = shard.dense_leg(q[0], 4, rows)
-    assert {shard.id_array[r] for r in filtered_rows} <= allowed
+    assert set(shard.ids.take(filtered_rows)) <= allowed
     assert np.allclose(filtered_scores, sorted((truth[c] for c in allowed), reverse=True)[:4], atol=1e-5)
     assert len(shard.dense_leg(q[0], 4, np.array([], dtype=np.int64))[0]) == 0
 
@@ -314,7 +314,7 @@ def test_features_without_postings_are_read_on_the_callers_thread_and_equal_the_
     monkeypatch.setattr(FactsReader, "read", lambda self, *a, **k: lucene.append("postings") or read(self, *a, **k))
 
     text = "telescope galaxy piano"
-    ids = [str(c) for s in group.services for c in s.id_array[:7]] + ["no-such-chunk#0"]
+    ids = [str(c) for s in group.services for c in s.ids[:7]] + ["no-such-chunk#0"]
     vector = load_encoder(manifest.encoder).encode([text])[0]
     no_postings = FeatureQuery(text, ids, vector, frozenset({"dense", "length", "title_length", "position"}))
     every = FeatureQuery(text, ids, vector)

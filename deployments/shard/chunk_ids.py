@@ -1,0 +1,85 @@
+"""A shard's chunk ids as a replica holds them: in the chunk table (memory-mapped), found by a sorted hash array.
+
+A million chunks held as Python strings, a list of them and an id -> row dict cost about 200 bytes a chunk, more
+than the compressed vectors. Here an id is read from the chunk table when a hit needs it (a page's worth a query),
+and a row is found by its id through two arrays: the ids' hashes sorted (8 bytes a chunk) and the row of each (4).
+A hash names candidate rows only: each is checked against the id itself, so a collision costs a read, never a wrong
+row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from index_format.chunk_table import ChunkTable
+
+
+def _hashes(ids: Iterable[str], count: int) -> np.ndarray:
+    # Python's own string hash: fast, and the same for every lookup in this process (never stored).
+    return np.fromiter(map(hash, ids), dtype=np.int64, count=count)
+
+
+class ChunkIds(Sequence):
+    """The ids of a shard's rows, in row order: ``take(rows)`` reads them, ``rows_of(ids)`` finds their rows."""
+
+    def __init__(self, table: ChunkTable):
+        self.table = table
+        ids = table.column("chunk_id").to_pylist()  # read once, then dropped: only the two arrays are kept
+        hashes = _hashes(ids, len(ids))
+        del ids
+        order = np.argsort(hashes, kind="stable")
+        self.hashes = hashes[order]
+        self.rows = order.astype(np.int32 if len(order) < 2**31 else np.int64)
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __getitem__(self, row):  # one id, or a slice's (for a caller that reads a few)
+        if isinstance(row, slice):
+            return self.take(np.arange(len(self))[row])
+        return self.take([row])[0]
+
+    def __iter__(self):
+        return iter(self.table.column("chunk_id").to_pylist())
+
+    def take(self, rows: Sequence[int] | np.ndarray) -> list[str]:
+        """The ids of these rows, in the order given."""
+        return self.table.take(rows, ["chunk_id"]).column(0).to_pylist()
+
+    def rows_of(self, ids: Sequence[str]) -> np.ndarray:
+        """The row of each id (-1 for an id this shard does not hold), in the order given."""
+        ids = list(ids)
+        out = np.full(len(ids), -1, dtype=np.int64)
+        if not ids or not len(self.hashes):
+            return out
+        wanted = _hashes(ids, len(ids))
+        lo = np.searchsorted(self.hashes, wanted, side="left")
+        hi = np.searchsorted(self.hashes, wanted, side="right")
+        asked, candidates = [], []
+        for i in np.flatnonzero(hi > lo):
+            for at in range(lo[i], hi[i]):  # almost always one: a collision of 64-bit hashes is rare
+                asked.append(i)
+                candidates.append(int(self.rows[at]))
+        if candidates:
+            for i, row, held in zip(asked, candidates, self.take(candidates), strict=True):
+                if held == ids[i]:
+                    out[i] = row
+        return out
+
+    def __contains__(self, chunk_id) -> bool:
+        return isinstance(chunk_id, str) and bool(self.rows_of([chunk_id])[0] >= 0)
+
+
+def ids_at(ids: Sequence[str], rows: Sequence[int] | np.ndarray) -> list[str]:
+    """The ids of ``rows`` of a shard's ids: a ``ChunkIds`` reads them, a plain sequence (a test's) indexes them."""
+    return ids.take(rows) if isinstance(ids, ChunkIds) else [ids[int(r)] for r in rows]
+
+
+def rows_of(ids: Sequence[str], wanted: Sequence[str]) -> np.ndarray:
+    """The row of each of ``wanted`` among a shard's ``ids`` (-1 where it holds none), as ``ChunkIds.rows_of``."""
+    if isinstance(ids, ChunkIds):
+        return ids.rows_of(wanted)
+    index = {c: i for i, c in enumerate(ids)}
+    return np.array([index.get(c, -1) for c in wanted], dtype=np.int64)

@@ -19,7 +19,7 @@ export HAYSTACK_TELEMETRY_ENABLED := False
 # pip 23 prints a harmless warning per missing local index folder; keep real errors visible.
 PIP_QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: setup demo test test-slow lint browser bench-build bench-peers gpu-check-pack gpu-check clean-demo
+.PHONY: setup demo test test-slow lint browser bench-build bench-scale bench-peers gpu-check-pack gpu-check clean-demo
 
 $(STAMP): requirements.txt pyproject.toml client/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -67,8 +67,25 @@ lint: setup
 bench-build: setup
 	$(PY) -m bench.build_throughput --data ../shared/data
 
-# Peers side by side (bench/README.md); DATA holds BEIR folders, indexes are built by bench-build.
+# Density (issue 59, bench/README.md): a growing-vocabulary corpus of DOCS documents (490000: about a million
+# chunks; 4500000: about ten million) made from SciFact, built with compressed vectors, its dense leg measured
+# against exact search with SciFact's nDCG@10 inside it, and served beside SciFact. Hours at ten million: WORK is
+# outside the repository.
 DATA ?= ../shared/data
+DOCS ?= 490000
+WORK ?= ../scale
+bench-scale: setup
+	$(PY) -m bench.heaps_corpus --data $(DATA)/scifact --documents $(DOCS) --out $(WORK)/heaps-$(DOCS)
+	$(PY) -m bench.build_scale --corpus $(WORK)/heaps-$(DOCS) --encoder hashing:384 --shards 4 --keep \
+		--build-args "--faiss-index ivf_rabitq" --work $(WORK)/build --out bench/results/build_scale_heaps_$(DOCS).json
+	$(PY) -m index_build --corpus $(DATA)/scifact --out $(WORK)/scifact --shards 4 --encoder hashing:384 \
+		--faiss-index ivf_rabitq --no-progress
+	$(PY) -m bench.ann --from-index $(WORK)/build/this-heaps-$(DOCS) --corpus $(WORK)/heaps-$(DOCS) \
+		--index $(WORK)/build/this-heaps-$(DOCS) --kinds version --out bench/results/ann_heaps_$(DOCS).json
+	$(PY) -m bench.serving_scale --data $(DATA)/scifact --index scifact=$(WORK)/scifact \
+		--index heaps=$(WORK)/build/this-heaps-$(DOCS) --out bench/results/serving_scale_heaps_$(DOCS).json
+
+# Peers side by side (bench/README.md); DATA holds BEIR folders, indexes are built by bench-build.
 bench-peers: setup
 	$(PY) -m pip install -q --disable-pip-version-check -r bench/requirements-peers.txt $(PIP_QUIET)
 	$(PY) -m bench.peers --data $(DATA) --datasets scifact cranfield \

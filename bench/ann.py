@@ -40,13 +40,15 @@ from bench.common import load_beir, machine, write_record
 
 SETTINGS = {  # HNSW never explores fewer than the k = 200 asked for, so efSearch below 200 is efSearch 200
     "flat": [{}],
-    "version": [{}],  # the version's own index files (--from-index), as built
+    "version": [{}, {"refine": 8}, {"refine": 16}],  # the version's own index (--from-index), as built
     "hnsw": [{"ef_search": e} for e in (128, 256, 512)],
     "hnsw_sq8": [{"ef_search": e} for e in (128, 256)],
     "ivf": [{"nprobe": p} for p in (16, 32, 64, 128)],
     "ivf_sq8": [{"nprobe": p} for p in (32, 64)],
     "ivf_pq": [{"nprobe": p} for p in (32, 64, 128)],
     "ivf_rabitq": [{"nprobe": p, "refine": r} for p in (32, 64, 128) for r in (2, 4, 8)],
+    "ivf_rabitq:1": [{"nprobe": 64, "refine": r} for r in (4, 8, 16)],  # one bit a dimension
+    "ivf_rabitq:2": [{"nprobe": 64, "refine": r} for r in (4, 8, 16)],
 }
 FILTERS = {"none": None, "10%": 10, "1%": 1}
 K = 200
@@ -97,7 +99,8 @@ def build(shards: Shards, kind: str) -> tuple[list, float, float]:
     from index_format.manifest import FAISS_FILE, read_shard_manifest
 
     faiss.omp_set_num_threads(1)
-    spec = FaissSpec(kind=kind, device="cpu")
+    name, _, bits = kind.partition(":")  # ivf_rabitq:1 is ivf_rabitq at one bit a dimension
+    spec = FaissSpec(kind=name, device="cpu", **({"rabitq_bits": int(bits)} if bits else {}))
     out, seconds, size, rows = [], 0.0, 0, 0
     for s, (vectors, ids) in enumerate(zip(shards.vectors, shards.ids, strict=True)):
         t = time.process_time()

@@ -181,10 +181,11 @@ class LuceneShard:
         # Lucene doc number -> row of the shard's chunk table (the FAISS row too).
         stored = self.reader.storedFields()
         # A deleted document (a folded shard's replaced chunk) is never a hit; its id may be gone from the table.
-        self.row_of_doc = rows_of(chunk_ids, [stored.document(d).get("id") for d in range(self.reader.maxDoc())])
+        self.row_of_doc = rows_of(chunk_ids, [stored.document(d).get("id") for d in range(self.reader.maxDoc())]
+                                  ).astype(np.int32)  # 4 bytes a document: a shard holds fewer than 2**31 rows
         self.analyzer = QueryAnalyzer()
         live = np.flatnonzero(self.row_of_doc >= 0)
-        self.doc_of_row = np.full(len(self.chunk_ids), -1, dtype=np.int64)  # chunk-table row -> Lucene doc number
+        self.doc_of_row = np.full(len(self.chunk_ids), -1, dtype=np.int32)  # chunk-table row -> Lucene doc number
         self.doc_of_row[self.row_of_doc[live]] = live
 
     def close(self) -> None:
@@ -301,7 +302,7 @@ class LuceneShard:
             allowed = ids_at(self.chunk_ids, allowed_rows)
         found = self.j.ShardSearch.search(*self._helper_clauses(terms, weights), int(k), "id", allowed, shared)
         docs = np.asarray(found.docs, dtype=np.int64)
-        return self.row_of_doc[docs], np.asarray(found.scores, dtype=np.float32)
+        return self.row_of_doc[docs].astype(np.int64), np.asarray(found.scores, dtype=np.float32)
 
     def scores_of(self, terms: list[str], rows: np.ndarray, weights: Mapping[str, float] | None = None) -> np.ndarray:
         """The score ``search_rows`` gives each chunk-table row of ``rows`` (float32 in their order, 0 where no term
@@ -342,7 +343,7 @@ class LuceneShard:
         self.searchers[next(iter(weights))].search(builder.build(), cast("org.apache.lucene.search.Collector", collector))
         top = cast("org.apache.lucene.search.TopScoreDocCollector", collector).topDocs()
         docs = np.array([sd.doc for sd in top.scoreDocs], dtype=np.int64)
-        return self.row_of_doc[docs], np.array([sd.score for sd in top.scoreDocs], dtype=np.float32)
+        return self.row_of_doc[docs].astype(np.int64), np.array([sd.score for sd in top.scoreDocs], dtype=np.float32)
 
     def _search_fields_proxies(self, terms, k, allowed_rows, weights):
         """Several fields without the helper: every match of each field scored by its own searcher, summed."""
@@ -361,7 +362,7 @@ class LuceneShard:
                     total[int(sd.doc)] += float(sd.score)
         best = sorted(total.items(), key=lambda item: (-np.float32(item[1]), item[0]))[:k]  # Lucene's tie rule
         docs = np.array([d for d, _ in best], dtype=np.int64)
-        return self.row_of_doc[docs], np.array([s for _, s in best], dtype=np.float32)
+        return self.row_of_doc[docs].astype(np.int64), np.array([s for _, s in best], dtype=np.float32)
 
 
 class Facts(NamedTuple):

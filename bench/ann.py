@@ -45,6 +45,7 @@ SETTINGS = {  # HNSW never explores fewer than the k = 200 asked for, so efSearc
     "hnsw_sq8": [{"ef_search": e} for e in (128, 256)],
     "ivf": [{"nprobe": p} for p in (16, 32, 64, 128)],
     "ivf_sq8": [{"nprobe": p} for p in (32, 64)],
+    "ivf_sq4": [{"nprobe": p} for p in (32, 64, 128)],
     "ivf_pq": [{"nprobe": p} for p in (32, 64, 128)],
     "ivf_rabitq": [{"nprobe": p, "refine": r} for p in (32, 64, 128) for r in (2, 4, 8)],
     "ivf_rabitq:1": [{"nprobe": 64, "refine": r} for r in (4, 8, 16)],  # one bit a dimension

@@ -37,6 +37,7 @@ class FaissIndexType(StrEnum):
     hnsw_sq8 = "hnsw_sq8"
     ivf = "ivf"
     ivf_sq8 = "ivf_sq8"
+    ivf_sq4 = "ivf_sq4"
     ivf_pq = "ivf_pq"
     ivf_rabitq = "ivf_rabitq"
 
@@ -95,9 +96,10 @@ class BuildConfig(BaseModel):
     faiss_index: FaissIndexType = Field(
         FaissIndexType.auto, description="auto: flat for shards under 20,000 chunks, hnsw above (the rule and its "
         "figures: bench/README.md, 'Approximate search'); flat (exact); hnsw or ivf (approximate, full vectors); "
-        "hnsw_sq8, ivf_sq8 (8-bit codes: a quarter of the memory), ivf_pq (product quantization: 1/17 at 384 "
-        "dimensions) or ivf_rabitq (RaBitQ, one bit a dimension: 56 bytes a vector at 384), whose candidates are "
-        "rescored exactly with the stored vectors, read from disk where they are needed.")
+        "hnsw_sq8, ivf_sq8 (8-bit codes: a quarter of the memory), ivf_sq4 (4-bit: an eighth), ivf_pq (product "
+        "quantization: 1/17 at 384 dimensions) or ivf_rabitq (RaBitQ, --rabitq-bits a dimension: 56 bytes a vector "
+        "at one bit and 384 dimensions), whose candidates are rescored exactly with the stored vectors, read from disk "
+        "where they are needed.")
     hnsw_m: int = Field(32, ge=4, le=256, description="HNSW graph degree M.")
     hnsw_ef_construction: int = Field(80, ge=8, description="HNSW efConstruction.")
     hnsw_ef_search: int = Field(

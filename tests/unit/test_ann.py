@@ -50,7 +50,8 @@ def test_every_index_type_finds_an_exact_copy_and_near_all_of_the_exact_top10(da
     shard = _shard(x, kind)
     assert type(shard.index).__name__ == {"flat": "IndexFlatIP", "hnsw": "IndexHNSWFlat", "hnsw_sq8": "IndexHNSWSQ",
                                           "ivf": "IndexIVFFlat", "ivf_sq8": "IndexIVFScalarQuantizer",
-                                          "ivf_pq": "IndexIVFPQ", "ivf_rabitq": "IndexIVFRaBitQ"}[kind]
+                                          "ivf_pq": "IndexIVFPQ", "ivf_rabitq": "IndexIVFRaBitQ",
+                                          "ivf_sq4": "IndexIVFScalarQuantizer"}[kind]
     rows, _ = shard.search_rows(x[7], 1, ann={"nprobe": 16})
     assert rows.tolist() == [7]
     recalls = []
@@ -110,6 +111,7 @@ def test_rabitq_codes_rescored_with_the_stored_vectors_find_the_exact_top10_and_
     overrides the index's."""
     x, queries = data
     four, one = _shard(x, "ivf_rabitq"), _shard(x, "ivf_rabitq", rabitq_bits=1)
+    assert type(one.index).__name__ == "IndexIVFRaBitQFastScan"  # one bit: the SIMD kernel
     assert four.refine == 4 and one.index.code_size < four.index.code_size < x.shape[1] * 4  # codes, not floats
 
     def recall(shard, refine):
@@ -143,7 +145,7 @@ def test_request_and_collection_options_merge_and_are_bounded():
     assert SearchRequest(query="q", ann={"ef_search": 4096}).ann.ef_search == 4096
 
 
-@pytest.mark.parametrize("kind", ["hnsw", "ivf", "ivf_pq", "ivf_rabitq"])
+@pytest.mark.parametrize("kind", ["hnsw", "ivf", "ivf_pq", "ivf_rabitq", "ivf_sq4"])
 def test_a_filtered_search_is_exact_when_few_rows_pass_and_widened_when_many_do(data, kind, monkeypatch):
     import deployments.shard.dense as dense
 

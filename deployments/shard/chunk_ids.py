@@ -32,6 +32,16 @@ class ChunkIds(Sequence):
         order = np.argsort(hashes, kind="stable")
         self.hashes = hashes[order]
         self.rows = order.astype(np.int32 if len(order) < 2**31 else np.int64)
+        # Each batch's id column as its two Arrow buffers, viewed in place (the mapping's pages, read when a row
+        # is): an id is the bytes between two offsets. A page's ids are read in microseconds this way; Arrow's
+        # ``take`` costs about 0.15 ms a call, several calls a query.
+        self._offsets, self._data = [], []
+        for batch in table.batches:
+            column = batch.column("chunk_id")
+            buffers = column.buffers()
+            self._offsets.append(np.frombuffer(buffers[1], dtype=np.int32)[column.offset:column.offset + len(column) + 1]
+                                 if len(column) else np.zeros(1, dtype=np.int32))
+            self._data.append(memoryview(buffers[2]) if len(column) and buffers[2] is not None else memoryview(b""))
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -46,7 +56,12 @@ class ChunkIds(Sequence):
 
     def take(self, rows: Sequence[int] | np.ndarray) -> list[str]:
         """The ids of these rows, in the order given."""
-        return self.table.take(rows, ["chunk_id"]).column(0).to_pylist()
+        batch, at = np.divmod(np.asarray(rows, dtype=np.int64), self.table.batch_rows)
+        out = []
+        for b, i in zip(batch.tolist(), at.tolist(), strict=True):
+            offsets = self._offsets[b]
+            out.append(str(self._data[b][offsets[i]:offsets[i + 1]], "utf-8"))
+        return out
 
     def rows_of(self, ids: Sequence[str]) -> np.ndarray:
         """The row of each id (-1 for an id this shard does not hold), in the order given."""

@@ -1,50 +1,20 @@
-"""A shard's chunk ids found by their sorted hashes (``deployments.shard.chunk_ids``) against a plain dict: every
-id's row, -1 for an id the shard does not hold, ids read back by row, and colliding hashes still the right rows."""
+"""A chunk's id made and read in one place, and the chunking a version records read back with its defaults."""
 
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-import pytest
-
-import deployments.shard.chunk_ids as chunk_ids
-from deployments.shard.chunk_ids import ChunkIds, ids_at, rows_of
-from index_build.tables import CHUNK_SCHEMA
-from index_format.chunk_table import ChunkTable, write_arrow_table
-from index_format.manifest import CHUNKS_FILE
+from index_build.config import BuildConfig
+from index_format.chunk_ids import chunk_id, doc_of
+from index_format.chunking import Chunking
 
 
-@pytest.fixture
-def table(tmp_path) -> ChunkTable:
-    ids = [f"doc-{i // 4}#{i % 4}" for i in range(103)]
-    rows = len(ids)
-    pq.write_table(pa.table({"chunk_id": ids, "doc_id": [c.split("#")[0] for c in ids],
-                             "chunk_index": pa.array([0] * rows, pa.int32()), "char_start": [0] * rows,
-                             "char_end": [0] * rows, "title": [""] * rows, "section": [None] * rows,
-                             "text": ids, "metadata_json": ["{}"] * rows, "source": [""] * rows},
-                            schema=CHUNK_SCHEMA), tmp_path / CHUNKS_FILE)
-    write_arrow_table(tmp_path, batch_rows=16)
-    return ChunkTable(tmp_path)
+def test_a_chunk_id_reads_back_its_document_even_when_the_document_id_holds_the_separator():
+    assert chunk_id("doc-7", 2) == "doc-7#2" and doc_of("doc-7#2") == "doc-7"
+    assert doc_of(chunk_id("a#b", 11)) == "a#b"
 
 
-def _check(ids: ChunkIds, held: list[str]) -> None:
-    asked = held[::-1] + ["doc-999#0", "", held[5]]
-    expected = {c: i for i, c in enumerate(held)}
-    assert ids.rows_of(asked).tolist() == [expected.get(c, -1) for c in asked]
-    assert rows_of(held, asked).tolist() == ids.rows_of(asked).tolist()  # a plain list: a dict, the same answer
-    assert ids.take([7, 0, 102, 7]) == [held[7], held[0], held[102], held[7]] == ids_at(held, [7, 0, 102, 7])
-    assert len(ids) == 103 and list(ids) == held and ids[40] == held[40] and held[3] in ids and "nope" not in ids
-
-
-def test_every_id_is_found_at_its_row_and_an_unknown_one_nowhere(table):
-    held = table.column("chunk_id").to_pylist()
-    _check(ChunkIds(table), held)
-
-
-def test_ids_whose_hashes_collide_are_told_apart_by_the_ids_themselves(table, monkeypatch):
-    # Every id hashed to one of three values: each lookup meets dozens of candidates and must read them.
-    monkeypatch.setattr(chunk_ids, "_hashes", lambda ids, count: np.fromiter(
-        (len(c) % 3 for c in ids), dtype=np.int64, count=count))
-    held = table.column("chunk_id").to_pylist()
-    _check(ChunkIds(table), held)
+def test_the_chunking_of_a_build_config_and_the_builds_defaults_are_one():
+    assert Chunking.of({}) == Chunking()
+    config = BuildConfig(corpus="x.jsonl", out="out")
+    assert Chunking.of(config.model_dump()) == Chunking()  # the build's defaults are the format's
+    named = Chunking.of({"chunk_size": 64, "text_fields": ["body"], "unrelated": 1})
+    assert (named.chunk_size, named.chunk_overlap, named.text_fields) == (64, 24, ("body",))

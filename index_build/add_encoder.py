@@ -272,10 +272,6 @@ def _add_here(root, base_dir: Path, manifest: VersionManifest, staging: Path, wo
               summary: AddEncoderSummary) -> tuple[dict[str, NamedEncoder], list]:
     """A local root, on this node (its folder is here): each shard linked from its base, its reusable vectors found in
     this root's versions and ``reuse_from``'s, the rest embedded by the pool, its encoder's files written."""
-    from index_format.encoders import load_encoder
-
-    from .embedding import read_vectors, write_todo
-
     prepend_title = chunking[2]
     holders = _holders([root, *reuse_from], spec, chunking)
     seen: dict[Path, list[bytes]] = {}
@@ -288,31 +284,20 @@ def _add_here(root, base_dir: Path, manifest: VersionManifest, staging: Path, wo
         link_shard(source, target)
         contents = _shard_contents(source, prepend_title)
         vectors, found = _reused([text_key(t) for t in contents], holders, prepend_title, summary.reused_from, seen)
-        np.save(work / f"{s}.found.npy", found)
-        if vectors is not None:
-            np.save(work / f"{s}.reused.npy", vectors)
-        missing = np.flatnonzero(~found)
-        if len(missing):
-            write_todo(work_at, s, missing, [contents[i] for i in missing])
-            todo[s] = len(missing)
+        missing = _plan_shard(work_at, s, contents, found, vectors)
+        if missing:
+            todo[s] = missing
         summary.chunks += len(contents)
-        summary.embedded += len(missing)
-        summary.reused += len(contents) - len(missing)
+        summary.embedded += missing
+        summary.reused += len(contents) - missing
     t = time.perf_counter()
     dimension, summary.stages = _embed(work_at, todo, spec, batch_size, True, name, progress)
     summary.seconds["embed"] = round(time.perf_counter() - t, 3)
     entries = {}
     for s, shard in enumerate(manifest.shards):
         source, target = base_dir / "shards" / shard, staging / "shards" / shard
-        found = np.load(work / f"{s}.found.npy")
-        reused = work / f"{s}.reused.npy"
-        vectors = np.load(reused) if reused.is_file() else None
-        if vectors is None:  # nothing reused: the embedding (or, for an empty version, the model) says the dimension
-            dimension = dimension or load_encoder(spec.model).dimension
-            vectors = np.zeros((len(found), dimension), dtype=np.float32)
-        for rows, fresh in read_vectors(work_at, s) if s in todo else ():
-            vectors[rows] = fresh
-        entries[shard] = _write_shard(source, target, name, spec, vectors, manifest.build_config)
+        entries[shard] = _write_shard(source, target, name, spec, _shard_vectors(work_at, s, dimension, spec),
+                                      manifest.build_config)
     shutil.rmtree(work)
     return entries, []
 
@@ -387,17 +372,54 @@ def _work_npy(shard: int, what: str) -> str:
     return f"shards/{shard_name(shard)}/{what}.npy"
 
 
+def _plan_shard(work_at: str, shard: int, contents: list[str], found: np.ndarray, reused: np.ndarray | None) -> int:
+    """A shard's reused rows and vectors, and the rows still to embed, into the work area (a folder here or the
+    store); returns how many rows are to embed."""
+    import io
+
+    from index_format.store import open_store
+
+    from .embedding import write_todo
+
+    store = open_store(work_at)
+    for what, array in (("found", found), ("reused", reused)):
+        if array is not None:
+            buf = io.BytesIO()
+            np.save(buf, array)
+            store.put(_work_npy(shard, what), buf.getvalue(), durable=False)
+    missing = np.flatnonzero(~found)
+    if len(missing):
+        write_todo(work_at, shard, missing, [contents[i] for i in missing])
+    return len(missing)
+
+
+def _shard_vectors(work_at: str, shard: int, dimension: int, spec: EncoderSpec) -> np.ndarray:
+    """A shard's vectors of the new encoder, row for row: those reused and those embedded, from the work area
+    (``_plan_shard`` and the embedding wrote them)."""
+    import io
+
+    from index_format.encoders import load_encoder
+    from index_format.store import open_store
+
+    from .embedding import read_vectors
+
+    store = open_store(work_at)
+    found = np.load(io.BytesIO(store.get(_work_npy(shard, "found"))))
+    reused = _work_npy(shard, "reused")
+    vectors = np.load(io.BytesIO(store.get(reused))) if store.exists(reused) else None
+    if vectors is None:  # nothing reused: the embedding (or, for an empty version, the model) says the dimension
+        vectors = np.zeros((len(found), dimension or load_encoder(spec.model).dimension), dtype=np.float32)
+    for rows, fresh in read_vectors(work_at, shard) if not found.all() else ():
+        vectors[rows] = fresh
+    return vectors
+
+
 def prepare_stored_shard(row: dict, root: str, base: str, shards: list[str], work_at: str, spec: EncoderSpec,
                          chunking: tuple, reuse_from: list[str]) -> dict:
     """Ray Data ``map``, on any node: one base shard of a root in object storage fetched into the node's cache, its
     vectors found in ``reuse_from``'s versions, and what they do not hold written to the work area to be embedded.
     Returns (pickled) its chunks, the rows to embed and the vectors reused by version."""
-    import io
-
     from index_format.object_root import ObjectRoot
-    from index_format.store import open_store
-
-    from .embedding import write_todo
 
     s = row["shard"]
     base_dir, _ = ObjectRoot(root).fetch(base, [shards[s]])
@@ -405,17 +427,8 @@ def prepare_stored_shard(row: dict, root: str, base: str, shards: list[str], wor
     tally: dict[str, int] = {}
     vectors, found = _reused([text_key(t) for t in contents], _holders(reuse_from, spec, chunking), chunking[2],
                              tally, {})
-    store = open_store(work_at)
-    for what, array in (("found", found), ("reused", vectors)):
-        if array is not None:
-            buf = io.BytesIO()
-            np.save(buf, array)
-            store.put(_work_npy(s, what), buf.getvalue(), durable=False)
-    missing = np.flatnonzero(~found)
-    if len(missing):
-        write_todo(work_at, s, missing, [contents[i] for i in missing])
-    return {"shard": s, "result": pickle.dumps({"chunks": len(contents), "todo": len(missing),
-                                                "reused_from": tally})}
+    missing = _plan_shard(work_at, s, contents, found, vectors)
+    return {"shard": s, "result": pickle.dumps({"chunks": len(contents), "todo": missing, "reused_from": tally})}
 
 
 def finish_stored_shard(row: dict, root: str, base: str, key: str, shards: list[str], work_at: str,
@@ -425,16 +438,12 @@ def finish_stored_shard(row: dict, root: str, base: str, key: str, shards: list[
     encoder's vectors put together from what was reused and what was embedded, its FAISS index built), verified and
     uploaded. Returns (pickled) its manifest entry, its upload and its node; a node other than the driver's
     (``home``) keeps nothing of it."""
-    import io
 
     import ray
 
-    from index_format.encoders import load_encoder
     from index_format.manifest import verify_shard
     from index_format.object_root import ObjectRoot
-    from index_format.store import open_store
 
-    from .embedding import read_vectors
     from .shard_tasks import upload_shard
 
     s = row["shard"]
@@ -444,15 +453,7 @@ def finish_stored_shard(row: dict, root: str, base: str, key: str, shards: list[
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     link_shard(source, target)
-    store = open_store(work_at)
-    found = np.load(io.BytesIO(store.get(_work_npy(s, "found"))))
-    reused = _work_npy(s, "reused")
-    vectors = np.load(io.BytesIO(store.get(reused))) if store.exists(reused) else None
-    if vectors is None:  # nothing reused: the embedding (or, for an empty version, the model) says the dimension
-        vectors = np.zeros((len(found), dimension or load_encoder(spec.model).dimension), dtype=np.float32)
-    for rows, fresh in read_vectors(work_at, s) if not found.all() else ():
-        vectors[rows] = fresh
-    entry = _write_shard(source, target, name, spec, vectors, build_config)
+    entry = _write_shard(source, target, name, spec, _shard_vectors(work_at, s, dimension, spec), build_config)
     verify_shard(target, expect=expect)
     node = ray.get_runtime_context().get_node_id()
     result = {"entry": entry.model_dump(mode="json"), "upload": upload_shard(str(target), root), "node": node}

@@ -724,8 +724,7 @@ def _embed_and_index(cfg: BuildConfig, build_key: str, shards: list[dict], shard
 
     def spec_on(node: str) -> FaissSpec:
         gpu = nodes[node].gpus > 0 and cfg.device.value != "cpu"
-        return spec_of_config(cfg.content_key() | {"rabitq_bits": cfg.rabitq_bits},
-                              device=cfg.device.value if gpu else "cpu")
+        return spec_of_config(cfg.content_key(), device=cfg.device.value if gpu else "cpu")
 
     # An indexing JVM keeps about one core busy. Lucene builds start at once (they need no vectors)
     # but only on the CPUs the embedding's actors leave free, topped up as they finish.

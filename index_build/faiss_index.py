@@ -120,15 +120,16 @@ def factory_string(kind: str, rows: int, dim: int, spec: FaissSpec) -> str:
     return {"flat": "Flat", "hnsw": f"HNSW{spec.hnsw_m},Flat", "hnsw_sq8": f"HNSW{spec.hnsw_m},SQ8",
             "ivf": f"IVF{nlist},Flat", "ivf_sq8": f"IVF{nlist},SQ8", "ivf_pq": f"IVF{nlist},PQ{pq_m}x8",
             "ivf_sq4": f"IVF{nlist},SQ4",
-            # One bit a dimension scans with FAISS's SIMD fast-scan kernel (3x the plain one's speed, measured); more
-            # bits have only the plain kernel, several times slower than 4-bit scalar codes of the same size.
+            # One bit a dimension with FAISS's fast-scan kernel: at the same CPU as the plain one it found 0.38 of the
+            # exact top-10 against 0.06 (hashing vectors, bench/results/codes_1m/). More bits have only the plain
+            # kernel, 5x slower than 4-bit scalar codes of the same size (ivf_sq4).
             "ivf_rabitq": f"IVF{nlist},RaBitQ{spec.rabitq_bits}" if spec.rabitq_bits > 1 else f"IVF{nlist},RaBitQfs"}[kind]
 
 
 def metric_of(kind: str) -> int:
     """FAISS's metric for ``kind``: inner product, except RaBitQ's codes, which estimate an inner product over IVF
-    residuals far worse than a distance (measured: recall@10 at 4x rescoring 0.33 against 0.63 on random unit
-    vectors); on unit vectors the squared distance is 2 - 2 x the inner product, so the order is the same and
+    residuals far worse than a distance (one-bit codes, random unit vectors: recall@10 at 4x rescoring 0.33 against
+    0.63); on unit vectors the squared distance is 2 - 2 x the inner product, so the order is the same and
     ``DenseShard`` turns the distance back into the inner product."""
     import faiss
 

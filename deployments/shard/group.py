@@ -270,9 +270,10 @@ class ShardGroup:
         """The stored vectors of these chunks, in the order asked (one read per shard)."""
         out: list[np.ndarray | None] = [None] * len(chunk_ids)
         for s in self.services:
-            mine = np.flatnonzero(s.ids.rows_of(chunk_ids) >= 0).tolist()
-            if mine:
-                for i, v in zip(mine, s.vectors([chunk_ids[i] for i in mine]), strict=True):
+            rows = s.ids.rows_of(chunk_ids)  # found once: the shard's own ``vectors`` would look them up again
+            mine = np.flatnonzero(rows >= 0)
+            if len(mine):
+                for i, v in zip(mine.tolist(), s.vectors_at(rows[mine]), strict=True):
                     out[i] = v
         missing = [c for c, v in zip(chunk_ids, out, strict=True) if v is None]
         if missing:

@@ -224,6 +224,10 @@ class ShardService:
         rows = self.ids.rows_of(chunk_ids)
         if (rows < 0).any():
             raise KeyError(f"chunk {chunk_ids[int(np.flatnonzero(rows < 0)[0])]!r} is not in shard {self.name}")
+        return self.vectors_at(rows)
+
+    def vectors_at(self, rows: np.ndarray) -> np.ndarray:
+        """The stored vectors of these chunk-table rows, in their order."""
         return np.asarray(self.embeddings[rows], dtype=np.float32)
 
 

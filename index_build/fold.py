@@ -309,6 +309,7 @@ def fold_shard(base_shard: str, shard_dir: str, part: str, build_key: str, build
         lucene["fields"] = dict(lucene["fields"]) | {
             name: _lucene_after(base, folder, old.lucene["fields"][name], update["fields"][name], name)}
     lucene["documents"] = update["documents"]
+    rows_sum = _fold_doc_rows(base, folder, keep, kept, new_chunks["chunk_id"].to_pylist())
     t_lucene = time.perf_counter() - t
 
     counts = {"docs": docs_count, "chunks": rows, "faiss_vectors": faiss_info["ntotal"],
@@ -317,7 +318,7 @@ def fold_shard(base_shard: str, shard_dir: str, part: str, build_key: str, build
         raise IndexMismatch(f"{folder.name}: a fold left counts that disagree: {counts}")
     encoders = {name: _fold_named(base, folder, part_dir, name, entry, kept, old.build_config)
                 for name, entry in old.encoders.items()}
-    written = {DOCUMENTS_FILE: docs_sum, EMBEDDINGS_FILE: vectors_sum} | chunks_sum | faiss_sums
+    written = {DOCUMENTS_FILE: docs_sum, EMBEDDINGS_FILE: vectors_sum} | chunks_sum | faiss_sums | rows_sum
     body = ShardManifest(shard=old.shard, num_shards=old.num_shards, build_key=build_key,
                          **encoder_fields(EncoderSpec.of(old), old.dimension), metric=old.metric, faiss=faiss_info, counts=counts, lucene=lucene, encoders=encoders,
                          checksums=linked_checksums(folder, base, old.checksums, written), build_config=old.build_config,
@@ -325,6 +326,29 @@ def fold_shard(base_shard: str, shard_dir: str, part: str, build_key: str, build
     write_json_atomic(folder / MANIFEST, body.model_dump(mode="json"))
     return {"shard": old.shard, "counts": counts, "rebuilt_faiss": rebuilt,
             "seconds": {"files": t_files, "lucene": t_lucene, "total": time.perf_counter() - t0}}
+
+
+def _fold_doc_rows(base: Path, folder: Path, keep: np.ndarray, kept: np.ndarray, added_ids: list[str]) -> dict:
+    """The folded index's document -> row map (``DOC_ROWS_FILE``), moved on from the base's where Lucene kept the
+    base's segments as they were, else read from every stored id; none where the base had none (a version built
+    before the map: a replica then reads the ids as it opens the shard). Returns its checksum entry."""
+    from index_format.lucene import DOC_ROWS_FILE, folded_doc_rows, lucene_doc_rows
+
+    path = folder / DOC_ROWS_FILE
+    path.unlink(missing_ok=True)  # the base's, linked: wrong once Lucene changed
+    if not (base / DOC_ROWS_FILE).is_file():
+        return {}
+    new_row_of_old = np.full(len(keep), -1, dtype=np.int64)
+    new_row_of_old[kept] = np.arange(len(kept))
+    rows = folded_doc_rows(base / LUCENE_DIR, folder / LUCENE_DIR, np.load(base / DOC_ROWS_FILE), new_row_of_old,
+                           added_ids, len(kept))
+    if rows is None:
+        table = pq.read_table(folder / CHUNKS_FILE, columns=["chunk_id"])["chunk_id"].to_pylist()
+        rows = lucene_doc_rows(folder / LUCENE_DIR, table)
+    tmp = folder / (DOC_ROWS_FILE + ".tmp.npy")
+    np.save(tmp, rows)
+    os.replace(tmp, path)
+    return {DOC_ROWS_FILE: sha256_file(path)}
 
 
 def _fold_named(base: Path, folder: Path, part: Path, name: str, entry: NamedEncoder, kept: np.ndarray,

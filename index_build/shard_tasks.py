@@ -359,7 +359,14 @@ def finish_dense(shard_dir: str, work: str, shard: int, rows: int, dimension: in
 def build_lucene_shard(shard_dir: str, prepend_title: bool, heap: str, fields: tuple[str, ...] = ()) -> dict:
     """Ray task: the shard's Lucene index and term statistics, from its chunk table: ``contents`` and each of
     ``fields`` (chunk-table columns, e.g. ``title``) as a Lucene field of its own, with its own term table."""
-    from index_format.lucene import build_lucene_index, field_statistics, index_statistics, write_collection
+    from index_format.lucene import (
+        DOC_ROWS_FILE,
+        build_lucene_index,
+        field_statistics,
+        index_statistics,
+        lucene_doc_rows,
+        write_collection,
+    )
 
     t0 = time.perf_counter()
     folder = Path(shard_dir)
@@ -385,8 +392,12 @@ def build_lucene_shard(shard_dir: str, prepend_title: bool, heap: str, fields: t
         for name in fields:
             stats["fields"][name], field_terms = field_statistics(tmp_index, name)
             pq.write_table(field_terms, folder / terms_file(name))
+    chunk_ids = pq.read_table(folder / CHUNKS_FILE, columns=["chunk_id"])["chunk_id"].to_pylist()
+    np.save(folder / (DOC_ROWS_FILE + ".tmp.npy"), lucene_doc_rows(tmp_index, chunk_ids))
+    del chunk_ids
     shutil.rmtree(folder / LUCENE_DIR, ignore_errors=True)
     os.replace(tmp_index, folder / LUCENE_DIR)
+    os.replace(folder / (DOC_ROWS_FILE + ".tmp.npy"), folder / DOC_ROWS_FILE)
     shutil.rmtree(collection)
     return {"stats": stats, "seconds": time.perf_counter() - t0}
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 CONTENTS_FIELD = "contents"
@@ -130,17 +131,25 @@ def write_collection(rows: Iterable[tuple], folder: Path) -> int:
     return n
 
 
+def memory_buffer_mb(heap: str) -> int:
+    """Lucene's indexing buffer for a JVM heap such as ``1g``: half of it, the rest for the merges and the JVM
+    (Anserini's default buffer is larger than a small heap: a shard of millions of chunks ran out of memory)."""
+    mb = int(heap[:-1]) * (1024 if heap[-1] in "gG" else 1)
+    return max(64, mb // 2)
+
+
 def build_lucene_index(collection: Path, index_dir: Path, heap: str = "1g", threads: int = 1,
                        fields: Sequence[str] = ()) -> None:
-    """Anserini's indexer over a JsonCollection folder; positions, doc vectors and raw docs are kept. ``fields``:
+    """Anserini's indexer over a JsonCollection folder; positions and doc vectors are kept (a fold's statistics are
+    taken from the vectors of what it removes), the raw JSON is not (the chunk table holds the text). ``fields``:
     JSON keys indexed as Lucene fields of their own beside ``contents`` (same analyzer and options; Anserini's
-    ``-fields``), so BM25 can score them apart."""
+    ``-fields``), so BM25 can score them apart. Merged to one segment: a shard is written once and searched often."""
     java = str(Path(java_home()) / "bin" / "java")
     cmd = [
         java, f"-Xmx{heap}", "-cp", anserini_jar(), "io.anserini.index.IndexCollection",
         "-collection", "JsonCollection", "-input", str(collection), "-index", str(index_dir),
         "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads),
-        "-storePositions", "-storeDocvectors", "-storeRaw",
+        "-storePositions", "-storeDocvectors", "-memoryBuffer", str(memory_buffer_mb(heap)), "-optimize",
     ] + (["-fields", *fields] if fields else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -275,8 +284,6 @@ def update_lucene_index(index_dir: Path, delete_ids: list[str], add: list[tuple]
             doc = cls["Document"]()
             doc.add(cls["StringField"]("id", chunk_id, cls["Store"].YES))
             doc.add(cls["BinaryDocValuesField"]("id", cls["BytesRef"](chunk_id.encode("utf-8"))))
-            doc.add(cls["StoredField"]("raw", json.dumps({"id": chunk_id, CONTENTS_FIELD: contents} | values,
-                                                         ensure_ascii=False)))
             for name, text in [(CONTENTS_FIELD, contents), *values.items()]:
                 value = cast("java.lang.CharSequence", cls["String"](text))  # pyjnius passes no str as one
                 doc.add(cls["Field"](name, value, field_type))
@@ -323,3 +330,70 @@ def _writer_classes() -> dict[str, Any]:
         }.items():
             _WRITER_CLASSES[name] = autoclass(path)
     return _WRITER_CLASSES
+
+
+# Each Lucene document's row in the shard's chunk table (the FAISS row too), int32, -1 for a deleted document:
+# written beside the index by the build and the fold, so a replica need not read every stored id when it opens a
+# shard (30 us a document through jnius: over a minute for a shard of 2.5M chunks).
+DOC_ROWS_FILE = "lucene_rows.npy"
+
+
+def _reader(index_dir: Path):
+    boot()
+    from jnius import autoclass
+
+    return autoclass("io.anserini.index.IndexReaderUtils").getReader(str(index_dir))
+
+
+def _segments(reader) -> list[tuple[str, int]]:
+    """(name, documents) of each segment, in doc-number order."""
+    from jnius import cast
+
+    return [(str(cast("org.apache.lucene.index.SegmentReader", leaf.reader()).getSegmentName()),
+             int(leaf.reader().maxDoc())) for leaf in reader.leaves().toArray()]
+
+
+def _stored_ids(reader, docs: range) -> list[str]:
+    stored = reader.storedFields()
+    return [str(stored.document(d).get("id")) for d in docs]
+
+
+def _drop_deleted(reader, rows: np.ndarray) -> np.ndarray:
+    if reader.hasDeletions():
+        from jnius import autoclass
+
+        live = autoclass("org.apache.lucene.index.MultiBits").getLiveDocs(reader)
+        rows[[d for d in range(len(rows)) if not live.get(d)]] = -1
+    return rows
+
+
+def lucene_doc_rows(index_dir: Path, chunk_ids: Sequence[str]) -> np.ndarray:
+    """The document -> chunk-table row map of an index, from every document's stored id."""
+    reader = _reader(index_dir)
+    try:
+        row_of = {c: i for i, c in enumerate(chunk_ids)}
+        rows = np.array([row_of.get(c, -1) for c in _stored_ids(reader, range(reader.maxDoc()))], dtype=np.int32)
+        return _drop_deleted(reader, rows)
+    finally:
+        reader.close()
+
+
+def folded_doc_rows(base_dir: Path, index_dir: Path, base_rows: np.ndarray, new_row_of_old: np.ndarray,
+                    added_ids: Sequence[str], added_from: int) -> np.ndarray | None:
+    """The map of an index that ``update_lucene_index`` changed, from its base's (``base_rows``): the base's segments
+    keep their doc numbers, so their documents' rows are the base's moved by ``new_row_of_old`` (-1: the row was
+    removed); only the new segments' stored ids are read (``added_ids`` are at rows ``added_from`` on). None when
+    Lucene merged the base's segments meanwhile (their doc numbers moved; the caller reads every id instead)."""
+    base, reader = _reader(base_dir), _reader(index_dir)
+    try:
+        before, after = _segments(base), _segments(reader)
+        if after[:len(before)] != before or len(base_rows) != sum(n for _, n in before):
+            return None
+        kept = np.where(base_rows >= 0, new_row_of_old[np.maximum(base_rows, 0)], -1).astype(np.int32)
+        row_of = {c: added_from + i for i, c in enumerate(added_ids)}
+        new = np.array([row_of.get(c, -1) for c in _stored_ids(reader, range(len(base_rows), reader.maxDoc()))],
+                       dtype=np.int32)
+        return np.concatenate([kept, new])  # the base's deleted documents were -1 already, this fold's are now
+    finally:
+        base.close()
+        reader.close()

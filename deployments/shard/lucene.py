@@ -137,9 +137,11 @@ class LuceneShard:
         shard: int = -1,
         use_helper: bool = True,
         fields: Mapping[str, FieldStats] | None = None,
+        row_of_doc: np.ndarray | None = None,
     ):
         """``fields``: the statistics of the Lucene fields beside ``contents`` (``corpus``, ``corpus_df``); none in
-        a version built before fields. ``use_helper=False`` searches through pyjnius proxies even where the Java
+        a version built before fields. ``row_of_doc``: the map written beside the index (``DOC_ROWS_FILE``); without
+        it (a version built before it) every document's stored id is read. ``use_helper=False`` searches through pyjnius proxies even where the Java
         helper is compiled (the path of machines without a JDK; tests compare the two)."""
         j = self.j = _Java.load()
         self.shard = shard
@@ -178,11 +180,14 @@ class LuceneShard:
         contents = self.fields[CONTENTS_FIELD]
         self.doc_count, self.k1, self.b = contents.doc_count, contents.k1, contents.b
         self.chunk_ids = chunk_ids  # a shard's ChunkIds (read where needed), or a test's list
-        # Lucene doc number -> row of the shard's chunk table (the FAISS row too).
-        stored = self.reader.storedFields()
-        # A deleted document (a folded shard's replaced chunk) is never a hit; its id may be gone from the table.
-        self.row_of_doc = rows_of(chunk_ids, [stored.document(d).get("id") for d in range(self.reader.maxDoc())]
-                                  ).astype(np.int32)  # 4 bytes a document: a shard holds fewer than 2**31 rows
+        # Lucene doc number -> row of the shard's chunk table (the FAISS row too), 4 bytes a document.
+        if row_of_doc is not None and len(row_of_doc) == self.reader.maxDoc():
+            self.row_of_doc = np.asarray(row_of_doc, dtype=np.int32)
+        else:
+            stored = self.reader.storedFields()
+            # A deleted document (a folded shard's replaced chunk) is never a hit; its id may be gone from the table.
+            self.row_of_doc = rows_of(chunk_ids, [stored.document(d).get("id") for d in range(self.reader.maxDoc())]
+                                      ).astype(np.int32)
         self.analyzer = QueryAnalyzer()
         live = np.flatnonzero(self.row_of_doc >= 0)
         self.doc_of_row = np.full(len(self.chunk_ids), -1, dtype=np.int32)  # chunk-table row -> Lucene doc number

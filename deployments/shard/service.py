@@ -24,6 +24,7 @@ from deployments.shard.lucene import FieldStats, LuceneShard
 from deployments.shard.vocabulary import document_frequencies
 from index_format.bm25_stats import CollectionStats, read_field_stats, read_stats
 from index_format.chunk_table import ChunkTable
+from index_format.lucene import DOC_ROWS_FILE
 from index_format.manifest import (
     CHUNKS_FILE,
     EMBEDDINGS_FILE,
@@ -93,8 +94,10 @@ class ShardService:
                       for name, entry in self.manifest.encoders.items()}
         if fields is None:
             fields = version_fields(self.folder.parent.parent) if self.manifest.lucene.get("fields") else {}
+        rows_file = self.folder / DOC_ROWS_FILE
         self.lucene = LuceneShard(self.folder / LUCENE_DIR, chunk_ids, self.manifest.lucene, corpus, corpus_df,
-                                  self.shard, fields=fields)
+                                  self.shard, fields=fields,
+                                  row_of_doc=np.load(rows_file) if rows_file.is_file() else None)
         self.metadata = MetadataTable.from_json_column(self.table.column("metadata_json").to_pylist())
         # Computed on the first spell-corrected query of each set of callers; the few latest are kept (one pass
         # over the shard's texts each, so a bounded cache, not one per caller forever).

@@ -232,3 +232,23 @@ def test_a_second_fold_with_nothing_new_publishes_nothing_and_a_later_write_fold
     assert [h.chunk_id for h in index.bm25("piano chord zebra", 1)] == ["n001#0"]
     assert not any(h.chunk_id.startswith("d001#") for h in index.bm25("telescope galaxy replaced", 200))
     assert json.loads((root / "versions" / third.version / "manifest.json").read_text())["log_seq"] == 4
+
+
+def test_each_shards_document_row_map_is_what_its_stored_ids_say_after_the_build_and_the_fold(folded):
+    """The map a replica reads instead of every stored id (``DOC_ROWS_FILE``), against the stored ids read one by one:
+    written by the build, moved on by the fold (the base's segments kept), read again where the segments moved."""
+    from index_format.lucene import DOC_ROWS_FILE, folded_doc_rows, lucene_doc_rows
+
+    summary, base = folded["summary"], folded["base"]
+    folded_dir = folded["root"] / "versions" / summary.version
+    for version_dir in (base.version_dir, folded_dir):
+        for shard in read_version_manifest(version_dir).shards:
+            folder = version_dir / "shards" / shard
+            ids = pq.read_table(folder / CHUNKS_FILE)["chunk_id"].to_pylist()
+            written = np.load(folder / DOC_ROWS_FILE)
+            np.testing.assert_array_equal(written, lucene_doc_rows(folder / LUCENE_DIR, ids))
+            assert sorted(written[written >= 0].tolist()) == list(range(len(ids)))  # every row, once
+    shard = summary.shards_changed[0]
+    other = folded["full"].version_dir / "shards" / shard / LUCENE_DIR  # not this index's base: its segments differ
+    assert folded_doc_rows(other, folded_dir / "shards" / shard / LUCENE_DIR, np.zeros(3, np.int32),
+                           np.zeros(3, np.int64), [], 0) is None

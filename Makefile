@@ -77,9 +77,9 @@ WORK ?= ../scale
 bench-scale: setup
 	$(PY) -m bench.heaps_corpus --data $(DATA)/scifact --documents $(DOCS) --out $(WORK)/heaps-$(DOCS)
 	$(PY) -m bench.build_scale --corpus $(WORK)/heaps-$(DOCS) --encoder hashing:384 --shards 4 --keep \
-		--build-args "--faiss-index ivf_rabitq" --work $(WORK)/build --out bench/results/build_scale_heaps_$(DOCS).json
+		--build-args "--faiss-index ivf_sq4 --lucene-heap 2g" --work $(WORK)/build --out bench/results/build_scale_heaps_$(DOCS).json
 	$(PY) -m index_build --corpus $(DATA)/scifact --out $(WORK)/scifact --shards 4 --encoder hashing:384 \
-		--faiss-index ivf_rabitq --no-progress
+		--faiss-index ivf_sq4 --no-progress
 	$(PY) -m bench.ann --from-index $(WORK)/build/this-heaps-$(DOCS) --corpus $(WORK)/heaps-$(DOCS) \
 		--index $(WORK)/build/this-heaps-$(DOCS) --kinds version --out bench/results/ann_heaps_$(DOCS).json
 	$(PY) -m bench.serving_scale --data $(DATA)/scifact --index scifact=$(WORK)/scifact \

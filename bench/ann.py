@@ -225,8 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-depth", nargs="+", choices=["k", "share"], default=["k"],
                     help="what each shard is asked for: all K (k), or its likely share of K and again for K where "
                     "that may not be enough (share: what a shard group asks); both to compare")
+    ap.add_argument("--version-settings", nargs="+", metavar="JSON",
+                    help="the 'version' kind's ann settings to measure, e.g. '{}' '{\"nprobe\": 532}' (default: as "
+                    "built, then refine 8 and 16)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/ann.json"))
     args = ap.parse_args(argv)
+    if args.version_settings:
+        SETTINGS["version"] = [json.loads(s) for s in args.version_settings]
 
     if not args.vectors and not args.from_index:
         ap.error("give --vectors or --from-index")

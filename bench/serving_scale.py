@@ -59,7 +59,37 @@ def memory_by_process() -> dict[str, dict[str, float]]:
         entry["anon_mb"] = round(entry["anon_mb"] + fields.get("RssAnon", 0) / 1024, 1)
         entry["file_mb"] = round(entry["file_mb"] + (fields.get("RssFile", 0) + fields.get("RssShmem", 0)) / 1024, 1)
         entry["processes"] += 1
+        for kind, mb in mapped_files(p.info["pid"]).items():
+            entry.setdefault("file_mb_by_kind", {})
+            entry["file_mb_by_kind"][kind] = round(entry["file_mb_by_kind"].get(kind, 0.0) + mb, 1)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["hwm_mb"]))
+
+
+def mapped_files(pid: int) -> dict[str, float]:
+    """MB of file-backed pages a process has resident, by what the file is: an index file by its name in the shard
+    (``embeddings.npy``, ``lucene/.doc``), else ``libraries`` (.so), ``jars`` or ``other``; from /proc/PID/smaps."""
+    out: dict[str, float] = {}
+    kind = None
+    try:
+        lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        head = line.split(maxsplit=5)
+        if len(head) >= 5 and "-" in head[0] and not line.endswith(" kB"):  # a mapping's header
+            path = head[5] if len(head) == 6 else ""
+            if not path.startswith("/"):
+                kind = None
+            elif "/shards/shard-" in path:
+                rel = path.split("/shards/shard-", 1)[1].split("/", 1)[1]
+                kind = f"lucene/{Path(rel).suffix}" if rel.startswith("lucene/") else rel
+            elif ".so" in Path(path).name:
+                kind = "libraries"
+            else:
+                kind = "jars" if path.endswith(".jar") else "other"
+        elif kind and line.startswith("Rss:"):
+            out[kind] = out.get(kind, 0.0) + int(line.split()[1]) / 1024
+    return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v >= 0.1}
 
 
 def served_version(base: str) -> str:

@@ -406,8 +406,10 @@ class ShardsConfig(BaseModel):
         "(float16 vectors; set num_gpus). auto: cuda where the replica sees a GPU.")
     warmup_searches: int = Field(
         2000, ge=0, description="BM25 searches of random terms each shard replica runs when it opens an index "
-        "version, so the JVM has compiled Lucene's hot paths before the first real query (0: none).")
-    verify_checksums: bool = Field(True, description="Check every shard file against its manifest when it opens.")
+        "version, so the JVM has compiled Lucene's hot paths before the first real query (0: none); at most "
+        "10 s of them, however large the shards (a search of a big shard costs more).")
+    verify_checksums: bool = Field(True, description="Check every shard file against its manifest when it opens "
+                                   "(a file this node checked before, unchanged since, is not read again).")
     cache_dir: Path | None = Field(
         None, description="Node-local disk where replicas keep the files of an index root in object storage "
         "(downloaded once per node, checked against their checksums; $RAYSEARCH_CACHE/index when unset, else "

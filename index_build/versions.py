@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("root", metavar="ROOT", help=ROOT_HELP)
     p = sub.add_parser("history", help="past activations, oldest first")
     p.add_argument("root", metavar="ROOT", help=ROOT_HELP)
-    p = sub.add_parser("verify", help="check every shard's files against its manifest (a version in object storage: "
-                       "fetched into this node's cache first)")
+    p = sub.add_parser("verify", help="check every shard's files against its manifest, reading every byte (a version "
+                       "in object storage: fetched into this node's cache first)")
     p.add_argument("root", metavar="ROOT", help=ROOT_HELP)
     p.add_argument("version", nargs="?")
     args = parser.parse_args(argv)
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             folder = resolve_version_dir(args.root, args.version)
             m = read_version_manifest(folder)
             for shard in m.shards:
-                verify_shard(folder / "shards" / shard, expect=m.shard_expect())
+                verify_shard(folder / "shards" / shard, expect=m.shard_expect(), remembered=False)
             print(f"{folder.name}: {len(m.shards)} shards verified")
     except (IndexMismatch, ValueError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)

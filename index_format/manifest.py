@@ -7,6 +7,7 @@ encoder, dimension and BM25 parameters from here, never from a second copy of th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -176,22 +177,50 @@ def code_version() -> str:
     return f"{__version__}+g{sha}" if sha else __version__
 
 
-def sha256_file(path: Path) -> str:
+def _remembered(path: Path) -> tuple[Path, str] | None:
+    """Where this node remembers a file's checksum, and the key it is remembered under: the file's inode, size,
+    modification and change times. A version's files are never written once published (a change is a new file
+    renamed into place, a new inode), so the same key is the same bytes; a write in place, even one that put the
+    modification time back, moves the change time."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    folder = Path(os.environ.get("RAYSEARCH_CACHE") or Path.home() / ".cache" / "raysearch") / "checksums"
+    return folder, f"{st.st_dev}-{st.st_ino}-{st.st_size}-{st.st_mtime_ns}-{st.st_ctime_ns}"
+
+
+def sha256_file(path: Path, remembered: bool = True) -> str:
+    """The file's SHA-256. Remembered on this node (``$RAYSEARCH_CACHE/checksums``): a replica opening a shard that
+    the build or another replica on this node already checked reads none of its bytes to check it again, so a
+    shard of millions of chunks opens in the time its own reads take. ``remembered=False`` reads every byte."""
+    place = _remembered(path) if remembered else None
+    if place is not None:
+        with contextlib.suppress(OSError):
+            return (place[0] / place[1]).read_text()
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    after = _remembered(path) if place is not None else None
+    if after is not None and after == place:  # not written while it was read
+        with contextlib.suppress(OSError):
+            place[0].mkdir(parents=True, exist_ok=True)
+            tmp = place[0] / f".{place[1]}.{os.getpid()}"
+            tmp.write_text(digest)
+            os.replace(tmp, place[0] / place[1])
+    return digest
 
 
-def checksum_tree(folder: Path, skip: tuple[str, ...] = (MANIFEST,)) -> dict[str, str]:
+def checksum_tree(folder: Path, skip: tuple[str, ...] = (MANIFEST,), remembered: bool = True) -> dict[str, str]:
     out = {}
     for root, _, files in os.walk(folder):
         for name in files:
             path = Path(root) / name
             rel = path.relative_to(folder).as_posix()
             if rel not in skip:
-                out[rel] = sha256_file(path)
+                out[rel] = sha256_file(path, remembered)
     return dict(sorted(out.items()))
 
 
@@ -214,8 +243,10 @@ def read_shard_manifest(shard_dir: Path) -> ShardManifest:
         raise IndexMismatch(f"{path}: not a valid shard manifest: {e}") from None
 
 
-def verify_shard(shard_dir: Path, *, expect: dict[str, Any] | None = None, checksums: bool = True) -> ShardManifest:
-    """The shard's manifest, after checking its files and, when given, expected manifest fields.
+def verify_shard(shard_dir: Path, *, expect: dict[str, Any] | None = None, checksums: bool = True,
+                 remembered: bool = True) -> ShardManifest:
+    """The shard's manifest, after checking its files and, when given, expected manifest fields. A file whose
+    checksum this node remembers (``sha256_file``) is not read again unless ``remembered`` is False.
 
     ``expect`` maps manifest field -> required value (for example the encoder a service will embed
     queries with); any difference is refused with both values in the message.
@@ -231,7 +262,7 @@ def verify_shard(shard_dir: Path, *, expect: dict[str, Any] | None = None, check
         if have != wanted:
             raise IndexMismatch(f"{shard_dir}: manifest says {field}={have!r} but {wanted!r} is required")
     if checksums:
-        actual = checksum_tree(shard_dir)
+        actual = checksum_tree(shard_dir, remembered=remembered)
         missing = sorted(set(manifest.checksums) - set(actual))
         extra = sorted(set(actual) - set(manifest.checksums))
         changed = sorted(k for k in manifest.checksums if k in actual and actual[k] != manifest.checksums[k])

@@ -93,6 +93,7 @@ def id_ranks(services: Sequence[ShardService]) -> list[np.ndarray]:
 
 ANALYZED_TEXTS = 256  # recent queries' analyzed terms a group keeps (``ShardGroup.terms``)
 ROWS = 1 << 40  # more rows than a shard holds: ``ShardGroup.where`` packs (shard, row) as shard * ROWS + row
+WARMUP_SECONDS = 10.0  # the most a replica spends warming the JVM when it opens a version (``warm_up``)
 
 
 class ShardGroup:
@@ -238,22 +239,27 @@ class ShardGroup:
         answer.took_ms = (time.perf_counter() - t0) * 1000
         return answer
 
-    def warm_up(self, searches: int, seed: int = 0) -> None:
+    def warm_up(self, searches: int, seed: int = 0, seconds: float = WARMUP_SECONDS) -> None:
         """BM25 searches of random corpus terms, so the JVM compiles Lucene's hot paths before real queries
-        come (the first few thousand searches of a JVM cost several times the later ones)."""
+        come (the first few thousand searches of a JVM cost several times the later ones); for ``seconds`` at most,
+        so a replica of large shards (whose searches cost more) is not kept from serving for long."""
         if searches <= 0:
             return
         import random
+        import time
 
         rng = random.Random(seed)
         lucene = self.services[0].lucene
         vocabulary = [t for t, _ in zip(lucene.corpus_df, range(50_000), strict=False)]
         if not vocabulary:
             return
+        until = time.monotonic() + seconds
         for _ in range(max(1, searches // len(self.services))):
             terms = rng.choices(vocabulary, k=rng.randint(2, 12))
             for s in self.services:
                 s.lucene.search_rows(terms, 200)
+            if time.monotonic() > until:
+                break
 
     def fetch(self, chunk_ids: list[str]) -> list[dict]:
         """Chunk rows for the ids this group holds, in the order asked."""

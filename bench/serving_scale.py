@@ -20,6 +20,7 @@ The queries are the split's queries of ``--data`` (SciFact's test queries are in
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--port", type=int, default=8650)
     ap.add_argument("--serve-args", default="", help="extra arguments for python -m deployments")
+    ap.add_argument("--request", default="{}", help="more of every search's body, as JSON (e.g. '{\"ann\": "
+                    "{\"nprobe\": 1580}}')")
     ap.add_argument("--out", type=Path, default=Path("bench/results/serving_scale.json"))
     args = ap.parse_args(argv)
     queries, _ = load_beir(args.data)
@@ -165,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             run = {"index": name, "root": root, "start_s": round(time.perf_counter() - t, 1)}
             run["version"] = served_version(base)
             run["memory_after_start"] = memory_by_process()
-            run["load"] = level(base, texts, {"limit": 10, "method": "hybrid"}, args.clients, args.seconds)
+            run["request"] = {"limit": 10, "method": "hybrid"} | json.loads(args.request)
+            run["load"] = level(base, texts, run["request"], args.clients, args.seconds)
             run["memory_after_load"] = memory_by_process()
             record["runs"].append(run)
             write_record(args.out, record)

@@ -58,7 +58,7 @@ class AnnParams(BaseModel):
     nprobe: int | None = Field(
         None, ge=1, le=65536, description="IVF lists scanned per shard (at most the shard's lists).")
     refine: int | None = Field(
-        None, ge=1, le=64, description="Compressed vectors (hnsw_sq8, ivf_sq8, ivf_pq, ivf_rabitq): k x refine "
+        None, ge=1, le=64, description="Compressed vectors (hnsw_sq8, ivf_sq8, ivf_sq4, ivf_pq, ivf_rabitq): k x refine "
         "candidates taken from the codes and rescored exactly with the shard's stored vectors; higher finds more of "
         "the exact top-k at more CPU and disk reads. 1: the codes' own order.")
     exact: bool = Field(False, description="Scan every stored vector instead of the index: the exact answer, at a "

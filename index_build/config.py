@@ -94,8 +94,9 @@ class BuildConfig(BaseModel):
 
     # FAISS
     faiss_index: FaissIndexType = Field(
-        FaissIndexType.auto, description="auto: flat for shards under 20,000 chunks, hnsw above (the rule and its "
-        "figures: bench/README.md, 'Approximate search'); flat (exact); hnsw or ivf (approximate, full vectors); "
+        FaissIndexType.auto, description="auto: flat for shards under 20,000 chunks, hnsw above, ivf_sq4 from a "
+        "million chunks a shard (the rule and its figures: bench/README.md, 'Approximate search' and 'A shard held "
+        "lean'); flat (exact); hnsw or ivf (approximate, full vectors); "
         "hnsw_sq8, ivf_sq8 (8-bit codes: a quarter of the memory), ivf_sq4 (4-bit: an eighth), ivf_pq (product "
         "quantization: 1/17 at 384 dimensions) or ivf_rabitq (RaBitQ, --rabitq-bits a dimension: 56 bytes a vector "
         "at one bit and 384 dimensions), whose candidates are rescored exactly with the stored vectors, read from disk "

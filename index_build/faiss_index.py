@@ -24,6 +24,7 @@ import numpy as np
 KINDS = ("flat", "hnsw", "hnsw_sq8", "ivf", "ivf_sq8", "ivf_sq4", "ivf_pq", "ivf_rabitq")
 QUANTIZED = ("hnsw_sq8", "ivf_sq8", "ivf_sq4", "ivf_pq", "ivf_rabitq")
 AUTO_FLAT_BELOW = 20_000  # rows of a shard under which ``auto`` stays exact (see auto_kind)
+AUTO_CODES_FROM = 1_000_000  # rows of a shard from which ``auto`` holds 4-bit codes rescored from disk (auto_kind)
 MIN_TRAIN_ROWS = 1_000  # below this a trained index (IVF, quantizers) is not worth training: built flat
 
 
@@ -55,10 +56,15 @@ DEFAULT_REFINE = 4
 
 def auto_kind(rows: int) -> str:
     """The index type ``auto`` builds for a shard of ``rows`` vectors: exact below AUTO_FLAT_BELOW rows, HNSW
-    above. Measured on MiniLM vectors of the 205k corpus (bench/README.md, "Approximate search"): a flat scan
-    costs about 0.073 us a row (4.2 ms at 57k rows), HNSW (M 32, efSearch 200) 1.25 ms at 57k rows for a
-    recall@10 of 0.991 and a hybrid nDCG@10 0.0011 below flat; the two cost the same near 20k rows."""
-    return "flat" if rows < AUTO_FLAT_BELOW else "hnsw"
+    above, IVF lists of 4-bit codes (``ivf_sq4``) from AUTO_CODES_FROM rows. Measured on MiniLM vectors of the 205k
+    corpus (bench/README.md, "Approximate search"): a flat scan costs about 0.073 us a row (4.2 ms at 57k rows), HNSW
+    (M 32, efSearch 200) 1.25 ms at 57k rows for a recall@10 of 0.991 and a hybrid nDCG@10 0.0011 below flat; the
+    two cost the same near 20k rows. A served HNSW chunk holds 2.98 KB of memory, an ``ivf_sq4`` one 0.31 KB
+    (bench/README.md, "A shard held lean", 1.14M chunks), for more CPU a search: a shard of a million chunks is 3 GB
+    of HNSW, which is where the codes' memory is worth their CPU."""
+    if rows < AUTO_FLAT_BELOW:
+        return "flat"
+    return "hnsw" if rows < AUTO_CODES_FROM else "ivf_sq4"
 
 
 def default_nprobe(nlist: int) -> int:

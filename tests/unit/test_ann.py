@@ -68,7 +68,8 @@ def test_a_tiny_shard_of_a_trained_type_is_built_exact_and_auto_picks_by_size():
     x = _unit(np.random.default_rng(1), 200)
     assert resolved_kind(FaissSpec(kind="ivf_pq"), 200) == "flat" and type(
         build_faiss_index(x, FaissSpec(kind="ivf_pq", device="cpu"))).__name__ == "IndexFlatIP"
-    assert auto_kind(19_999) == "flat" and auto_kind(20_000) == "hnsw"
+    assert auto_kind(19_999) == "flat" and auto_kind(20_000) == "hnsw" == auto_kind(999_999)
+    assert auto_kind(1_000_000) == "ivf_sq4"
     assert resolved_kind(FaissSpec(kind="auto"), 0) == "flat"
 
 

@@ -83,6 +83,7 @@ bench-scale: setup
 	$(PY) -m bench.ann --from-index $(WORK)/build/this-heaps-$(DOCS) --corpus $(WORK)/heaps-$(DOCS) \
 		--index $(WORK)/build/this-heaps-$(DOCS) --kinds version --out bench/results/ann_heaps_$(DOCS).json
 	$(PY) -m bench.serving_scale --data $(DATA)/scifact --index scifact=$(WORK)/scifact \
+		--index heaps-fresh-node=$(WORK)/build/this-heaps-$(DOCS) --fresh-cache heaps-fresh-node \
 		--index heaps=$(WORK)/build/this-heaps-$(DOCS) --out bench/results/serving_scale_heaps_$(DOCS).json
 
 # Peers side by side (bench/README.md); DATA holds BEIR folders, indexes are built by bench-build.

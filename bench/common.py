@@ -73,9 +73,11 @@ def served(index: Path, port: int, extra: list[str] | None = None, startup_s: fl
 
 
 @contextmanager
-def service_process(cmd: list[str], port: int, startup_s: float = 300):
-    """Any HTTP service started by ``cmd``, once its ``/health`` answers 200; stopped when the block ends."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+def service_process(cmd: list[str], port: int, startup_s: float = 300, env: dict[str, str] | None = None):
+    """Any HTTP service started by ``cmd`` (with ``env`` over this process's environment), once its ``/health``
+    answers 200; stopped when the block ends."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env=None if env is None else os.environ | env)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + startup_s

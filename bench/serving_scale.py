@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -151,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--port", type=int, default=8650)
     ap.add_argument("--serve-args", default="", help="extra arguments for python -m deployments")
+    ap.add_argument("--fresh-cache", action="append", default=[], metavar="NAME",
+                    help="serve this --index with an empty $RAYSEARCH_CACHE, as a node that never saw its files: every "
+                    "checksum read from the bytes (repeat for several)")
     ap.add_argument("--request", default="{}", help="more of every search's body, as JSON (e.g. '{\"ann\": "
                     "{\"nprobe\": 1580}}')")
     ap.add_argument("--out", type=Path, default=Path("bench/results/serving_scale.json"))
@@ -163,9 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         name, root = spec.split("=", 1)
         cmd = [sys.executable, "-m", "deployments", "--index", root, "--port", str(args.port), "--router.cache-size", "0",
                *args.serve_args.split()]
+        fresh = name in args.fresh_cache
+        env = {"RAYSEARCH_CACHE": tempfile.mkdtemp(prefix="raysearch-cache-")} if fresh else None
         t = time.perf_counter()
-        with service_process(cmd, args.port, startup_s=1200) as base:
-            run = {"index": name, "root": root, "start_s": round(time.perf_counter() - t, 1)}
+        with service_process(cmd, args.port, startup_s=1200, env=env) as base:
+            run = {"index": name, "root": root, "start_s": round(time.perf_counter() - t, 1),
+                   "checksums": "read from the bytes (a fresh cache)" if fresh else "as this node remembers them"}
             run["version"] = served_version(base)
             run["memory_after_start"] = memory_by_process()
             run["request"] = {"limit": 10, "method": "hybrid"} | json.loads(args.request)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -403,6 +404,13 @@ def test_jvm_warm_up_runs_searches_and_changes_no_answer(pipeline):
     finally:
         del lucene.search_rows
     assert len(calls) == 10 and all(2 <= len(t) <= 12 for t in calls)  # 30 searches over 3 shards
+    calls.clear()
+    lucene.search_rows = lambda terms, k, allowed=None: calls.append(terms) or time.sleep(0.05)
+    try:
+        group.warm_up(10**9, seconds=0.2)  # a shard this slow to search is warmed for the time given, not for ever
+    finally:
+        del lucene.search_rows
+    assert 1 <= len(calls) <= 20
     after = search(pipeline, query="lucene shard replica", method="keyword", limit=8, debug=True)
     assert [r.model_dump() for r in after.results] == [r.model_dump() for r in before.results]
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from index_format.manifest import CHUNKS_ARROW, CHUNKS_FILE
+from index_format.mapping import map_for_random_reads
 
 BATCH = 65_536  # rows a record batch of chunks.arrow (the last one shorter)
 
@@ -61,7 +62,7 @@ class ChunkTable:
         self.path = self.folder / CHUNKS_ARROW
         self.mapped = self.path.is_file()
         if self.mapped:
-            reader = pa.ipc.open_file(pa.memory_map(str(self.path), "r"))
+            reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(map_for_random_reads(self.path))))
             self.batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
             self.schema = reader.schema
         else:

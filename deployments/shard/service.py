@@ -35,6 +35,7 @@ from index_format.manifest import (
     encoder_dir,
     verify_shard,
 )
+from index_format.mapping import mapped_npy
 from index_format.versions import read_version_manifest, resolve_version_dir
 
 VOCABULARIES_KEPT = 8
@@ -44,10 +45,6 @@ VOCABULARIES_KEPT = 8
 ROWS_KEPT = 50_000
 
 
-def mapped(path: Path) -> np.ndarray:
-    """A ``.npy`` file's array, memory-mapped read-only, as a plain ndarray view: the same pages, without
-    ``np.memmap``'s Python-level ``__getitem__`` on every read (a ranking model reads a few hundred rows a query)."""
-    return np.load(path, mmap_mode="r").view(np.ndarray)
 
 
 class ShardService:
@@ -77,7 +74,7 @@ class ShardService:
         self.table = ChunkTable(self.folder)
         self.ids = ChunkIds(self.table)  # row -> id read from the table, id -> row by a sorted hash array
         chunk_ids = self.ids
-        self.embeddings = mapped(self.folder / EMBEDDINGS_FILE)
+        self.embeddings = mapped_npy(self.folder / EMBEDDINGS_FILE)
         if resolve_device(search_device) == "cuda":  # exact search on the GPU, from the shard's vectors
             self.dense = TorchDenseShard(np.load(self.folder / EMBEDDINGS_FILE), chunk_ids, self.shard, "cuda")
         else:
@@ -90,7 +87,7 @@ class ShardService:
         # it, and their vectors read for a ranking model's ``dense_<name>``.
         self.named = {name: DenseShard(faiss.read_index(str(self.folder / encoder_dir(name) / FAISS_FILE)), chunk_ids,
                                        self.shard, options=entry.faiss,
-                                       vectors=mapped(self.folder / encoder_dir(name) / EMBEDDINGS_FILE))
+                                       vectors=mapped_npy(self.folder / encoder_dir(name) / EMBEDDINGS_FILE))
                       for name, entry in self.manifest.encoders.items()}
         if fields is None:
             fields = version_fields(self.folder.parent.parent) if self.manifest.lucene.get("fields") else {}

@@ -272,8 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settings", nargs="+", metavar="JSON",
                     help="the ann settings to measure each kind but flat with, e.g. '{}' '{\"nprobe\": 532}' "
                     "(default: each kind's own list)")
+    ap.add_argument("--filters", nargs="+", choices=list(FILTERS), default=list(FILTERS),
+                    help="the filters to search under (default: all; 'none' alone at ten million chunks, where each "
+                    "setting of each filter takes minutes)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/ann.json"))
     args = ap.parse_args(argv)
+    for name in list(FILTERS):
+        if name not in args.filters:
+            del FILTERS[name]
     for kind in SETTINGS if args.settings else ():
         if kind != "flat":
             SETTINGS[kind] = [json.loads(s) for s in args.settings]

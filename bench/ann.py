@@ -357,7 +357,7 @@ def _table(record: dict) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in record["rows"]:
         f = [r[name] for name in FILTERS]
-        setting = ", ".join(f"{k} {v}" for k, v in r["setting"].items()) or "exact"
+        setting = ", ".join(f"{k} {v}" for k, v in r["setting"].items()) or ("exact" if r["kind"] == "flat" else "as built")
         print(f"| {r['vectors']} | {r['kind']} | {setting} | {r['shard_depth']} | {r['bytes_per_chunk']:.0f} | "
               f"{r['build_cpu_s']} | {' / '.join(str(x['recall@10']) for x in f)} | "
               f"{' / '.join(str(x['recall@200']) for x in f)} | "

@@ -70,7 +70,8 @@ bench-build: setup
 # Density (issue 59, bench/README.md): a growing-vocabulary corpus of DOCS documents (490000: about a million
 # chunks; 4320000: ten million) made from SciFact, built with compressed vectors, its dense leg measured against
 # exact search with SciFact's nDCG@10 inside it, and served beside SciFact. About two hours at ten million, and
-# 60 GB of disk at its peak: WORK is outside the repository.
+# about 65 GB of disk at its peak (the corpus 6 GB, the version 41 GB, the build scratch): WORK is outside the
+# repository.
 DATA ?= ../shared/data
 DOCS ?= 490000
 WORK ?= ../scale

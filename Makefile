@@ -74,6 +74,8 @@ bench-build: setup
 # repository.
 DATA ?= ../shared/data
 DOCS ?= 490000
+# At ten million each setting under each filter takes minutes: ANN_ARGS="--filters none --settings '{}'"
+ANN_ARGS ?=
 WORK ?= ../scale
 bench-scale: setup
 	$(PY) -m bench.heaps_corpus --data $(DATA)/scifact --documents $(DOCS) --out $(WORK)/heaps-$(DOCS)
@@ -82,7 +84,7 @@ bench-scale: setup
 	$(PY) -m index_build --corpus $(DATA)/scifact --out $(WORK)/scifact --shards 4 --encoder hashing:384 \
 		--faiss-index ivf_sq4 --no-progress
 	$(PY) -m bench.ann --from-index $(WORK)/build/this-heaps-$(DOCS) --corpus $(WORK)/heaps-$(DOCS) \
-		--index $(WORK)/build/this-heaps-$(DOCS) --kinds version --out bench/results/ann_heaps_$(DOCS).json
+		--index $(WORK)/build/this-heaps-$(DOCS) --kinds version $(ANN_ARGS) --out bench/results/ann_heaps_$(DOCS).json
 	$(PY) -m bench.serving_scale --data $(DATA)/scifact --index scifact=$(WORK)/scifact \
 		--index heaps-fresh-node=$(WORK)/build/this-heaps-$(DOCS) --fresh-cache heaps-fresh-node \
 		--index heaps=$(WORK)/build/this-heaps-$(DOCS) --out bench/results/serving_scale_heaps_$(DOCS).json

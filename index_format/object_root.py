@@ -32,12 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .manifest import MANIFEST, IndexMismatch, VersionManifest, sha256_file
+from .process import cache_root
 from .root import IndexRoot
 from .store import Conflict, ObjectStore
 
 FILES = "files.json"
 BLOBS = "blobs"
-CACHE_ENV = "RAYSEARCH_CACHE"
 CACHE_DIR_ENV = "RAYSEARCH_INDEX_CACHE"  # shards.cache_dir, as the app tells its replicas
 STATE_ENV = "RAYSEARCH_STATE"
 TRANSFERS = 8  # files moved at once: object storage is fast per connection only with several in flight
@@ -48,7 +48,7 @@ def default_cache_dir() -> Path:
     ``~/.cache/raysearch/index``): a node-local disk."""
     if os.environ.get(CACHE_DIR_ENV):
         return Path(os.environ[CACHE_DIR_ENV])
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "raysearch") / "index"
+    return cache_root() / "index"
 
 
 def default_state_dir() -> Path:

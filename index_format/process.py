@@ -4,6 +4,7 @@ changing the process's environment when it is imported."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def configure_process() -> None:
@@ -12,3 +13,9 @@ def configure_process() -> None:
     processes started afterwards inherit the same environment."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def cache_root() -> Path:
+    """This node's cache of things made once and kept (checksums taken, ONNX exports, the Java helper, an object-storage
+    root's files): ``$RAYSEARCH_CACHE``, default ``~/.cache/raysearch``."""
+    return Path(os.environ.get("RAYSEARCH_CACHE") or Path.home() / ".cache" / "raysearch")

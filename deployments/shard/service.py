@@ -45,8 +45,6 @@ VOCABULARIES_KEPT = 8
 ROWS_KEPT = 50_000
 
 
-
-
 class ShardService:
     def __init__(
         self,

@@ -19,7 +19,7 @@ export HAYSTACK_TELEMETRY_ENABLED := False
 # pip 23 prints a harmless warning per missing local index folder; keep real errors visible.
 PIP_QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: setup demo test test-slow lint browser bench-build bench-scale bench-peers gpu-check-pack gpu-check clean-demo
+.PHONY: setup demo test test-slow lint browser bench-build bench-scale bench-peers bench-engines gpu-check-pack gpu-check clean-demo
 
 $(STAMP): requirements.txt pyproject.toml client/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -94,6 +94,22 @@ bench-peers: setup
 	$(PY) -m pip install -q --disable-pip-version-check -r bench/requirements-peers.txt $(PIP_QUIET)
 	$(PY) -m bench.peers --data $(DATA) --datasets scifact cranfield \
 		--index scifact=bench/out/indexes/scifact-4 --index cranfield=bench/out/indexes/cranfield-4
+
+# The engines side by side (bench/engines.py, bench/README.md): LanceDB, Milvus Lite, Chroma and bm25s in an
+# environment of their own (ENGINES_VENV), Pyserini and this project in the project's. DATA is one BEIR dataset
+# folder; WORK keeps the vectors and every engine's index (a second run reuses them).
+ENGINES_VENV ?= .venv-engines
+ENGINES_DATA ?= ../shared/data/scifact
+ENGINES_WORK ?= /tmp/raysearch-engines
+$(ENGINES_VENV)/.installed: bench/requirements-engines.txt
+	test -x $(ENGINES_VENV)/bin/python || $(PYTHON) -m venv $(ENGINES_VENV)
+	$(ENGINES_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 $(PIP_QUIET)
+	$(ENGINES_VENV)/bin/python -m pip install -q --disable-pip-version-check -r bench/requirements-engines.txt $(PIP_QUIET)
+	touch $@
+
+bench-engines: setup $(ENGINES_VENV)/.installed
+	$(PY) -m bench.engines --data $(ENGINES_DATA) --work $(ENGINES_WORK) --engines-python $(ENGINES_VENV)/bin/python \
+		--out bench/out/engines.json
 
 # The GPU check (bench/gpu_check.py): pack MiniLM at float16 here, carry .gpu_carry/ with the tree to a GPU
 # machine, run `make gpu-check` there (no venv: python3 with torch, transformers, sentence-transformers,

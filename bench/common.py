@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -75,7 +76,20 @@ def served(index: Path, port: int, extra: list[str] | None = None, startup_s: fl
 @contextmanager
 def service_process(cmd: list[str], port: int, startup_s: float = 300, env: dict[str, str] | None = None):
     """Any HTTP service started by ``cmd`` (with ``env`` over this process's environment), once its ``/health``
-    answers 200; stopped when the block ends."""
+    answers 200; stopped when the block ends. Yields the base URL (``started_service`` yields the process too)."""
+    with started_service(cmd, port, startup_s, env) as started:
+        yield started.base
+
+
+@dataclass(frozen=True)
+class Started:
+    base: str  # http://127.0.0.1:PORT
+    process: subprocess.Popen
+
+
+@contextmanager
+def started_service(cmd: list[str], port: int, startup_s: float = 300, env: dict[str, str] | None = None):
+    """``service_process``, yielding the base URL and the service's process (to read its CPU and memory)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env=None if env is None else os.environ | env)
     base = f"http://127.0.0.1:{port}"
@@ -92,7 +106,7 @@ def service_process(cmd: list[str], port: int, startup_s: float = 300, env: dict
             if time.time() > deadline:
                 raise TimeoutError(f"service on {base} not healthy after {startup_s}s")
             time.sleep(1)
-        yield base
+        yield Started(base, proc)
     finally:
         proc.terminate()
         try:

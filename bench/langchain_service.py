@@ -18,27 +18,15 @@ corpus is embedded here.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from bench.engine_service import read_corpus
+
 K = 100  # candidates each retriever returns (LangChain's default is 4; a ranking bench needs depth)
 DENSE_WEIGHT = 0.7  # the BM25 retriever gets 1 - this (0.7 / 0.3 dense / BM25 reproduces the usual figures)
-
-
-def read_corpus(path: Path) -> list[tuple[str, str]]:
-    """(doc id, "title\\ntext") as this project's build writes its contents; like the build, records
-    without text are left out, so both index the same documents."""
-    out = []
-    with open(path) as f:
-        for line in f:
-            d = json.loads(line)
-            title, text = d.get("title") or "", d.get("text") or ""
-            if text.strip():
-                out.append((str(d["_id"]), f"{title}\n{text}" if title else text))
-    return out
 
 
 def index_vectors(version_dir: Path) -> dict[str, list[float]]:

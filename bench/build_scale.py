@@ -23,22 +23,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import machine, write_record
+from bench.common import machine, proc_status, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _status(pid: int) -> dict[str, int] | None:
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    out = {}
-    for key in ("VmHWM", "VmRSS", "PPid"):
-        m = re.search(rf"^{key}:\s+(\d+)", text, re.M)
-        if m:
-            out[key] = int(m.group(1))
-    return out
 
 
 def _cmdline(pid: int) -> str:
@@ -52,7 +39,7 @@ def _descendants(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            st = _status(int(entry))
+            st = proc_status(int(entry), ("PPid",))
             if st and "PPid" in st:
                 children.setdefault(st["PPid"], []).append(int(entry))
     out, todo = [], [root]
@@ -87,7 +74,7 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             for pid in _descendants(self.driver):
-                st = _status(pid)
+                st = proc_status(pid)
                 if not st or "VmHWM" not in st:
                     continue
                 seen = self.peaks.setdefault(pid, {"kind": "", "hwm_kb": 0, "titles": set()})

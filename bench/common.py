@@ -52,6 +52,17 @@ def load_beir(folder: Path, split: str = "test") -> tuple[dict[str, str], dict[s
     return queries, qrels
 
 
+def proc_status(pid: int, keys: tuple[str, ...] = ("VmHWM", "VmRSS")) -> dict[str, int]:
+    """Fields of ``/proc/<pid>/status`` (memory fields in kB, as the kernel writes them); empty once the process is
+    gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    fields = (line.partition(":") for line in lines)
+    return {name: int(value.split()[0]) for name, _, value in fields if name in keys}
+
+
 def write_record(path: Path, record: dict) -> None:
     """A bench's JSON record, written where it was asked for (folders made as needed)."""
     path.parent.mkdir(parents=True, exist_ok=True)

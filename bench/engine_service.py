@@ -274,8 +274,6 @@ def make_app(engine: str, search):
     def health() -> dict:
         return {"status": "ok"}
 
-    # Query the engine once before answering /health, so its first search's loading is not timed.
-    search("warm up", 10)
     return app
 
 
@@ -307,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         import uvicorn
 
         encoder = QueryEncoder(args.model, args.query_encoder) if args.engine in DENSE else None
-        app = make_app(args.engine, searcher(args.engine, args.work, encoder))
+        search = searcher(args.engine, args.work, encoder)
+        search("warm up", 10)  # once before /health answers, so the engine's first loading is not timed
+        app = make_app(args.engine, search)
         uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
     return 0
 

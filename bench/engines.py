@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import load_beir, machine, started_service, write_record
+from bench.common import load_beir, machine, proc_status, started_service, write_record
 from bench.engine_service import DENSE, folder_bytes
 from bench.serving import level, partial_body, quality
 
@@ -50,17 +50,8 @@ def tree_peak_rss_mb(pid: int) -> float:
     """The high-water marks of a process and all its descendants, summed (MB): a bound on the service's peak."""
     import psutil
 
-    total_kb = 0
-    procs = [psutil.Process(pid)]
-    procs += procs[0].children(recursive=True)
-    for p in procs:
-        try:
-            for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    total_kb += int(line.split()[1])
-        except OSError:
-            pass
-    return total_kb / 1024
+    root = psutil.Process(pid)
+    return sum(proc_status(p.pid).get("VmHWM", 0) for p in [root, *root.children(recursive=True)]) / 1024
 
 
 def run_step(cmd: list[str], what: str) -> dict:
@@ -113,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="how the engines with a dense leg embed a query (each one measured)")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=20, help="each load level")
-    ap.add_argument("--limits", type=int, nargs="+", default=[10, 100])
+    ap.add_argument("--limits", type=int, nargs="+", default=[10, 100], help="the page sizes loaded (10 among them)")
     ap.add_argument("--serve-args", default="", help="extra arguments for this project's python -m deployments")
     ap.add_argument("--port", type=int, default=8700)
     ap.add_argument("--out", type=Path, default=Path("bench/out/engines.json"))
     args = ap.parse_args(argv)
+    if 10 not in args.limits:
+        ap.error("--limits must include 10: the table and the QPS ratios are at limit 10")
 
     from index_format.encoders import export_onnx, resolve_model_path
 
@@ -159,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             from index_format.versions import resolve_version_dir
 
             build = {"seconds": built["seconds"], "bytes": folder_bytes(resolve_version_dir(root))}
-            variants = {"onnx": [sys.executable, "-m", "deployments", "--index", str(root), "--port", "{port}",
-                                 "--router.cache-size", "0", *args.serve_args.split()]}
+            variants = {"onnx": [sys.executable, "-m", "deployments", "--index", str(root), "--router.cache-size", "0",
+                                 *args.serve_args.split()]}
             body = {"method": "hybrid", "include_citations": False}
         else:
             folder = work / engine
@@ -171,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                     cmd += ["--vectors", str(vectors)]
                 run_step(cmd, f"{engine} build")
             build = json.loads((folder / "build.json").read_text())
-            serve = [python, "-m", "bench.engine_service", "serve", "--engine", engine, "--work", str(folder),
-                     "--port", "{port}"]
+            serve = [python, "-m", "bench.engine_service", "serve", "--engine", engine, "--work", str(folder)]
             if engine in DENSE:
                 variants = {e: [*serve, "--model", model, "--query-encoder", e] for e in args.query_encoders}
             else:
@@ -181,8 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         for encoder, cmd in variants.items():
             name = LABELS[engine] + ("" if encoder == "-" else f", query on {encoder}")
             print(f"{name}: serving", flush=True)
-            cmd = [str(port) if part == "{port}" else part for part in cmd]
-            row = measure(cmd, port, queries, qrels, body, args.clients, args.seconds, args.limits, env)
+            row = measure([*cmd, "--port", str(port)], port, queries, qrels, body, args.clients, args.seconds, args.limits, env)
             row |= {"engine": engine, "query_encoder": encoder, "build": build}
             record["engines"][name] = row
             print(name, json.dumps(row), flush=True)

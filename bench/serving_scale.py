@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import load_beir, machine, service_process, write_record
+from bench.common import load_beir, machine, proc_status, service_process, write_record
 from bench.serving import level
 
 
@@ -49,12 +49,9 @@ def memory_by_process() -> dict[str, dict[str, float]]:
         label = process_label(p.info["cmdline"] or [], p.info["name"] or "?")
         if not (label.startswith(("replica", "python -m deployments", "raylet", "gcs_server")) or "Serve" in label):
             continue
-        try:
-            status = Path(f"/proc/{p.info['pid']}/status").read_text()
-        except OSError:
+        fields = proc_status(p.info["pid"], ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"))
+        if not fields:
             continue
-        fields = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines()
-                  if line.startswith(("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"))}
         entry = out.setdefault(label, {"hwm_mb": 0.0, "rss_mb": 0.0, "anon_mb": 0.0, "file_mb": 0.0, "processes": 0})
         entry["hwm_mb"] = round(entry["hwm_mb"] + fields.get("VmHWM", 0) / 1024, 1)
         entry["rss_mb"] = round(entry["rss_mb"] + fields.get("VmRSS", 0) / 1024, 1)

@@ -138,12 +138,12 @@ class SearchMetrics:
                 self.skipped.inc(1, tags={"stage": stage, "method": method})
 
     def index(self, collections) -> None:
-        """The version each collection serves and its size; a version no longer served drops to 0."""
+        """The version each collection serves and its size; a version no longer served drops to 0. Set again on every
+        call (the router's follower makes one a second): Ray's metrics agent stops exporting a gauge that has not been
+        set for a while, and a version served for hours must stay in the scrape."""
         for c in collections:
             before = self._served.get(c.name)
-            if before == c.version:
-                continue
-            if before is not None:
+            if before is not None and before != c.version:
                 for gauge in (self.documents, self.chunks):
                     gauge.set(0, tags={"collection": c.name, "version": before})
             self.documents.set(c.documents, tags={"collection": c.name, "version": c.version})

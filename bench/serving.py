@@ -10,7 +10,10 @@ Phases, one after another (nothing else should run meanwhile):
    coverage or a warning), then closed-loop load at ``--clients`` for ``limit`` 100 and 10, and at one
    client for ``limit`` 10: QPS, p50 / p99, partial answers, server CPU per answered request (machine
    busy CPU minus this process's), and that CPU split by process.
-   With ``--also NAME=ARGS``, the same again for the service started with those extra arguments.
+   Before the loads, what the service costs at rest (``--rest-seconds`` with no request: machine busy CPU a
+   second, and by process): Ray's and Serve's own processes and the replicas' followers, paid whatever the load.
+   With ``--also NAME=ARGS``, the same again for the service started with those extra arguments; with
+   ``--also-env NAME=VAR=VALUE,...``, with those environment variables (Serve's and Ray's own settings).
 3. **The LangChain peer** (``bench/langchain_service.py``, EnsembleRetriever of BM25 + FAISS under
    uvicorn): the same loads with the same client. Skipped with ``--no-peer``.
 
@@ -81,6 +84,17 @@ def level(base: str, texts: list[str], body: dict, clients: int, seconds: float,
         "cpu_ms_per_query_by_process": {k: round(1000 * v / n, 3) for k, v in list(procs.items())[:12]} if n else {},
         "kb_per_response": None if kb is None else kb / max(1, sum(statuses.values())) / 1024,
     }
+
+
+def at_rest(seconds: float) -> dict:
+    """The machine's busy CPU while the service answers nothing, a second, and split by process (ms a second)."""
+    busy0, own0, procs0, t0 = machine_busy_s(), own_cpu_s(), process_cpu(), time.perf_counter()
+    time.sleep(seconds)
+    wall = time.perf_counter() - t0
+    busy = (machine_busy_s() - busy0) - (own_cpu_s() - own0)
+    procs = by_process(procs0, process_cpu())
+    return {"seconds": round(wall, 2), "server_cpu_ms_per_s": 1000 * busy / wall,
+            "cpu_ms_per_s_by_process": {k: round(1000 * v / wall, 2) for k, v in list(procs.items())[:12]}}
 
 
 def quality(base: str, queries: dict[str, str], qrels, body: dict) -> dict:
@@ -212,8 +226,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--also-code", action="append", default=[], metavar="NAME=DIR",
                     help="measure another checkout's service too, in the same run (repeatable): a worktree of "
                          "the commit before a change gives before and after on one machine in one run")
+    ap.add_argument("--also-env", action="append", default=[], metavar="NAME=VAR=VALUE,...",
+                    help="measure the service again started with these environment variables, in the same run "
+                         "(repeatable), e.g. --also-env 'serve-0.1s=RAY_SERVE_CONTROL_LOOP_INTERVAL_S=0.1'")
+    ap.add_argument("--rest-seconds", type=float, default=20,
+                    help="how long the service's CPU at rest is measured before its loads (0: not measured)")
     ap.add_argument("--out", type=Path, default=Path("bench/out/serving.json"))
     args = ap.parse_args(argv)
+    also_env = {}
+    for variant in args.also_env:
+        name, _, assignments = variant.partition("=")
+        pairs = [a.partition("=") for a in assignments.split(",") if a]
+        if not name or not pairs or any(not var or not sep for var, sep, _ in pairs):
+            ap.error(f"--also-env {variant!r}: expected NAME=VAR=VALUE[,VAR=VALUE...]")
+        also_env[name] = {var: value for var, _, value in pairs}
 
     queries, qrels = load_beir(args.data / args.dataset)
     texts = list(queries.values())
@@ -228,17 +254,22 @@ def main(argv: list[str] | None = None) -> int:
         record["in_process"] = in_process(args.index.resolve(), texts, hybrid | {"limit": 10}, n=600)
         print("in-process", json.dumps(record["in_process"]), flush=True)
 
-    def measure(serve_args: str, label: str, profile_too: bool, code: Path = code) -> dict:
+    def measure(serve_args: str, label: str, profile_too: bool, code: Path = code,
+                env: dict[str, str] | None = None) -> dict:
         cmd = [sys.executable, "-m", "deployments", "--index", str(args.index.resolve()), "--port", str(args.port),
                "--router.cache-size", "0", *serve_args.split()]
         env_cwd = os.getcwd()
         os.chdir(code)
-        ours: dict = {"serve_args": serve_args, "code_sha": subprocess.run(
+        ours: dict = {"serve_args": serve_args, "env": env or {}, "code_sha": subprocess.run(
             ["git", "-C", str(code), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()}
         try:
-            with service_process(cmd, args.port) as base:
+            with service_process(cmd, args.port, env=env) as base:
                 os.chdir(env_cwd)
                 closed_loop(base, "/search", [{"query": t} | hybrid | {"limit": 10} for t in texts], 2, 40)  # JIT
+                if args.rest_seconds > 0:
+                    time.sleep(5)  # the warm-up's last requests and their logs settled
+                    ours["at_rest"] = at_rest(args.rest_seconds)
+                    print(label, "at rest", json.dumps(ours["at_rest"]), flush=True)
                 ours["quality_limit_100"] = quality(base, queries, qrels, hybrid | {"limit": 100})
                 print(label, "quality", json.dumps(ours["quality_limit_100"]), flush=True)
                 for name, clients, limit in (("limit_100", args.clients, 100), ("limit_10", args.clients, 10),
@@ -258,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     for variant in args.also:
         name, _, serve_args = variant.partition("=")
         record.setdefault("variants", {})[name] = measure(serve_args, name, False)
+    for name, env in also_env.items():
+        record.setdefault("variants", {})[name] = measure(args.serve_args, name, False, env=env)
     for variant in args.also_code:
         name, _, other = variant.partition("=")
         record.setdefault("variants", {})[name] = measure(args.serve_args, name, False, Path(other).resolve())
@@ -289,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
                 bad = sum(v for k, v in lv["statuses"].items() if k != "200")
                 print(f"| {who} | {lv['clients']} clients, limit {lv['limit']} | {lv['qps']:.1f} | {lv['p50_ms']:.1f} "
                       f"| {lv['p99_ms']:.1f} | {lv['server_cpu_ms_per_query']:.1f} | {lv['partial']} | {bad} |")
+    for who, rec in measured.items():
+        if "at_rest" in rec:
+            print(f"{who} at rest: {rec['at_rest']['server_cpu_ms_per_s']:.1f} ms of CPU a second")
     if "in_process" in record:
         ip = record["in_process"]["cpu_ms_per_query"]
         http = record["service"]["limit_10"]["server_cpu_ms_per_query"]

@@ -150,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     # ... which also holds a replica's log lines until 1,000 are waiting: a search's line reaches the log at once
     # here (one write a search, a few microseconds against milliseconds of work); export a larger size to batch.
     os.environ.setdefault("RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE", "1")
+    # Serve's controller runs its loop every 0.5 s instead of 0.1: it and the GCS it asks cost the node half as much
+    # CPU every second, at rest or not (bench/README.md, "What a node spends at rest"); a replica started, lost or
+    # scaled is acted on up to 0.4 s later, where health checks and autoscaling decide over seconds. Read by the
+    # controller when it starts, from the Ray node's environment (a cluster started elsewhere: export it there).
+    os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
     # Load shedding as the outermost layer of every HTTP server of the app (the router's own among them), so a
     # refused request costs no Serve request handling: Serve asks this function for its HTTP middlewares.
     os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "deployments.edge.shedding.middlewares")

@@ -19,7 +19,7 @@ export HAYSTACK_TELEMETRY_ENABLED := False
 # pip 23 prints a harmless warning per missing local index folder; keep real errors visible.
 PIP_QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: setup demo test test-slow lint browser bench-build bench-scale bench-peers bench-engines gpu-check-pack gpu-check clean-demo
+.PHONY: setup demo test test-slow lint browser client-wheel bench-build bench-scale bench-peers bench-engines gpu-check-pack gpu-check clean-demo
 
 $(STAMP): requirements.txt pyproject.toml client/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -110,6 +110,15 @@ $(ENGINES_VENV)/.installed: bench/requirements-engines.txt
 bench-engines: setup $(ENGINES_VENV)/.installed
 	$(PY) -m bench.engines --data $(ENGINES_DATA) --work $(ENGINES_WORK) --engines-python $(ENGINES_VENV)/bin/python \
 		--out bench/out/engines.json
+
+# The typed client as a wheel and an sdist in dist/, ready to publish (twine upload dist/raysearch_client-*): its own
+# distribution, httpx and pydantic only, the framework adapters as extras. Built without fetching anything.
+client-wheel: setup
+	rm -rf client/build dist/raysearch_client-*
+	$(PY) -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w dist ./client $(PIP_QUIET)
+	cd client && ../$(PY) -c "from setuptools import build_meta as b; print(b.build_sdist('../dist'))" >/dev/null
+	rm -rf client/build
+	ls dist/raysearch_client-*
 
 # The GPU check (bench/gpu_check.py): pack MiniLM at float16 here, carry .gpu_carry/ with the tree to a GPU
 # machine, run `make gpu-check` there (no venv: python3 with torch, transformers, sentence-transformers,

@@ -12,6 +12,7 @@ to see, as a ``SearchServiceError``. A search of a batch that failed is a ``Sear
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -33,16 +34,26 @@ from raysearch_client.models import (
 
 Query = str | SearchRequest | dict
 
+# Where a client (and every framework adapter, which holds one) finds its key when it is given none.
+API_KEY_ENV = "RAYSEARCH_API_KEY"
+
+
+def api_key_or_env(api_key: str | None) -> str | None:
+    """The key given, else ``$RAYSEARCH_API_KEY`` (unset or empty: no key)."""
+    return api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+
 
 class _Settings:
     def __init__(self, base_url: str, api_key: str | None, timeout: float, max_retries: int, max_retry_wait_s: float):
         self.base_url = base_url.rstrip("/")
+        api_key = api_key_or_env(api_key)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout, self.max_retries, self.max_retry_wait_s = timeout, max_retries, max_retry_wait_s
 
 
 class SearchClient:
-    """The service over HTTP, one connection pool; use it as a context manager or call ``close``."""
+    """The service over HTTP, one connection pool; use it as a context manager or call ``close``. ``api_key``: sent as
+    ``Authorization: Bearer``; None reads ``$RAYSEARCH_API_KEY``."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, timeout: float = 60.0,
                  max_retries: int = 3, max_retry_wait_s: float = 10.0, transport: httpx.BaseTransport | None = None):

@@ -13,10 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from haystack import Document, component, default_to_dict
+from raysearch_client.extras import needs
 
+with needs("haystack", "haystack"):
+    from haystack import Document, component, default_from_dict, default_to_dict
+    from haystack.utils import Secret, deserialize_secrets_inplace
+
+from raysearch_client.client import API_KEY_ENV
 from raysearch_client.connection import Connection, check_fields, result_metadata, search_request
 from raysearch_client.models import Result, SearchResponse
+
+# The default key: the variable's value when the component is made (unset: no key), saved by its name.
+FROM_ENV = Secret.from_env_var(API_KEY_ENV, strict=False)
 
 
 def document(result: Result) -> Document:
@@ -30,16 +38,29 @@ class RaySearchRetriever:
     """The best ``top_k`` chunks for a query, searched with ``search_kwargs`` (any field of ``POST /search``);
     a run's ``filters`` (the request's metadata filter), ``top_k`` and ``search_kwargs`` take their place."""
 
-    def __init__(self, url: str = "http://127.0.0.1:8000", api_key: str | None = None, top_k: int = 10,
+    def __init__(self, url: str = "http://127.0.0.1:8000",
+                 api_key: Secret | str | None = FROM_ENV, top_k: int = 10,
                  search_kwargs: dict[str, Any] | None = None, timeout_s: float = 60.0):
-        self.url, self.api_key, self.top_k, self.timeout_s = url, api_key, top_k, timeout_s
+        """``api_key``: a Haystack ``Secret`` (by default ``$RAYSEARCH_API_KEY``, read when the component is made;
+        unset: no key), a key as a string (``Secret.from_token``: such a pipeline cannot be saved, as Haystack
+        refuses to write a token out), or None for no key."""
+        self.url, self.top_k, self.timeout_s = url, top_k, timeout_s
+        self.api_key = Secret.from_token(api_key) if isinstance(api_key, str) else api_key
         self.search_kwargs = check_fields(dict(search_kwargs or {}))
-        self._connection = Connection(url, api_key, timeout_s)
+        key = self.api_key.resolve_value() if self.api_key is not None else None
+        # An environment variable's secret that is unset resolves to None: no key, not $RAYSEARCH_API_KEY again.
+        self._connection = Connection(url, key or "", timeout_s)
 
     def to_dict(self) -> dict[str, Any]:
-        # The key stays out of a pipeline's saved YAML: give it again when loading.
-        return default_to_dict(self, url=self.url, top_k=self.top_k, search_kwargs=self.search_kwargs,
-                               timeout_s=self.timeout_s)
+        # A secret from an environment variable is saved as the variable's name, so a reloaded pipeline reads it
+        # again; a token secret raises (Haystack's rule: a key is never written into a pipeline's YAML).
+        return default_to_dict(self, url=self.url, api_key=self.api_key.to_dict() if self.api_key else None,
+                               top_k=self.top_k, search_kwargs=self.search_kwargs, timeout_s=self.timeout_s)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RaySearchRetriever:
+        deserialize_secrets_inplace(data["init_parameters"], keys=["api_key"])
+        return default_from_dict(cls, data)
 
     def _request(self, query: str, filters: dict[str, Any] | None, top_k: int | None,
                  search_kwargs: dict[str, Any] | None):

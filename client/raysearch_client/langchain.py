@@ -14,14 +14,19 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
-from langchain_core.documents import Document
-from langchain_core.embeddings import Embeddings
-from langchain_core.retrievers import BaseRetriever
-from langchain_core.vectorstores import VectorStore
+from raysearch_client.extras import needs
+
+with needs("langchain", "langchain_core"):
+    from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.embeddings import Embeddings
+    from langchain_core.retrievers import BaseRetriever
+    from langchain_core.utils import secret_from_env
+    from langchain_core.vectorstores import VectorStore
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
 from raysearch_client.calls import SearchServiceError
+from raysearch_client.client import API_KEY_ENV
 from raysearch_client.connection import Connection, check_fields, result_metadata, search_request
 from raysearch_client.models import Result, SearchResponse
 
@@ -40,7 +45,8 @@ class RaySearchRetriever(BaseRetriever):
     a call's other keywords on top."""
 
     url: str = "http://127.0.0.1:8000"
-    api_key: SecretStr | None = None
+    api_key: SecretStr | None = Field(default_factory=secret_from_env(API_KEY_ENV, default=None),
+                                      description="The service's key; default $RAYSEARCH_API_KEY.")
     k: int = Field(4, ge=1, le=100, description="Results to return (the request's limit).")
     search_kwargs: dict[str, Any] = Field(default_factory=dict, description="Fields of POST /search.")
     timeout_s: float = 60.0

@@ -12,9 +12,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from llama_index.core.callbacks import CallbackManager
-from llama_index.core.retrievers import BaseRetriever
-from llama_index.core.schema import NodeRelationship, NodeWithScore, QueryBundle, RelatedNodeInfo, TextNode
+from raysearch_client.extras import needs
+
+with needs("llamaindex", "llama_index.core"):
+    from llama_index.core.callbacks import CallbackManager
+    from llama_index.core.retrievers import BaseRetriever
+    from llama_index.core.schema import (
+        NodeRelationship,
+        NodeWithScore,
+        QueryBundle,
+        RelatedNodeInfo,
+        TextNode,
+    )
 
 from raysearch_client.connection import Connection, check_fields, result_metadata, search_request
 from raysearch_client.models import Result, SearchResponse

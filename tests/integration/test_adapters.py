@@ -171,7 +171,30 @@ def test_each_adapter_sends_its_key_and_keeps_it_out_of_what_it_shows():
                 rs_haystack.RaySearchRetriever(url=URL, api_key="rsk_secret")]
     for adapter in adapters:
         assert adapter._connection.sync.http.headers["authorization"] == "Bearer rsk_secret"
-    assert "rsk_secret" not in repr(adapters[0]) and "rsk_secret" not in str(adapters[3].to_dict())
+    assert "rsk_secret" not in repr(adapters[0])
+    with pytest.raises(ValueError, match="token"):  # Haystack's rule: a key given as a string is never saved
+        adapters[3].to_dict()
+
+
+def test_each_adapter_given_no_key_sends_raysearch_api_key(monkeypatch):
+    monkeypatch.setenv("RAYSEARCH_API_KEY", "rsk_from_env")
+    adapters = [rs_langchain.RaySearchRetriever(url=URL), rs_langchain.RaySearchVectorStore(URL),
+                rs_llamaindex.RaySearchRetriever(URL), rs_haystack.RaySearchRetriever(url=URL)]
+    for adapter in adapters:
+        assert adapter._connection.sync.http.headers["authorization"] == "Bearer rsk_from_env"
+    assert rs_haystack.RaySearchRetriever(url=URL, api_key=None)._connection.sync.http.headers.get("authorization") is None
+
+
+def test_a_saved_haystack_pipeline_keeps_the_key_s_variable_not_the_key(monkeypatch):
+    """Saved, the component names ``$RAYSEARCH_API_KEY``; loaded where it holds another key, it sends that one."""
+    monkeypatch.setenv("RAYSEARCH_API_KEY", "rsk_saved_where")
+    pipeline = Pipeline()
+    pipeline.add_component("retriever", rs_haystack.RaySearchRetriever(url=URL, top_k=2))
+    saved = pipeline.dumps()
+    assert "RAYSEARCH_API_KEY" in saved and "rsk_saved_where" not in saved
+    monkeypatch.setenv("RAYSEARCH_API_KEY", "rsk_loaded_where")
+    loaded = Pipeline.loads(saved, allowed_modules=["raysearch_client.haystack"]).get_component("retriever")
+    assert loaded._connection.sync.http.headers["authorization"] == "Bearer rsk_loaded_where"
 
 
 def test_the_vector_store_searches_documents_and_scores_them_in_0_1(served):

@@ -260,3 +260,29 @@ def test_the_async_client_sends_the_same_calls():
     assert [sent_as(r)[:2] for r in sent] == [("PUT", "/collections/notes/documents"),
                                               ("GET", "/collections/notes/documents/a"), ("POST", "/admin/builds"),
                                               ("GET", "/admin/builds")]
+
+
+@pytest.mark.parametrize("given, env, sent", [(None, "from-env", "Bearer from-env"), ("given", "from-env", "Bearer given"),
+                                             (None, None, None), ("", "from-env", None)])
+def test_a_client_given_no_key_sends_raysearch_api_key(monkeypatch, given, env, sent):
+    if env is None:
+        monkeypatch.delenv("RAYSEARCH_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("RAYSEARCH_API_KEY", env)
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=OK)
+
+    with SearchClient("http://x", api_key=given, transport=httpx.MockTransport(handler)) as client:
+        client.search("q")
+    assert seen[0].headers.get("authorization") == sent
+
+    async def once():
+        seen.clear()
+        async with AsyncSearchClient("http://x", api_key=given, transport=httpx.MockTransport(handler)) as aio:
+            await aio.search("q")
+
+    asyncio.run(once())
+    assert seen[0].headers.get("authorization") == sent

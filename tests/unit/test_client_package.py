@@ -56,3 +56,30 @@ def test_the_distribution_depends_on_httpx_and_pydantic_only():
     assert project["name"] == "raysearch-client"
     assert sorted(d.split(">")[0].split("=")[0] for d in project["dependencies"]) == ["httpx", "pydantic"]
     assert sorted(project["optional-dependencies"]) == sorted(FRAMEWORKS)
+
+
+MISSING = """
+import sys
+sys.modules[PACKAGE] = None  # as if its extra were not installed
+try:
+    import raysearch_client.ADAPTER
+except ImportError as e:
+    print(str(e))
+"""
+
+
+@pytest.mark.parametrize("adapter", sorted(FRAMEWORKS))
+def test_an_adapter_whose_framework_is_missing_names_the_extra_to_install(tmp_path, adapter):
+    code = MISSING.replace("PACKAGE", repr(FRAMEWORKS[adapter])).replace("ADAPTER", adapter)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={"PYTHONPATH": str(CLIENT), "PATH": "/usr/bin:/bin", "HAYSTACK_TELEMETRY_ENABLED": "False"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f'pip install "raysearch-client[{adapter}]"' in done.stdout
+
+
+def test_the_package_ships_its_types():
+    """PEP 561: ``py.typed`` beside the modules and in the distribution's package data, so a type checker reads the
+    client's annotations (the models, not ``Any``)."""
+    assert (CLIENT / "raysearch_client" / "py.typed").is_file()
+    setuptools = tomllib.loads((CLIENT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "py.typed" in setuptools["package-data"]["raysearch_client"]

@@ -70,7 +70,9 @@ class Service:
                  "--config", str(path)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
                 start_new_session=True)
         deadline = time.monotonic() + timeout_s
-        while not self.healthy():
+        # Ready once the command says it serves (the application RUNNING: every replica of every deployment up, not
+        # only a router that answers /health) and its proxy answers.
+        while not ("Ctrl-C to stop" in self.log.read_text() and self.healthy()):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the service exited: {self.log.read_text()[-3000:]}")
             if time.monotonic() > deadline:

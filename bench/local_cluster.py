@@ -33,7 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STARTED = "Ray runtime started"  # what ``ray start`` prints once its node is up
 NODE_ENV = {"RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false", "OPENAI_API_KEY": "unused", "RAY_USAGE_STATS_ENABLED": "0"}
+            "TOKENIZERS_PARALLELISM": "false", "OPENAI_API_KEY": "unused", "RAY_USAGE_STATS_ENABLED": "0",
+            # Every node of this cluster shares one machine's cores (two, in CI): while replicas start their JVMs, a
+            # proxy missed Serve's 5 s readiness check three times and Serve killed it, with the connections it
+            # held (a client's ReadError mid-search). Read by Serve's controller, from its node's environment.
+            "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
 
 
 def available() -> str | None:

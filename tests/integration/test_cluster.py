@@ -65,7 +65,10 @@ SERVE_CONFIG = {
     "shards": {"placement": "deployment", "group_size": 2, "num_cpus": 0.1, "warmup_searches": 0,
                "lucene_heap": "256m", "num_replicas": 2, "max_replicas_per_node": 1,
                "resources": {"search_node": 0.1}},
-    "router": {"num_replicas": 2, "num_cpus": 0.1, "resources": {"router": 1}},
+    # shard_timeout_s: a whole answer is what these tests check, through moves and lost nodes; on three nodes sharing
+    # two cores a group call under ten clients, beside a replica starting its JVM, may take over the default 2 s (a
+    # partial answer for lateness, not for a replica gone).
+    "router": {"num_replicas": 2, "num_cpus": 0.1, "resources": {"router": 1}, "shard_timeout_s": 10},
     "rebalance": {"enabled": True, "check_interval_s": 2, "move_timeout_s": 120},
 }
 GROUPS = ("default-group-000", "default-shard-002")
@@ -361,7 +364,7 @@ def test_a_group_grows_onto_the_third_node_under_load_and_shrinks_drained_as_it_
         with httpx.Client(timeout=60) as c:
             while not until.is_set():
                 r = service.search("telescope galaxy", 10, c)
-                answers.append((r.status_code, r.json()["coverage"]["ratio"] if r.status_code == 200 else r.text))
+                answers.append((r.status_code, r.json()["coverage"] if r.status_code == 200 else r.text))
                 time.sleep(pause_s)
 
     threads = [threading.Thread(target=load, args=(heavy, 0)) for _ in range(9)]
@@ -388,7 +391,8 @@ def test_a_group_grows_onto_the_third_node_under_load_and_shrinks_drained_as_it_
                                                          "shrunk_s": round(shrunk_s, 1)})
     assert grown_at < shrunk_at < len(answers)  # answers while three served, while one was let go, and after
     assert {status for status, _ in answers} == {200}, [a for a in answers if a[0] != 200][:3]
-    assert all(ratio == 1.0 for _, ratio in answers)
+    partial = [coverage for _, coverage in answers if coverage["ratio"] < 1]
+    assert not partial, partial[:3]  # each with the shards that failed and why
 
 
 def test_a_node_drained_hands_its_replicas_to_the_other_nodes_and_no_answer_is_partial(service, cluster):

@@ -99,10 +99,12 @@ class Started:
 
 
 @contextmanager
-def started_service(cmd: list[str], port: int, startup_s: float = 300, env: dict[str, str] | None = None):
-    """``service_process``, yielding the base URL and the service's process (to read its CPU and memory)."""
+def started_service(cmd: list[str], port: int, startup_s: float = 300, env: dict[str, str] | None = None,
+                    cwd: Path | None = None):
+    """``service_process``, yielding the base URL and the service's process (to read its CPU and memory); ``cwd``:
+    where it runs (a ``python -m`` command imports that folder's packages first)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env=None if env is None else os.environ | env)
+                            env=None if env is None else os.environ | env, cwd=cwd)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + startup_s

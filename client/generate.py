@@ -29,7 +29,7 @@ ROOTS: tuple[type[BaseModel], ...] = (
     schemas.SearchRequest, schemas.SearchResponse, schemas.BatchSearchRequest, schemas.BatchSearchResponse,
     schemas.FeedbackRequest, schemas.FeedbackResponse, schemas.HealthResponse, schemas.UpsertDocumentsRequest,
     schemas.DeleteDocumentsRequest, schemas.WriteResponse, schemas.DocumentResponse, schemas.BuildRequest,
-    schemas.BuildJob, schemas.BuildJobs, schemas.ErrorResponse,
+    schemas.BuildJob, schemas.BuildJobs, schemas.CollectionsResponse, schemas.ErrorResponse,
 )
 
 # JSON schema limits -> pydantic Field arguments, in the order they are written.

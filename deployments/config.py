@@ -115,6 +115,11 @@ class RouterSettings(BaseModel):
     synonyms: dict[str, list[str]] = Field(default_factory=dict, description="term -> synonyms for expansion.")
     cache_size: int = Field(1024, ge=0, description="Identical requests answered from memory (0 turns it off).")
     redact_queries: bool = Field(True, description="Log a hash and length instead of the query text.")
+    # At most the fresh segment's HISTORY_S (deployments.documents.segment), which keeps what a cursor pins.
+    cursor_keep_alive_s: float = Field(
+        300.0, gt=0, le=600, description="How long a cursor's next pages are answered from the point in time of its "
+        "first page (the documents written since left out, those deleted since still there) while writes go on; "
+        "past it, a 409 says to search again.")
     rerank_depth: int = Field(40, ge=1, le=1000, description="Fused candidates the cross-encoder rescores by default.")
     ranking_depth: int = Field(
         200, ge=1, le=1000, description="Fused candidates a collection's ranking model reorders (when one is active: "

@@ -21,6 +21,7 @@ from raysearch_client.models import (
     BuildJob,
     BuildJobs,
     BuildRequest,
+    CollectionsResponse,
     DeleteDocumentsRequest,
     DocumentResponse,
     FeedbackRequest,
@@ -108,6 +109,10 @@ def feedback(query: str, label: int, doc_id: str | None, fields: dict[str, Any])
 def health() -> Call:
     # A service with no shard up answers 503 with the same body.
     return Call("GET", "/health", reader(HealthResponse), ok=(200, 503), idempotent=True)
+
+
+def collections() -> Call:
+    return Call("GET", "/collections", reader(CollectionsResponse), idempotent=True)
 
 
 def documents_path(collection: str, *rest: str) -> str:

@@ -24,6 +24,7 @@ from raysearch_client.calls import Call, SearchServiceError
 from raysearch_client.events import AnswerStreamEvent, event
 from raysearch_client.models import (
     BuildJob,
+    CollectionInfo,
     DocumentResponse,
     FeedbackResponse,
     HealthResponse,
@@ -130,6 +131,11 @@ class SearchClient:
         """Every shard and stage; a service with no shard up answers 503 with the same body."""
         return self._answer(calls.health())
 
+    def collections(self) -> list[CollectionInfo]:
+        """The collections served (the default one marked), each with its version, counts and the metadata fields a
+        filter may name, with the operators each takes."""
+        return self._answer(calls.collections()).collections
+
     def upsert_documents(self, collection: str, documents: Sequence[dict[str, Any]]) -> WriteResponse:
         """Add or replace up to 1,000 documents (records as the build reads them), atomically."""
         return self._answer(calls.upsert_documents(collection, documents))
@@ -226,6 +232,9 @@ class AsyncSearchClient:
 
     async def health(self) -> HealthResponse:
         return await self._answer(calls.health())
+
+    async def collections(self) -> list[CollectionInfo]:
+        return (await self._answer(calls.collections())).collections
 
     async def upsert_documents(self, collection: str, documents: Sequence[dict[str, Any]]) -> WriteResponse:
         return await self._answer(calls.upsert_documents(collection, documents))

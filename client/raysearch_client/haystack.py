@@ -6,7 +6,9 @@ whose ``run(query)`` answers ``{"documents": [Document]}``, the service's ranked
     pipeline.add_component("retriever", RaySearchRetriever(url="http://127.0.0.1:8000", top_k=5))
     pipeline.run({"retriever": {"query": "compress a file"}})["retriever"]["documents"]
 
-Only this module imports ``haystack``.
+A run's ``filters`` are Haystack's (``{"field": "meta.year", "operator": ">=", "value": 2005}``, AND, OR, NOT),
+translated by ``filters.from_haystack``; the API's own syntax goes in ``search_kwargs={"filters": ...}``. Only this
+module imports ``haystack``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ with needs("haystack", "haystack"):
 
 from raysearch_client.client import API_KEY_ENV
 from raysearch_client.connection import Connection, check_fields, result_metadata, search_request
+from raysearch_client.filters import from_haystack
 from raysearch_client.models import Result, SearchResponse
 
 # The default key: the variable's value when the component is made (unset: no key), saved by its name.
@@ -36,7 +39,8 @@ def document(result: Result) -> Document:
 @component
 class RaySearchRetriever:
     """The best ``top_k`` chunks for a query, searched with ``search_kwargs`` (any field of ``POST /search``);
-    a run's ``filters`` (the request's metadata filter), ``top_k`` and ``search_kwargs`` take their place."""
+    a run's ``filters`` (a Haystack filter, sent as the request's ``filters``), ``top_k`` and ``search_kwargs``
+    take their place."""
 
     def __init__(self, url: str = "http://127.0.0.1:8000",
                  api_key: Secret | str | None = FROM_ENV, top_k: int = 10,
@@ -66,7 +70,10 @@ class RaySearchRetriever:
                  search_kwargs: dict[str, Any] | None):
         options = dict(search_kwargs or {})
         if filters is not None:
-            options["filters"] = filters
+            if options.get("filters") is not None:
+                raise ValueError("a run got both filters (Haystack's syntax) and search_kwargs['filters'] (the "
+                                 "API's); give one")
+            options["filters"] = from_haystack(filters)
         return search_request(query, top_k or self.top_k, self.search_kwargs, options)
 
     @staticmethod

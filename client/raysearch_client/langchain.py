@@ -5,7 +5,10 @@ of ranked chunks, and ``RaySearchVectorStore``, a vector store over a collection
     docs = retriever.invoke("compress a file")            # or await retriever.ainvoke(...)
 
 Both pass the search's fields through (``search_kwargs``, or keywords of a call), checked by the API's
-``SearchRequest`` before anything is sent. Only this module imports ``langchain_core``.
+``SearchRequest`` before anything is sent. A filter is LangChain's, as its vector stores take it: the store's
+``filter=`` argument, or ``filter`` among the search fields (``search_kwargs={"filter": {"year": {"$gte": 2005}}}``),
+translated by ``filters.from_langchain`` (which also passes the API's own syntax through); the API's ``filters``
+field is taken as it is. Only this module imports ``langchain_core``.
 """
 
 from __future__ import annotations
@@ -28,9 +31,24 @@ from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from raysearch_client.calls import SearchServiceError
 from raysearch_client.client import API_KEY_ENV
 from raysearch_client.connection import Connection, check_fields, result_metadata, search_request
+from raysearch_client.filters import from_langchain
 from raysearch_client.models import Result, SearchResponse
 
 MAX_WRITE = 1000  # documents in one write (the API's limit)
+
+
+def api_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """Search fields with ``filter`` (LangChain's filter syntax, ``from_langchain``) as the API's ``filters``; a
+    ``filter`` of None is no filter. Raises ValueError on a filter that cannot be translated, or on both given."""
+    if "filter" not in fields:
+        return fields
+    fields = dict(fields)
+    given = fields.pop("filter")
+    if given is not None:
+        if fields.get("filters") is not None:
+            raise ValueError("both filter (LangChain's syntax) and filters (the API's) are given; give one")
+        fields["filters"] = from_langchain(given)
+    return fields
 
 
 def chunk_document(result: Result) -> Document:
@@ -41,8 +59,8 @@ def chunk_document(result: Result) -> Document:
 
 class RaySearchRetriever(BaseRetriever):
     """The service's ranked chunks for a query, best first: ``k`` of them (a call's ``k=`` keyword wins), searched
-    with ``search_kwargs`` (any field of ``POST /search``: method, filters, collections, rerank, group_by, ...) and
-    a call's other keywords on top."""
+    with ``search_kwargs`` (any field of ``POST /search``: method, filters, collections, rerank, group_by, ..., and
+    ``filter`` in LangChain's syntax) and a call's other keywords on top."""
 
     url: str = "http://127.0.0.1:8000"
     api_key: SecretStr | None = Field(default_factory=secret_from_env(API_KEY_ENV, default=None),
@@ -55,7 +73,8 @@ class RaySearchRetriever(BaseRetriever):
     @field_validator("search_kwargs")
     @classmethod
     def _known_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return check_fields(value)
+        check_fields(api_fields(value))  # kept as given (``filter`` in LangChain's syntax), translated per search
+        return value
 
     def model_post_init(self, context: Any) -> None:
         key = self.api_key.get_secret_value() if self.api_key is not None else None
@@ -66,7 +85,7 @@ class RaySearchRetriever(BaseRetriever):
 
     def _request(self, query: str, options: dict[str, Any]):
         k = options.pop("k", self.k)
-        return search_request(query, k, self.search_kwargs, options)
+        return search_request(query, k, api_fields(self.search_kwargs), api_fields(options))
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 **options: Any) -> list[Document]:
@@ -90,14 +109,16 @@ class RaySearchVectorStore(VectorStore):
     A search answers documents, not chunks: grouped by ``doc_id`` (``k`` documents), each with the text of its
     best chunk (the whole text of a document that fits one chunk), its id and its metadata as written; scores
     are ``relevance_score``, in [0, 1], higher is better; ``k`` is at most 100 (the API's limit). ``search_kwargs``
-    (fields of ``POST /search``) apply to every search, a call's keywords on top, ``filter`` being ``filters``.
+    (fields of ``POST /search``) apply to every search, a call's keywords on top. ``filter`` is LangChain's filter
+    (``from_langchain``: ``{"year": {"$gte": 2005}}``, ``$and``, ``$or``, ``$not``), sent as the API's ``filters``.
     """
 
     def __init__(self, url: str = "http://127.0.0.1:8000", collection: str = "default", api_key: str | None = None,
                  embedding: Embeddings | None = None, search_kwargs: dict[str, Any] | None = None,
                  timeout_s: float = 60.0):
         self.collection = collection
-        self.search_kwargs = check_fields({"group_by": "doc_id", **(search_kwargs or {}), "collections": [collection]})
+        self.search_kwargs = check_fields(api_fields({"group_by": "doc_id", **(search_kwargs or {}),
+                                                      "collections": [collection]}))
         self._embedding = embedding
         self._connection = Connection(url, api_key, timeout_s)
 
@@ -187,9 +208,7 @@ class RaySearchVectorStore(VectorStore):
     # Searches.
 
     def _request(self, query: str, k: int, filter: dict[str, Any] | None, options: dict[str, Any]):
-        if filter is not None:
-            options = {**options, "filters": filter}
-        return search_request(query, k, self.search_kwargs, options)
+        return search_request(query, k, self.search_kwargs, api_fields({**options, "filter": filter}))
 
     def similarity_search_with_score(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
                                      **kwargs: Any) -> list[tuple[Document, float]]:

@@ -5,7 +5,9 @@ retriever.
     retriever = RaySearchRetriever("http://127.0.0.1:8000", similarity_top_k=5, search_kwargs={"rerank": True})
     nodes = retriever.retrieve("compress a file")          # or await retriever.aretrieve(...)
 
-Only this module imports ``llama_index``.
+A filter is LlamaIndex's ``MetadataFilters``, given as ``filters=`` (as to ``VectorIndexRetriever``) and translated
+by ``filters.from_llamaindex``; the API's own syntax goes in ``search_kwargs={"filters": ...}``. Only this module
+imports ``llama_index``.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ with needs("llamaindex", "llama_index.core"):
         RelatedNodeInfo,
         TextNode,
     )
+    from llama_index.core.vector_stores.types import MetadataFilters
 
 from raysearch_client.connection import Connection, check_fields, result_metadata, search_request
+from raysearch_client.filters import from_llamaindex
 from raysearch_client.models import Result, SearchResponse
 
 
@@ -39,14 +43,23 @@ def node(result: Result) -> NodeWithScore:
 
 class RaySearchRetriever(BaseRetriever):
     """The best ``similarity_top_k`` chunks for a query, searched with ``search_kwargs`` (any field of
-    ``POST /search``: method, filters, collections, rerank, ...), checked by the API's model when made."""
+    ``POST /search``: method, filters, collections, rerank, ...) and ``filters`` (LlamaIndex's ``MetadataFilters``,
+    translated), checked by the API's model when made."""
 
     def __init__(self, url: str = "http://127.0.0.1:8000", api_key: str | None = None, similarity_top_k: int = 4,
                  search_kwargs: dict[str, Any] | None = None, timeout_s: float = 60.0,
-                 callback_manager: CallbackManager | None = None, verbose: bool = False):
+                 callback_manager: CallbackManager | None = None, verbose: bool = False,
+                 filters: MetadataFilters | None = None):
         super().__init__(callback_manager=callback_manager, verbose=verbose)
         self.similarity_top_k = similarity_top_k
-        self.search_kwargs = check_fields(dict(search_kwargs or {}))
+        self.filters = filters
+        fields = dict(search_kwargs or {})
+        if filters is not None:
+            if fields.get("filters") is not None:
+                raise ValueError("both filters (LlamaIndex's MetadataFilters) and search_kwargs['filters'] (the "
+                                 "API's syntax) are given; give one")
+            fields["filters"] = from_llamaindex(filters)
+        self.search_kwargs = check_fields(fields)
         self._connection = Connection(url, api_key, timeout_s)
 
     def _request(self, query: QueryBundle):

@@ -13,6 +13,11 @@ Stateless (``stateless_http``): each POST is answered on its own, with no MCP se
 replicas sit behind Serve's proxy and a load balancer that may send a client's next request to any replica, and the
 tools need nothing between calls; a session kept on one replica would be unknown to the others (a 404 for the
 client). JSON answers, not SSE: each tool answers once, and a stateless request has no back channel to stream on.
+
+A caller's own budget (``security.key_limit``) counts tool calls, not HTTP exchanges: a session's initialize,
+notifications and tools/list are the protocol's, and counted against the budget they would spend it before the first
+search. A call over the budget is a tool error (``429: ...; retry after N s``, with ``retry_after_s`` in its
+``_meta``), which an MCP client shows its model, where an HTTP 429 would end the session in a transport error.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from pydantic import BaseModel, Field, ValidationError
 
 from deployments.documents.writes import may_write_documents
-from deployments.edge.errors import ERROR_ROOTS, status_of
+from deployments.edge.errors import ERROR_ROOTS, error_headers, status_of
 from deployments.edge.guard import Caller
+from deployments.edge.key_limits import KeyLimiter
 from deployments.edge.schemas import (
+    CollectionsResponse,
     DeleteDocumentsRequest,
     DocumentResponse,
     RequestBody,
@@ -40,7 +47,7 @@ from deployments.edge.schemas import (
     WriteResponse,
     response_json,
 )
-from deployments.errors import InvalidRequest
+from deployments.errors import InvalidRequest, RateLimited
 
 # The search route's work (``SearchRouter.answer``): a request, its headers and id, and who asked.
 Search = Callable[[SearchRequest, Mapping[str, str], "str | None", Caller], Awaitable[SearchResponse]]
@@ -52,6 +59,10 @@ class InCollection(BaseModel):
 
 class GetDocumentArgs(InCollection, RequestBody):
     doc_id: str = Field(min_length=1, max_length=512, description="The document's id (a search result's doc_id).")
+
+
+class ListCollectionsArgs(RequestBody):
+    pass
 
 
 class UpsertDocumentsArgs(InCollection, UpsertDocumentsRequest):
@@ -67,6 +78,10 @@ TOOLS: dict[str, tuple[type[BaseModel], type[BaseModel], bool, str]] = {
     "search": (SearchRequest, SearchResponse, False,
                "Hybrid (dense + BM25) search: the fields of POST /search in, its answer out (each result with its "
                "chunk_id, doc_id, content and score; the citations). Only documents this key may see."),
+    "list_collections": (ListCollectionsArgs, CollectionsResponse, False,
+                         "The collections this service searches (the default one marked), each with its index "
+                         "version, document and chunk counts, and the metadata fields a search's filters may name, "
+                         "with each field's kind and the operators it takes. As GET /collections."),
     "get_document": (GetDocumentArgs, DocumentResponse, False,
                      "A document by id, with its text and chunk ids, as this key may see it."),
     "upsert_documents": (UpsertDocumentsArgs, WriteResponse, True,
@@ -88,9 +103,17 @@ def visible_tools(caller: Caller) -> list[types.Tool]:
     return [tool for writes, tool in _CATALOGUE if caller.writer or not writes]
 
 
-def refused(status: int, message: str) -> types.CallToolResult:
-    """A tool error, its text as HTTP would answer: the status first, then the message with its remedy."""
-    return types.CallToolResult(content=[types.TextContent(type="text", text=f"{status}: {message}")], is_error=True)
+def refused(status: int, message: str, retry_after_s: int | None = None) -> types.CallToolResult:
+    """A tool error, its text as HTTP would answer: the status first, then the message with its remedy; when HTTP
+    would send ``Retry-After``, its seconds in ``_meta`` as ``retry_after_s``."""
+    return types.CallToolResult(content=[types.TextContent(type="text", text=f"{status}: {message}")], is_error=True,
+                                meta=None if retry_after_s is None else {"retry_after_s": retry_after_s})
+
+
+def retry_after(error: Exception) -> int | None:
+    """The seconds of the ``Retry-After`` HTTP answers ``error`` with (the one error table's), if any."""
+    seconds = (error_headers(error) or {}).get("Retry-After")
+    return None if seconds is None else int(seconds)
 
 
 def answered(answer: BaseModel | str) -> types.CallToolResult:
@@ -101,13 +124,32 @@ def answered(answer: BaseModel | str) -> types.CallToolResult:
 
 
 class McpTools:
-    """The tools over the router's work: its search (``search``) and its documents (``DocumentWrites``)."""
+    """The tools over the router's work: its search (``search``), its documents (``DocumentWrites``) and the
+    collections it serves (``collections``: their ``GET /collections`` answer). ``limits``: the callers' budgets,
+    which each call counts against (None: none)."""
 
-    def __init__(self, search: Search, documents, default_collection: str):
+    def __init__(self, search: Search, documents, default_collection: str,
+                 collections: Callable[[], CollectionsResponse] | None = None, limits: KeyLimiter | None = None):
         self.search, self.documents, self.default_collection = search, documents, default_collection
+        self.collections, self.limits = collections, limits
 
     async def call(self, name: str, arguments: Mapping[str, Any], caller: Caller, headers: Mapping[str, str],
                    request_id: str | None) -> types.CallToolResult:
+        """One tool call, counted against the caller's budget as one request of HTTP is."""
+        budget = None
+        try:
+            if self.limits is not None:
+                budget, _ = self.limits.admit(caller.key_id, caller.principals)
+        except RateLimited as exc:
+            return refused(429, str(exc), exc.retry_after_s)
+        try:
+            return await self._call(name, arguments, caller, headers, request_id)
+        finally:
+            if self.limits is not None:
+                self.limits.release(budget)
+
+    async def _call(self, name: str, arguments: Mapping[str, Any], caller: Caller, headers: Mapping[str, str],
+                    request_id: str | None) -> types.CallToolResult:
         if name not in TOOLS:
             return refused(404, f"no tool {name!r}: the tools are {', '.join(TOOLS)}")
         try:
@@ -120,7 +162,7 @@ class McpTools:
                                  for e in exc.errors())
             return refused(422, f"invalid arguments: {problems}")
         except ERROR_ROOTS as exc:
-            return refused(status_of(exc), str(exc))
+            return refused(status_of(exc), str(exc), retry_after(exc))
 
     async def _run(self, name: str, args: Any, caller: Caller, headers, request_id) -> BaseModel | str:
         if name == "search":
@@ -128,6 +170,8 @@ class McpTools:
                 raise InvalidRequest("stream: true is for POST /search (NDJSON lines); the search tool answers "
                                      "whole: leave stream out")
             return response_json(await self.search(args, headers, request_id, caller))
+        if name == "list_collections":
+            return self.collections()
         collection = args.collection or self.default_collection
         if name == "get_document":
             return await self.documents.get(collection, args.doc_id, caller)

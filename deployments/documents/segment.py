@@ -14,6 +14,12 @@ plus the segment's own documents and document frequencies, so a fresh chunk scor
 folded into a version (Lucene stores lengths lossily, so not to the last digit). Each Lucene field of the version
 (``contents``, and e.g. ``title``: ``deployments.shard.lucene``) is scored so, with that field's statistics; a
 query's ``field_weights`` sum them as the shards do.
+
+Points in time. A replaced or deleted document's rows stay, dead, for at least ``HISTORY_S``: each row knows the
+write that added it and the one that ended it, so ``at(seq)`` is the segment as it was just after write ``seq``
+(what a cursor's next page searches, ``deployments.search.paging``), the same on every replica, which apply the
+same log. Compaction drops only rows dead for longer; ``floor_seq`` is the earliest write whose point in time the
+segment still holds.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ from index_format.chunking import Chunking, chunk_document
 from index_format.lucene import CONTENTS_FIELD as CONTENTS
 from index_format.records import Document, written_document
 
+HISTORY_S = 600.0  # a dead row is kept at least this long: a cursor's keep-alive is at most this
+NEVER = np.iinfo(np.int64).max  # the write that ends a live row
+
 
 @dataclass
 class Corpus:
@@ -63,6 +72,15 @@ class _Doc:
     terms: dict[str, list[Counter]] = field(default_factory=dict)  # Lucene field -> each row's analyzed terms
     named: dict[str, np.ndarray] = field(default_factory=dict)  # named encoder -> its vectors of the rows
     at: list[int] = field(default_factory=list)  # its rows' positions in the segment's arrays
+
+
+@dataclass
+class _Visible:
+    """The rows a read sees: now (the segment's own arrays) or at a point in time (``FreshSegment.visible_at``)."""
+
+    alive: np.ndarray  # bool, by row
+    row_of: dict[str, int]  # chunk id -> its row
+    live: int
 
 
 class _Postings:
@@ -129,10 +147,15 @@ class FreshSegment:
         self.named_dimensions: dict[str, int] = dict(named or {})
         self.corpora: dict[str, Corpus] = {CONTENTS: corpus} | dict(fields or {})
         self.docs: dict[str, _Doc] = {}
+        # Each document's first write the segment holds: the version's copy is hidden from then on.
+        self.first_write: dict[str, int] = {}
+        # Documents replaced or deleted: (what it was, the write that ended it, when), kept HISTORY_S.
+        self.retired: list[tuple[_Doc, int, float]] = []
         self.in_version: set[str] = set()  # masked documents the version was seen to answer for (retrieval adds)
         # The version holds the log's writes through ``log_seq`` (``index_build.fold``): the segment, only later ones.
         self.log_seq = log_seq
         self.applied_seq = log_seq
+        self.floor_seq = log_seq
         self.oldest_write: float | None = None  # when the oldest write it holds was made (what a fold is due by)
         self._index()
 
@@ -148,7 +171,9 @@ class FreshSegment:
                 if copy.document is not None:
                     other._add(copy)
                 other.docs[doc_id] = copy
+                other.first_write[doc_id] = held.seq
         other.applied_seq = max(self.applied_seq, other.log_seq)
+        other.floor_seq = other.applied_seq  # the writes before are carried as they ended, not as they went
         other.masked = frozenset(other.docs)
         other.oldest_write = self.oldest_write if other.docs else None  # (an upper bound on its age)
 
@@ -178,13 +203,15 @@ class FreshSegment:
         if self.oldest_write is None:
             self.oldest_write = change.time or time.time()
         for doc_id in change.deletes:
-            self._drop(doc_id)
+            self._drop(doc_id, change.seq)
             self.docs[doc_id] = _Doc(change.seq, None)
+            self.first_write.setdefault(doc_id, change.seq)
         for doc_id, rows, texts in self.chunk(change):
             record = next(r for r in change.upserts if r["id"] == doc_id)
             document = Document(doc_id, record.get("title") or "", record.get("text") or "",
                                 dict(record.get("metadata") or {}))
-            self._drop(doc_id)
+            self._drop(doc_id, change.seq)
+            self.first_write.setdefault(doc_id, change.seq)
             terms = {CONTENTS: [Counter(self.analyze(t)) for t in texts]}
             terms |= {f: [Counter(self.analyze(r.get(f) or "")) for r in rows] for f in self.corpora if f != CONTENTS}
             held = _Doc(change.seq, document, rows, embedded[doc_id], terms,
@@ -193,14 +220,22 @@ class FreshSegment:
             self.docs[doc_id] = held
         self.applied_seq = change.seq
         self.masked = frozenset(self.docs)  # the version answers for none of these documents any more
-        if len(self.rows) - self.live > max(1000, self.live):
+        if len(self.rows) - self.live - self.kept_dead > max(1000, self.live):
             self._index()
         return True
 
     def _index(self) -> None:
-        """Every array made again from the live documents (at start, and to drop dead rows)."""
+        """Every array made again from the live documents and those that died within ``HISTORY_S`` (at start, and
+        to drop older dead rows)."""
+        now = time.monotonic()
+        dropped = [died for _, died, when in self.retired if now - when >= HISTORY_S]
+        if dropped:
+            self.floor_seq = max(self.floor_seq, *dropped)  # a point in time before these is no longer whole
+        self.retired = [r for r in self.retired if now - r[2] < HISTORY_S]
         self.rows: list[dict] = []  # every row added since the last compaction, dead ones included
         self.alive = np.zeros(0, dtype=bool)
+        self.born = np.zeros(0, dtype=np.int64)  # the write that added each row
+        self.died = np.zeros(0, dtype=np.int64)  # the write that ended it (NEVER: alive)
         self.live = 0
         self.row_of: dict[str, int] = {}  # chunk id -> its live row
         self.matrix = np.zeros((0, self.dimension), dtype=np.float32)
@@ -210,15 +245,22 @@ class FreshSegment:
         for held in self.docs.values():
             if held.document is not None:
                 self._add(held)
+        for held, died, _ in self.retired:
+            self._add(held, died)
+        self.kept_dead = len(self.rows) - self.live
         self.masked = frozenset(self.docs)
 
-    def _add(self, held: _Doc) -> None:
-        start = len(self.rows)
-        held.at = list(range(start, start + len(held.rows)))
+    def _add(self, held: _Doc, died: int = NEVER) -> None:
+        """Append a document's rows: live, or (``died``: the write that ended them) dead, kept for points in time."""
+        start, n = len(self.rows), len(held.rows)
+        held.at = list(range(start, start + n))
         self.rows += held.rows
-        self.row_of.update((r["chunk_id"], i) for r, i in zip(held.rows, held.at, strict=True))
-        self.alive = np.concatenate([self.alive, np.ones(len(held.rows), dtype=bool)])
-        self.live += len(held.rows)
+        self.born = np.concatenate([self.born, np.full(n, held.seq, dtype=np.int64)])
+        self.died = np.concatenate([self.died, np.full(n, died, dtype=np.int64)])
+        self.alive = np.concatenate([self.alive, np.full(n, died == NEVER, dtype=bool)])
+        if died == NEVER:
+            self.row_of.update((r["chunk_id"], i) for r, i in zip(held.rows, held.at, strict=True))
+            self.live += n
         if held.vectors is not None and len(held.vectors):
             self.matrix = np.concatenate([self.matrix, np.asarray(held.vectors, dtype=np.float32)])
         for name, matrix in self.named.items():
@@ -234,10 +276,13 @@ class FreshSegment:
             postings.add(held.at, held.terms[name])
         self._metadata = None
 
-    def _drop(self, doc_id: str) -> None:
+    def _drop(self, doc_id: str, seq: int) -> None:
+        """End a document's live rows at write ``seq``; they stay, dead, for points in time before it."""
         held = self.docs.get(doc_id)
         if held is not None and held.document is not None:
             self.alive[held.at] = False
+            self.died[held.at] = seq
+            self.retired.append((held, seq, time.monotonic()))
             self.live -= len(held.at)
             for r in held.rows:
                 self.row_of.pop(r["chunk_id"], None)
@@ -253,6 +298,24 @@ class FreshSegment:
     def _posting(self, term: str) -> tuple[np.ndarray, np.ndarray]:
         return self.postings[CONTENTS].posting(term)
 
+    # ------------------------------------------------------------------ points in time
+
+    def holds(self, seq: int) -> bool:
+        """Whether ``at(seq)`` can be searched: no row alive then has been compacted away, nor is it to come."""
+        return self.floor_seq <= seq <= self.applied_seq
+
+    def at(self, seq: int) -> FreshSegment | PointInTime:
+        """The segment as it was just after write ``seq`` (itself at its last write); ``holds(seq)`` first."""
+        return self if seq == self.applied_seq else PointInTime(self, seq)
+
+    def visible_at(self, seq: int | None) -> _Visible:
+        """The rows alive just after write ``seq`` (None: now), from each row's first and last write."""
+        if seq is None or seq >= self.applied_seq:
+            return _Visible(self.alive, self.row_of, self.live)
+        alive = (self.born <= seq) & (self.died > seq)
+        rows = np.flatnonzero(alive).tolist()
+        return _Visible(alive, {self.rows[r]["chunk_id"]: r for r in rows}, len(rows))
+
     # ------------------------------------------------------------------ reads (the shard client protocol)
 
     def document(self, doc_id: str) -> tuple[bool, Document | None, list[str]]:
@@ -263,83 +326,78 @@ class FreshSegment:
         return True, held.document, [r["chunk_id"] for r in held.rows]
 
     def _allowed(self, filters, acl) -> np.ndarray | None:
-        allowed = None
-        if filters:
-            known = self.metadata.fields()
-            if any(name not in known for name in filters):
-                allowed = np.zeros(0, dtype=np.int64)  # a field no fresh chunk has matches none of them
-            else:
-                allowed = self.metadata.allowed_rows(filters)
-        if acl is not None:
-            name, principals = acl
-            visible = (self.metadata.allowed_rows({name: list(principals)})
-                       if name in self.metadata.fields() and principals else np.zeros(0, dtype=np.int64))
-            allowed = visible if allowed is None else np.intersect1d(allowed, visible)
-        return allowed
+        # As in a shard: a field no fresh chunk has is missing from each of them (eq matches none, ne all).
+        return self.metadata.searchable_rows(filters, acl)
 
-    def _bm25(self, text: str, weights: Mapping[str, float] | None = None) -> np.ndarray:
+    def _bm25(self, text: str, weights: Mapping[str, float] | None, alive: np.ndarray) -> np.ndarray:
         """Every row's BM25 score for the query (0 where it holds no query term; dead rows count for nothing):
         the weighted sum over the fields of ``weights`` (None: ``contents`` alone), as a shard scores it."""
         terms = self.analyze(text)
         scores = np.zeros(len(self.rows))
         for name, weight in (weights or {CONTENTS: 1.0}).items():
             if weight and name in self.corpora:  # the router checked the names against the version
-                scores += weight * self.postings[name].bm25(terms, self.corpora[name], self.alive)
+                scores += weight * self.postings[name].bm25(terms, self.corpora[name], alive)
         return scores
 
-    def field_scores(self, terms: list[str], chunk_ids: Sequence[str]) -> dict[str, np.ndarray]:
+    def field_scores(self, terms: list[str], chunk_ids: Sequence[str], seq: int | None = None) -> dict[str, np.ndarray]:
         """Each Lucene field's BM25 (as ``search`` scores it) of the chunks ``chunk_ids`` for the query's analyzed
         ``terms``, float32 in the order of ``chunk_ids``: 0 where no term matches and for a chunk the segment does
-        not hold (live). The fresh side of the field scores ``LuceneShard.candidate_facts`` reads, asked by chunk
-        id: the segment has no chunk table whose rows a caller could know."""
-        at, rows = held_by_rows(chunk_ids, self.row_of)
+        not hold (alive after write ``seq``; None: now). The fresh side of the field scores
+        ``LuceneShard.candidate_facts`` reads, asked by chunk id: the segment has no chunk table whose rows a
+        caller could know."""
+        seen = self.visible_at(seq)
+        at, rows = held_by_rows(chunk_ids, seen.row_of)
         out = {}
         for name, postings in self.postings.items():
             scores = np.zeros(len(chunk_ids), dtype=np.float32)
             if at:
-                scores[at] = postings.bm25(terms, self.corpora[name], self.alive)[rows]
+                scores[at] = postings.bm25(terms, self.corpora[name], seen.alive)[rows]
             out[name] = scores
         return out
 
-    async def search(self, query: ShardQuery) -> ShardAnswer:
+    async def search(self, query: ShardQuery, seq: int | None = None) -> ShardAnswer:
         t0 = time.perf_counter()
         answer = ShardAnswer(self.name, shards=0)
-        if not self.live:
+        seen = self.visible_at(seq)
+        if not seen.live:
             return answer
         try:
             allowed = self._allowed(query.filters, query.acl)
         except FilterError as e:
             answer.filter_error = str(e)
             return answer
-        rows = np.flatnonzero(self.alive) if allowed is None else allowed[self.alive[allowed]]
+        rows = np.flatnonzero(seen.alive) if allowed is None else allowed[seen.alive[allowed]]
         if query.dense and len(rows) and (query.encoder is None or query.encoder in self.named):
             matrix = self.matrix if query.encoder is None else self.named[query.encoder]
             scores = matrix[rows] @ np.asarray(query.vector, dtype=np.float32)
             embedded = ~np.isnan(scores)
             answer.dense = self._top(rows[embedded], scores[embedded], query.k_dense)
         if query.keyword and len(rows):
-            keyword = self._bm25(query.text, query.field_weights)[rows]
+            keyword = self._bm25(query.text, query.field_weights, seen.alive)[rows]
             held = keyword > 0
             answer.keyword = self._top(rows[held], keyword[held], query.k_keyword)
         answer.took_ms = (time.perf_counter() - t0) * 1000
         return answer
 
-    async def fetch(self, chunk_ids: Sequence[str]) -> list[dict]:
-        return [self.rows[self.row_of[c]] for c in chunk_ids if c in self.row_of]
+    async def fetch(self, chunk_ids: Sequence[str], seq: int | None = None) -> list[dict]:
+        row_of = self.visible_at(seq).row_of
+        return [self.rows[row_of[c]] for c in chunk_ids if c in row_of]
 
-    async def vectors(self, chunk_ids: Sequence[str]) -> np.ndarray:
-        return self.matrix[[self.row_of[c] for c in chunk_ids]]
+    async def vectors(self, chunk_ids: Sequence[str], seq: int | None = None) -> np.ndarray:
+        row_of = self.visible_at(seq).row_of
+        return self.matrix[[row_of[c] for c in chunk_ids]]
 
-    async def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
+    async def features(self, query: FeatureQuery, seq: int | None = None) -> dict[str, np.ndarray]:
         """A ranking model's features of the candidates the segment holds (``deployments.shard.features``), scored
         as ``search`` scores them: BM25 with the version's statistics plus the segment's."""
         n = len(query.chunk_ids)
         out = empty_features(n)
-        at, rows = held_by_rows(query.chunk_ids, self.row_of)
+        seen = self.visible_at(seq)
+        at, rows = held_by_rows(query.chunk_ids, seen.row_of)
         if not at:
             return out
         if query.wants("bm25_"):
-            for name, scores in self.field_scores(self.analyze(query.text), query.chunk_ids).items():
+            for name, scores in self.field_scores(self.analyze(query.text), query.chunk_ids, seq).items():
                 out.setdefault(f"bm25_{name}", np.full(n, np.nan, dtype=np.float32))[at] = scores[at]
         if query.wants("term_coverage", "idf_coverage"):
             distinct = sorted(set(self.analyze(query.text)))
@@ -347,8 +405,8 @@ class FreshSegment:
             for i, t in enumerate(distinct):
                 if t in self.postings[CONTENTS]:
                     held[i] = np.isin(rows, self._posting(t)[0])
-            n_docs = self.corpus.doc_count + self.live
-            held_by = {t: int(self.alive[self._posting(t)[0]].sum()) if t in self.postings[CONTENTS] else 0
+            n_docs = self.corpus.doc_count + seen.live
+            held_by = {t: int(seen.alive[self._posting(t)[0]].sum()) if t in self.postings[CONTENTS] else 0
                        for t in distinct}
             idf = [lucene_idf(n_docs, self.corpus.df(t) + held_by[t]) for t in distinct]
             out["term_coverage"][at], out["idf_coverage"][at] = coverage(held.T, idf)
@@ -370,7 +428,6 @@ class FreshSegment:
     async def info(self) -> dict:
         return {"fields": self.metadata.fields()}
 
-
     def _top(self, rows: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[str, float]]:
         """The k best (chunk id, score) of these rows, score descending then chunk id ascending (``topk.top_k``)."""
         kept = contenders(scores, k)  # chunk ids are read for these only
@@ -378,3 +435,41 @@ class FreshSegment:
         ids = [self.rows[r]["chunk_id"] for r in rows.tolist()]
         order = top_k(scores, k, np.array(ids, dtype=str)) if ids else np.zeros(0, dtype=np.int64)
         return [(ids[i], float(scores[i])) for i in order.tolist()]
+
+
+class PointInTime:
+    """A fresh segment as it was just after write ``applied_seq``: what a cursor's next page searches beside the
+    version, with the documents the first page saw (those written since are not there; those deleted or replaced
+    since are, as they were). Meets the shard client protocol as the segment does, reading its arrays at that write
+    on each call (a compaction between two calls moves rows, never the rows alive then)."""
+
+    remote = False
+    size = 0
+
+    def __init__(self, segment: FreshSegment, seq: int):
+        self.segment, self.applied_seq = segment, seq
+        self.name, self.in_version = segment.name, segment.in_version
+        self.live = segment.visible_at(seq).live
+        self.masked = frozenset(doc for doc, first in segment.first_write.items() if first <= seq)
+
+    @property
+    def metadata(self) -> MetadataTable:
+        return self.segment.metadata
+
+    async def search(self, query: ShardQuery) -> ShardAnswer:
+        return await self.segment.search(query, self.applied_seq)
+
+    async def fetch(self, chunk_ids: Sequence[str]) -> list[dict]:
+        return await self.segment.fetch(chunk_ids, self.applied_seq)
+
+    async def vectors(self, chunk_ids: Sequence[str]) -> np.ndarray:
+        return await self.segment.vectors(chunk_ids, self.applied_seq)
+
+    async def features(self, query: FeatureQuery) -> dict[str, np.ndarray]:
+        return await self.segment.features(query, self.applied_seq)
+
+    async def vocabulary(self, acl=None) -> dict[str, int]:
+        return {}
+
+    async def info(self) -> dict:
+        return await self.segment.info()

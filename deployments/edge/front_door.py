@@ -23,7 +23,7 @@ from starlette.datastructures import Headers
 from deployments.edge.errors import error_headers, status_of
 from deployments.edge.guard import Refusal, installed, route_path
 from deployments.edge.metrics import HTTP_REQUESTS, route_label
-from deployments.edge.shedding import COUNTED_KEY, counted, refuse
+from deployments.edge.shedding import COUNTED_KEY, budgeted, counted, refuse
 from deployments.errors import RateLimited
 
 
@@ -74,7 +74,7 @@ class FrontDoor:
                 status[0] = refusal.status
                 return await refuse(refusal, send, headers.get("x-request-id"))
             caller = guard.caller(headers)
-            if counted(scope):  # the routes that do work count against their caller's share too
+            if budgeted(scope):  # the routes that do work count against their caller's share too (MCP: per tool call)
                 try:
                     budget, limit_headers = guard.key_limits.admit(caller.key_id, caller.principals)
                 except RateLimited as e:

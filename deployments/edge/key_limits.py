@@ -87,7 +87,8 @@ class KeyLimiter:
         limit = budget.limit
         if self.inflight.get(budget.name, 0) >= limit.max_inflight:
             raise RateLimited(f"{limit.max_inflight} requests of this caller ({budget.name}) are in progress on this "
-                              f"replica, its max_inflight; wait for one to end", self.retry_after_s,
+                              f"replica, its max_inflight; retry after {self.retry_after_s} s, once one has ended",
+                              self.retry_after_s,
                               self.headers(budget))
         if not self.rate.hit(budget.window, budget.name):
             headers = self.headers(budget)

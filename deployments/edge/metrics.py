@@ -23,7 +23,7 @@ ROUTES = frozenset({
     "/search", "/search/batch", "/feedback", "/feedback/qrels", "/health", "/admin/versions",
     "/admin/collections/{collection}/activate", "/admin/collections/{collection}/rollback",
     "/", "/console", "/console/{asset}", "/docs", "/openapi.json", "/redoc", "/docs/oauth2-redirect",
-    "/collections/{collection}/documents", "/collections/{collection}/documents/{doc_id}",
+    "/collections", "/collections/{collection}/documents", "/collections/{collection}/documents/{doc_id}",
     "/collections/{collection}/documents/delete", "/mcp",
 })
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"})

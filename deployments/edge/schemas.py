@@ -17,7 +17,7 @@ from deployments.judgments import has_control_character
 
 MAX_QUERY_CHARS = 2000
 MAX_HISTORY_TURNS = 20
-MAX_NESTING = 8  # levels of objects and lists in a request body (a filter needs about 4)
+MAX_NESTING = 16  # levels of objects and lists in a request body (a filter's field needs 4, each $and/$or 2 more)
 MAX_ABS_NUMBER = 1e15  # larger numbers are no metadata value or option anyone means
 
 
@@ -114,7 +114,9 @@ class SearchRequest(RequestBody):
         None, min_length=1, max_length=8, description="Collections to search (fused across them); default: the default one."
     )
     filters: dict[str, Any] | None = Field(
-        None, description='Metadata filter, e.g. {"year": {"gte": 2010}, "topic": ["a", "b"], "lang": "en"}.'
+        None, description='Metadata filter, e.g. {"year": {"gte": 2010}, "topic": ["a", "b"], "lang": "en"} (fields '
+        'ANDed; operators eq ne in nin gt gte lt lte); "$and" and "$or" take a list of filters, "$not" one, e.g. '
+        '{"$or": [{"year": {"lt": 2000}}, {"topic": "music"}]}. GET /collections lists the fields.'
     )
     min_relevance_score: float | None = Field(
         None, ge=0, le=1, description="Drop results whose relevance_score is below this, in [0, 1] (default: the "
@@ -448,6 +450,28 @@ class CollectionVersions(BaseModel):
 
 class VersionsResponse(BaseModel):
     collections: dict[str, CollectionVersions]
+
+
+class FilterField(BaseModel):
+    name: str
+    kind: str = Field(description="number, date, string, bool, list (of scalars) or mixed: decided from the values "
+                      "the field holds; it sets the operators a filter may use on it.")
+    operators: list[str] = Field(description="The operators a filter may use on the field (eq ne in nin; gt gte lt "
+                                 "lte too on numbers and dates).")
+
+
+class CollectionInfo(BaseModel):
+    name: str
+    default: bool = Field(description="Searched when a request names no collection.")
+    version: str = Field(description="The index version this router replica answers from.")
+    documents: int = Field(description="Documents in that version (writes since then not counted).")
+    chunks: int = Field(description="Chunks in that version.")
+    fields: list[FilterField] = Field(description="The metadata fields a filter (or group_by) may name, with the "
+                                      "documents written since the version; sorted by name.")
+
+
+class CollectionsResponse(BaseModel):
+    collections: list[CollectionInfo]
 
 
 class FeedbackRequest(RequestBody):

@@ -43,6 +43,13 @@ def counted(scope) -> bool:
     return scope["type"] == "http" and scope["path"].rstrip("/").endswith(COUNTED_ENDINGS)
 
 
+def budgeted(scope) -> bool:
+    """Whether a request counts against its caller's own budget (``security.key_limit``): every counted route but
+    ``/mcp``, whose protocol exchanges (initialize, notifications, tools/list) are not the caller's work; each MCP
+    tool call counts instead, on its own (``deployments.api.mcp``)."""
+    return counted(scope) and not scope["path"].rstrip("/").endswith("/mcp")
+
+
 def middlewares() -> list:
     """What Serve's HTTP servers wrap themselves in (``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``)."""
     from starlette.middleware import Middleware

@@ -47,7 +47,7 @@ from deployments.search.clients import (
 from deployments.search.fusion import is_flat
 from deployments.search.learned import FeatureTable, RankingModel, candidate_features
 from deployments.search.lookup import chunk_rows, document_body, visible
-from deployments.search.paging import page_offset
+from deployments.search.paging import Cursor, check_alive, page_offset, read_cursor
 from deployments.search.plan import plan_search
 from deployments.search.query_text import expand_synonyms, expand_with_history, normalize_query
 from deployments.search.ranking import Ranking, fuse_collections, fusion_of
@@ -55,7 +55,11 @@ from deployments.search.response import Responder
 from deployments.search.retrieval import Retrieval, Retrieved, known_rows
 from deployments.search.spelling import Speller
 from deployments.search.stages import SearchContext, Work, failure, gathered, ranked_by, within, write_seqs
+from deployments.shard.filters import FilterError, filter_conditions
 
+# How long a cursor's next page waits for this replica to apply the write its point in time names (replicas follow
+# the change log within a second of one another).
+POINT_IN_TIME_WAIT_S = 2.0
 SPELLERS_KEPT = 8  # spelling vocabularies kept, one per (collections, versions, ACL) searched with spell_correct
 
 
@@ -108,7 +112,11 @@ class SearchPipeline:
                                 f"{', '.join(known) or '(none: this index has no metadata)'}")
 
         if req.filters:
-            for name, condition in req.filters.items():
+            try:
+                conditions = filter_conditions(req.filters)  # the fields under $and, $or and $not too
+            except FilterError as e:
+                raise InvalidField(str(e)) from None
+            for name, condition in conditions:
                 if (error := unknown(name, "filter field")) is not None:
                     raise error
                 if condition is None:
@@ -264,6 +272,10 @@ class SearchPipeline:
         threshold, MMR), respond (fetch the page's rows, render, assemble, answer)."""
         t_start = time.perf_counter()
         targets = self._targets(req)
+        cursor = read_cursor(req)
+        if cursor is not None:  # a next page: ranked again at its first page's point in time
+            check_alive(cursor, self.settings.cursor_keep_alive_s)
+            targets = await self._at_point_in_time(targets, cursor)
         acl = None
         if self.acl_field:
             acl = (self.acl_field, sorted(set(principals or ()) | {self.public_principal}))
@@ -278,20 +290,38 @@ class SearchPipeline:
         # A page: ranks offset+1.. of the same ranking (``paging``); the plan fixes every depth before any work.
         model = self._ranking_model(req, targets)
         writes = write_seqs(targets)
-        offset = page_offset(req, ranked_by(targets, model), self.settings, writes)
+        offset = page_offset(req, cursor, ranked_by(targets, model), self.settings, writes)
         if offset and req.mmr_lambda is not None:
             raise InvalidRequest("MMR diversifies one page: offset and cursor cannot be used with it; ask for up "
                                "to 100 results in one page")
         ctx = await self._prepare(SearchContext(
             req=req, plan=plan_search(req, self.settings, len(targets), rerank, offset), targets=targets,
             settings=self.settings, work=Work(), started=t_start, asked_query=req.query, acl=acl, rerank=rerank,
-            rendered=rendered, model=model, writes=writes), embedded)
+            rendered=rendered, model=model, writes=writes, first_page_at=cursor.made_at if cursor else None),
+            embedded)
         got = await self._retrieve(ctx)
         ranked = await self.ranking.rank(ctx, got)
         response = await self.responder.respond(ctx, got, ranked)
         if key is not None and not got.failed and not ctx.work.warnings and not req.debug and not req.stream:
             self.cache.put(key, response)
         return response
+
+    async def _at_point_in_time(self, targets: list[Collection], cursor: Cursor) -> list[Collection]:
+        """Each collection with its fresh segment as it was at the cursor's write (``FreshSegment.at``), waiting up
+        to ``POINT_IN_TIME_WAIT_S`` for a replica that has not applied that write yet (it follows the log within a
+        second). A collection whose segment no longer holds that point in time is left as it is: ``page_offset``
+        then refuses the page (409)."""
+        deadline = time.monotonic() + POINT_IN_TIME_WAIT_S
+        out = []
+        for c in targets:
+            seq = cursor.writes.get(c.name, 0)
+            while c.fresh is not None and seq > c.fresh.applied_seq and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if c.fresh is not None and seq > c.fresh.applied_seq:
+                raise Unavailable(f"this router replica has not applied write {seq} of collection {c.name!r} "
+                                  f"yet (it has {c.fresh.applied_seq}); retry shortly")
+            out.append(replace(c, fresh=c.fresh.at(seq)) if c.fresh is not None and c.fresh.holds(seq) else c)
+        return out
 
     async def ranking_features(self, req: SearchRequest) -> FeatureTable:
         """What a ranking model sees of this search: its best ``ranking_depth`` fused candidates with their

@@ -110,7 +110,7 @@ class Responder:
             total=ranked.total,
             total_results=len(top),
             offset=plan.offset,
-            next_cursor=make_cursor(req, ctx.ranked_by, window, s, ctx.writes)
+            next_cursor=make_cursor(req, ctx.ranked_by, window, s, ctx.writes, ctx.first_page_at)
             if more and req.mmr_lambda is None and window < plan.pages_end else None,
             citations=[source_of(r["doc_id"], r["metadata"]) for r in rows] if req.include_citations else None,
             passage_citations=citation_payload,

@@ -71,6 +71,7 @@ class SearchContext:
     vectors: dict[str, np.ndarray] = field(default_factory=dict)  # the query's vector per collection
     model: Any = None  # the collection's ranking model (``search.learned.RankingModel``) when it ranks this search
     writes: dict[str, int] = field(default_factory=dict)  # each collection's last applied write (``write_seqs``)
+    first_page_at: float | None = None  # when this search's first page was ranked (a cursor's; None: this is it)
 
     @property
     def versions(self) -> dict[str, str]:

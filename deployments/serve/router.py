@@ -26,6 +26,7 @@ from ray.exceptions import RayActorError
 
 from deployments.api.admin import Builds
 from deployments.api.batch import answers_in_order, batch_json, checked
+from deployments.api.collections import list_collections
 from deployments.api.feedback import Feedback
 from deployments.api.health import service_health
 from deployments.api.mcp import McpEndpoint, McpTools
@@ -121,7 +122,8 @@ class SearchRouter:
         await asyncio.gather(*(d.warm() for d in documents.values()))
         self._followers = [asyncio.create_task(self._follow_versions()), asyncio.create_task(self._follow_documents())]
         # /mcp: the search route's work and the documents', offered as MCP tools (deployments.api.mcp)
-        mcp = McpEndpoint(McpTools(self.answer, self.documents, default_collection), self.guard.max_body_bytes)
+        tools = McpTools(self.answer, self.documents, default_collection, self.catalogue, self.guard.key_limits)
+        mcp = McpEndpoint(tools, self.guard.max_body_bytes)
         self._followers.append(await mcp.start())
         install_mcp(mcp)
         settle_heap()
@@ -211,6 +213,15 @@ class SearchRouter:
         return PlainTextResponse(qrels, media_type="text/tab-separated-values", headers={"X-Skipped-Lines": str(skipped)})
 
     # ------------------------------------------------------------------ documents
+
+    @app.get("/collections", response_model=api.CollectionsResponse)
+    async def collections(self) -> api.CollectionsResponse:
+        """The collections served, each with its version, counts and the metadata fields a filter may name (with
+        the operators each takes): what a client needs before its first filtered search."""
+        return self.catalogue()
+
+    def catalogue(self) -> api.CollectionsResponse:
+        return list_collections(self.pipeline.collections.values(), self.pipeline.default_collection)
 
     @app.put("/collections/{collection}/documents", response_model=api.WriteResponse,
              responses=error_responses({403: "A key without write scope, or a record another tenant's ACL",

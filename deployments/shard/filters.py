@@ -7,6 +7,16 @@ A filter maps a metadata field to a condition; fields are ANDed::
     {"year": {"gte": 2005, "lt": 2010}}        operators, ANDed: eq ne in nin gt gte lt lte
     {"published": {"gte": "2020-01-31"}}       dates as ISO-8601 strings
 
+Keys beginning with ``$`` are logical, never fields (so a field named ``$x`` cannot be filtered on)::
+
+    {"$or": [{"year": {"lt": 2000}}, {"topic": "music"}]}     at least one of the filters
+    {"$and": [{"tags": "a"}, {"tags": "b"}]}                  every one (here: two conditions on one field)
+    {"$not": {"topic": "music", "year": 2005}}                 every row the filter does not match
+    {"lang": "en", "$or": [...]}                              the keys of one object still AND together
+
+Each sub-filter is a whole filter (nesting is allowed) and may not be empty; ``$and`` and ``$or`` take a non-empty
+array. They are spelled as in the filters LangChain's vector stores take (Chroma's, PGVector's).
+
 Each field has one kind, decided from its non-null values when the table is built:
 
     number  ints and floats (not bools)       all operators
@@ -22,8 +32,13 @@ day). Numbers are compared as float64. Values that are equal in Python but of an
 match (``true`` is not ``1``), but ``1`` equals ``1.0``.
 
 A row whose field is missing or null never matches, except under ``ne`` and ``nin``, which match it
-(they are the negations of ``eq`` and ``in``). Errors are ``FilterError``s whose message names the field,
-the value, the rule and the fix, so the API can return them as they are.
+(they are the negations of ``eq`` and ``in``). ``$not`` follows the same rule, as the complement of its filter
+over all rows: ``{"$not": {"topic": "music"}}`` is ``{"topic": {"ne": "music"}}``, and
+``{"$not": {"year": {"gt": 2005}}}`` keeps the rows without a year, which ``{"year": {"lte": 2005}}`` leaves out.
+(Chroma's ``$ne`` and ``$nin`` match a missing key too; SQL stores such as PGVector do not.)
+
+Errors are ``FilterError``s whose message names the field or logical key, the value, the rule and the fix, so
+the API can return them as they are.
 """
 
 from __future__ import annotations
@@ -37,6 +52,7 @@ from typing import Any
 import numpy as np
 
 OPERATORS = ("eq", "ne", "in", "nin", "gt", "gte", "lt", "lte")
+LOGICAL = ("$and", "$or", "$not")
 _RANGE = {"gt": np.greater, "gte": np.greater_equal, "lt": np.less, "lte": np.less_equal}
 # The forms accepted as dates; stricter than datetime.fromisoformat so ids like "20200131" stay strings.
 _ISO_DATE = re.compile(
@@ -189,6 +205,20 @@ class _ElementColumn(_Column):
         return mask
 
 
+class _AbsentColumn(_Column):
+    """A field no row of this table holds (a shard that never saw a field its collection knows): every row misses
+    it, so eq, in and the range operators match nothing and ne, nin every row, as for any missing value."""
+
+    def __init__(self, name: str, n: int):
+        super().__init__(name, "absent here", n)
+
+    def equal(self, values: list[Any]) -> np.ndarray:
+        return np.zeros(self.n, dtype=bool)
+
+    def compare(self, op: str, value: Any) -> np.ndarray:
+        return np.zeros(self.n, dtype=bool)
+
+
 def _number(value: Any) -> float | None:
     try:
         return float(value) if _is_number(value) else None
@@ -231,6 +261,50 @@ def _build_column(name: str, raw: list[Any]) -> _Column:
                           key_code)
 
 
+def _split(filter: Any, inside: str | None) -> tuple[list[tuple[str, Any]], list[tuple[str, list[Any]]]]:
+    """One filter object's field conditions and its logical keys with their sub-filters, its shape checked
+    (``inside``: the logical key it sits in, None at the top, for the messages)."""
+    if not isinstance(filter, dict) or (inside is not None and not filter):
+        if inside is None:
+            raise FilterError(f"a filter must be a JSON object mapping field names to conditions, got "
+                              f"{_show(filter)}; write e.g. {{\"topic\": \"music\"}}")
+        raise FilterError(f"each filter inside '{inside}' must be a non-empty JSON object, got {_show(filter)}; "
+                          f"write e.g. {{\"topic\": \"music\"}}")
+    fields, logical = [], []
+    for key, value in filter.items():
+        if not (isinstance(key, str) and key.startswith("$")):
+            fields.append((key, value))
+        elif key not in LOGICAL:
+            raise FilterError(f"unknown logical operator '{key}'; use $and, $or or $not")
+        elif key == "$not":
+            if isinstance(value, list):
+                raise FilterError(f"'$not' takes one filter (a JSON object), got {_show(value)}; to negate several "
+                                  'write {"$not": {"$or": [...]}} (none of them) or {"$not": {"$and": [...]}} '
+                                  "(not all of them)")
+            logical.append((key, [value]))
+        elif not isinstance(value, list) or not value:
+            raise FilterError(f"'{key}' takes a non-empty JSON array of filters, got {_show(value)}; write e.g. "
+                              f'{{"{key}": [{{"topic": "music"}}, {{"year": {{"gte": 2005}}}}]}}')
+        else:
+            logical.append((key, value))
+    return fields, logical
+
+
+def filter_conditions(filter: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Every (field, condition) pair of a filter, those under its logical keys too, in order: the fields a filter
+    names, for a caller that checks them before any shard sees the filter. Raises FilterError on a malformed
+    logical key, as ``allowed_rows`` would."""
+    return _conditions(filter, None)
+
+
+def _conditions(filter: Any, inside: str | None) -> list[tuple[str, Any]]:
+    fields, logical = _split(filter, inside)
+    for key, subs in logical:
+        for sub in subs:
+            fields += _conditions(sub, key)
+    return fields
+
+
 class MetadataTable:
     """The metadata of one shard's chunk rows (row ``i`` is chunk row ``i``), stored column by column.
 
@@ -268,28 +342,63 @@ class MetadataTable:
         """Field name -> kind ("number", "string", "bool", "date", "list" or "mixed"), sorted by name."""
         return {name: col.kind for name, col in self._columns.items()}
 
-    def allowed_rows(self, filter: dict[str, Any] | None) -> np.ndarray | None:
-        """Ascending int64 row numbers matching every field's condition; None when there is no filter.
+    def allowed_rows(self, filter: dict[str, Any] | None, *, unknown_as_missing: bool = False) -> np.ndarray | None:
+        """Ascending int64 row numbers the filter matches; None when there is no filter.
 
-        ``None`` and ``{}`` both mean "no restriction" and give None. Raises FilterError on an unknown
-        field or operator or a value of the wrong type for the field's kind.
+        ``None`` and ``{}`` both mean "no restriction" and give None. A field with no column here is a FilterError
+        naming the known fields, unless ``unknown_as_missing``: then every row misses it (a shard that never saw a
+        field its collection knows; the router refuses the fields no shard knows). Also raises FilterError on an
+        unknown operator, a malformed logical key, or a value of the wrong type for the field's kind.
         """
-        if filter is None:
+        if filter is None or (isinstance(filter, dict) and not filter):
             return None
-        if not isinstance(filter, dict):
-            raise FilterError(f"a filter must be a JSON object mapping field names to conditions, got "
-                              f"{_show(filter)}; write e.g. {{\"topic\": \"music\"}}")
-        if not filter:
-            return None
+        return np.flatnonzero(self._mask(filter, None, unknown_as_missing)).astype(np.int64)
+
+    def visible_rows(self, field: str, principals: Sequence[str]) -> np.ndarray:
+        """The rows an ACL lets these principals see: those whose ``field`` holds one of them. A row without the
+        field is seen by nobody, and no principals see nothing."""
+        if field not in self._columns or not principals:
+            return np.zeros(0, dtype=np.int64)
+        return self.allowed_rows({field: list(principals)})
+
+    def searchable_rows(self, filter: dict[str, Any] | None,
+                        acl: tuple[str, Sequence[str]] | None = None) -> np.ndarray | None:
+        """The rows a search may return (None: all), for a shard or the fresh segment: the filter's rows, a field
+        absent here being missing from every row, within ``acl`` = (field, principals)'s ``visible_rows``. The ACL
+        is intersected with the filter's rows, never merged into the filter, so no ``$or`` or ``$not`` of the
+        caller's reaches past it."""
+        allowed = self.allowed_rows(filter, unknown_as_missing=True)
+        if acl is not None:
+            visible = self.visible_rows(*acl)
+            allowed = visible if allowed is None else np.intersect1d(allowed, visible, assume_unique=True)
+        return allowed
+
+    def _mask(self, filter: Any, inside: str | None, unknown_as_missing: bool) -> np.ndarray:
+        """The rows one filter object matches, as a boolean mask: its fields and logical keys ANDed."""
+        fields, logical = _split(filter, inside)
         mask = np.ones(self.num_rows, dtype=bool)
-        for name, condition in filter.items():
-            column = self._columns.get(name)
-            if column is None:
-                known = ", ".join(self._columns) or "(none)"
-                raise FilterError(f"unknown filter field '{name}'; known fields: {known}")
+        for name, condition in fields:
+            column = self._column(name, unknown_as_missing)
             for op, value in self._operations(column, condition):
                 mask &= column.match(op, value)
-        return np.flatnonzero(mask).astype(np.int64)
+        for key, subs in logical:
+            masks = [self._mask(sub, key, unknown_as_missing) for sub in subs]
+            if key == "$and":
+                mask &= np.logical_and.reduce(masks)
+            elif key == "$or":
+                mask &= np.logical_or.reduce(masks)
+            else:  # $not: the complement over all rows, so rows missing a field are kept (see the module docstring)
+                mask &= ~masks[0]
+        return mask
+
+    def _column(self, name: str, unknown_as_missing: bool) -> _Column:
+        column = self._columns.get(name)
+        if column is not None:
+            return column
+        if unknown_as_missing:
+            return _AbsentColumn(name, self.num_rows)
+        known = ", ".join(self._columns) or "(none)"
+        raise FilterError(f"unknown filter field '{name}'; known fields: {known}")
 
     @staticmethod
     def _operations(column: _Column, condition: Any) -> list[tuple[str, Any]]:
@@ -307,3 +416,9 @@ class MetadataTable:
             raise column.fail(condition, "cannot be matched: missing values never equal anything",
                               'to keep rows without the field use {"ne": <value>} or leave the field out')
         return [("eq", condition)]
+
+
+def operators_for(kind: str) -> list[str]:
+    """The operators a filter may use on a field of ``kind`` (the module's table): range operators on numbers and
+    dates only."""
+    return list(OPERATORS) if kind in ("number", "date") else [op for op in OPERATORS if op not in _RANGE]

@@ -129,12 +129,9 @@ class ShardService:
         """The rows a search may return (None: all), the same for both legs, so a filtered top-k is complete:
         the filter is applied inside each engine. ``acl`` = (field, principals): only chunks whose field holds
         one of the principals exist for this call, before any ranking; a chunk without the field is seen by
-        nobody. Raises ``FilterError`` for a filter this shard cannot apply."""
-        allowed = self._allowed(filters) if filters else None
-        if acl is not None:
-            visible = self._visible(*acl)
-            allowed = visible if allowed is None else np.intersect1d(allowed, visible, assume_unique=True)
-        return allowed
+        nobody. A field the collection knows but this shard never saw is missing from every row here (the router
+        has refused fields no shard knows). Raises ``FilterError`` for a filter this shard cannot apply."""
+        return self.metadata.searchable_rows(filters, acl)
 
     def dense_leg(self, vector: np.ndarray, k: int, allowed: np.ndarray | None = None,
                   ann: dict[str, Any] | None = None, encoder: str | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -164,27 +161,6 @@ class ShardService:
     def row_facts_read(self) -> bool:
         return self._row_facts is not None
 
-    def _allowed(self, filters: dict[str, Any]) -> np.ndarray:
-        # A field the collection knows but this shard never saw matches nothing here; the router
-        # has already refused fields unknown to every shard.
-        known = self.metadata.fields()
-        if any(name not in known for name in filters):
-            positive = {k: v for k, v in filters.items() if k in known}
-            missing_only_negated = all(
-                isinstance(v, dict) and set(v) <= {"ne", "nin"} for k, v in filters.items() if k not in known
-            )
-            if not missing_only_negated:
-                return np.zeros(0, dtype=np.int64)
-            filters = positive
-            if not filters:
-                return np.arange(self.chunks, dtype=np.int64)
-        return self.metadata.allowed_rows(filters)
-
-    def _visible(self, field_name: str, principals: list[str]) -> np.ndarray:
-        if field_name not in self.metadata.fields() or not principals:
-            return np.zeros(0, dtype=np.int64)
-        return self.metadata.allowed_rows({field_name: list(principals)})
-
     def fetch(self, chunk_ids: list[str]) -> list[dict]:
         """Chunk rows for ids held by this shard, in the order asked: the chunk table's columns, and
         ``metadata`` (``metadata_json`` parsed). Rows are shared between calls: read them, never change them."""
@@ -213,7 +189,7 @@ class ShardService:
         found = self._vocabularies.get(key)
         if found is None:
             titles, texts = self.table.column("title").to_pylist(), self.table.column("text").to_pylist()
-            rows = range(len(texts)) if acl is None else self._visible(*acl).tolist()
+            rows = range(len(texts)) if acl is None else self.metadata.visible_rows(*acl).tolist()
             found = dict(document_frequencies(f"{titles[i]} {texts[i]}" for i in rows))
             self._vocabularies.put(key, found)
         return found

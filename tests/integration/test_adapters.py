@@ -255,7 +255,8 @@ def test_the_haystack_component_runs_in_a_pipeline(served):
     pipeline = Pipeline()
     pipeline.add_component("retriever", rs_haystack.RaySearchRetriever(url=URL, top_k=5,
                                                                        search_kwargs={"method": "keyword"}))
-    found = pipeline.run({"retriever": {"query": QUERY, "filters": {"kind": "function"}}})["retriever"]["documents"]
+    functions = {"field": "meta.kind", "operator": "==", "value": "function"}  # Haystack's filter syntax
+    found = pipeline.run({"retriever": {"query": QUERY, "filters": functions}})["retriever"]["documents"]
     results = expected(served, limit=5, method="keyword", filters={"kind": "function"})
     assert [(d.id, d.content, d.score, d.meta["doc_id"], d.meta["kind"]) for d in found] == [
         (r.chunk_id, r.content, r.score, r.doc_id, r.metadata["kind"]) for r in results]
@@ -263,7 +264,7 @@ def test_the_haystack_component_runs_in_a_pipeline(served):
     assert [d.id for d in two] == [r.chunk_id for r in expected(served, limit=2, method="keyword")]
     # Saved and loaded as a pipeline's YAML (the key is not saved), it answers the same.
     again = Pipeline.loads(pipeline.dumps(), allowed_modules=["raysearch_client.haystack"])
-    loaded = again.run({"retriever": {"query": QUERY, "filters": {"kind": "function"}}})["retriever"]["documents"]
+    loaded = again.run({"retriever": {"query": QUERY, "filters": functions}})["retriever"]["documents"]
     assert loaded == found
 
 

@@ -119,14 +119,24 @@ def test_a_change_is_applied_once_and_in_order(indexes):
     assert docs.segment.document("a") == (True, None, []) and docs.segment.applied_seq == 2
 
 
-def test_replacing_a_document_again_and_again_costs_rows_only_until_they_are_compacted(indexes):
+def test_replacing_a_document_again_and_again_costs_rows_only_until_they_are_compacted(indexes, monkeypatch):
+    """Dead rows are kept for points in time (``HISTORY_S``), then dropped once they outnumber the live ones."""
+    import deployments.documents.segment as segment_module
+
     root, base_dir, _, _ = indexes
-    docs = open_documents("default", root, base_dir, encoder_of(base_dir), 64)
     changes = [Change(i, [{"id": "same", "title": "", "text": f"version {i} of the ocelot note", "metadata": {}}])
                for i in range(1, 1103)]
+    kept = open_documents("default", root, base_dir, encoder_of(base_dir), 64)
+    asyncio.run(kept._apply(changes))
+    assert kept.segment.live == 1 and len(kept.segment.rows) == 1102 and kept.segment.holds(1)  # within HISTORY_S
+    old = asyncio.run(kept.segment.at(7).fetch(["same#0"]))
+    assert old[0]["text"] == "version 7 of the ocelot note"
+    monkeypatch.setattr(segment_module, "HISTORY_S", 0.0)
+    docs = open_documents("default", root, base_dir, encoder_of(base_dir), 64)
     asyncio.run(docs._apply(changes))
     segment = docs.segment
     assert segment.live == 1 and len(segment.rows) < 1002  # the dead rows were dropped once they outnumbered
+    assert not segment.holds(7) and segment.holds(1102)  # a point in time before a dropped row is not whole
     got = asyncio.run(segment.search(ShardQuery(text="ocelot version 1102", k_keyword=10)))
     assert [c for c, _ in got.keyword] == ["same#0"]
     assert asyncio.run(segment.fetch(["same#0"]))[0]["text"] == "version 1102 of the ocelot note"
@@ -158,3 +168,45 @@ def test_writes_arriving_together_are_stored_and_embedded_together_each_with_its
     from index_format.change_log import CHANGES_DIR, ChangeLog
 
     assert [c.seq for c in ChangeLog(tmp_path / CHANGES_DIR).read_new()] == list(range(1, 13))
+
+
+def test_a_point_in_time_answers_as_a_segment_that_applied_the_log_only_that_far(indexes):
+    """``at(seq)`` of a segment that went on applying writes (documents added, replaced, deleted) answers each query
+    as the oracle does: a segment of the same version that applied only the writes up to ``seq``: the same hits and
+    scores on both legs, the same version documents masked, the same rows fetched."""
+    import random
+
+    root, base_dir, _, _ = indexes
+    rng = random.Random(5)
+    words = ["ocelot", "heron", "badger", "lynx", "otter", "marten", "stoat", "vole", "shrew", "mole"]
+    base_ids = [f"d{i:03d}" for i in range(6)]  # documents of the version (make_corpus's ids)
+    ids = [f"w{i}" for i in range(8)] + base_ids
+
+    def record(doc_id: str, seq: int) -> dict:
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(4, 30)))
+        return {"id": doc_id, "title": rng.choice(words), "text": f"{text} {seq}", "metadata": {"n": seq % 3}}
+
+    changes = []
+    for seq in range(1, 41):
+        doc_id = rng.choice(ids)
+        changes.append(Change(seq, [], [doc_id]) if rng.random() < 0.25 and seq > 3 else
+                       Change(seq, [record(doc_id, seq)]))
+    moving = open_documents("default", root, base_dir, encoder_of(base_dir), 64)
+    asyncio.run(moving._apply(changes))
+    vector = np.asarray(asyncio.run(encoder_of(base_dir).embed("ocelot heron lynx")), dtype=np.float32)
+    query = ShardQuery(text="ocelot heron lynx", vector=vector, k_dense=20, k_keyword=20)
+    filtered = ShardQuery(text="otter vole", vector=vector, k_dense=20, k_keyword=20, filters={"n": {"ne": 1}})
+    for seq in (3, 11, 24, 39):
+        oracle = open_documents("default", root, base_dir, encoder_of(base_dir), 64)
+        asyncio.run(oracle._apply(changes[:seq]))
+        view = moving.segment.at(seq)
+        assert view.applied_seq == seq and view.masked == oracle.segment.masked and view.live == oracle.segment.live
+        for q in (query, filtered):
+            got, want = asyncio.run(view.search(q)), asyncio.run(oracle.segment.search(q))
+            assert [c for c, _ in got.dense] == [c for c, _ in want.dense], seq
+            assert [c for c, _ in got.keyword] == [c for c, _ in want.keyword], seq
+            np.testing.assert_allclose([s for _, s in got.dense + got.keyword],
+                                       [s for _, s in want.dense + want.keyword], rtol=1e-6)
+            hits = [c for c, _ in want.dense + want.keyword]
+            assert asyncio.run(view.fetch(hits)) == asyncio.run(oracle.segment.fetch(hits))
+    assert moving.segment.at(40) is moving.segment  # the last write's point in time is the segment itself

@@ -24,6 +24,7 @@ URL = f"http://127.0.0.1:{PORT}/mcp"
 T1_KEY, T1_DIGEST = new_key()  # search key of tenant t1
 T2_KEY, T2_DIGEST = new_key()  # search key of tenant t2
 W1_KEY, W1_DIGEST = new_key()  # write key of tenant t1
+L1_KEY, L1_DIGEST = new_key()  # search key of tenant t1 with a budget of its own: 3 at once, then 1 a second
 QUERY = "telescope galaxy bread piano"
 
 
@@ -49,8 +50,10 @@ def client(root):
 
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     app = build_app({"index": str(root[0]), "router": {"shard_timeout_s": 10, "cache_size": 64},
-                     "security": {"key_principals": {T1_DIGEST: ["t1"], T2_DIGEST: ["t2"], W1_DIGEST: ["t1"]},
-                                  "write_key_digests": [W1_DIGEST], "acl_field": "acl"}})
+                     "security": {"key_principals": {T1_DIGEST: ["t1"], T2_DIGEST: ["t2"], W1_DIGEST: ["t1"],
+                                                     L1_DIGEST: ["t1"]},
+                                  "write_key_digests": [W1_DIGEST], "acl_field": "acl",
+                                  "key_limits": {L1_DIGEST: {"requests_per_s": 1, "burst": 3, "max_inflight": 4}}}})
     serve.run(app, name="mcp", route_prefix="/", blocking=False)
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as c:
         yield c
@@ -120,8 +123,9 @@ def test_a_tenant_never_sees_another_tenants_document_through_any_tool(client, v
 
 
 def test_write_tools_are_offered_only_to_write_keys_and_work_for_them(client):
-    assert tool_names(T1_KEY) == {"search", "get_document"}
-    assert tool_names(W1_KEY) == {"search", "get_document", "upsert_documents", "delete_documents"}
+    assert tool_names(T1_KEY) == {"search", "list_collections", "get_document"}
+    assert tool_names(W1_KEY) == {"search", "list_collections", "get_document", "upsert_documents",
+                                  "delete_documents"}
     record = {"id": "mcp-1", "title": "Quokka", "text": "zyxwvut quokka notes", "metadata": {"acl": ["t1"]}}
     refused = call(T1_KEY, "upsert_documents", {"documents": [record]})
     assert refused.is_error and refused.content[0].text.startswith("403: ") and "write" in refused.content[0].text
@@ -156,3 +160,30 @@ def test_mcp_has_the_front_doors_keys_and_body_limit(client):
            "params": {"name": "search", "arguments": {"query": "x" * 70_000}}}
     over = client.post("/mcp", json=big, headers=headers | auth(T1_KEY))
     assert over.status_code == 413 and "limit is 65536" in over.json()["error"]
+
+
+def test_a_session_under_a_rate_limit_spends_its_budget_on_tool_calls_and_hears_when_to_retry(client):
+    """A key allowed 3 at once, then 1 a second: the SDK's own session (initialize, initialized, tools/list) costs
+    none of it, three searches are answered, and the fourth is a tool error that says when to retry."""
+    async def work(session):
+        await session.list_tools()
+        return [await session.call_tool("search", {"query": QUERY, "limit": 3}) for _ in range(4)]
+
+    results = mcp(L1_KEY, work)
+    assert [r.is_error for r in results] == [False, False, False, True], [r.content for r in results]
+    over = results[3]
+    assert over.content[0].text.startswith("429: this caller") and 1 <= over.meta["retry_after_s"] <= 3
+    assert f"retry after {over.meta['retry_after_s']} s" in over.content[0].text
+
+
+def test_list_collections_names_the_fields_a_filter_may_use_as_get_collections_does(client):
+    result = call(T1_KEY, "list_collections", {})
+    assert not result.is_error, result.content
+    http = client.get("/collections", headers=auth(T1_KEY))
+    assert http.status_code == 200 and http.json() == result.structured_content
+    (default,) = result.structured_content["collections"]
+    assert default["name"] == "default" and default["default"] and default["documents"] == 30
+    fields = {f["name"]: f for f in default["fields"]}
+    assert fields["acl"]["kind"] == "string" and fields["acl"]["operators"] == ["eq", "ne", "in", "nin"]
+    assert fields["year"]["kind"] == "number" and fields["year"]["operators"][-4:] == ["gt", "gte", "lt", "lte"]
+    assert client.get("/collections").status_code == 401  # the front door's keys

@@ -1,6 +1,7 @@
 """Results shaped for RAG, in-process over the real 3-shard index: grouped by document or a metadata field (paged
-over groups), near-duplicates dropped, highlight spans, and cursors refused after a write. Each oracle is the
-ungrouped (or undeduped) ranking of the same candidates, regrouped here by hand."""
+over groups), near-duplicates dropped, highlight spans, and cursors that page from a point in time while writes go
+on. Each oracle is the ungrouped (or undeduped) ranking of the same candidates, regrouped here by hand, or the
+pages read before any write."""
 
 from __future__ import annotations
 
@@ -113,9 +114,11 @@ def test_group_by_a_metadata_field_and_invalid_combinations(pipeline):
     assert json.loads(rendered.model_dump_json())["results"][0]["group"]["key"] == rendered.results[0].doc_id
 
 
-def test_a_cursor_is_refused_after_a_document_write_to_the_collection(built, tmp_path):
-    """A write changes what a collection ranks, as a version switch does: the next page of a search made before
-    it is refused (409, the same remedy), and a search begun after it pages as usual."""
+def test_a_cursor_pages_from_its_point_in_time_while_documents_are_written(built, tmp_path):
+    """Pages followed by cursor while documents are added, replaced and deleted are the pages followed with no write
+    at all (the oracle, read before the writes): no result repeated or skipped, none of the writes seen, a deleted
+    document still there as it was. A search begun after the writes sees them. Past router.cursor_keep_alive_s
+    the next page is a 409."""
     from deployments.documents.service import open_documents
 
     version = built[1][1].version_dir
@@ -125,20 +128,36 @@ def test_a_cursor_is_refused_after_a_document_write_to_the_collection(built, tmp
     collection = pipe.collections["main"]
     documents = open_documents("main", root, root / version.name, collection.encoder, 64)
     collection.fresh = documents.segment  # what the router does with a collection's documents API
+    hot = "telescope galaxy lucene shard notes " * 4
+    run(documents.write([{"id": "fresh-0", "title": "telescope galaxy", "text": hot}], [], None))
 
-    first = search(pipe, query=Q, limit=3, group_by="doc_id")
-    assert first.next_cursor is not None
-    assert search(pipe, query=Q, limit=3, group_by="doc_id", cursor=first.next_cursor).offset == 3
-    change, live = run(documents.write([{"id": "fresh-1", "title": "telescope galaxy", "text": "telescope galaxy "
-                                         "lucene shard notes " * 4}], [], None))
-    assert live and change.seq >= 1
-    with pytest.raises(ServiceError) as e:
-        search(pipe, query=Q, limit=3, group_by="doc_id", cursor=first.next_cursor)
-    assert status_of(e.value) == 409 and f"main: write 0 -> {change.seq}" in str(e.value)
-    assert "search again from the first page" in str(e.value)
-    again = search(pipe, query=Q, limit=3, group_by="doc_id")
-    assert "fresh-1" in [r.doc_id for r in again.results]  # the write is searched, grouped as one document
-    assert search(pipe, query=Q, limit=3, group_by="doc_id", cursor=again.next_cursor).offset == 3
+    def pages(first) -> list[list[tuple]]:
+        out, page = [], first
+        while True:
+            out.append([(r.rank, r.chunk_id, r.score, r.content) for r in page.results])
+            if page.next_cursor is None or len(out) == 6:
+                return out
+            page = search(pipe, query=Q, limit=3, cursor=page.next_cursor)
+
+    oracle = pages(search(pipe, query=Q, limit=3))
+    first = search(pipe, query=Q, limit=3)
+    assert [(r.rank, r.chunk_id, r.score, r.content) for r in first.results] == oracle[0]
+    doomed = oracle[2][0][1].split("#")[0]  # a document on the third page, deleted before it is read
+    run(documents.write([{"id": "fresh-1", "title": "telescope galaxy", "text": hot},
+                         {"id": "fresh-0", "title": "other", "text": "replaced: nothing of the query"}], [], None))
+    change, _ = run(documents.write([], [doomed], None))
+    assert pages(first)[1:] == oracle[1:]  # the point in time of the first page, whole
+    after = [r.doc_id for r in search(pipe, query=Q, limit=30).results]
+    assert "fresh-1" in after and doomed not in after and "fresh-0" not in after
+    original = pipe.settings
+    try:
+        pipe.reconfigure(original.model_copy(update={"cursor_keep_alive_s": 0.001}))
+        with pytest.raises(ServiceError) as e:
+            search(pipe, query=Q, limit=3, cursor=first.next_cursor)
+        assert status_of(e.value) == 409 and "router.cursor_keep_alive_s" in str(e.value)
+    finally:
+        pipe.reconfigure(original)
+    assert change.seq == documents.segment.applied_seq
 
 
 def test_highlights_are_the_query_terms_as_lucene_analyzes_them(pipeline):

@@ -1,11 +1,14 @@
 import json
 import random
+import re
 from datetime import UTC, datetime
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from deployments.shard.filters import FilterError, MetadataTable
+from deployments.shard.filters import FilterError, MetadataTable, filter_conditions
 
 ROWS = [
     {"year": 2001, "topic": "music", "tags": ["a", "b"], "published": "2020-01-31", "draft": False},
@@ -114,6 +117,139 @@ def test_filter_must_be_an_object():
         TABLE.allowed_rows([{"topic": "music"}])
 
 
+# --- logical keys: $and, $or, $not ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("filter_", "expected"),
+    [
+        ({"$or": [{"year": {"lt": 2002}}, {"topic": "cooking"}]}, [0, 4]),
+        ({"topic": "music", "$or": [{"year": {"gt": 2005}}, {"tags": "a"}]}, [0, 2]),  # keys of one object AND
+        ({"$and": [{"tags": "a"}, {"tags": "b"}]}, [0]),  # two conditions on one field
+        ({"$or": [{"topic": "music"}]}, [0, 2]),
+        # $not is the complement over all rows: the rule of ne, so a row missing the field is kept.
+        ({"$not": {"topic": "music"}}, [1, 3, 4]),
+        ({"topic": {"ne": "music"}}, [1, 3, 4]),
+        ({"$not": {"year": {"gt": 2005}}}, [0, 1, 3, 4]),  # row 3 has no year ...
+        ({"year": {"lte": 2005}}, [0, 1, 4]),  # ... and lte leaves it out
+        ({"$not": {"$not": {"topic": "music"}}}, [0, 2]),
+        ({"$not": {"$or": [{"topic": "music"}, {"draft": True}]}}, [3, 4]),  # none of them
+        ({"$not": {"topic": "music", "year": 2001}}, [1, 2, 3, 4]),  # not both
+        ({"$or": [{"$and": [{"topic": "music"}, {"year": 2001}]}, {"$not": {"tags": {"nin": ["c"]}}}]}, [0, 3]),
+        ({"draft": {"ne": True}, "$not": {"topic": "sailing"}}, [0, 2, 3, 4]),
+        ({"$or": [{"topic": []}, {"year": {"gt": 3000}}]}, []),
+    ],
+)
+def test_logical_keys(filter_, expected):
+    assert rows(filter_) == expected
+
+
+@pytest.mark.parametrize(
+    ("filter_", "message"),
+    [
+        ({"$xyz": [{"topic": "music"}]}, "unknown logical operator '$xyz'; use $and, $or or $not"),
+        ({"$or": [{"$Or": [{"topic": "music"}]}]}, "unknown logical operator '$Or'"),
+        ({"$or": {"topic": "music"}}, "'$or' takes a non-empty JSON array of filters"),
+        ({"$or": []}, "'$or' takes a non-empty JSON array of filters"),
+        ({"$and": []}, "'$and' takes a non-empty JSON array of filters"),
+        ({"$and": "topic"}, "'$and' takes a non-empty JSON array of filters"),
+        ({"$not": [{"topic": "music"}]}, "'$not' takes one filter"),
+        ({"$not": {}}, "each filter inside '$not' must be a non-empty JSON object"),
+        ({"$or": [{}, {"topic": "music"}]}, "each filter inside '$or' must be a non-empty JSON object"),
+        ({"$and": ["music"]}, "each filter inside '$and' must be a non-empty JSON object"),
+        ({"$or": [{"yaer": 2005}]}, "unknown filter field 'yaer'"),
+        ({"$not": {"year": {"between": [1, 2]}}}, "unknown operator 'between'"),
+        ({"$or": [{"topic": "music"}, {"topic": {"gt": "m"}}]}, "range operators need a number or date field"),
+    ],
+)
+def test_bad_logical_keys_name_the_key_and_the_fix(filter_, message):
+    with pytest.raises(FilterError, match=re.escape(message)):
+        TABLE.allowed_rows(filter_)
+    if message.startswith(("unknown logical", "'$", "each filter")):
+        with pytest.raises(FilterError, match=re.escape(message)):
+            filter_conditions(filter_)  # the router's check meets the same errors before any shard does
+
+
+def test_unknown_logical_operator_message():
+    with pytest.raises(FilterError) as err:
+        TABLE.allowed_rows({"$xyz": []})
+    assert str(err.value) == "unknown logical operator '$xyz'; use $and, $or or $not"
+
+
+def test_filter_conditions_lists_every_field():
+    filter_ = {"lang": "en", "$or": [{"year": {"lt": 2000}}, {"$not": {"topic": "music", "$and": [{"tags": "a"}]}}]}
+    assert filter_conditions(filter_) == [("lang", "en"), ("year", {"lt": 2000}), ("topic", "music"), ("tags", "a")]
+
+
+# --- a field absent from a table (a shard that never saw it), and the ACL ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("filter_", "expected"),
+    [
+        ({"ghost": "x"}, []),
+        ({"ghost": ["x", "y"]}, []),
+        ({"ghost": {"gt": 1}}, []),
+        ({"ghost": {"ne": "x"}}, [0, 1, 2, 3, 4]),
+        ({"ghost": {"nin": ["x"]}, "topic": "music"}, [0, 2]),
+        ({"$not": {"ghost": "x"}}, [0, 1, 2, 3, 4]),
+        ({"$or": [{"ghost": "x"}, {"topic": "cooking"}]}, [4]),
+    ],
+)
+def test_a_field_absent_here_is_missing_from_every_row(filter_, expected):
+    assert TABLE.allowed_rows(filter_, unknown_as_missing=True).tolist() == expected
+    with pytest.raises(FilterError, match="unknown filter field 'ghost'"):
+        TABLE.allowed_rows(filter_)
+
+
+def test_an_absent_field_still_checks_its_operators():
+    with pytest.raises(FilterError, match="unknown operator 'between'"):
+        TABLE.allowed_rows({"ghost": {"between": [1, 2]}}, unknown_as_missing=True)
+    with pytest.raises(FilterError, match="'in' and 'nin' take a JSON array"):
+        TABLE.allowed_rows({"ghost": {"in": "x"}}, unknown_as_missing=True)
+
+
+@pytest.mark.parametrize("filter_", [
+    {"draft": True}, {"draft": {"ne": True}}, {"$not": {"draft": False}},
+    {"$or": [{"draft": True}, {"year": 2005}]}, {"$not": {"$or": [{"draft": False}, {"topic": "cooking"}]}},
+    {"topic": {"nin": ["music"]}, "$not": {"draft": {"in": [True, False]}}},
+])
+def test_split_tables_equal_one_table(filter_):
+    """Sharded equals unsharded: rows 3 and 4 as a table of their own have no draft field at all."""
+    first, second = MetadataTable(ROWS[:3]), MetadataTable(ROWS[3:])
+    assert "draft" not in second.fields()
+    parts = [*first.searchable_rows(filter_).tolist(), *(3 + second.searchable_rows(filter_)).tolist()]
+    assert parts == TABLE.allowed_rows(filter_).tolist()
+
+
+ACL_TABLE = MetadataTable([
+    {"acl": ["alice"], "topic": "a"},
+    {"acl": ["bob"], "topic": "b"},
+    {"acl": ["public", "bob"], "topic": "c"},
+    {"topic": "d"},  # no ACL field: seen by nobody
+])
+
+
+@pytest.mark.parametrize(
+    ("filter_", "acl", "expected"),
+    [
+        (None, None, None),
+        (None, ("acl", ["bob"]), [1, 2]),
+        (None, ("acl", []), []),
+        ({"topic": {"ne": "zzz"}}, ("acl", ["alice", "public"]), [0, 2]),
+        # Neither an $or, nor a $not, nor a filter on the ACL field itself reaches past the ACL.
+        ({"$or": [{"topic": "b"}, {"topic": {"ne": "zzz"}}]}, ("acl", ["alice", "public"]), [0, 2]),
+        ({"$not": {"topic": "a"}}, ("acl", ["alice", "public"]), [2]),
+        ({"$or": [{"acl": "bob"}, {"topic": "d"}]}, ("acl", ["alice"]), []),
+        ({"$not": {"acl": "alice"}}, ("acl", ["alice"]), []),
+        ({"ghost": {"ne": 1}}, ("acl", ["alice"]), [0]),
+    ],
+)
+def test_the_acl_is_intersected_never_widened(filter_, acl, expected):
+    allowed = ACL_TABLE.searchable_rows(filter_, acl)
+    assert (None if allowed is None else allowed.tolist()) == expected
+
+
 def test_from_json_column():
     table = MetadataTable.from_json_column([json.dumps(r) for r in ROWS[:2]] + ["", None, '{"year": 1999}'])
     assert table.num_rows == 5
@@ -212,9 +348,18 @@ def brute_force(row, field, op, value):
 
 
 def matches(row, filter_):
-    for field, cond in filter_.items():
-        pairs = [("in", cond)] if isinstance(cond, list) else cond.items() if isinstance(cond, dict) else [("eq", cond)]
-        if not all(brute_force(row, field, op, value) for op, value in pairs):
+    """The filter's rule for one row, read off the module docstring: keys AND together, $not is plain negation."""
+    for key, cond in filter_.items():
+        if key == "$and":
+            ok = all(matches(row, sub) for sub in cond)
+        elif key == "$or":
+            ok = any(matches(row, sub) for sub in cond)
+        elif key == "$not":
+            ok = not matches(row, cond)
+        else:
+            pairs = [("in", cond)] if isinstance(cond, list) else cond.items() if isinstance(cond, dict) else [("eq", cond)]
+            ok = all(brute_force(row, key, op, value) for op, value in pairs)
+        if not ok:
             return False
     return True
 
@@ -232,3 +377,61 @@ def test_matches_brute_force(seed):
         assert table.allowed_rows(filter_).tolist() == expected, filter_
         nonempty += 0 < len(expected) < len(data)
     assert nonempty > 20  # the random filters do select something, and not everything
+
+
+# --- oracle for nested filters: random small tables and random $and/$or/$not trees against ``matches`` --------
+
+EXTRA = {"year": [1998, 2001.0], "topic": ["nope"], "published": ["2018-05-05", "2020-01-01T12:00:00+00:00"],
+         "tags": ["w", 2.0], "draft": [], "misc": [False, "y"], "ghost": ["x", "y"]}
+# Two rows that pin every field's kind, whatever the random rows hold ("ghost" is in no row: absent everywhere).
+ANCHORS = [{"year": 2000, "topic": "music", "published": "2020-01-01", "tags": ["x", 1], "draft": True, "misc": "x"},
+           {"misc": ["y", 2]}]
+
+
+def stored_values(field):
+    if field == "tags":
+        return st.lists(st.sampled_from(POOLS["tags"]), max_size=3, unique=True)
+    if field == "misc":
+        return st.one_of(st.sampled_from(POOLS["misc"]), st.lists(st.sampled_from(POOLS["misc"]), max_size=2))
+    return st.sampled_from(POOLS[field])
+
+
+table_rows = st.lists(
+    st.fixed_dictionaries({}, optional={f: st.one_of(st.none(), stored_values(f)) for f in KINDS}), min_size=4, max_size=12
+).map(lambda drawn: [*drawn, *ANCHORS])
+
+
+def field_condition(field):
+    value = st.sampled_from(POOLS.get(field, []) + EXTRA[field])
+    ranged = KINDS.get(field) in ("number", "date", None)  # None: the absent field, which takes any operator
+    ops = ["eq", "ne", "in", "nin"] + (["gt", "gte", "lt", "lte"] if ranged else [])
+    pair = st.sampled_from(ops).flatmap(
+        lambda op: st.tuples(st.just(op), st.lists(value, max_size=3) if op in ("in", "nin") else value))
+    return st.one_of(value, st.lists(value, max_size=3), st.lists(pair, min_size=1, max_size=2).map(dict))
+
+
+leaf_filters = st.dictionaries(st.sampled_from([*KINDS, "ghost"]), st.just(None), min_size=1, max_size=2).flatmap(
+    lambda chosen: st.fixed_dictionaries({f: field_condition(f) for f in chosen}))
+
+
+def combined(children):
+    many = st.lists(children, min_size=1, max_size=3)
+    return st.one_of(
+        many.map(lambda fs: {"$and": fs}),
+        many.map(lambda fs: {"$or": fs}),
+        children.map(lambda f: {"$not": f}),
+        st.tuples(leaf_filters, st.sampled_from(["$and", "$or"]), many).map(lambda t: {**t[0], t[1]: t[2]}),
+        st.tuples(leaf_filters, children).map(lambda t: {**t[0], "$not": t[1]}),
+    )
+
+
+nested_filters = st.recursive(leaf_filters, combined, max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=table_rows, filter_=nested_filters)
+def test_nested_filters_match_brute_force(data, filter_):
+    table = MetadataTable(data)
+    assert table.fields() == KINDS
+    expected = [i for i, row in enumerate(data) if matches(row, filter_)]
+    assert table.allowed_rows(filter_, unknown_as_missing=True).tolist() == expected

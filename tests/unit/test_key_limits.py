@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.config import KeyLimit, SecurityConfig
-from deployments.edge.front_door import FrontDoor
+from deployments.edge.front_door import FrontDoor, served_by
 from deployments.edge.guard import Guard, key_digest
 from tests.waiting import until
 
@@ -23,6 +23,7 @@ LIMIT = {"requests_per_s": 1, "burst": 2, "max_inflight": 5}  # 2 at once, then 
 def guard_of(monkeypatch, **security) -> Guard:
     guard = Guard.from_config(SecurityConfig(api_key_digests=[key_digest("alpha"), key_digest("beta")], **security))
     monkeypatch.setattr("deployments.edge.guard._installed", guard)
+    served_by()  # the first answer's header imports Ray Serve (seconds on a busy machine): not inside a 2 s window
     return guard
 
 
@@ -167,3 +168,17 @@ def test_key_limits_name_a_key_digest_or_a_principal():
     with pytest.raises(ValidationError, match="'rsk_raw', neither a key digest .* nor a principal of key_principals "
                                               r"\(tenant-a\)"):
         SecurityConfig(key_principals={key_digest("alpha"): ["tenant-a"]}, key_limits={"rsk_raw": ok})
+
+
+def test_mcp_exchanges_are_not_counted_against_the_callers_budget_but_still_need_a_key(monkeypatch):
+    """/mcp's protocol exchanges (initialize, notifications, tools/list) pass whatever the caller's budget; its tool
+    calls count, one by one, in the MCP tools (``deployments.api.mcp``)."""
+    guard_of(monkeypatch, key_limit={"requests_per_s": 1, "burst": 1, "max_inflight": 1})
+
+    async def run():
+        async with client() as c:
+            mcp = [(await c.post("/mcp", json={}, headers={"x-api-key": "alpha"})).status_code for _ in range(4)]
+            return mcp, (await c.post("/mcp", json={})).status_code, [(await search(c, "alpha")).status_code
+                                                                      for _ in range(2)]
+
+    assert asyncio.run(run()) == ([200] * 4, 401, [200, 429])

@@ -89,13 +89,15 @@ def read_pages(base: str, query: str, limit: int, candidates: int) -> dict:
 
 
 def check(chain: dict, writer: Writer) -> dict:
-    """A chain's figures: pages, refused, repeats, ranks 1..N unbroken, results written after its first page."""
+    """A chain's figures: pages, refused, repeats, ranks 1..N unbroken, results of written documents, and of those
+    written after its first page."""
     results = [r for page in chain["pages"] for r in page]
     ids = [cid for _, _, cid in results]
     seq = chain["first_write"]
     later = [doc for _, doc, _ in results[len(chain["pages"][0]) if chain["pages"] else 0:]
              if seq is not None and writer.written.get(doc, 0) > seq]
-    return {"pages": len(chain["pages"]), "refused": chain["error"], "results": len(results),
+    written = sum(doc in writer.written for _, doc, _ in results)  # the writes do reach the rankings
+    return {"pages": len(chain["pages"]), "refused": chain["error"], "results": len(results), "written_seen": written,
             "repeats": len(ids) - len(set(ids)), "ranks_whole": [r for r, _, _ in results] == list(range(1, len(ids) + 1)),
             "written_after_first_page": len(later)}
 
@@ -135,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     totals = {"searches": len(chains), "pages": pages, "refused": sum(c["refused"] is not None for c in chains),
               "repeats": sum(c["repeats"] for c in chains), "ranks_whole": sum(c["ranks_whole"] for c in chains),
               "written_after_first_page_seen": sum(c["written_after_first_page"] for c in chains),
+              "results_of_written_documents": sum(c["written_seen"] for c in chains),
               "writes": len(writer.written), "deletes": len(writer.deleted), "writes_failed": len(writer.failed)}
     print(json.dumps(totals, indent=1))
     write_record(args.out, {"command": " ".join(["python -m bench.cursor_paging", *(argv or sys.argv[1:])]),

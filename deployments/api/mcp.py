@@ -15,7 +15,7 @@ tools need nothing between calls; a session kept on one replica would be unknown
 client). JSON answers, not SSE: each tool answers once, and a stateless request has no back channel to stream on.
 
 A caller's own budget (``security.key_limit``) counts tool calls, not HTTP exchanges: a session's initialize,
-notifications and tools/list are the protocol's, and counted against the budget they would spend it before the first
+notifications and tools/list are the protocol's, and counted they would spend a small budget before the first
 search. A call over the budget is a tool error (``429: ...; retry after N s``, with ``retry_after_s`` in its
 ``_meta``), which an MCP client shows its model, where an HTTP 429 would end the session in a transport error.
 """

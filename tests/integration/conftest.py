@@ -138,3 +138,19 @@ def built(corpus, ray_local, tmp_path_factory):
     return out
 
 
+
+
+def as_sent(response) -> str:
+    """A search response as the router sends it, less what differs between two runs of the same search: its timings,
+    and the time its next cursor's first page was ranked."""
+    import base64
+    import re
+
+    from deployments.edge.schemas import response_json
+
+    sent = re.sub(r'"timings_ms":\{[^}]*\},', "", response_json(response))
+    if response.next_cursor is not None:
+        cursor = response.next_cursor
+        body = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        sent = sent.replace(cursor, json.dumps({k: v for k, v in body.items() if k != "t"}, sort_keys=True))
+    return sent

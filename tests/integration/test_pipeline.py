@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import re
 import time
 
 import numpy as np
@@ -15,13 +13,13 @@ import pytest
 from deployments.bounded import BoundedCache
 from deployments.config import RouterSettings
 from deployments.edge.errors import status_of
-from deployments.edge.schemas import SearchRequest, response_json
+from deployments.edge.schemas import SearchRequest
 from deployments.errors import ServiceError
 from deployments.search.inprocess import LocalIndex, inprocess_pipeline
 from deployments.search.pipeline import SearchPipeline
 from deployments.search.plan import plan_search
 from deployments.search.stages import SearchContext, Work
-from tests.integration.conftest import shard_dirs
+from tests.integration.conftest import as_sent, shard_dirs
 
 
 def run(coro):
@@ -501,16 +499,6 @@ def test_extractive_answers_cite_the_returned_results_that_hold_each_sentence(bu
     assert resp.synthesis == answer.text
 
 
-def _sent(response) -> str:
-    """A response as the router sends it, less the timings and its cursor's time (they differ between two runs)."""
-    sent = re.sub(r'"timings_ms":\{[^}]*\},', "", response_json(response))
-    if response.next_cursor is not None:
-        cursor = response.next_cursor
-        body = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        sent = sent.replace(cursor, json.dumps({k: v for k, v in body.items() if k != "t"}, sort_keys=True))
-    return sent
-
-
 @pytest.mark.parametrize("fields", [{}, {"method": "keyword"}, {"method": "vector"}, {"fusion": "rrf"},
                                     {"include_context": True, "token_budget": 80}, {"include_citations": False},
                                     {"collections": ["main", "single"]}, {"mmr_lambda": 0.3},
@@ -526,7 +514,7 @@ def test_results_written_as_json_are_what_the_models_write(built, fields):
         for _ in range(2):  # fragments rendered, then taken from the cache
             rendered = run(pipe.search(req, rendered=True))
             assert rendered.results == [] and rendered.total_results == len(models.results) > 0
-            assert '"timings_ms"' not in _sent(rendered) and _sent(rendered) == _sent(models)
+            assert '"timings_ms"' not in as_sent(rendered) and as_sent(rendered) == as_sent(models)
 
 
 def test_a_cached_rendered_response_is_not_served_to_callers_wanting_models(built):
@@ -534,7 +522,7 @@ def test_a_cached_rendered_response_is_not_served_to_callers_wanting_models(buil
     rendered = run(pipe.search(SearchRequest(query="anchor mast keel", limit=3), rendered=True))
     again = run(pipe.search(SearchRequest(query="anchor mast keel", limit=3), rendered=True))
     models = run(pipe.search(SearchRequest(query="anchor mast keel", limit=3)))
-    assert again.cached and _sent(again).replace('"cached":true', '"cached":false') == _sent(rendered)
+    assert again.cached and as_sent(again).replace('"cached":true', '"cached":false') == as_sent(rendered)
     assert not models.cached and len(models.results) == 3
 
 

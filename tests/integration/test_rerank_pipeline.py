@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import re
 
 import numpy as np
 import pytest
 
 from deployments.config import RouterSettings
 from deployments.edge.errors import status_of
-from deployments.edge.schemas import SearchRequest, response_json
+from deployments.edge.schemas import SearchRequest
 from deployments.errors import ServiceError
 from deployments.search.inprocess import InProcessReranker, inprocess_pipeline
 from deployments.search.reranking import CrossEncoderScorer, passage_text
+from tests.integration.conftest import as_sent
 
 QUERY = "lucene shard replica"
 
@@ -133,7 +133,7 @@ def test_reranked_results_written_as_json_are_what_the_models_write(pipeline):
     req = SearchRequest(query=QUERY, limit=10, rerank=True, rerank_depth=20)
     models, rendered = asyncio.run(pipeline.search(req)), asyncio.run(pipeline.search(req, rendered=True))
     assert models.reranked and rendered.reranked and rendered.results == []
-    sent = [re.sub(r'"timings_ms":\{[^}]*\},', "", response_json(r)) for r in (models, rendered)]
+    sent = [as_sent(r) for r in (models, rendered)]
     assert sent[0] == sent[1] and '"reranked":' in sent[1]
 
 

@@ -76,11 +76,20 @@ class _Doc:
 
 @dataclass
 class _Visible:
-    """The rows a read sees: now (the segment's own arrays) or at a point in time (``FreshSegment.visible_at``)."""
+    """The rows a read sees: now (the segment's own arrays) or at a point in time (``FreshSegment.visible_at``).
+    At a point in time the chunk-id map is made only for a read that looks rows up by id (a search needs none)."""
 
     alive: np.ndarray  # bool, by row
-    row_of: dict[str, int]  # chunk id -> its row
     live: int
+    rows: list[dict]
+    _row_of: dict[str, int] | None = None
+
+    @property
+    def row_of(self) -> dict[str, int]:
+        """Chunk id -> its row."""
+        if self._row_of is None:
+            self._row_of = {self.rows[r]["chunk_id"]: r for r in np.flatnonzero(self.alive).tolist()}
+        return self._row_of
 
 
 class _Postings:
@@ -311,10 +320,9 @@ class FreshSegment:
     def visible_at(self, seq: int | None) -> _Visible:
         """The rows alive just after write ``seq`` (None: now), from each row's first and last write."""
         if seq is None or seq >= self.applied_seq:
-            return _Visible(self.alive, self.row_of, self.live)
+            return _Visible(self.alive, self.live, self.rows, self.row_of)
         alive = (self.born <= seq) & (self.died > seq)
-        rows = np.flatnonzero(alive).tolist()
-        return _Visible(alive, {self.rows[r]["chunk_id"]: r for r in rows}, len(rows))
+        return _Visible(alive, int(np.count_nonzero(alive)), self.rows)
 
     # ------------------------------------------------------------------ reads (the shard client protocol)
 

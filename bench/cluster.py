@@ -132,6 +132,23 @@ def placement(cluster: LocalCluster) -> dict[str, list[str]]:
     return json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.startswith("{")))
 
 
+def serve_state(cluster: LocalCluster, deployment: str, app: str = "raysearch") -> dict:
+    """One deployment as Serve's controller reports it: status and message, target replicas, and each replica's
+    state with its node (node_head, node_1, ...), for a failure to say where a change of layout stood."""
+    code = ("import json, sys, ray; ray.init(logging_level='ERROR', log_to_driver=False)\n"
+            "from deployments.settings import _client\n"
+            "nodes = {n['NodeID']: next(k for k in n['Resources'] if k.startswith('node_')) for n in ray.nodes() "
+            "if n['Alive']}\n"
+            "d = _client().get_serve_details()['applications'][sys.argv[1]]['deployments'][sys.argv[2]]\n"
+            "print(json.dumps({'status': d.get('status'), 'message': d.get('message'), "
+            "'target': d.get('target_num_replicas'), 'replicas': [(r.get('state'), nodes.get(r.get('node_id'), "
+            "r.get('node_id'))) for r in d.get('replicas') or []]}))")
+    proc = on_cluster(cluster, ["-c", code, app, deployment], timeout=120)
+    if proc.returncode != 0:
+        return {"unknown": proc.stderr[-1000:]}
+    return json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.startswith("{")))
+
+
 def override(cluster: LocalCluster, deployment: str, options: dict | None, app: str = "raysearch") -> None:
     """Deploy the running app's config again with ``options`` over one deployment's (Serve's per-deployment
     override, applied in place: nothing restarts), or without that override (None), as an operator's ``serve

@@ -33,7 +33,16 @@ import boto3
 import httpx
 import pytest
 
-from bench.cluster import Service, kill_under_load, on_cluster, override, placement, searching, visibility
+from bench.cluster import (
+    Service,
+    kill_under_load,
+    on_cluster,
+    override,
+    placement,
+    searching,
+    serve_state,
+    visibility,
+)
 from bench.local_cluster import LocalCluster, available
 from deployments.edge.schemas import SearchRequest
 from deployments.search.inprocess import inprocess_pipeline
@@ -354,7 +363,7 @@ def test_a_group_grows_onto_the_third_node_under_load_and_shrinks_drained_as_it_
     # / target replicas; ten clients searching without pause ask for three, the one left, pausing 0.1 s between
     # searches, for two at the most. Growing takes Serve's look-back of the load plus the new replica's start (its
     # group fetched from the store, a JVM) on cores the ten clients keep busy: 50 s on a quiet machine, over 120 s
-    # on a busier one.
+    # on a busier one (CI's: not within 240 s once).
     override(cluster, group, {"autoscaling_config": {"min_replicas": 2, "max_replicas": 3, "initial_replicas": 2,
                                                      "target_ongoing_requests": 0.1, "upscale_delay_s": 1,
                                                      "downscale_delay_s": 3}})
@@ -373,12 +382,16 @@ def test_a_group_grows_onto_the_third_node_under_load_and_shrinks_drained_as_it_
     for t in threads:
         t.start()
     try:
-        wait_until(lambda: replicas() == 3, timeout_s=240, what=f"{group} to grow to 3 replicas under load", every_s=1)
+        # Polled every 5 s: each poll is a driver of its own (ray.init), CPU the starting replica needs.
+        wait_until(lambda: replicas() == 3, timeout_s=360, every_s=5,
+                   what=lambda: f"{group} to grow to 3 replicas under load ({len(answers)} answers, statuses "
+                                f"{sorted({a[0] for a in answers})}); Serve: {serve_state(cluster, group)}")
         grown_s, grown_at = time.monotonic() - started, len(answers)
         time.sleep(3)  # served by all three for a while
         heavy.set()  # the load falls to one client, which goes on while the group shrinks
         fell = time.monotonic()
-        wait_until(lambda: replicas() == 2, timeout_s=120, what=f"{group} to shrink back to 2 replicas", every_s=1)
+        wait_until(lambda: replicas() == 2, timeout_s=120, every_s=1,
+                   what=lambda: f"{group} to shrink back to 2 replicas; Serve: {serve_state(cluster, group)}")
         shrunk_s, shrunk_at = time.monotonic() - fell, len(answers)
         time.sleep(2)
     finally:

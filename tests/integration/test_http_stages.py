@@ -129,9 +129,20 @@ def test_streamed_answer(served):
 
 def test_llm_rerank_behind_its_flag(served):
     client, _ = served
-    body = client.post("/search", json={"query": "telescope galaxy", "limit": 4, "rerank_with": "llm",
-                                        "rerank_depth": 6}).json()
-    assert body["reranked"], body.get("warnings")
+    tries = []
+
+    def reranked() -> dict | None:
+        # The LLM scores the pool under the router's rerank_timeout_s (5 s here): on a machine busy with other work
+        # one try may run past it and answer in fused order, with a warning (a timeout is not what is tested here).
+        body = client.post("/search", json={"query": "telescope galaxy", "limit": 4, "rerank_with": "llm",
+                                            "rerank_depth": 6}).json()
+        tries.append(body.get("warnings"))
+        if body["reranked"]:
+            return body
+        assert body["warnings"] == ["reranking timed out: results are in fused order"], body["warnings"]
+        return None
+
+    body = wait_until(reranked, 120, lambda: f"an LLM-reranked answer in {len(tries)} tries: {tries}", every_s=1)
     scores = [x["scores"]["reranked"] for x in body["results"]]
     assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
 

@@ -25,6 +25,10 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
+# The longest query any service takes: past it a request is refused before any work (422). A service's own limit,
+# router.max_query_chars, is at most this.
+MAX_QUERY_CHARS = 100_000
+
 # An index root: a folder (``indexes/scifact``) or a URL in object storage (``s3://bucket/prefix``).
 IndexRoot = Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, Path) else v)]
 
@@ -116,6 +120,10 @@ class RouterSettings(BaseModel):
     cache_size: int = Field(1024, ge=0, description="Identical requests answered from memory (0 turns it off).")
     redact_queries: bool = Field(True, description="Log a hash and length instead of the query text.")
     # At most the fresh segment's HISTORY_S (deployments.documents.segment), which keeps what a cursor pins.
+    max_query_chars: int = Field(
+        10_000, ge=1, le=MAX_QUERY_CHARS, description="The longest query searched (characters); longer ones get a "
+        "422. Each leg takes what it can use of a long one: the encoder its first tokens up to its limit, BM25 the "
+        "query's rarest 1,024 distinct terms; the response's warnings say what was left out.")
     cursor_keep_alive_s: float = Field(
         300.0, gt=0, le=600, description="How long a cursor's next pages are answered from the point in time of its "
         "first page (the documents written since left out, those deleted since still there) while writes go on; "

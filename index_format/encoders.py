@@ -49,6 +49,26 @@ def with_prompt(prompt: str, texts: list[str]) -> list[str]:
     return [prompt + t for t in texts] if prompt else list(texts)
 
 
+def token_counts(encoder, text: str) -> tuple[int, int] | None:
+    """(tokens the encoder embeds, tokens in all) of ``text`` (its prompt included by the caller), or None for an
+    encoder that reads the whole text (hashing) or whose tokenizer is not known here: past its token limit a model
+    embeds the text's beginning alone, and a caller says so."""
+    counts = getattr(encoder, "token_counts", None)
+    return counts(text) if counts is not None else None
+
+
+def query_token_counts(encoder, prompt: str, text: str) -> tuple[int, int] | None:
+    """``token_counts`` of a query as it is embedded (``prompt + text``), None at once where it cannot be cut."""
+    full = prompt + text
+    return token_counts(encoder, full) if may_be_cut(full, getattr(encoder, "max_tokens", None)) else None
+
+
+def may_be_cut(text: str, max_tokens: int | None) -> bool:
+    """Whether ``text`` could hold more than ``max_tokens`` tokens, decided without a tokenizer: every token of a
+    WordPiece, BPE or SentencePiece vocabulary covers at least one byte of the text, plus a few special tokens."""
+    return max_tokens is not None and len(text.encode()) + 8 > max_tokens
+
+
 class HashingEncoder:
     """Signed feature hashing of lower-cased word tokens, L2-normalized.
 
@@ -90,6 +110,11 @@ class SentenceTransformerEncoder:
         if half:
             self.model.half()
         self.dimension = int(self.model.get_embedding_dimension())
+        self.max_tokens = int(self.model.max_seq_length)
+
+    def token_counts(self, text: str) -> tuple[int, int]:
+        total = len(self.model.tokenizer(text, truncation=False, verbose=False)["input_ids"])
+        return min(total, self.max_tokens), total
 
     def encode(self, texts: list[str], batch_size: int = 64, prompt: str = "") -> np.ndarray:
         # The library's own prompt handling: it also leaves the prompt out of pooling where the model says so.
@@ -126,6 +151,10 @@ class OnnxEncoder:
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length)
         self.tokenizer.no_padding()
+        self.max_tokens = max_length
+        self._counting = Tokenizer.from_file(str(folder / "tokenizer.json"))  # untruncated: how long a text is
+        self._counting.no_truncation()
+        self._counting.no_padding()
         model = export_onnx(folder)
         if int8:
             model = quantized(model)
@@ -140,6 +169,10 @@ class OnnxEncoder:
         self.session = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.dimension = int(self.session.get_outputs()[0].shape[-1])
+
+    def token_counts(self, text: str) -> tuple[int, int]:
+        total = len(self._counting.encode(text).ids)
+        return min(total, self.max_tokens), total
 
     def encode(self, texts: list[str], batch_size: int = 64, prompt: str = "") -> np.ndarray:
         texts = with_prompt(prompt, texts)

@@ -54,8 +54,8 @@ class FusionSetting:
             body["rrf_k"] = self.rrf_k
         else:
             body["weights"] = {"dense": self.dense_weight, "keyword": round(1 - self.dense_weight, 6)}
-        if self.min_relevance_score is not None:
-            body["min_relevance_score"] = self.min_relevance_score
+        if self.min_relevance_score is not None:  # tuned on the minmax scale (``relevance_of``)
+            body |= {"min_relevance_score": self.min_relevance_score, "relevance_scale": "minmax"}
         return body
 
     def router_settings(self) -> dict:

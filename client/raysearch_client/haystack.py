@@ -31,9 +31,11 @@ FROM_ENV = Secret.from_env_var(API_KEY_ENV, strict=False)
 
 
 def document(result: Result) -> Document:
-    """A ranked chunk as a Haystack document: its id the chunk id, its score the result's ``score``, its meta as
-    ``result_metadata`` gives it (``doc_id``, ``rank``, ``relevance_score``, the document's metadata)."""
-    return Document(id=result.chunk_id, content=result.content, meta=result_metadata(result), score=result.score)
+    """A ranked chunk as a Haystack document: its id the chunk id, its score the result's ``relevance_score`` (the
+    same scale for every query: a cut on it means the same for each), its meta as ``result_metadata`` gives it
+    (``doc_id``, ``rank``, ``score``, the document's metadata)."""
+    return Document(id=result.chunk_id, content=result.content, meta=result_metadata(result),
+                    score=result.relevance_score)
 
 
 @component

@@ -35,10 +35,11 @@ from raysearch_client.models import Result, SearchResponse
 
 def node(result: Result) -> NodeWithScore:
     """A ranked chunk as a node: its id the chunk id, its source (``ref_doc_id``) the document, its metadata as
-    ``result_metadata`` gives it; the score is the result's ``score`` (``relevance_score`` is in metadata)."""
+    ``result_metadata`` gives it; the score is the result's ``relevance_score`` (the same scale for every query,
+    so a ``SimilarityPostprocessor`` cutoff means the same for each; the method's own ``score`` is in metadata)."""
     text_node = TextNode(id_=result.chunk_id, text=result.content, metadata=result_metadata(result),
                          relationships={NodeRelationship.SOURCE: RelatedNodeInfo(node_id=result.doc_id)})
-    return NodeWithScore(node=text_node, score=result.score)
+    return NodeWithScore(node=text_node, score=result.relevance_score)
 
 
 class RaySearchRetriever(BaseRetriever):

@@ -17,6 +17,14 @@ class Method(StrEnum):
     hybrid = "hybrid"
 
 
+class RelevanceScale(StrEnum):
+    """What ``relevance_score`` is measured against: the hit's own evidence (``absolute``), or the other hits of
+    its ranking (``minmax``)."""
+
+    absolute = "absolute"
+    minmax = "minmax"
+
+
 class Fusion(StrEnum):
     """How a hybrid search fuses its two legs (``deployments.search.fusion``): RRF, or weighted over min-max
     normalized scores."""
@@ -67,7 +75,9 @@ class RerankWith(StrEnum):
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    query: str = Field(description="Free text. Lucene syntax characters are searched as text.")
+    query: str = Field(
+        description="Free text, up to the service's router.max_query_chars (10,000 characters by default). "
+        "Lucene syntax characters are searched as text.")
     method: Method = Field(Method.hybrid, description="vector, keyword or hybrid (both, fused).")
     limit: int = Field(10, ge=1, le=100, description="Results to return.")
     offset: int = Field(0, ge=0, le=999,
@@ -85,7 +95,14 @@ class SearchRequest(BaseModel):
         "/collections lists the fields.")
     min_relevance_score: float | None = Field(None, ge=0, le=1,
         description="Drop results whose relevance_score is below this, in [0, 1] (default: the service's "
-        "setting for hybrid requests, none unless tuned).")
+        "setting for hybrid requests, none unless tuned; a tuned one is on the minmax scale).")
+    relevance_scale: RelevanceScale | None = Field(None,
+        description="absolute (default): each result's relevance_score from its own evidence, the same for "
+        "every query (the reranker's probability; else the collection's calibrated probability "
+        "of relevance, python -m relevance.calibrate; else the dense cosine; a keyword search "
+        "of an uncalibrated collection: minmax). minmax: relative to the ranking (min-max over "
+        "it, a weighted fusion's own score, a reranker's probability), the best result 1. "
+        "relevance_scales in the response says which each collection got.")
     fusion: Fusion | None = Field(None,
         description="rrf or weighted (over min-max normalized scores); default: the service's setting "
         "(weighted unless changed).")
@@ -209,10 +226,11 @@ class Result(BaseModel):
     section: str
     metadata: dict[str, Any]
     relevance_score: float = Field(ge=0, le=1,
-        description="The final score on [0, 1] for every method (what min_relevance_score applies to): the "
-        "reranker's probability when reranked, a weighted fusion over the sum of its weights, "
-        "otherwise the final score min-max normalized over the ranking (the best candidate 1, "
-        "the worst 0).")
+        description="The result's relevance on [0, 1] for every method (what min_relevance_score and a "
+        "framework's score threshold apply to), on the scale relevance_scales names for its "
+        "collection: probability (the reranker's), calibrated (the probability that it is "
+        "relevant, fitted on the collection's judgments), cosine (the dense leg's similarity), "
+        "or minmax/weighted (relative to the other results).")
     score: float = Field(
         description="The final score as the method gives it (cosine, BM25, fused, reranker).")
     scores: StageScores
@@ -299,6 +317,9 @@ class SearchResponse(BaseModel):
     reranked: bool = Field(False,
         description="True when the order is the reranker's; false when not asked or when the reranker "
         "failed or was too slow (then the fused order is returned).")
+    relevance_scales: dict[str, str] = Field(default_factory=dict,
+        description="Per collection searched, the scale of its results' relevance_score: probability, "
+        "calibrated, cosine, minmax or weighted (request field relevance_scale).")
     ranking_model: str | None = Field(None,
         description="The ranking model that ordered the results (then `reranked` is false: a "
         "cross-encoder's scores, when asked for, were among its features); null when none did.")
@@ -335,7 +356,7 @@ class FeedbackRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    query: str = Field(min_length=1, max_length=2000)
+    query: str = Field(min_length=1, max_length=100000)
     chunk_id: str | None = Field(None, min_length=1, max_length=512,
         description="The judged result's chunk_id.")
     doc_id: str | None = Field(None, min_length=1, max_length=512,

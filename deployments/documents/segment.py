@@ -40,7 +40,7 @@ from deployments.shard.features import (
     words,
 )
 from deployments.shard.filters import FilterError, MetadataTable
-from deployments.shard.query import ShardAnswer, ShardQuery
+from deployments.shard.query import ShardAnswer, ShardQuery, bounded_terms
 from deployments.shard.topk import contenders, top_k
 from index_format.bm25_stats import length_norm, lucene_idf, term_score
 from index_format.change_log import Change
@@ -340,9 +340,10 @@ class FreshSegment:
     def _bm25(self, text: str, weights: Mapping[str, float] | None, alive: np.ndarray) -> np.ndarray:
         """Every row's BM25 score for the query (0 where it holds no query term; dead rows count for nothing):
         the weighted sum over the fields of ``weights`` (None: ``contents`` alone), as a shard scores it."""
-        terms = self.analyze(text)
+        weights = weights or {CONTENTS: 1.0}
+        terms = bounded_terms(self.analyze(text), self.corpus.df, len(weights))[0]  # a long query's, as a shard's
         scores = np.zeros(len(self.rows))
-        for name, weight in (weights or {CONTENTS: 1.0}).items():
+        for name, weight in weights.items():
             if weight and name in self.corpora:  # the router checked the names against the version
                 scores += weight * self.postings[name].bm25(terms, self.corpora[name], alive)
         return scores

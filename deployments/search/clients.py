@@ -42,6 +42,10 @@ class EncoderClient(Protocol):
     # Documents (the fresh segment's chunks): embedded with the version's document prompt, queries with its query one.
     async def embed_documents(self, texts: list[str]) -> list[np.ndarray]: ...
 
+    # (tokens embedded, tokens in all) of a query that may pass the model's token limit; None for one that cannot
+    # (asked of a short query, no work) or an encoder with no limit.
+    async def tokens(self, text: str) -> tuple[int, int] | None: ...
+
 
 class RerankerClient(Protocol):
     async def score(self, query: str, passages: list[str]) -> list[float]: ...

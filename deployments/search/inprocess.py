@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from deployments.config import RouterSettings
+from deployments.search.calibration import Calibration
 from deployments.search.clients import Collection
 from deployments.search.hits import Hit, merge_top_k
 from deployments.search.learned import RankingModel
@@ -22,7 +23,7 @@ from deployments.shard.chunk_ids import ids_at
 from deployments.shard.group import ShardGroup
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.service import ShardService, open_version
-from index_format.encoders import encode_queries, load_encoder
+from index_format.encoders import encode_queries, load_encoder, query_token_counts
 from index_format.prompts import EncoderSpec
 
 
@@ -70,6 +71,9 @@ class InProcessEncoder:
     async def embed(self, text: str) -> np.ndarray:
         return self.encoder.encode([text], prompt=self.spec.query_prompt)[0]
 
+    async def tokens(self, text: str) -> tuple[int, int] | None:
+        return query_token_counts(self.encoder, self.spec.query_prompt, text)
+
     async def embed_many(self, texts: list[str]) -> list[np.ndarray]:
         return list(encode_queries(self.encoder, texts, self.spec.query_prompt))
 
@@ -105,7 +109,22 @@ def inprocess_pipeline(collections: dict[str, Path], settings: RouterSettings | 
     pipeline = SearchPipeline(opened, default or next(iter(opened)), settings or RouterSettings(),
                               reranker=reranker, synthesizer=synthesizer, acl_field=acl_field)
     pipeline.models.update(active_models(collections))
+    pipeline.calibrations.update(calibrations_of(collections))
     return pipeline
+
+
+def calibrations_of(collections: dict[str, Path]) -> dict[str, Calibration]:
+    """The calibration of each collection given as an index root that has one (a version folder has none)."""
+    from index_format.calibration import read_calibration
+    from index_format.versions import open_root
+
+    out = {}
+    for name, path in collections.items():
+        if open_root(path).shared_by_nodes or (Path(path) / "versions").is_dir():
+            data = read_calibration(path)
+            if data is not None:
+                out[name] = Calibration.from_json(data)
+    return out
 
 
 def active_models(collections: dict[str, Path]) -> dict[str, RankingModel]:

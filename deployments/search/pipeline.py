@@ -9,8 +9,9 @@ Scores in a response: ``scores.dense`` is cosine similarity, ``scores.keyword`` 
 ``scores.fused`` the RRF or weighted score; ``score`` is the score of the method used: dense for
 ``vector``, BM25 for ``keyword``, fused for ``hybrid``, and the reranker's (in [0, 1]) whenever the results
 were reranked (``reranked: true``). ``relevance_score`` (the seed's field, and the one
-``min_relevance_score`` applies to) is that score on [0, 1] for every method: the reranker's probability,
-a weighted fusion over its weights' sum, anything else min-max over the ranking (``_relevance_scale``).
+``min_relevance_score`` applies to) is on [0, 1] for every method, on the scale the request asks
+(``relevance_scale``): absolute by default, from each hit's own evidence (``search.calibration``), or minmax,
+relative to the ranking.
 
 Reranking and synthesis are optional stages behind clients: when one fails or is too slow the request
 still succeeds, with the earlier stage's output and a line in ``warnings``.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, replace
@@ -29,7 +31,7 @@ import numpy as np
 
 from deployments.bounded import BoundedCache
 from deployments.config import RouterSettings
-from deployments.edge.schemas import Method, RerankWith, SearchRequest, SearchResponse
+from deployments.edge.schemas import Method, RelevanceScale, RerankWith, SearchRequest, SearchResponse
 from deployments.errors import (
     DeadlineExceeded,
     InvalidField,
@@ -37,6 +39,7 @@ from deployments.errors import (
     ServiceError,
     Unavailable,
 )
+from deployments.search.calibration import Calibration, evidence
 from deployments.search.clients import (
     Collection,
     EncoderClient,
@@ -44,22 +47,26 @@ from deployments.search.clients import (
     SynthesizerClient,
     collection,
 )
-from deployments.search.fusion import is_flat
+from deployments.search.fusion import is_flat, relevance_scores
 from deployments.search.learned import FeatureTable, RankingModel, candidate_features
 from deployments.search.lookup import chunk_rows, document_body, visible
 from deployments.search.paging import Cursor, check_alive, page_offset, read_cursor
 from deployments.search.plan import plan_search
 from deployments.search.query_text import expand_synonyms, expand_with_history, normalize_query
-from deployments.search.ranking import Ranking, fuse_collections, fusion_of
+from deployments.search.ranking import Ranking, fuse_collections, fusion_of, relevance_scale
 from deployments.search.response import Responder
 from deployments.search.retrieval import Retrieval, Retrieved, known_rows
 from deployments.search.spelling import Speller
 from deployments.search.stages import SearchContext, Work, failure, gathered, ranked_by, within, write_seqs
 from deployments.shard.filters import FilterError, filter_conditions
 
+logger = logging.getLogger("ray.serve")
+
 # How long a cursor's next page waits for this replica to apply the write its point in time names (replicas follow
 # the change log within a second of one another).
 POINT_IN_TIME_WAIT_S = 2.0
+# No encoder's token limit is this short: a query of at most this many bytes is never asked how many tokens it has.
+SHORT_QUERY_BYTES = 100
 SPELLERS_KEPT = 8  # spelling vocabularies kept, one per (collections, versions, ACL) searched with spell_correct
 
 
@@ -81,10 +88,12 @@ class SearchPipeline:
         self.default_collection = default_collection
         self.reranker, self.synthesizer = reranker, synthesizer
         self.retrieval = Retrieval()
-        self.ranking = Ranking(self.retrieval, reranker, synthesizer)
-        # Each collection's active ranking model (``search.learned``), kept up to date by whoever holds the pipeline
-        # (the router follows each root's ``rankers/ACTIVE.json``; ``inprocess_pipeline`` loads it once).
+        # Each collection's active ranking model (``search.learned``) and calibration of relevance_score
+        # (``search.calibration``), kept up to date by whoever holds the pipeline (the router follows each root's
+        # ``rankers/ACTIVE.json`` and ``calibration.json``; ``inprocess_pipeline`` loads them once).
         self.models: dict[str, RankingModel] = {}
+        self.calibrations: dict[str, Calibration] = {}
+        self.ranking = Ranking(self.retrieval, reranker, synthesizer, self.calibrations)
         self.responder = Responder(self.retrieval, synthesizer)
         self.acl_field = acl_field
         self.public_principal = public_principal
@@ -126,7 +135,11 @@ class SearchPipeline:
         return targets
 
     def _check_stages(self, req: SearchRequest, targets: list[Collection]) -> bool:
-        """Refuse up front (400) a stage this service cannot run rather than ignoring it; returns whether to rerank."""
+        """Refuse up front a query longer than this service takes (422) and a stage it cannot run (400) rather than
+        ignoring it; returns whether to rerank."""
+        if len(req.query) > self.settings.max_query_chars:
+            raise InvalidField(f"query is {len(req.query):,} characters; this service takes at most "
+                               f"{self.settings.max_query_chars:,} (router.max_query_chars)")
         llm = req.rerank_with is RerankWith.llm
         if llm and req.rerank is not False and not (self.synthesizer and self.synthesizer.llm_rerank):
             raise InvalidRequest("rerank_with: llm is not enabled on this service "
@@ -343,6 +356,22 @@ class SearchPipeline:
             scores = {h.key: h.score for h in await self.ranking.rerank(req, ctx.text, pool, rows)}
         return await candidate_features(ctx, got, got.fused[:self.settings.ranking_depth], scores)
 
+    async def relevance_evidence(self, req: SearchRequest) -> list[tuple[str, dict[str, float], float]]:
+        """What a calibration is fitted on (``relevance.calibrate``): the best ``limit`` fused candidates of one
+        collection's search, each with its legs' evidence (``calibration.evidence``) and its relevance_score on
+        the minmax scale, made by the same stages as a search."""
+        targets = self._targets(req)
+        if len(targets) != 1:
+            raise InvalidRequest("relevance evidence is made for one collection's candidates")
+        ctx = await self._prepare(SearchContext(
+            req=req, plan=plan_search(req, self.settings, 1, False, 0), targets=targets, settings=self.settings,
+            work=Work(), started=time.perf_counter(), asked_query=req.query), None)
+        got = await self._retrieve(ctx)
+        top = got.fused[:req.limit]
+        scale = relevance_scale(req, self.settings, False, 1)
+        relative = relevance_scores([h.score for h in got.fused], *scale)[:req.limit]
+        return list(zip((h.chunk_id for h in top), evidence([h.key for h in top], got.legs), relative, strict=True))
+
     async def _prepare(self, ctx: SearchContext, embedded: dict | None) -> SearchContext:
         """The planned search made ready to retrieve: the plan's warnings, the query spelled, its text and vectors
         (one rule for a search and for the candidates a ranking model is trained on)."""
@@ -362,8 +391,9 @@ class SearchPipeline:
                 and req.group_by is None and req.encoder is None):
             defaults["mmr_lambda"] = s.mmr_lambda
         if (req.method is Method.hybrid and not rerank and req.min_relevance_score is None
-                and s.min_relevance_score is not None):
-            defaults["min_relevance_score"] = s.min_relevance_score
+                and s.min_relevance_score is not None and req.relevance_scale is not RelevanceScale.absolute):
+            # Tuned on the minmax scale (relevance.tune), so applied on it.
+            defaults |= {"min_relevance_score": s.min_relevance_score, "relevance_scale": RelevanceScale.minmax}
         return req.model_copy(update=defaults) if defaults else req
 
     async def _spell(self, ctx: SearchContext) -> SearchContext:
@@ -405,8 +435,25 @@ class SearchPipeline:
             if req.method is not Method.hybrid or req.mmr_lambda is not None:
                 raise Unavailable(f"the query encoder {failure(exc)}; retry shortly") from exc
             ctx.work.warnings.append(f"query encoder {failure(exc)}: keyword results only")
+        if vectors and len(ctx.text.encode()) > SHORT_QUERY_BYTES:
+            await self._token_cut(ctx, encoders)
         ctx.work.mark("embed", t)
         return vectors
+
+    @staticmethod
+    async def _token_cut(ctx: SearchContext, encoders: list[EncoderClient]) -> None:
+        """A warning where the encoder embedded only the query's first tokens (past its model's limit)."""
+        try:
+            counts = await within(gathered([e.tokens(ctx.text) for e in dict.fromkeys(encoders)]),
+                                  ctx.settings.encoder_timeout_s)
+        except Exception:  # the vectors stand; only the note of a cut is missing
+            logger.warning("the query's tokens were not counted", exc_info=True)
+            return
+        cut = [c for c in counts if c is not None and c[0] < c[1]]
+        if cut:
+            kept, total = min(cut)
+            ctx.work.warnings.append(f"dense leg: the encoder embedded the query's first {kept:,} of its "
+                                     f"{total:,} tokens (its model's limit)")
 
     async def _retrieve(self, ctx: SearchContext) -> Retrieved:
         """Every shard searched (both legs, the filter inside), each collection's legs merged and fused; a flat

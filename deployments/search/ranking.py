@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.edge.schemas import Fusion, Method, RerankWith, SearchRequest
+from deployments.edge.schemas import Fusion, Method, RelevanceScale, RerankWith, SearchRequest
 from deployments.errors import Unavailable
+from deployments.search.calibration import Calibration, absolute_scores, evidence
 from deployments.search.clients import Collection, RerankerClient, SynthesizerClient
 from deployments.search.fusion import min_max, relevance_scores, rrf, weighted
 from deployments.search.grouping import Group, group_hits, without_near_duplicates
@@ -36,6 +37,7 @@ class Ranked:
     final: list[Hit]  # after MMR
     model: str | None = None  # the ranking model that ordered ``ranked`` (then ``reranked`` is False)
     groups: list[Group] | None = None  # ``final`` grouped (``group_by``): what pages count
+    scales: dict[str, str] | None = None  # per collection, the scale of its relevance scores
 
     @property
     def total(self) -> int:
@@ -66,9 +68,9 @@ def fuse(req: SearchRequest, settings, dense: list[Hit], keyword: list[Hit]) -> 
 
 def relevance_scale(req: SearchRequest, settings, reranked: bool, collections: int,
                     learned: bool = False) -> tuple[str, float]:
-    """How the final ranking's scores become ``relevance_score`` (``fusion.relevance_scores``): the
-    reranker's probability as it is; a weighted fusion of one collection over its weights' sum (its
-    most); everything else (RRF, one leg, collections fused by RRF) min-max over the ranking."""
+    """How the final ranking's scores become ``relevance_score`` on the ``minmax`` scale (``fusion.relevance_scores``):
+    the reranker's probability as it is; a weighted fusion of one collection over its weights' sum (its most);
+    everything else (RRF, one leg, collections fused by RRF) min-max over the ranking."""
     if learned:
         return "minmax", 1.0
     if reranked:
@@ -83,8 +85,12 @@ def relevance_scale(req: SearchRequest, settings, reranked: bool, collections: i
 class Ranking:
     """The ranking stages after fusion, with the clients they call (``reranker``, the ``synthesizer``'s LLM)."""
 
-    def __init__(self, retrieval: Retrieval, reranker: RerankerClient | None, synthesizer: SynthesizerClient | None):
+    def __init__(self, retrieval: Retrieval, reranker: RerankerClient | None, synthesizer: SynthesizerClient | None,
+                 calibrations: dict[str, Calibration] | None = None):
         self.retrieval, self.reranker, self.synthesizer = retrieval, reranker, synthesizer
+        # Each collection's calibration of relevance_score (``search.calibration``), by name: the pipeline's own
+        # dict, kept up to date by whoever holds it.
+        self.calibrations = calibrations if calibrations is not None else {}
 
     async def rerank(self, req: SearchRequest, text: str, pool: list[Hit], rows: list[dict]) -> list[Hit]:
         passages = [passage_text(r["title"], r["text"]) for r in rows]
@@ -123,9 +129,7 @@ class Ranking:
         if ctx.model is not None and fused:
             ranked, learned = await self.learned(ctx, got, ranked if reranked else None)
             reranked = reranked and learned is None
-        scale = relevance_scale(req, s, reranked, len(targets), learned is not None)
-        relevance_of = dict(zip((h.key for h in ranked), relevance_scores([h.score for h in ranked], *scale),
-                                strict=True))
+        relevance_of, scales = self.relevance(ctx, got, ranked, reranked, learned is not None)
         cut = req.min_relevance_score
         kept = ranked if cut is None else [h for h in ranked if relevance_of[h.key] >= cut]
         dropped = [] if cut is None else [h for h in ranked if relevance_of[h.key] < cut]
@@ -146,7 +150,30 @@ class Ranking:
                 final = mmr(pool, query_vector, pool_vectors, req.limit, req.mmr_lambda, relevance)
             work.mark("mmr", t)
         groups = await self.group(ctx, got, final) if req.group_by is not None else None
-        return Ranked(ranked, reranked, relevance_of, kept, dropped, final, learned, groups)
+        return Ranked(ranked, reranked, relevance_of, kept, dropped, final, learned, groups, scales)
+
+    def relevance(self, ctx: SearchContext, got: Retrieved, ranked: list[Hit], reranked: bool, learned: bool
+                  ) -> tuple[dict[tuple[str, str], float], dict[str, str]]:
+        """Each hit's ``relevance_score`` by key, and the scale each collection's hits are on
+        (``search.calibration``)."""
+        req, names = ctx.req, [c.name for c in ctx.targets]
+        scores = [h.score for h in ranked]
+        if req.relevance_scale is RelevanceScale.minmax or reranked:
+            scale = ("probability", 1.0) if reranked else relevance_scale(req, ctx.settings, reranked, len(names),
+                                                                            learned)
+            return (dict(zip((h.key for h in ranked), relevance_scores(scores, *scale), strict=True)),
+                    dict.fromkeys(names, scale[0]))
+        values: dict[tuple[str, str], float | None] = {}
+        scales = {}
+        for name in names:
+            hits = [h for h in ranked if h.collection == name]
+            scales[name], own = absolute_scores(req.method.value, evidence([h.key for h in hits], got.legs),
+                                                self.calibrations.get(name))
+            values.update(zip((h.key for h in hits), own, strict=True))
+        if any(v is None for v in values.values()):  # a scale with no absolute score: min-max over the ranking
+            relative = dict(zip((h.key for h in ranked), relevance_scores(scores, "minmax"), strict=True))
+            values = {k: relative[k] if v is None else v for k, v in values.items()}
+        return values, scales
 
     async def vectors(self, ctx: SearchContext, pool: list[Hit], skipped: str):
         """The pool's vectors from their shards (MMR and dedupe: one rule, one deadline, ``shard_timeout_s``), or

@@ -122,6 +122,7 @@ class Responder:
                               ratio=got.answered / got.asked if got.asked else 0.0,
                               degraded=bool(got.failed), failed=got.failed),
             reranked=ranked.reranked,
+            relevance_scales=ranked.scales or {},
             ranking_model=ranked.model,
             answer=answer,
             warnings=work.warnings,

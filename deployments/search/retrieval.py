@@ -17,7 +17,7 @@ from deployments.search.clients import Collection
 from deployments.search.field_weights import request_weights
 from deployments.search.hits import Hit, merge_top_k
 from deployments.search.stages import SearchContext, Span, gathered, within
-from deployments.shard.query import ShardAnswer, ShardQuery
+from deployments.shard.query import MAX_QUERY_CLAUSES, ShardAnswer, ShardQuery
 from deployments.shard.shares import Share, share_depth, short_shares
 from index_format.chunk_ids import doc_of
 
@@ -136,6 +136,10 @@ class Retrieval:
                 continue
             if answer.filter_error:
                 raise InvalidField(answer.filter_error)
+            if answer.terms is not None and not any(w.startswith("keyword leg: ") for w in work.warnings):
+                kept, distinct = answer.terms
+                work.warnings.append(f"keyword leg: the query's {kept:,} rarest distinct terms searched, {distinct - kept:,}"
+                                     f" of its {distinct:,} left out (Lucene's limit of {MAX_QUERY_CLAUSES:,} clauses)")
             call.raw = answer
             per_collection[c.name].append((call.index, self._masked(call, answer)))
             work.spans.append(Span(f"shards {c.name}/{shard.name}", t, t + answer.took_ms / 1000, "retrieve"))

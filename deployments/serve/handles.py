@@ -109,6 +109,17 @@ def held_hosts(deployed: dict[str, DeployedCollection]) -> list[ShardHost]:
 class HandleEncoder:
     def __init__(self, handle):
         self.handle = handle
+        self.limit: tuple[int | None, str] | None = None  # the deployment's (token limit, query prompt), asked once
+
+    async def tokens(self, text: str) -> tuple[int, int] | None:
+        from index_format.encoders import may_be_cut
+
+        if self.limit is None:
+            self.limit = tuple(await call_with_retry(self.handle.token_limit))
+        max_tokens, prompt = self.limit
+        if not may_be_cut(prompt + text, max_tokens):  # a short query: no call
+            return None
+        return await call_with_retry(self.handle.token_counts, text)
 
     async def embed(self, text: str):
         return await call_with_retry(self.handle.embed, text)
@@ -162,6 +173,15 @@ class LocalEncoder:
 
     async def embed(self, text: str):
         return (await self.embed_many([text]))[0]
+
+    async def tokens(self, text: str) -> tuple[int, int] | None:
+        from index_format.encoders import may_be_cut, query_token_counts
+
+        worker = await self._worker()
+        if not may_be_cut(self.spec.query_prompt + text, getattr(self.encoder, "max_tokens", None)):
+            return None
+        return await asyncio.get_running_loop().run_in_executor(worker, query_token_counts, self.encoder,
+                                                                self.spec.query_prompt, text)
 
     async def embed_many(self, texts: list[str]):
         from index_format.encoders import encode_queries

@@ -34,6 +34,17 @@ class QueryEncoder:
         vectors = await asyncio.to_thread(self.encoder.encode, list(texts), len(texts), self.spec.query_prompt)
         return list(vectors)
 
+    def token_limit(self) -> tuple[int | None, str]:
+        """(the model's token limit, the query prompt): a caller asks ``token_counts`` only of a query that may
+        pass it (``index_format.encoders.may_be_cut``)."""
+        return getattr(self.encoder, "max_tokens", None), self.spec.query_prompt
+
+    async def token_counts(self, text: str) -> tuple[int, int] | None:
+        """(tokens embedded, tokens in all) of a query with its prompt (``index_format.encoders.token_counts``)."""
+        from index_format.encoders import query_token_counts
+
+        return await asyncio.to_thread(query_token_counts, self.encoder, self.spec.query_prompt, text)
+
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
         """Written documents' chunks (already one batch: the documents service groups its writes)."""
         return await asyncio.to_thread(self.encoder.encode, list(texts), 64, self.spec.document_prompt)

@@ -110,7 +110,7 @@ class SearchRouter:
         self.versions = VersionSwitch(self.pipeline.collections, deployed, shard_client,
                                       self.settings.activation_timeout_s, fresh_for=self.documents.rebase)
         self.models = RankingModels(self.pipeline.models, {name: d.root for name, d in deployed.items()
-                                                           if d.follows_active})
+                                                           if d.follows_active}, self.pipeline.calibrations)
         await self.models.follow()
         self.builds = Builds(deployed, default_collection, start_build)
         self.judgments = Feedback(self.pipeline, {name: judgments_of(spec.judgments)

@@ -22,7 +22,7 @@ from deployments.shard.chunk_ids import ids_at
 from deployments.shard.features import FeatureQuery, candidates_features
 from deployments.shard.filters import FilterError
 from deployments.shard.lucene import FactsReader
-from deployments.shard.query import ShardAnswer, ShardQuery
+from deployments.shard.query import ShardAnswer, ShardQuery, bounded_terms
 from deployments.shard.service import ShardService
 from deployments.shard.shares import Share, shard_depth, short_shares
 from deployments.shard.topk import top_k
@@ -145,6 +145,11 @@ class ShardGroup:
             self.analyzed.put(text, terms)
         return list(terms)
 
+    def keyword_terms(self, query: ShardQuery) -> tuple[list[str], int, int]:
+        """The terms the keyword leg searches (``bounded_terms``: a long query's rarest), with (kept, distinct)."""
+        df = self.services[0].lucene.corpus_df
+        return bounded_terms(self.terms(query.text), lambda t: df.get(t, 0), len(query.field_weights or (1,)))
+
     def check(self) -> None:
         for s in self.services:
             s.check()
@@ -208,7 +213,7 @@ class ShardGroup:
         if not query.keyword:
             return []
         k = query.k_keyword
-        terms = self.terms(query.text)
+        terms = self.keyword_terms(query)[0]
         depth = shard_depth(k, self.size)
         shared = self.services[0].lucene.shared_top_k(k) if self.size > 1 and depth == k else None
         weights = query.field_weights
@@ -229,6 +234,9 @@ class ShardGroup:
         if keyword:
             answer.keyword = _best([d.rows for d in keyword], [d.scores for d in keyword], self.ranks,
                                    self.shard_ids, query.k_keyword)
+            _, kept, distinct = self.keyword_terms(query)
+            if kept < distinct:
+                answer.terms = (kept, distinct)
         if any(rows is not None for rows in allowed):
             answer.allowed = sum(len(rows) for rows in allowed if rows is not None)
         if (top := query.rows_for_top) > 0:

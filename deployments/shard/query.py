@@ -7,10 +7,30 @@ for the few best hits, where a round trip would cost more than the bytes (``rows
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+
+# Distinct terms a keyword leg searches, over all its fields (Lucene's BooleanQuery clause limit): a long query keeps
+# its rarest (``bounded_terms``).
+MAX_QUERY_CLAUSES = 1024
+
+
+def bounded_terms(terms: list[str], df: Callable[[str], int], fields: int = 1) -> tuple[list[str], int, int]:
+    """A query's analyzed ``terms`` with at most ``MAX_QUERY_CLAUSES // fields`` distinct ones the corpus holds,
+    the rarest kept (by corpus document frequency, the query's order breaking ties: the terms BM25 weighs most),
+    each with every occurrence, in the query's order; and (kept, distinct) counts of the terms the corpus holds.
+    Terms it never saw score nothing either way. Corpus statistics, not a shard's: every shard and the fresh
+    segment keep the same terms, so their scores still add up as one index's."""
+    limit = max(1, MAX_QUERY_CLAUSES // max(1, fields))
+    known = [(df(t), i, t) for i, t in enumerate(dict.fromkeys(terms))]
+    known = [k for k in known if k[0] > 0]
+    if len(known) <= limit:
+        return terms, len(known), len(known)
+    kept = {t for _, _, t in sorted(known)[:limit]}
+    return [t for t in terms if t in kept], limit, len(known)
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,3 +88,4 @@ class ShardAnswer:
     rows: list[dict] = field(default_factory=list)  # chunk rows of the best hits, sent along to save a hop
     shards: int = 1  # shards this answer covers (a shard group answers for several)
     shard_ms: dict[str, float] = field(default_factory=dict)  # a group's time per shard
+    terms: tuple[int, int] | None = None  # (searched, distinct) where a long query's terms were cut (bounded_terms)

@@ -232,7 +232,7 @@ def test_the_llamaindex_retriever_answers_nodes_of_the_clients_results(served):
     nodes = retriever.retrieve(QUERY)
     results = expected(served, limit=4, method="hybrid")
     assert [(n.node.node_id, n.node.ref_doc_id, n.node.get_content(), n.score) for n in nodes] == [
-        (r.chunk_id, r.doc_id, r.content, r.score) for r in results]
+        (r.chunk_id, r.doc_id, r.content, r.relevance_score) for r in results]
     assert all(n.node.metadata["kind"] == r.metadata["kind"] for n, r in zip(nodes, results, strict=True))
     assert [n.node.node_id for n in asyncio.run(retriever.aretrieve(QUERY))] == [r.chunk_id for r in results]
 
@@ -259,7 +259,7 @@ def test_the_haystack_component_runs_in_a_pipeline(served):
     found = pipeline.run({"retriever": {"query": QUERY, "filters": functions}})["retriever"]["documents"]
     results = expected(served, limit=5, method="keyword", filters={"kind": "function"})
     assert [(d.id, d.content, d.score, d.meta["doc_id"], d.meta["kind"]) for d in found] == [
-        (r.chunk_id, r.content, r.score, r.doc_id, r.metadata["kind"]) for r in results]
+        (r.chunk_id, r.content, r.relevance_score, r.doc_id, r.metadata["kind"]) for r in results]
     two = pipeline.run({"retriever": {"query": QUERY, "top_k": 2}})["retriever"]["documents"]  # no filter this time
     assert [d.id for d in two] == [r.chunk_id for r in expected(served, limit=2, method="keyword")]
     # Saved and loaded as a pipeline's YAML (the key is not saved), it answers the same.

@@ -152,16 +152,17 @@ def test_threshold_mmr_context_and_citations(pipeline):
 @pytest.mark.parametrize("fields", [{"method": "keyword"}, {"method": "vector"}, {"fusion": "rrf"}, {},
                                     {"weights": {"dense": 1.0, "keyword": 1.0}}, {"collections": ["main", "single"]}])
 def test_the_seed_contract_relevance_score_in_0_1_and_its_threshold(pipeline, fields):
-    """relevance_score is on [0, 1] for every method, in the results' order, computed as documented
-    (hand-computed from ``score`` here); min_relevance_score cuts on it; the seed's fields are there."""
+    """relevance_score on the minmax scale is on [0, 1] for every method, in the results' order, computed as
+    documented (hand-computed from ``score`` here); min_relevance_score cuts on it; the seed's fields are there."""
     q = "bread oven butter"
+    fields = fields | {"relevance_scale": "minmax"}
     resp = search(pipeline, query=q, limit=100, candidates=100, debug=True, **fields)
     rel = [r.relevance_score for r in resp.results]
     raw = [r.score for r in resp.results]
     assert all(0.0 <= x <= 1.0 for x in rel) and rel == sorted(rel, reverse=True)
     if fields.get("weights"):  # weighted over weights summing to 2: the fused score over 2
         assert rel == pytest.approx([s / 2 for s in raw])
-    elif not fields:
+    elif len(fields) == 1:
         assert rel == pytest.approx(raw)  # default weighted 0.5 / 0.5: the fused score itself
     elif "collections" in fields:  # collections fused by RRF: min-max over a ranking longer than the page
         assert rel[0] == 1.0
@@ -182,6 +183,31 @@ def test_the_seed_contract_relevance_score_in_0_1_and_its_threshold(pipeline, fi
     kept = search(pipeline, query=q, limit=100, candidates=100, min_relevance_score=cut, **fields)
     assert [r.chunk_id for r in kept.results] == [r.chunk_id for r in resp.results if r.relevance_score >= cut]
     assert kept.total_results == len(kept.results) < len(resp.results)
+
+
+@pytest.mark.parametrize("fields", [{"method": "keyword"}, {"method": "vector"}, {"fusion": "rrf"}, {},
+                                    {"collections": ["main", "single"]}])
+def test_the_absolute_scale_is_each_result_s_own_cosine_and_its_threshold(pipeline, fields):
+    """Uncalibrated, relevance_score is a result's dense cosine clipped to [0, 1] (a hit the dense leg did not return:
+    that leg's lowest returned cosine), whatever the fusion ranked it: not in the results' order; a keyword search
+    has no absolute score, so min-max. min_relevance_score cuts on it and keeps the ranking's order."""
+    q = "bread oven butter"
+    resp = search(pipeline, query=q, limit=100, candidates=100, debug=True, **fields)
+    rel = [r.relevance_score for r in resp.results]
+    names = fields.get("collections", ["main"])
+    if fields.get("method") == "keyword":
+        assert resp.relevance_scales == {"main": "minmax"} and rel[0] == 1.0
+    else:
+        assert resp.relevance_scales == dict.fromkeys(names, "cosine")
+        for r in resp.results:
+            floor = min(h["score"] for h in resp.debug["legs"][r.collection]["dense"])
+            own = r.scores.dense if r.scores.dense is not None else floor
+            assert r.relevance_score == pytest.approx(min(1.0, max(0.0, own))), r.chunk_id
+        if fields.get("method") != "vector":
+            assert rel != sorted(rel, reverse=True)  # the fused order is not the cosine's
+    cut = sorted(rel)[len(rel) // 2]
+    kept = search(pipeline, query=q, limit=100, candidates=100, min_relevance_score=cut, **fields)
+    assert [r.chunk_id for r in kept.results] == [r.chunk_id for r in resp.results if r.relevance_score >= cut]
 
 
 def test_min_relevance_score_outside_0_1_is_refused():

@@ -8,8 +8,9 @@ Layout (in the root's store: a folder or object storage, ``index_format.store``)
 
 A model is activated only with a comparison made on held-out judgments against what the collection serves at
 that moment (``relevance.rankers.compare``): it names the model it was compared with (``served``: the active
-model, or null for the order without one) and both nDCG@10 figures. The comparison must be against the model
-active now, and the new model must not be worse; it is kept in the history with the activation. ``ACTIVE.json``
+model, or null for the order without one), both nDCG@10 figures and the guard's verdict (``relevance.guard``: the
+gain, its interval, the queries behind it). The comparison must be against the model active now, and the guard
+must accept the gain; it is kept in the history with the activation. ``ACTIVE.json``
 is replaced by a compare-and-swap (``Store.put_if``), so two activations at once cannot both win, and rolling back
 is one more activation, of the model that was active before (null included: no model).
 """
@@ -104,8 +105,8 @@ def activate_ranker(root: str | Path, model_id: str | None, comparison: dict | N
     """Make ``model_id`` the collection's ranking model (None: none); returns the one it replaced.
 
     Refused (``RankerError``) unless ``comparison`` (``relevance.rankers.compare``) was made against the model
-    active now and finds the new one not worse on held-out judgments. A rollback (``rollback=True``) returns to
-    what was active before and needs none: that model was served already."""
+    active now and the guard accepted its gain on held-out judgments (``comparison["guard"]``). A rollback
+    (``rollback=True``) returns to what was active before and needs none: that model was served already."""
     if model_id is not None:
         read_ranker(root, model_id)  # published, or a RankerError naming what is
     store = open_store(root)
@@ -137,10 +138,12 @@ def refuse_unless_better(model_id: str | None, served: str | None, comparison: d
         raise RankerError(f"not activating {model_id!r}: its comparison was made against "
                           f"{comparison.get('served') or 'no model'}, and {served or 'no model'} is served now; "
                           "compare again")
-    if comparison["model_ndcg"] < comparison["served_ndcg"]:
-        raise RankerError(f"not activating {model_id!r}: nDCG@10 {comparison['model_ndcg']:.4f} on "
-                          f"{comparison['queries']} held-out queries, against {comparison['served_ndcg']:.4f} for "
-                          f"what is served ({served or 'no model'})")
+    verdict = comparison.get("guard")
+    if verdict is None:
+        raise RankerError(f"not activating {model_id!r}: its comparison carries no verdict of the guard "
+                          "(relevance.guard); compare again")
+    if not verdict["accept"]:
+        raise RankerError(f"not activating {model_id!r} against {served or 'no model'}: {verdict['why']}")
 
 
 def previous_ranker(root: str | Path) -> tuple[bool, str | None]:

@@ -2,7 +2,7 @@
 
     python -m relevance.rankers list ROOT
     python -m relevance.rankers compare ROOT MODEL      # on the model's held-out queries, against what is served
-    python -m relevance.rankers activate ROOT MODEL     # compare, then activate only if not worse
+    python -m relevance.rankers activate ROOT MODEL     # compare, then activate only on a gain beyond chance
     python -m relevance.rankers rollback ROOT           # back to the model (or no model) active before
     python -m relevance.rankers off ROOT                # rank without a model
 
@@ -40,7 +40,8 @@ def load_model(root, model_id: str):
 def compare(root, model_id: str, pipeline=None) -> dict:
     """The model against what ``root`` serves now, on the model's held-out queries (nDCG@10, documents at their
     best chunk, the same candidates for both)."""
-    from relevance.ranking_data import collect, cross_fit_encoders, ndcg_of, open_pipeline
+    from relevance.guard import decide
+    from relevance.ranking_data import collect, cross_fit_encoders, ndcg_of, ndcg_per_query, open_pipeline
 
     description, model = load_model(root, model_id)
     served = active_ranker(root)
@@ -57,20 +58,23 @@ def compare(root, model_id: str, pipeline=None) -> dict:
         return lambda q: m.booster.predict(q.matrix(m.features), num_threads=1)
 
     served_scores = None if served is None or served == model_id else scores_of(load_model(root, served)[1])
+    verdict = decide(ndcg_per_query(data, qrels, scores_of(model)), ndcg_per_query(data, qrels, served_scores),
+                     share=(description.get("data") or {}).get("validation_share"))
     return {"model": model_id, "served": served, "queries": len(data),
             "model_ndcg": round(ndcg_of(data, qrels, scores_of(model)), 4),
-            "served_ndcg": round(ndcg_of(data, qrels, served_scores), 4)}
+            "served_ndcg": round(ndcg_of(data, qrels, served_scores), 4), "guard": verdict}
 
 
 def listing(root) -> list[str]:
     """The published models, one line each, the active one starred: what each reads (features, trees, and whether
     the shards read postings for it: a model that reads no BM25 or coverage costs less to serve), what
-    it scored on training judgments (cross-validated, and on its held-out queries against no model), when trained."""
+    it scored on training judgments (cross-validated, and on its held-out queries against no model, with the guard's
+    verdict there: the gain, its interval, the queries behind it), when trained."""
     from deployments.shard.features import reads_postings
 
     state, _ = ranker_state(root)
     lines = [f"  {'MODEL':<44} {'FEATURES':>8} {'TREES':>5} {'CV NDCG@10':>10} {'HELD OUT (NO MODEL)':>19}  POSTINGS  "
-             "TRAINED"]
+             f"{'GAIN [95% INTERVAL] QUERIES GUARD':<44}  TRAINED"]
     for model_id in list_rankers(root):
         d = ranker_description(root, model_id)
         features = d.get("features", [])
@@ -79,8 +83,18 @@ def listing(root) -> list[str]:
         scores = f"{held.get('model_ndcg', float('nan')):.4f} ({held.get('without_model_ndcg', float('nan')):.4f})"
         lines.append(f"{'* ' if model_id == state['active'] else '  '}{model_id:<44} {len(features):>8} "
                      f"{d.get('trees', 0):>5} {cv.get('model_ndcg', float('nan')):>10.4f} {scores:>19}  "
-                     f"{'yes' if postings else 'no':<8}  {d.get('trained', '')}")
+                     f"{'yes' if postings else 'no':<8}  {guarded(held.get('guard')):<44}  {d.get('trained', '')}")
     return lines + [f"active: {state['active'] or 'none'}"]
+
+
+def guarded(verdict: dict | None) -> str:
+    """The guard's verdict in one column: the gain, its interval, the queries behind it, accepted or refused."""
+    if verdict is None:
+        return "- (trained before the guard)"
+    said = "accepted" if verdict["accept"] else "refused"
+    if "gain" not in verdict:
+        return f"- {verdict['queries']} {said}(too-few-queries)"
+    return f"{verdict['gain']:+.4f} [{verdict['gain_low']:+.4f},{verdict['gain_high']:+.4f}] {verdict['queries']} {said}"
 
 
 def activate(root, model_id: str, by: str = "cli", pipeline=None) -> int:
@@ -101,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     for name, help_ in (("list", "the published models and the active one"), ("show", "a model's description"),
                         ("compare", "compare a model with what is served"),
-                        ("activate", "compare, then activate if not worse"),
+                        ("activate", "compare, then activate if its gain is above 0 with 95% confidence "
+                                     "(relevance.guard)"),
                         ("rollback", "return to the model active before"), ("off", "rank without a model")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("root", help="the index root (folder or URL)")

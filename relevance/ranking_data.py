@@ -46,14 +46,19 @@ def ndcg_of(queries: Sequence[QueryData], qrels: Mapping[str, Mapping[str, int]]
     """Mean document-level nDCG@k of the queries' candidates in the order ``scores`` gives them (best first,
     ties in the order before), or in the service's order without a model (None). A query none of whose
     candidates is relevant counts 0, as it does for the service."""
-    if not queries:
-        return 0.0
-    total = 0.0
+    per_query = ndcg_per_query(queries, qrels, scores, k)
+    return sum(per_query.values()) / len(per_query) if per_query else 0.0
+
+
+def ndcg_per_query(queries: Sequence[QueryData], qrels: Mapping[str, Mapping[str, int]],
+                   scores: Callable[[QueryData], np.ndarray] | None = None, k: int = K) -> dict[str, float]:
+    """``ndcg_of``'s figure for each query, by query id (what the activation guard compares pairwise)."""
+    out = {}
     for q in queries:
         order = (np.arange(len(q.chunk_ids)) if scores is None
                  else np.argsort(-scores(q), kind="stable"))
-        total += ndcg_at(documents_in_order(q.chunk_ids, order), qrels[q.query_id], k)
-    return total / len(queries)
+        out[q.query_id] = ndcg_at(documents_in_order(q.chunk_ids, order), qrels[q.query_id], k)
+    return out
 
 
 def collect(pipeline, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], progress=None,

@@ -12,7 +12,8 @@ LightGBM's lambdarank learns to order them.
 How it is checked, all on the training judgments, never the test split:
 - a ``--validation-share`` of the queries (by a stable hash of the query id) is held out of training; the
   model is compared with what the collection serves on them (nDCG@10 of documents at their best chunk), and
-  that comparison is what ``--activate`` (and ``python -m relevance.rankers activate``) requires to be no worse;
+  ``--activate`` (and ``python -m relevance.rankers activate``) requires the guard to accept its gain there
+  (``relevance.guard``: above 0 with 95% confidence, a paired bootstrap over at least 50 held-out queries);
 - the rest is cross-validated by query folds (``--folds``), which chooses the number of trees;
 - ``--ablate`` trains once more without each feature group and reports what each was worth.
 
@@ -32,7 +33,16 @@ from pathlib import Path
 import numpy as np
 
 from deployments.search.learned import GROUPS, in_group
-from relevance.ranking_data import K, QueryData, collect, cross_fit_encoders, ndcg_of, open_pipeline
+from relevance.guard import decide
+from relevance.ranking_data import (
+    K,
+    QueryData,
+    collect,
+    cross_fit_encoders,
+    ndcg_of,
+    ndcg_per_query,
+    open_pipeline,
+)
 from relevance.tuning import fold_of
 
 PARAMS = {
@@ -172,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ablate", action="store_true", help="also cross-validate without each feature group")
     ap.add_argument("--publish", action="store_true", help="publish the model under the index root's rankers/")
     ap.add_argument("--activate", action="store_true",
-                    help="publish, compare with what is served, and activate if it is not worse")
+                    help="publish, compare with what is served, and activate if the guard accepts its gain "
+                         "(relevance.guard: above 0 with 95%% confidence, on at least 50 held-out queries)")
     ap.add_argument("--no-progress", action="store_true")
     return ap
 
@@ -231,13 +242,17 @@ def main(argv: list[str] | None = None) -> int:
         "name": args.name, "features": names, "params": PARAMS, "trees": cv["trees"], "depth": args.depth,
         "reranker": args.reranker, "cross_fit": args.cross_fit or [], "index": str(args.index),
         "data": {"source": judged.source, "held_out": judged.held_out, "queries": len(queries),
+                 "validation_share": args.validation_share,
                  "fit_queries": len(fit_data), "usable_fit_queries": len(usable(fit_data)),
                  "validation_queries": len(validation), "held_out_query_ids": judged.held_out_ids},
         "cross_validation": cv,
         "validation": {"queries": {q.query_id: q.text for q in validation},
                        "qrels": {q.query_id: judged.qrels[q.query_id] for q in validation},
                        "model_ndcg": round(ndcg_of(validation, judged.qrels, scorer(booster, names)), 4),
-                       "without_model_ndcg": round(ndcg_of(validation, judged.qrels), 4)},
+                       "without_model_ndcg": round(ndcg_of(validation, judged.qrels), 4),
+                       # The guard's verdict against no model (``rankers compare`` makes it against what is served).
+                       "guard": decide(ndcg_per_query(validation, judged.qrels, scorer(booster, names)),
+                                       ndcg_per_query(validation, judged.qrels), share=args.validation_share)},
         "trained": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": round(time.time() - t0, 1),
     }
     if args.ablate:
@@ -248,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "ranker.json").write_text(json.dumps(description, indent=1))
     v = description["validation"]
     print(f"held-out training queries ({len(validation)}): nDCG@10 {v['model_ndcg']:.4f} with the model, "
-          f"{v['without_model_ndcg']:.4f} without; written to {args.out} as {description['id']}", file=sys.stderr)
+          f"{v['without_model_ndcg']:.4f} without; the guard: {'accepts' if v['guard']['accept'] else 'refuses'} "
+          f"({v['guard']['why']}); written to {args.out} as {description['id']}", file=sys.stderr)
     if args.publish or args.activate:
         from index_format.rankers import publish_ranker
 

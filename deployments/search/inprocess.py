@@ -113,32 +113,33 @@ def inprocess_pipeline(collections: dict[str, Path], settings: RouterSettings | 
     return pipeline
 
 
-def calibrations_of(collections: dict[str, Path]) -> dict[str, Calibration]:
-    """The calibration of each collection given as an index root that has one (a version folder has none)."""
-    from index_format.calibration import read_calibration
+def index_roots(collections: dict[str, Path]) -> dict[str, Path]:
+    """The collections given as an index root, which may hold ranking models and a calibration (a version folder
+    holds neither)."""
     from index_format.versions import open_root
 
-    out = {}
-    for name, path in collections.items():
-        if open_root(path).shared_by_nodes or (Path(path) / "versions").is_dir():
-            data = read_calibration(path)
-            if data is not None:
-                out[name] = Calibration.from_json(data)
-    return out
+    return {name: path for name, path in collections.items()
+            if open_root(path).shared_by_nodes or (Path(path) / "versions").is_dir()}
+
+
+def calibrations_of(collections: dict[str, Path]) -> dict[str, Calibration]:
+    """The calibration of each collection given as an index root that has one."""
+    from index_format.calibration import read_calibration
+
+    found = {name: read_calibration(path) for name, path in index_roots(collections).items()}
+    return {name: Calibration.from_json(data) for name, data in found.items() if data is not None}
 
 
 def active_models(collections: dict[str, Path]) -> dict[str, RankingModel]:
-    """The active ranking model of each collection given as an index root (a version folder has none)."""
+    """The active ranking model of each collection given as an index root."""
     from index_format.rankers import active_ranker, read_ranker
-    from index_format.versions import open_root
 
     models = {}
-    for name, path in collections.items():
-        if open_root(path).shared_by_nodes or (Path(path) / "versions").is_dir():
-            active = active_ranker(path)
-            if active is not None:
-                description, text = read_ranker(path, active)
-                models[name] = RankingModel(active, description["features"], text)
+    for name, path in index_roots(collections).items():
+        active = active_ranker(path)
+        if active is not None:
+            description, text = read_ranker(path, active)
+            models[name] = RankingModel(active, description["features"], text)
     return models
 
 

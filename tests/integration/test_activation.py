@@ -217,7 +217,8 @@ def test_routers_follow_the_ranking_model_pointer(served, root, tmp_path):
     (folder / "model.txt").write_text(booster.model_to_string())
     (folder / "ranker.json").write_text(json.dumps({"id": "shortest-first", "features": list(FEATURES)}))
     publish_ranker(root, folder)
-    hand_made = {"model": "shortest-first", "served": None, "queries": 1, "model_ndcg": 1.0, "served_ndcg": 0.0}
+    hand_made = {"model": "shortest-first", "served": None, "queries": 1, "model_ndcg": 1.0, "served_ndcg": 0.0,
+                 "guard": {"accept": True, "why": "hand-made for this test"}}
     activate_ranker(root, "shortest-first", hand_made)
     try:
         body = {"query": "telescope galaxy orbit", "limit": 10}

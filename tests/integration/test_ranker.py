@@ -36,7 +36,7 @@ def planted(built, corpus, tmp_path_factory):
     shutil.copy(path, data / "corpus.jsonl")
     rng = random.Random(3)
     queries, lines = [], ["query-id\tcorpus-id\tscore"]
-    for i in range(60):
+    for i in range(240):  # a quarter held out: over the guard's 50 queries (relevance.guard)
         topic = sorted(TOPICS)[i % len(TOPICS)]
         queries.append({"_id": f"q{i}", "text": " ".join(rng.sample(TOPICS[topic].split(), 3))})
         for d in docs:
@@ -151,6 +151,30 @@ def test_a_losing_model_is_refused(planted, trained, corpus, tmp_path):
     stale = dict(comparison, served=None, model_ndcg=1.0)  # made against another served model: refused too
     with pytest.raises(RankerError, match="compare again"):
         activate_ranker(root, loser["id"], stale)
+
+
+def test_a_gain_within_noise_is_refused(planted, trained, corpus, tmp_path):
+    """Judgments drawn at random (each query's relevant documents a random fifth of the corpus): what a model learns
+    from them is chance, and on its held-out queries (about 60) it is no better than what is served beyond chance. The
+    guard refuses it, saying so; the planted model, a clear gain, was accepted (``trained``)."""
+    root, data = planted
+    _, description = trained
+    assert description["validation"]["guard"]["accept"] and description["validation"]["guard"]["gain_low"] > 0
+    _, docs = corpus
+    rng = random.Random(11)
+    noise = tmp_path / "beir"
+    shutil.copytree(data, noise)
+    lines = ["query-id\tcorpus-id\tscore"]
+    for q in map(json.loads, (data / "queries.jsonl").read_text().splitlines()):
+        lines += [f"{q['_id']}\t{d['_id']}\t1" for d in rng.sample(docs, len(docs) // 5)]
+    (noise / "qrels" / "train.tsv").write_text("\n".join(lines) + "\n")
+    chance = train(root, noise, tmp_path / "chance", "--name", "chance", "--publish")
+    assert rankers.activate(root, chance["id"]) == 2
+    comparison = rankers.compare(root, chance["id"])
+    verdict = comparison["guard"]
+    assert not verdict["accept"] and verdict["queries"] >= 50 and verdict["gain_low"] <= 0, verdict
+    assert "within chance" in verdict["why"]
+    assert active_ranker(root) == description["id"]
 
 
 def test_no_active_model_never_reorders(planted, trained):

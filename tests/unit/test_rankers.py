@@ -29,7 +29,14 @@ def model_folder(tmp_path, model_id: str, text: str = "tree\n"):
 
 
 def won(model_id, served=None, model_ndcg=0.6, served_ndcg=0.5):
-    return {"model": model_id, "served": served, "queries": 30, "model_ndcg": model_ndcg, "served_ndcg": served_ndcg}
+    """A comparison as ``relevance.rankers.compare`` makes it, the guard's verdict from 50 queries that each gained
+    (or lost) the same."""
+    from relevance.guard import decide
+
+    gain = model_ndcg - served_ndcg
+    verdict = decide({f"q{i}": 0.3 + gain for i in range(50)}, {f"q{i}": 0.3 for i in range(50)})
+    return {"model": model_id, "served": served, "queries": 50, "model_ndcg": model_ndcg, "served_ndcg": served_ndcg,
+            "guard": verdict}
 
 
 @pytest.fixture(params=["folder", "s3"])
@@ -64,10 +71,16 @@ def test_activation_needs_a_winning_comparison_against_what_is_served(root, tmp_
         publish_ranker(root, model_folder(tmp_path, m))
     with pytest.raises(RankerError, match="no comparison"):
         activate_ranker(root, "a", None)
-    with pytest.raises(RankerError, match=r"nDCG@10 0.4000 on 30 held-out queries, against 0.5000"):
+    with pytest.raises(RankerError, match=r"nDCG@10 gain -0.1000 on 50 held-out queries is within chance"):
         activate_ranker(root, "a", won("a", model_ndcg=0.4))
+    with pytest.raises(RankerError, match=r"gain \+0.0000 on 50 held-out queries is within chance"):
+        activate_ranker(root, "a", won("a", model_ndcg=0.5))  # a tie is no gain
+    without = won("a")
+    del without["guard"]
+    with pytest.raises(RankerError, match="no verdict of the guard"):
+        activate_ranker(root, "a", without)
     assert active_ranker(root) is None
-    assert activate_ranker(root, "a", won("a", model_ndcg=0.5)) is None  # not worse: a tie activates
+    assert activate_ranker(root, "a", won("a")) is None
     assert active_ranker(root) == "a"
     with pytest.raises(RankerError, match="compare again"):  # compared against no model, but a is served now
         activate_ranker(root, "b", won("b"))

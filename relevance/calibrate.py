@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_process()
     from tqdm import tqdm
 
+    from index_format.manifest import IndexMismatch
     from index_format.versions import resolve_version_dir
     from relevance.ranking_data import open_pipeline
     from relevance.training import beir_judgments, service_judgments
@@ -149,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(queries) < MIN_QUERIES:
         raise SystemExit(f"{len(queries)} judged queries with a relevant document in {judged.source}: at least "
                          f"{MIN_QUERIES} are needed ({MIN_QUERIES - len(queries)} more)")
-    version = resolve_version_dir(args.index)
+    try:
+        version = resolve_version_dir(args.index)
+    except IndexMismatch as e:
+        raise SystemExit(f"--index {args.index}: {e}") from None
     pipeline = open_pipeline(args.index, args.depth)
     started = time.time()
     rows = {}

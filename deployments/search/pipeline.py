@@ -219,9 +219,11 @@ class SearchPipeline:
         return document_body(doc_id, where, rows, seq)
 
     def cache_key(self, req: SearchRequest, targets: Sequence[Collection], acl=None) -> str:
-        # A write changes what a collection answers: the fresh segment's last applied change is part of the key.
+        # A write changes what a collection answers: the fresh segment's last applied change is part of the key,
+        # as are its ranking model and its calibration (the scores it answers with).
         versions = {c.name: [c.version, c.fresh.applied_seq if c.fresh is not None else 0,
-                             getattr(self.models.get(c.name), "id", None)] for c in targets}
+                             getattr(self.models.get(c.name), "id", None),
+                             getattr(self.calibrations.get(c.name), "fitted", {}).get("at")] for c in targets}
         return json.dumps({"v": versions, "r": req.model_dump(mode="json", exclude={"debug"}), "acl": acl},
                           sort_keys=True)
 

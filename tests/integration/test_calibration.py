@@ -116,15 +116,24 @@ def test_uncalibrated_scales_and_the_tuned_threshold(judged_root):
 
 
 def test_a_router_follows_the_calibration_written_and_removed(judged_root):
+    """The router's follower loads the calibration when it is written and drops it when removed; a cached answer
+    made before is not served after (the calibration is part of the cache key)."""
     root, folder = judged_root
-    calibrations = {}
+    calibrate.main(["--index", str(root), "--off"])  # whatever the tests before left
+    pipeline = inprocess_pipeline({"default": root}, RouterSettings(cache_size=16))
+    calibrations = pipeline.calibrations
     follower = RankingModels({}, {"default": str(root)}, calibrations)
     asyncio.run(follower.follow())
     assert calibrations == {}
+    before = search(pipeline, query="telescope galaxy", limit=5)
+    assert search(pipeline, query="telescope galaxy", limit=5).cached
     assert calibrate.main(["--index", str(root), "--data", str(folder), "--no-progress"]) == 0
     asyncio.run(follower.follow())
     assert calibrations["default"].fitted == read_calibration(root)["fitted"]
     assert follower.describe()["default"]["calibrated"] is True
+    after = search(pipeline, query="telescope galaxy", limit=5)
+    assert not after.cached and before.relevance_scales == {"default": "cosine"}
+    assert after.relevance_scales == {"default": "calibrated"}
     calibrate.main(["--index", str(root), "--off"])
     asyncio.run(follower.follow())
     assert calibrations == {} and not follower.errors

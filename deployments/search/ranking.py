@@ -167,7 +167,8 @@ class Ranking:
         scales = {}
         for name in names:
             hits = [h for h in ranked if h.collection == name]
-            scales[name], own = absolute_scores(req.method.value, evidence([h.key for h in hits], got.legs),
+            scales[name], own = absolute_scores(req.method.value,
+                                                evidence([h.key for h in hits], {name: got.legs[name]}),
                                                 self.calibrations.get(name))
             values.update(zip((h.key for h in hits), own, strict=True))
         if any(v is None for v in values.values()):  # a scale with no absolute score: min-max over the ranking

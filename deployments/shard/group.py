@@ -108,6 +108,8 @@ class ShardGroup:
         # threads at once, each counting its own).
         self.deepened = {"dense": 0, "keyword": 0}
         self.analyzed: BoundedCache[str, tuple[str, ...]] = BoundedCache(ANALYZED_TEXTS)
+        # The keyword leg's terms of each recent text (``keyword_terms``), by (text, fields searched).
+        self.bounded: BoundedCache[tuple[str, int], tuple[list[str], int, int]] = BoundedCache(ANALYZED_TEXTS)
 
     @functools.cached_property
     def facts_reader(self) -> FactsReader:
@@ -147,8 +149,13 @@ class ShardGroup:
 
     def keyword_terms(self, query: ShardQuery) -> tuple[list[str], int, int]:
         """The terms the keyword leg searches (``bounded_terms``: a long query's rarest), with (kept, distinct)."""
-        df = self.services[0].lucene.corpus_df
-        return bounded_terms(self.terms(query.text), lambda t: df.get(t, 0), len(query.field_weights or (1,)))
+        key = (query.text, len(query.field_weights or (1,)))
+        found = self.bounded.get(key)
+        if found is None:  # asked twice a search (the leg, then its answer): bounded once
+            df = self.services[0].lucene.corpus_df
+            found = bounded_terms(self.terms(query.text), lambda t: df.get(t, 0), key[1])
+            self.bounded.put(key, found)
+        return found
 
     def check(self) -> None:
         for s in self.services:

@@ -39,10 +39,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from deployments.shard.chunk_ids import ids_at, rows_of
+from deployments.shard.query import MAX_QUERY_CLAUSES
 from index_format.bm25_stats import CollectionStats, lucene_idf
 from index_format.lucene import CONTENTS_FIELD, HELPER_CLASS, boot
-
-MAX_CLAUSES = 1024  # Lucene's default BooleanQuery clause limit
 
 
 def shard_bm25_params(k1: float, b: float, avgdl_shard: float, avgdl_corpus: float) -> tuple[float, float]:
@@ -224,7 +223,7 @@ class LuceneShard:
         for name, term, factor in self.clauses(terms, self.weights_of(weights)):
             f = self.fields[name]
             df_shard, df_corpus = self.shard_df(term, name), int(f.stats.df.get(term, 0))
-            if df_shard == 0 or df_corpus == 0 or clauses >= MAX_CLAUSES:
+            if df_shard == 0 or df_corpus == 0 or clauses >= MAX_QUERY_CLAUSES:
                 continue
             boost = factor * lucene_idf(f.stats.corpus.doc_count, df_corpus) / lucene_idf(f.doc_count, df_shard)
             builder.add(j.BoostQuery(j.TermQuery(j.Term(name, term)), float(boost)), j.Occur.SHOULD)
@@ -299,7 +298,7 @@ class LuceneShard:
         return [self.searcher, [name for name, _, _ in clauses], [t for _, t, _ in clauses],
                 [float(factor) for _, _, factor in clauses],
                 [int(f.stats.df.get(t, 0)) for f, (_, t, _) in zip(fields, clauses, strict=True)],
-                [int(f.stats.corpus.doc_count) for f in fields], [int(f.doc_count) for f in fields], MAX_CLAUSES]
+                [int(f.stats.corpus.doc_count) for f in fields], [int(f.doc_count) for f in fields], MAX_QUERY_CLAUSES]
 
     def _search_fast(self, terms, k, allowed_rows, shared, weights):
         allowed = None
@@ -421,7 +420,7 @@ class FactsReader:
         packed = self.java.facts(
             [self.field_at[f] for f, _, _ in clauses], "\n".join(t for _, t, _ in clauses),
             [float(factor) for *_, factor in clauses], [int(first.fields[f].stats.df.get(t, 0)) for f, t, _ in clauses],
-            MAX_CLAUSES, "\n".join(mask_terms), weights, [len(r) for r in rows], docs.tobytes()).tostring()
+            MAX_QUERY_CLAUSES, "\n".join(mask_terms), weights, [len(r) for r in rows], docs.tobytes()).tostring()
         n, fields = len(docs), len(self.names)
         floats = np.frombuffer(packed, dtype="<f4", count=(fields + 2) * n)
         scores, plain, weighted = floats[:fields * n].reshape(fields, n), floats[fields * n:-n], floats[-n:]

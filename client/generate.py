@@ -28,7 +28,8 @@ MODELS_PY = Path(__file__).parent / "raysearch_client" / "models.py"
 ROOTS: tuple[type[BaseModel], ...] = (
     schemas.SearchRequest, schemas.SearchResponse, schemas.BatchSearchRequest, schemas.BatchSearchResponse,
     schemas.FeedbackRequest, schemas.FeedbackResponse, schemas.HealthResponse, schemas.UpsertDocumentsRequest,
-    schemas.DeleteDocumentsRequest, schemas.WriteResponse, schemas.DocumentResponse, schemas.BuildRequest,
+    schemas.DeleteDocumentsRequest, schemas.WriteResponse, schemas.DocumentResponse, schemas.ListDocumentsRequest,
+    schemas.DocumentsPage, schemas.BuildRequest,
     schemas.BuildJob, schemas.BuildJobs, schemas.CollectionsResponse, schemas.ErrorResponse,
 )
 

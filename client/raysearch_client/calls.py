@@ -24,9 +24,11 @@ from raysearch_client.models import (
     CollectionsResponse,
     DeleteDocumentsRequest,
     DocumentResponse,
+    DocumentsPage,
     FeedbackRequest,
     FeedbackResponse,
     HealthResponse,
+    ListDocumentsRequest,
     SearchRequest,
     SearchResponse,
     UpsertDocumentsRequest,
@@ -132,6 +134,12 @@ def get_document(collection: str, doc_id: str) -> Call:
 def delete_documents(collection: str, ids: Sequence[str]) -> Call:
     req = DeleteDocumentsRequest(ids=list(ids))
     return Call("POST", documents_path(collection, "delete"), reader(WriteResponse), req.model_dump(mode="json"))
+
+
+def list_documents(collection: str, fields: dict[str, Any]) -> Call:
+    req = ListDocumentsRequest(**fields)
+    return Call("POST", documents_path(collection, "list"), reader(DocumentsPage), req.model_dump(mode="json",
+                exclude_none=True), idempotent=True)
 
 
 def start_build(fields: dict[str, Any]) -> Call:

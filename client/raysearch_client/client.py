@@ -26,6 +26,7 @@ from raysearch_client.models import (
     BuildJob,
     CollectionInfo,
     DocumentResponse,
+    DocumentsPage,
     FeedbackResponse,
     HealthResponse,
     SearchRequest,
@@ -147,6 +148,24 @@ class SearchClient:
         """Delete up to 1,000 documents, atomically: one unknown id refuses them all (404)."""
         return self._answer(calls.delete_documents(collection, ids))
 
+    def list_documents(self, collection: str, **fields: Any) -> DocumentsPage:
+        """A page of the collection's documents in id order, without a query (``ListDocumentsRequest``'s fields:
+        ``filters``, ``ids``, ``limit``, ``after``), with the count of all that match."""
+        return self._answer(calls.list_documents(collection, fields))
+
+    def documents(self, collection: str, **fields: Any) -> Iterator[DocumentResponse]:
+        """Every document the filter lets through, in id order, a page (``limit``, 100 by default) at a time."""
+        while True:
+            page = self.list_documents(collection, **fields)
+            yield from page.documents
+            if page.next_after is None:
+                return
+            fields = {**fields, "after": page.next_after}
+
+    def count_documents(self, collection: str, filters: dict[str, Any] | None = None) -> int:
+        """How many of the collection's documents the filter lets through (all: none given)."""
+        return self.list_documents(collection, filters=filters, limit=0).total
+
     def start_build(self, **fields: Any) -> BuildJob:
         """Start a build or fold job (``BuildRequest``'s fields: ``corpus=...``, ``kind="fold"``, ...); admin keys."""
         return self._answer(calls.start_build(fields))
@@ -244,6 +263,21 @@ class AsyncSearchClient:
 
     async def delete_documents(self, collection: str, ids: Sequence[str]) -> WriteResponse:
         return await self._answer(calls.delete_documents(collection, ids))
+
+    async def list_documents(self, collection: str, **fields: Any) -> DocumentsPage:
+        return await self._answer(calls.list_documents(collection, fields))
+
+    async def documents(self, collection: str, **fields: Any) -> AsyncIterator[DocumentResponse]:
+        while True:
+            page = await self.list_documents(collection, **fields)
+            for document in page.documents:
+                yield document
+            if page.next_after is None:
+                return
+            fields = {**fields, "after": page.next_after}
+
+    async def count_documents(self, collection: str, filters: dict[str, Any] | None = None) -> int:
+        return (await self.list_documents(collection, filters=filters, limit=0)).total
 
     async def start_build(self, **fields: Any) -> BuildJob:
         return await self._answer(calls.start_build(fields))

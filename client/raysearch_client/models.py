@@ -437,6 +437,33 @@ class DocumentResponse(BaseModel):
     seq: int | None = Field(None, description="The sequence number of the write that made it (source api).")
 
 
+class ListDocumentsRequest(BaseModel):
+    """A page of a collection's documents without a query, in id order: those a filter lets through (and the caller
+    may see), optionally among given ids. Page on with ``after``: the previous page's ``next_after``."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    filters: dict[str, Any] | None = Field(None,
+        description="Metadata filter, as a search's (operators eq ne in nin gt gte lt lte, $and $or $not); "
+        "GET /collections lists the fields.")
+    ids: list[str] | None = Field(None, max_length=1000,
+        description="Only these document ids (those that exist and pass the filter).")
+    limit: int = Field(100, ge=0, le=1000, description="Documents in the page; 0: the count alone.")
+    after: str | None = Field(None, max_length=1024,
+        description="List the ids after this one (the previous page's next_after).")
+
+
+class DocumentsPage(BaseModel):
+    collection: str
+    documents: list[DocumentResponse] = Field(
+        description="The page, in id order (Python's string order, by code point).")
+    total: int = Field(description="Documents that match, in all pages.")
+    next_after: str | None = Field(None,
+        description="The last id of this page, to ask for the next one (as after); null when this page is "
+        "the last. A document written meanwhile with a later id is listed; one deleted "
+        "meanwhile is not.")
+
+
 class BuildRequest(BaseModel):
     """A build or a fold of a collection's index root, run as a job beside the service (``python -m index_build``
     or ``python -m index_build.fold``); the fields are that command's flags of the same names."""

@@ -24,6 +24,7 @@ segment still holds.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +41,7 @@ from deployments.shard.features import (
     words,
 )
 from deployments.shard.filters import FilterError, MetadataTable
-from deployments.shard.query import ShardAnswer, ShardQuery, bounded_terms
+from deployments.shard.query import DocumentsAnswer, DocumentsQuery, ShardAnswer, ShardQuery, bounded_terms
 from deployments.shard.topk import contenders, top_k
 from index_format.bm25_stats import length_norm, lucene_idf, term_score
 from index_format.change_log import Change
@@ -332,6 +333,26 @@ class FreshSegment:
         if held is None:
             return False, None, []
         return True, held.document, [r["chunk_id"] for r in held.rows]
+
+    def list_documents(self, query: DocumentsQuery) -> DocumentsAnswer:
+        """A page of the documents written through the API and alive now, in id order, as a shard lists its own
+        (``DocumentsQuery``; its ``exclude`` is for the version's shards). A filter this segment cannot apply is the
+        answer's ``filter_error``."""
+        try:
+            allowed = self._allowed(query.filters, query.acl)
+        except FilterError as e:
+            return DocumentsAnswer(filter_error=str(e))
+        let_through = None
+        if allowed is not None:
+            let_through = np.zeros(len(self.rows), dtype=bool)
+            let_through[allowed] = True
+        wanted = set(query.ids) if query.ids is not None else None
+        found = sorted((doc_id, len(held.rows)) for doc_id, held in self.docs.items()
+                       if held.document is not None and (wanted is None or doc_id in wanted)
+                       and (let_through is None or (held.at and let_through[held.at[0]])))
+        start = bisect.bisect_right(found, (query.after, float("inf"))) if query.after is not None else 0
+        page = found[start:start + query.limit]
+        return DocumentsAnswer([i for i, _ in page], [c for _, c in page], len(found), len(found) - start)
 
     def _allowed(self, filters, acl) -> np.ndarray | None:
         # As in a shard: a field no fresh chunk has is missing from each of them (eq matches none, ne all).

@@ -15,7 +15,7 @@ import numpy as np
 from deployments.edge.schemas import AnnParams
 from deployments.errors import InvalidRequest, UnknownCollection
 from deployments.search.field_weights import held_weights, version_fields
-from deployments.shard.query import ShardAnswer, ShardQuery
+from deployments.shard.query import DocumentsAnswer, DocumentsQuery, ShardAnswer, ShardQuery
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ class ShardClient(Protocol):
     async def fetch(self, chunk_ids: list[str]) -> list[dict]: ...
     async def vectors(self, chunk_ids: list[str]) -> np.ndarray: ...
     async def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]: ...
+    async def documents(self, query: DocumentsQuery) -> DocumentsAnswer: ...  # a page listed without a query
 
 
 class EncoderClient(Protocol):

@@ -54,6 +54,9 @@ class InProcessShard:
     async def vocabulary(self, acl=None) -> dict[str, int]:
         return self.service.vocabulary(acl)
 
+    async def documents(self, query):
+        return await self._call(self.service.list_documents, query)
+
 
 class InProcessReranker:
     def __init__(self, scorer):

@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -31,7 +31,16 @@ import numpy as np
 
 from deployments.bounded import BoundedCache
 from deployments.config import RouterSettings
-from deployments.edge.schemas import Method, RelevanceScale, RerankWith, SearchRequest, SearchResponse
+from deployments.edge.schemas import (
+    DocumentResponse,
+    DocumentsPage,
+    ListDocumentsRequest,
+    Method,
+    RelevanceScale,
+    RerankWith,
+    SearchRequest,
+    SearchResponse,
+)
 from deployments.errors import (
     DeadlineExceeded,
     InvalidField,
@@ -39,6 +48,7 @@ from deployments.errors import (
     ServiceError,
     Unavailable,
 )
+from deployments.judgments import check_identifier
 from deployments.search.calibration import Calibration, evidence
 from deployments.search.clients import (
     Collection,
@@ -49,7 +59,7 @@ from deployments.search.clients import (
 )
 from deployments.search.fusion import is_flat, relevance_scores
 from deployments.search.learned import FeatureTable, RankingModel, candidate_features
-from deployments.search.lookup import chunk_rows, document_body, visible
+from deployments.search.lookup import chunk_rows, document_body, document_page, visible
 from deployments.search.paging import Cursor, check_alive, page_offset, read_cursor
 from deployments.search.plan import plan_search
 from deployments.search.query_text import expand_synonyms, expand_with_history, normalize_query
@@ -59,6 +69,7 @@ from deployments.search.retrieval import Retrieval, Retrieved, known_rows
 from deployments.search.spelling import Speller
 from deployments.search.stages import SearchContext, Work, failure, gathered, ranked_by, within, write_seqs
 from deployments.shard.filters import FilterError, filter_conditions
+from deployments.shard.query import DocumentsQuery
 
 logger = logging.getLogger("ray.serve")
 
@@ -111,6 +122,16 @@ class SearchPipeline:
 
     def _targets(self, req: SearchRequest) -> list[Collection]:
         targets = [collection(self.collections, n) for n in req.collections or [self.default_collection]]
+        unknown = self._check_filters(req.filters, targets)
+        if req.group_by not in (None, "doc_id") and (error := unknown(req.group_by, "group_by field")) is not None:
+            raise InvalidField(f"{error}; or group_by: doc_id")
+        return targets
+
+    @staticmethod
+    def _check_filters(filters: dict[str, Any] | None, targets: Sequence[Collection]
+                       ) -> Callable[[str, str], InvalidField | None]:
+        """Refuse (422) a filter naming a field no searched collection holds, or a condition of null; returns the
+        one rule for a field name (filters and group_by)."""
 
         def unknown(name: str, what: str) -> InvalidField | None:
             """The error for a field no searched collection holds (one rule for filters and group_by)."""
@@ -120,9 +141,9 @@ class SearchPipeline:
             return InvalidField(f"unknown {what} {name!r}; known fields: "
                                 f"{', '.join(known) or '(none: this index has no metadata)'}")
 
-        if req.filters:
+        if filters:
             try:
-                conditions = filter_conditions(req.filters)  # the fields under $and, $or and $not too
+                conditions = filter_conditions(filters)  # the fields under $and, $or and $not too
             except FilterError as e:
                 raise InvalidField(str(e)) from None
             for name, condition in conditions:
@@ -130,9 +151,7 @@ class SearchPipeline:
                     raise error
                 if condition is None:
                     raise InvalidField(f"filter on {name!r} has no condition (null)")
-        if req.group_by not in (None, "doc_id") and (error := unknown(req.group_by, "group_by field")) is not None:
-            raise InvalidField(f"{error}; or group_by: doc_id")
-        return targets
+        return unknown
 
     def _check_stages(self, req: SearchRequest, targets: list[Collection]) -> bool:
         """Refuse up front a query longer than this service takes (422) and a stage it cannot run (400) rather than
@@ -218,6 +237,30 @@ class SearchPipeline:
             return None
         return document_body(doc_id, where, rows, seq)
 
+    async def list_documents(self, name: str, req: ListDocumentsRequest,
+                             principals: list[str] | None) -> DocumentsPage:
+        """A page of a collection's documents in id order, without a query, as these principals may see them."""
+        target = collection(self.collections, name)
+        self._check_filters(req.filters, [target])
+        for doc_id in req.ids or ():
+            check_identifier("ids", doc_id)
+        query = DocumentsQuery(filters=req.filters, acl=self._acl(principals),
+                               ids=tuple(req.ids) if req.ids is not None else None, after=req.after, limit=req.limit)
+        try:
+            documents, total, last = await document_page(target, query, self.settings.shard_timeout_s)
+        except FilterError as e:
+            raise InvalidField(str(e)) from None
+        except Exception as exc:
+            raise Unavailable(f"the shards could not list the documents ({failure(exc)}); retry shortly") from exc
+        return DocumentsPage(collection=name, documents=[DocumentResponse(collection=name, **d) for d in documents],
+                             total=total, next_after=last)
+
+    def _acl(self, principals: list[str] | None) -> tuple[str, list[str]] | None:
+        """The ACL a caller's searches and listings carry: (field, its principals and the public one); None: no ACL."""
+        if not self.acl_field:
+            return None
+        return (self.acl_field, sorted(set(principals or ()) | {self.public_principal}))
+
     def cache_key(self, req: SearchRequest, targets: Sequence[Collection], acl=None) -> str:
         # A write changes what a collection answers: the fresh segment's last applied change is part of the key,
         # as are its ranking model and its calibration (the scores it answers with).
@@ -291,9 +334,7 @@ class SearchPipeline:
         if cursor is not None:  # a next page: ranked again at its first page's point in time
             check_alive(cursor, self.settings.cursor_keep_alive_s)
             targets = await self._at_point_in_time(targets, cursor)
-        acl = None
-        if self.acl_field:
-            acl = (self.acl_field, sorted(set(principals or ()) | {self.public_principal}))
+        acl = self._acl(principals)
         key = self.cache_key(req, targets, acl) if self.cache.size > 0 else None  # no cache, no key to build
         # A response cached with its results as JSON only serves callers that send it on (``rendered``).
         if (key is not None and not req.debug and (hit := self.cache.get(key)) is not None

@@ -55,6 +55,9 @@ class HandleShard(SlotClient):
     async def vocabulary(self, acl=None):
         return await call_with_retry(self.handle.vocabulary, acl)
 
+    async def documents(self, query):
+        return await call_with_retry(self.handle.documents, query)
+
     async def info(self):
         return await call_with_retry(self.handle.info)
 

@@ -257,6 +257,15 @@ class SearchRouter:
         """A document by id, with its chunk ids, as the caller may see it (one it may not see is a 404 too)."""
         return await self.documents.get(collection, doc_id, caller)
 
+    @app.post("/collections/{collection}/documents/list", response_model=api.DocumentsPage,
+              responses=error_responses({404: "Unknown collection", 422: "A filter naming a field the collection does "
+                                         "not hold, or an operator it does not take"}))
+    async def list_documents(self, collection: str, body: api.ListDocumentsRequest,
+                             caller: CurrentCaller) -> api.DocumentsPage:
+        """A page of a collection's documents in id order, without a query: those the filter lets through and the
+        caller may see, with the count of all that match. Page on with ``after`` = the page's ``next_after``."""
+        return await self.pipeline.list_documents(collection, body, list(caller.principals))
+
     # ------------------------------------------------------------------ admin
 
     @app.get("/admin/versions", response_model=api.VersionsResponse,

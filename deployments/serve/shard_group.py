@@ -24,7 +24,7 @@ from deployments.serve.heap import settle_heap
 from deployments.shard.features import FeatureQuery
 from deployments.shard.group import ShardGroup
 from deployments.shard.host import MultiplexedVersion, ShardHost
-from deployments.shard.query import ShardAnswer, ShardQuery
+from deployments.shard.query import DocumentsAnswer, DocumentsQuery, ShardAnswer, ShardQuery
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32, health_check_period_s=10)
@@ -62,6 +62,10 @@ class ShardRetriever:
     async def vocabulary(self, acl=None) -> dict[str, int]:
         group = await self._service()
         return await self.host.run(group.vocabulary, acl)
+
+    async def documents(self, query: DocumentsQuery) -> DocumentsAnswer:
+        group = await self._service()
+        return await self.host.run(group.list_documents, query)
 
     async def check_health(self) -> None:
         """Serve's health check (every ``health_check_period_s``): a slot whose JVM ran out of heap, or whose

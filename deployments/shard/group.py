@@ -22,7 +22,14 @@ from deployments.shard.chunk_ids import ids_at
 from deployments.shard.features import FeatureQuery, candidates_features
 from deployments.shard.filters import FilterError
 from deployments.shard.lucene import FactsReader
-from deployments.shard.query import ShardAnswer, ShardQuery, bounded_terms
+from deployments.shard.query import (
+    DocumentsAnswer,
+    DocumentsQuery,
+    ShardAnswer,
+    ShardQuery,
+    bounded_terms,
+    merged_pages,
+)
 from deployments.shard.service import ShardService
 from deployments.shard.shares import Share, shard_depth, short_shares
 from deployments.shard.topk import top_k
@@ -315,6 +322,13 @@ class ShardGroup:
         """Whether ``features(query)`` is array reads only: no Lucene call (the query wants nothing from the postings)
         and no chunk table to read (each shard's lengths were read by an earlier call)."""
         return not query.reads_postings and all(s.row_facts_read for s in self.services)
+
+    def list_documents(self, query: DocumentsQuery) -> DocumentsAnswer:
+        """A page of the group's documents in id order, as one shard holding them all would list them."""
+        try:
+            return merged_pages([s.list_documents(query) for s in self.services], query.limit)
+        except FilterError as e:
+            return DocumentsAnswer(filter_error=str(e))
 
     def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]:
         df: dict[str, int] = {}

@@ -277,5 +277,9 @@ class LocalShard(SlotClient):
         group = await self.cache.get(self.version)
         return await self.cache.host.run(group.vocabulary, acl)
 
+    async def documents(self, query):
+        group = await self.cache.get(self.version)
+        return await self.cache.host.run(group.list_documents, query)
+
     async def info(self):
         return (await self.cache.get(self.version)).info(self.version)

@@ -89,3 +89,39 @@ class ShardAnswer:
     shards: int = 1  # shards this answer covers (a shard group answers for several)
     shard_ms: dict[str, float] = field(default_factory=dict)  # a group's time per shard
     terms: tuple[int, int] | None = None  # (searched, distinct) where a long query's terms were cut (bounded_terms)
+
+
+@dataclass(frozen=True)
+class DocumentsQuery:
+    """One page of a collection's documents listed without a query, in id order: those ``filters`` and ``acl`` let
+    through (as a search's), among ``ids`` when given, after the id ``after``, ``limit`` of them (0: the count
+    alone). ``exclude``: ids the fresh segment decides (written or deleted through the API since the version), which
+    the version's copy must not answer for."""
+
+    filters: dict[str, Any] | None = None
+    acl: tuple[str, list[str]] | None = None
+    ids: tuple[str, ...] | None = None
+    after: str | None = None
+    limit: int = 100
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass
+class DocumentsAnswer:
+    """A slot's page: document ids in id order with their chunk counts, how many documents match in all, and how many
+    of those come after ``after`` (the page's among them: more than the page holds, and there is a next page)."""
+
+    ids: list[str] = field(default_factory=list)
+    chunks: list[int] = field(default_factory=list)
+    total: int = 0
+    remaining: int = 0
+    filter_error: str | None = None
+
+
+def merged_pages(answers: list[DocumentsAnswer], limit: int) -> DocumentsAnswer:
+    """Pages of slots holding disjoint documents as one: the first ``limit`` ids of all, in id order, and the totals
+    added (a filter error of any is the answer's)."""
+    errors = [a.filter_error for a in answers if a.filter_error]
+    pairs = sorted((i, c) for a in answers for i, c in zip(a.ids, a.chunks, strict=True))[:limit]
+    return DocumentsAnswer([i for i, _ in pairs], [c for _, c in pairs], sum(a.total for a in answers),
+                           sum(a.remaining for a in answers), errors[0] if errors else None)

@@ -126,6 +126,33 @@ def test_a_page_after_a_write_is_served_from_the_first_pages_point_in_time_with_
     assert "paged-1" in {x["doc_id"] for x in client.post("/search", json=body | {"limit": 20}).json()["results"]}
 
 
+def test_documents_listed_by_a_filter_page_by_page_each_as_its_get_answers_it(served):
+    """POST .../documents/list over HTTP: a written document among the version's, each page's documents equal to
+    what GET answers for them, the count, and a 422 naming a field the collection does not hold."""
+    client, _, _ = served
+    r = client.put("/collections/default/documents", headers=WRITER,
+                   json={"documents": [{"id": "listed-1", "text": "a listed note", "metadata": {"year": 2005}}]})
+    assert r.status_code == 200, r.text
+    listed, after = [], None
+    while True:
+        page = client.post("/collections/default/documents/list",
+                           json={"filters": {"year": {"gte": 2005, "lt": 2010}}, "limit": 4, "after": after})
+        assert page.status_code == 200, page.text
+        body = page.json()
+        listed += body["documents"]
+        if body["next_after"] is None:
+            break
+        after = body["next_after"]
+    assert len(listed) == body["total"] > 4 and "listed-1" in {d["id"] for d in listed}
+    assert [d["id"] for d in listed] == sorted(d["id"] for d in listed)
+    for d in listed:
+        assert 2005 <= d["metadata"]["year"] < 2010
+        assert client.get(f"/collections/default/documents/{d['id']}").json() == d
+    r = client.post("/collections/default/documents/list", json={"filters": {"colour": "red"}})
+    assert r.status_code == 422 and "colour" in r.json()["error"], r.text
+    assert client.post("/collections/nope/documents/list", json={}).status_code == 404
+
+
 def test_bad_writes_are_refused_whole_with_the_record_and_field_named(served):
     client, _, _ = served
     r = client.put("/collections/default/documents", json={"documents": [{"id": "x-1", "text": "fine"}]})

@@ -38,7 +38,7 @@ DEMO_PORT ?= 8000
 
 demo: setup
 	$(PY) -m demo --no-search
-	$(PY) -m deployments --index indexes/demo --port $(DEMO_PORT) --synthesis.enabled --example "how do I parse command line arguments"
+	$(PY) -m deployments --index indexes/demo --collections-root indexes/collections --port $(DEMO_PORT) --synthesis.enabled --example "how do I parse command line arguments"
 
 # Debian's Chromium for the console's browser test (tests/integration/test_console.py). Installed only
 # as root with apt-get (CI, containers); elsewhere install it yourself or the test skips (fails with CI=true).

@@ -29,7 +29,7 @@ ROOTS: tuple[type[BaseModel], ...] = (
     schemas.SearchRequest, schemas.SearchResponse, schemas.BatchSearchRequest, schemas.BatchSearchResponse,
     schemas.FeedbackRequest, schemas.FeedbackResponse, schemas.HealthResponse, schemas.UpsertDocumentsRequest,
     schemas.DeleteDocumentsRequest, schemas.WriteResponse, schemas.DocumentResponse, schemas.ListDocumentsRequest,
-    schemas.DocumentsPage, schemas.BuildRequest,
+    schemas.DocumentsPage, schemas.CreateCollectionRequest, schemas.CollectionCreated, schemas.BuildRequest,
     schemas.BuildJob, schemas.BuildJobs, schemas.CollectionsResponse, schemas.ErrorResponse,
 )
 

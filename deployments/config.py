@@ -628,6 +628,11 @@ class AppConfig(BaseModel):
         default_factory=dict, description="name -> {index: ROOT, version, rerank, ann, shards}: several collections, "
         "instead of index.")
     default_collection: str = Field("default", description="Collection used when a request names none.")
+    collections_root: IndexRoot | None = Field(
+        None, description="Where collections created through the API (POST /admin/collections, a framework's "
+        "from_texts) live, one index root each: a folder, or s3://bucket/prefix that every node reads. They are "
+        "served inside the router replicas (shards and query encoder), without a redeploy. null: creating "
+        "collections is off (409).")
     shards: ShardsConfig = Field(
         default_factory=ShardsConfig, description="The shard retrievers of every collection (a collection's own "
         "shards block overrides fields of it).")

@@ -14,9 +14,9 @@ Requests and answers are the API's models (``raysearch_client.models``, generate
 field is a ``ValidationError`` before anything is sent, and an answer is a ``SearchResponse``, not a dict.
 """
 
-from raysearch_client.calls import SearchServiceError
+from raysearch_client.calls import BuildFailed, SearchServiceError
 from raysearch_client.client import AsyncSearchClient, SearchClient
 from raysearch_client.events import AnswerEvent, AnswerStreamEvent, ErrorEvent, ResultsEvent, TokenEvent
 
-__all__ = ["AnswerEvent", "AnswerStreamEvent", "AsyncSearchClient", "ErrorEvent", "ResultsEvent", "SearchClient",
-           "SearchServiceError", "TokenEvent"]
+__all__ = ["AnswerEvent", "AnswerStreamEvent", "AsyncSearchClient", "BuildFailed", "ErrorEvent", "ResultsEvent",
+           "SearchClient", "SearchServiceError", "TokenEvent"]

@@ -8,6 +8,7 @@ The routes are the server's (deployments/serve/router.py); a request is checked 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,9 @@ from raysearch_client.models import (
     BuildJob,
     BuildJobs,
     BuildRequest,
+    CollectionCreated,
     CollectionsResponse,
+    CreateCollectionRequest,
     DeleteDocumentsRequest,
     DocumentResponse,
     DocumentsPage,
@@ -43,6 +46,31 @@ class SearchServiceError(Exception):
     def __init__(self, status: int, message: str, detail: Any = None, request_id: str | None = None):
         super().__init__(f"{status}: {message}" + (f" (request {request_id})" if request_id else ""))
         self.status, self.message, self.detail, self.request_id = status, message, detail, request_id
+
+
+class BuildFailed(Exception):
+    """A collection's build job ended without a version (``job``: its record, whose ``error`` is the end of its
+    output)."""
+
+    def __init__(self, job: BuildJob):
+        super().__init__(f"build {job.id} of collection {job.collection!r} failed: {(job.error or '')[-2000:]}")
+        self.job = job
+
+
+CREATE_POLL_S = 1.0  # how often a client waiting for a created collection asks about it
+
+
+def waited_for(name: str, job: BuildJob, served: set[str] | None, deadline: float) -> bool:
+    """Whether a client waiting for collection ``name`` may stop (its build done and the collection served); raises
+    ``BuildFailed`` for a failed build and ``TimeoutError`` past ``deadline`` (``time.monotonic``)."""
+    if job.state == "failed":
+        raise BuildFailed(job)
+    if job.state == "succeeded" and served is not None and name in served:
+        return True
+    if time.monotonic() > deadline:
+        raise TimeoutError(f"collection {name!r} is not served yet (build {job.id}: {job.state}); follow it with "
+                           "client.build(id) and client.collections()")
+    return False
 
 
 @dataclass(frozen=True)
@@ -140,6 +168,12 @@ def list_documents(collection: str, fields: dict[str, Any]) -> Call:
     req = ListDocumentsRequest(**fields)
     return Call("POST", documents_path(collection, "list"), reader(DocumentsPage), req.model_dump(mode="json",
                 exclude_none=True), idempotent=True)
+
+
+def create_collection(fields: dict[str, Any]) -> Call:
+    req = CreateCollectionRequest(**fields)
+    return Call("POST", "/admin/collections", reader(CollectionCreated), req.model_dump(mode="json", exclude_none=True),
+                (202,))
 
 
 def start_build(fields: dict[str, Any]) -> Call:

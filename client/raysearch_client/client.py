@@ -24,6 +24,7 @@ from raysearch_client.calls import Call, SearchServiceError
 from raysearch_client.events import AnswerStreamEvent, event
 from raysearch_client.models import (
     BuildJob,
+    CollectionCreated,
     CollectionInfo,
     DocumentResponse,
     DocumentsPage,
@@ -166,6 +167,22 @@ class SearchClient:
         """How many of the collection's documents the filter lets through (all: none given)."""
         return self.list_documents(collection, filters=filters, limit=0).total
 
+    def create_collection(self, name: str, documents: Sequence[dict[str, Any]], wait: bool = True,
+                          timeout_s: float = 3600.0, **options: Any) -> CollectionCreated:
+        """Create a collection from its first documents (up to 1,000; admin keys): a build job makes its first version
+        (``options``: ``encoder``, ``shards``, ``chunk_size``, ``chunk_overlap``). With ``wait``, returns once the
+        build succeeded and the service serves it (``BuildFailed`` if the build failed, ``TimeoutError`` past
+        ``timeout_s``); else at once, the build running."""
+        created = self._answer(calls.create_collection({"name": name, "documents": list(documents), **options}))
+        job, deadline = created.build, time.monotonic() + timeout_s
+        while wait:
+            served = {c.name for c in self.collections()} if job.state == "succeeded" else None
+            if calls.waited_for(name, job, served, deadline):
+                break
+            time.sleep(calls.CREATE_POLL_S)
+            job = self.build(job.id)
+        return created.model_copy(update={"build": job})
+
     def start_build(self, **fields: Any) -> BuildJob:
         """Start a build or fold job (``BuildRequest``'s fields: ``corpus=...``, ``kind="fold"``, ...); admin keys."""
         return self._answer(calls.start_build(fields))
@@ -278,6 +295,19 @@ class AsyncSearchClient:
 
     async def count_documents(self, collection: str, filters: dict[str, Any] | None = None) -> int:
         return (await self.list_documents(collection, filters=filters, limit=0)).total
+
+    async def create_collection(self, name: str, documents: Sequence[dict[str, Any]], wait: bool = True,
+                                timeout_s: float = 3600.0, **options: Any) -> CollectionCreated:
+        created = await self._answer(calls.create_collection({"name": name, "documents": list(documents),
+                                                              **options}))
+        job, deadline = created.build, time.monotonic() + timeout_s
+        while wait:
+            served = {c.name for c in await self.collections()} if job.state == "succeeded" else None
+            if calls.waited_for(name, job, served, deadline):
+                break
+            await asyncio.sleep(calls.CREATE_POLL_S)
+            job = await self.build(job.id)
+        return created.model_copy(update={"build": job})
 
     async def start_build(self, **fields: Any) -> BuildJob:
         return await self._answer(calls.start_build(fields))

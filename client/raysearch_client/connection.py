@@ -50,6 +50,24 @@ class Connection:
             await client.close()
 
 
+def write_creating(client: SearchClient, collection: str, batches: list[list[dict[str, Any]]]) -> None:
+    """Upsert ``batches`` of records into ``collection``; a collection the service does not serve is created first
+    from the first batch (a build job, waited for: admin keys), the rest written to it after."""
+    if batches and collection not in {c.name for c in client.collections()}:
+        client.create_collection(collection, batches[0])
+        batches = batches[1:]
+    for batch in batches:
+        client.upsert_documents(collection, batch)
+
+
+async def awrite_creating(client: AsyncSearchClient, collection: str, batches: list[list[dict[str, Any]]]) -> None:
+    if batches and collection not in {c.name for c in await client.collections()}:
+        await client.create_collection(collection, batches[0])
+        batches = batches[1:]
+    for batch in batches:
+        await client.upsert_documents(collection, batch)
+
+
 def search_request(query: str, limit: int, defaults: dict[str, Any], options: dict[str, Any]) -> SearchRequest:
     """``POST /search``'s body: the adapter's default fields, then this call's, with the framework's result count
     as ``limit``; checked by the API's model, so a misspelt field fails here, before anything is sent."""

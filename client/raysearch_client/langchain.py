@@ -30,7 +30,14 @@ from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
 from raysearch_client.calls import SearchServiceError
 from raysearch_client.client import API_KEY_ENV
-from raysearch_client.connection import Connection, check_fields, result_metadata, search_request
+from raysearch_client.connection import (
+    Connection,
+    awrite_creating,
+    check_fields,
+    result_metadata,
+    search_request,
+    write_creating,
+)
 from raysearch_client.filters import from_langchain
 from raysearch_client.models import Result, SearchResponse
 
@@ -130,9 +137,12 @@ class RaySearchVectorStore(VectorStore):
     def from_texts(cls, texts: list[str], embedding: Embeddings | None = None,
                    metadatas: list[dict[str, Any]] | None = None, *, ids: list[str] | None = None,
                    **kwargs: Any) -> RaySearchVectorStore:
-        """A store over ``kwargs``' collection (``url=``, ``collection=``, ...), with ``texts`` written to it."""
+        """A store over ``kwargs``' collection (``url=``, ``collection=``, ...), with ``texts`` written to it. A
+        collection the service does not serve is created from them (``POST /admin/collections``: an admin key, and
+        the service's ``collections_root``), returning once it is built and served."""
         store = cls(embedding=embedding, **kwargs)
-        store.add_texts(texts, metadatas, ids=ids)
+        ids, batches = _records(list(texts), metadatas, ids)
+        write_creating(store._connection.sync, store.collection, batches)
         return store
 
     @classmethod
@@ -140,7 +150,8 @@ class RaySearchVectorStore(VectorStore):
                           metadatas: list[dict[str, Any]] | None = None, *, ids: list[str] | None = None,
                           **kwargs: Any) -> RaySearchVectorStore:
         store = cls(embedding=embedding, **kwargs)
-        await store.aadd_texts(texts, metadatas, ids=ids)
+        ids, batches = _records(list(texts), metadatas, ids)
+        await awrite_creating(store._connection.aio, store.collection, batches)
         return store
 
     # Writes: upserts of whole documents, 1,000 to a call (each call atomic).

@@ -464,6 +464,60 @@ class DocumentsPage(BaseModel):
         "meanwhile is not.")
 
 
+class CreateCollectionRequest(BaseModel):
+    """A new collection, built from these documents by a build job into an index root under the service's
+    ``collections_root``; every router replica serves it once the build activated its version, without a redeploy."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(pattern="^[A-Za-z0-9_-]{1,48}$",
+        description="The collection's name: 1-48 letters, digits, '-' or '_'; also its folder (or prefix) "
+        "under collections_root.")
+    documents: list[dict[str, Any]] = Field(min_length=1, max_length=1000,
+        description="Its first documents, in the build's record format (as PUT .../documents takes them); "
+        "add more through the documents API once it is served.")
+    encoder: str | None = Field(None, max_length=512,
+        description="Encoder model (default: the default collection's, with its prompts, so its query "
+        "encoder is shared).")
+    shards: int | None = Field(None, ge=1, le=64, description="Number of shards (default: 1).")
+    chunk_size: int | None = Field(None, ge=8, le=4096)
+    chunk_overlap: int | None = Field(None, ge=0)
+
+
+class BuildJob(BaseModel):
+    """A build or fold job: what it runs, how far it is, and its summary once it ended."""
+
+    id: str
+    kind: str
+    collection: str | None = None
+    root: str
+    state: Literal["running", "succeeded", "failed"]
+    started: str
+    finished: str | None = None
+    alive: str | None = Field(None,
+        description="When the job's supervisor last saw it (renewed every 10 s while it runs; a running job"
+        " not seen for a minute is reported failed).")
+    progress: dict[str, Any] | None = Field(None,
+        description="The stage running and how far it is (its progress bar: done of total).")
+    summary: dict[str, Any] | None = Field(None,
+        description="The build's or fold's summary, once it succeeded.")
+    error: str | None = Field(None, description="The end of the job's output, when it failed.")
+    options: dict[str, Any] = Field(default_factory=dict)
+    command: list[str] = Field(default_factory=list)
+    pid: int | None = None
+    returncode: int | None = None
+    by: str | None = None
+
+
+class CollectionCreated(BaseModel):
+    collection: str
+    root: str = Field(
+        description="The collection's index root (its versions, change log, judgments, build records).")
+    build: BuildJob = Field(
+        description="The build job making its first version: follow it at GET /admin/builds/{id}; once it "
+        "succeeded, GET /collections lists the collection (within router.version_poll_s).")
+
+
 class BuildRequest(BaseModel):
     """A build or a fold of a collection's index root, run as a job beside the service (``python -m index_build``
     or ``python -m index_build.fold``); the fields are that command's flags of the same names."""
@@ -501,31 +555,6 @@ class BuildRequest(BaseModel):
     chunk_overlap: int | None = Field(None, ge=0)
     reuse: bool | None = Field(None,
         description="Reuse vectors and shards of earlier versions (default: yes).")
-
-
-class BuildJob(BaseModel):
-    """A build or fold job: what it runs, how far it is, and its summary once it ended."""
-
-    id: str
-    kind: str
-    collection: str | None = None
-    root: str
-    state: Literal["running", "succeeded", "failed"]
-    started: str
-    finished: str | None = None
-    alive: str | None = Field(None,
-        description="When the job's supervisor last saw it (renewed every 10 s while it runs; a running job"
-        " not seen for a minute is reported failed).")
-    progress: dict[str, Any] | None = Field(None,
-        description="The stage running and how far it is (its progress bar: done of total).")
-    summary: dict[str, Any] | None = Field(None,
-        description="The build's or fold's summary, once it succeeded.")
-    error: str | None = Field(None, description="The end of the job's output, when it failed.")
-    options: dict[str, Any] = Field(default_factory=dict)
-    command: list[str] = Field(default_factory=list)
-    pid: int | None = None
-    returncode: int | None = None
-    by: str | None = None
 
 
 class BuildJobs(BaseModel):

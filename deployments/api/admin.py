@@ -10,7 +10,7 @@ service, a stand-in in tests.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,8 +51,13 @@ def build_options(body: BuildRequest, exists: Callable[[Path], bool] = Path.exis
 class Builds:
     """Builds and folds of the collections' index roots, as jobs beside the service."""
 
-    def __init__(self, deployed: Mapping[str, DeployedCollection], default_collection: str, start_job: StartJob):
+    def __init__(self, deployed: Mapping[str, DeployedCollection], default_collection: str, start_job: StartJob,
+                 created_roots: Callable[[], Iterable[str]] = tuple):
+        """``created_roots``: the index roots of the collections created through the API (a listing of the store, so
+        called off the event loop), whose builds are read too, served yet or not (a first build is followed before
+        its collection is served)."""
         self.deployed, self.default_collection, self.start_job = deployed, default_collection, start_job
+        self.created_roots = created_roots
 
     def root_of(self, name: str) -> str:
         """The index root a collection builds into (``Conflict`` for one serving a pinned version: it has none)."""
@@ -63,7 +68,8 @@ class Builds:
         return root
 
     def roots(self) -> list[str]:
-        return sorted({d.root for d in self.deployed.values() if d.root is not None})
+        """Every root whose builds are listed: the served collections', and those created through the API."""
+        return sorted({d.root for d in self.deployed.values() if d.root is not None} | set(self.created_roots()))
 
     async def start(self, body: BuildRequest, by: str | None) -> BuildJob:
         name = body.collection or self.default_collection
@@ -76,7 +82,7 @@ class Builds:
 
     async def jobs(self) -> BuildJobs:
         """The latest jobs of every collection's index root, newest first."""
-        return BuildJobs(builds=[BuildJob(**r) for r in await asyncio.to_thread(list_records, self.roots())])
+        return BuildJobs(builds=[BuildJob(**r) for r in await asyncio.to_thread(lambda: list_records(self.roots()))])
 
     async def job(self, build_id: str) -> BuildJob:
-        return BuildJob(**await asyncio.to_thread(read_record, self.roots(), build_id))
+        return BuildJob(**await asyncio.to_thread(lambda: read_record(self.roots(), build_id)))

@@ -627,6 +627,24 @@ class BuildRequest(RequestBody):
     reuse: bool | None = Field(None, description="Reuse vectors and shards of earlier versions (default: yes).")
 
 
+class CreateCollectionRequest(RequestBody):
+    """A new collection, built from these documents by a build job into an index root under the service's
+    ``collections_root``; every router replica serves it once the build activated its version, without a redeploy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,48}$", description="The collection's name: 1-48 letters, digits, "
+                      "'-' or '_'; also its folder (or prefix) under collections_root.")
+    documents: list[dict[str, Any]] = Field(
+        min_length=1, max_length=MAX_WRITE_RECORDS, description="Its first documents, in the build's record format "
+        "(as PUT .../documents takes them); add more through the documents API once it is served.")
+    encoder: str | None = Field(None, max_length=512, description="Encoder model (default: the default collection's, "
+                                "with its prompts, so its query encoder is shared).")
+    shards: int | None = Field(None, ge=1, le=64, description="Number of shards (default: 1).")
+    chunk_size: int | None = Field(None, ge=8, le=4096)
+    chunk_overlap: int | None = Field(None, ge=0)
+
+
 class BuildJob(BaseModel):
     """A build or fold job: what it runs, how far it is, and its summary once it ended."""
 
@@ -648,6 +666,13 @@ class BuildJob(BaseModel):
     pid: int | None = None
     returncode: int | None = None
     by: str | None = None
+
+
+class CollectionCreated(BaseModel):
+    collection: str
+    root: str = Field(description="The collection's index root (its versions, change log, judgments, build records).")
+    build: BuildJob = Field(description="The build job making its first version: follow it at GET /admin/builds/{id}; "
+                            "once it succeeded, GET /collections lists the collection (within router.version_poll_s).")
 
 
 class BuildJobs(BaseModel):

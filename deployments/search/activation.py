@@ -120,6 +120,11 @@ class VersionSwitch:
         self.state = SwitchState()
         self._locks = {name: asyncio.Lock() for name in deployed}
 
+    def add(self, deployed: DeployedCollection) -> None:
+        """Follow one more collection's root (one created through the API, opened after the replica started)."""
+        self.deployed[deployed.name] = deployed
+        self._locks[deployed.name] = asyncio.Lock()
+
     def _deployed(self, name: str) -> DeployedCollection:
         deployed = collection(self.deployed, name)
         if not deployed.follows_active:

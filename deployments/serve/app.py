@@ -31,7 +31,15 @@ from deployments.serve.rebalancer import Rebalancer
 from deployments.serve.reranker import Reranker
 from deployments.serve.router import SearchRouter
 from deployments.serve.shard_group import ShardRetriever
-from deployments.serve.specs import CollectionSpec, HeldSlot, HostSpec, SlotSpec, slot_name
+from deployments.serve.specs import (
+    CollectionSpec,
+    CreatedOptions,
+    HeldSlot,
+    HostSpec,
+    SlotSpec,
+    served_version,
+    slot_name,
+)
 from deployments.serve.synthesis import Synthesis
 from index_format.manifest import MANIFEST, VersionManifest
 from index_format.object_root import CACHE_DIR_ENV, STATE_ENV
@@ -39,8 +47,6 @@ from index_format.prompts import EncoderSpec
 from index_format.versions import (
     absolute_root,
     open_root,
-    read_version_manifest,
-    resolve_version_dir,
     shard_bytes,
 )
 
@@ -91,15 +97,6 @@ def judgments_root(index: str, version_dir: Path | None) -> str:
         return index
     return str(version_dir.parent.parent if version_dir.parent.name == "versions" else version_dir)
 
-
-def served_version(index: str, version: str | None) -> tuple[VersionManifest, Path | None]:
-    """The manifest of the version a collection starts on, and its folder (None for a root in object storage:
-    each replica fetches the files it serves to its own node; nothing is downloaded here)."""
-    root = open_root(index)
-    if not root.shared_by_nodes:
-        folder = resolve_version_dir(Path(index), version)
-        return read_version_manifest(folder), folder
-    return root.manifest(root.chosen(version)), None
 
 
 def node_env(cfg: AppConfig) -> dict[str, str]:
@@ -245,6 +242,18 @@ def placement_warnings(cfg: AppConfig, nodes: list[dict[str, float]] | None = No
     return unplaceable(needs, nodes)
 
 
+
+def created_options(cfg: AppConfig) -> CreatedOptions | None:
+    """How the router serves the collections created through the API; None: ``collections_root`` unset."""
+    if cfg.collections_root is None:
+        return None
+    s = cfg.shards
+    return CreatedOptions(collections_root=absolute_root(cfg.collections_root), verify_checksums=s.verify_checksums,
+                          lucene_heap=s.lucene_heap, search_device=s.search_device,
+                          warmup_searches=s.warmup_searches, max_versions=s.max_versions,
+                          encoder_backend=cfg.encoder.backend, encoder_threads=cfg.encoder.router_threads)
+
+
 def build_app(args: dict[str, Any] | AppConfig) -> Application:
     cfg = args if isinstance(args, AppConfig) else AppConfig.model_validate(args)
     check_nodes_reach(sorted({absolute_root(c.index) for c in cfg.resolved_collections().values()}))
@@ -301,4 +310,4 @@ def build_app(args: dict[str, Any] | AppConfig) -> Application:
         user_config=r.settings().model_dump(mode="json"),
         logging_config=logging_config(cfg),
     ).bind(collections, default, reranker, synthesis, cfg.synthesis.llm_rerank, cfg.security,
-           otlp_endpoint=cfg.otlp_endpoint, rebalancer=rebalancer)
+           otlp_endpoint=cfg.otlp_endpoint, rebalancer=rebalancer, created=created_options(cfg))

@@ -77,10 +77,12 @@ def held_slot(target):
     return target
 
 
-def deployed_collections(specs: dict[str, CollectionSpec]) -> dict[str, DeployedCollection]:
+def deployed_collections(specs: dict[str, CollectionSpec], local: dict[EncoderSpec, LocalEncoder] | None = None
+                         ) -> dict[str, DeployedCollection]:
     """Each collection as the app builder deployed it, with the router's clients of its shard slots and of its query
-    encoder (one encoder a model embedded in the router, shared by the collections that use it)."""
-    local: dict[EncoderSpec, LocalEncoder] = {}
+    encoder (one encoder a model embedded in the router, shared by the collections that use it: ``local``, the
+    replica's, so a collection opened later shares them too)."""
+    local = {} if local is None else local
 
     def client(encoder_spec: EncoderSpec, handle, spec: CollectionSpec, named: bool = False):
         """The collection's own encoder is loaded now (its first query must not wait); a named one on first use:

@@ -12,6 +12,7 @@ in one place (``deployments.edge.http``'s handlers, over ``deployments.edge.erro
 
 import asyncio
 import logging
+import time
 
 from fastapi import Request
 from fastapi.responses import (
@@ -27,6 +28,7 @@ from ray.exceptions import RayActorError
 from deployments.api.admin import Builds
 from deployments.api.batch import answers_in_order, batch_json, checked
 from deployments.api.collections import list_collections
+from deployments.api.created import CreatedCollections, registered
 from deployments.api.feedback import Feedback
 from deployments.api.health import service_health
 from deployments.api.mcp import McpEndpoint, McpTools
@@ -56,8 +58,8 @@ from deployments.serve.handles import (
 )
 from deployments.serve.heap import settle_heap
 from deployments.serve.listen import reuse_address_on_bind
-from deployments.serve.specs import CollectionSpec
-from index_format.versions import version_dir
+from deployments.serve.specs import CollectionSpec, CreatedOptions, created_spec
+from index_format.versions import active_version, version_dir
 
 logger = logging.getLogger("ray.serve")
 
@@ -74,7 +76,7 @@ async def _replica_gone(request: Request, exc: RayActorError) -> JSONResponse:
 class SearchRouter:
     async def __init__(self, collections: dict[str, CollectionSpec], default_collection: str, reranker=None,
                        synthesis=None, llm_rerank: bool = False, security: SecurityConfig | None = None,
-                       otlp_endpoint: str | None = None, rebalancer=None):
+                       otlp_endpoint: str | None = None, rebalancer=None, created: CreatedOptions | None = None):
         """Everything the replica serves with, made once before it answers: each collection at the version it was
         deployed with (its shards asked for their fields, which loads the version on them), every write acknowledged
         before the replica started applied, and then the followers of ACTIVE and of the change logs started."""
@@ -84,7 +86,9 @@ class SearchRouter:
         # This replica's guard, handed to the app's front door and to the shedding layer ahead of Serve.
         self.guard = Guard.from_config(security)
         install(self.guard)
-        deployed = deployed_collections(collections)
+        self.local_encoders: dict = {}  # the query encoders embedded here, one a model (shared by collections)
+        deployed = deployed_collections(collections, self.local_encoders)
+        self.deployed = deployed
         self.held_hosts = held_hosts(deployed)
         # Documents written through the API, per collection that follows an index root (a pinned version is
         # read-only): their change log beside the versions, and the fresh segment searched beside the version.
@@ -112,14 +116,22 @@ class SearchRouter:
         self.models = RankingModels(self.pipeline.models, {name: d.root for name, d in deployed.items()
                                                            if d.follows_active}, self.pipeline.calibrations)
         await self.models.follow()
-        self.builds = Builds(deployed, default_collection, start_build)
+        self.builds = Builds(deployed, default_collection, start_build,
+                             lambda: registered(created.collections_root).values() if created else ())
         self.judgments = Feedback(self.pipeline, {name: judgments_of(spec.judgments)
                                                   for name, spec in collections.items()}, self.guard.keys_on)
+        # Collections created through the API (POST /admin/collections): opened here once built, without a redeploy.
+        self.created_options = created
+        self.created = CreatedCollections(created.collections_root if created else None,
+                                          lambda: self.pipeline.collections.keys(),
+                                          deployed[default_collection].encoder_spec, security.acl_field, start_build)
+        self._not_opened: dict[str, float] = {}  # created collections that failed to open -> when, retried later
         self.metrics = SearchMetrics()
         self.metrics.index(self.pipeline.collections.values())
         self.recorder = SearchRecorder(self.metrics, otlp_endpoint)
         await self.documents.catch_up()  # every write acknowledged before this replica started, searchable here
         await asyncio.gather(*(d.warm() for d in documents.values()))
+        await self._open_created()  # those created before this replica started, before it answers
         self._followers = [asyncio.create_task(self._follow_versions()), asyncio.create_task(self._follow_documents())]
         # /mcp: the search route's work and the documents', offered as MCP tools (deployments.api.mcp)
         tools = McpTools(self.answer, self.documents, default_collection, self.catalogue, self.guard.key_limits)
@@ -133,10 +145,53 @@ class SearchRouter:
         self.pipeline.reconfigure(self.settings)
         self.versions.warm_timeout_s = self.settings.activation_timeout_s
 
+    async def _open_created(self) -> None:
+        """Open the collections created through the API that this replica does not serve yet and whose build has
+        activated a version. One that fails to open is logged and tried again a minute later."""
+        if self.created_options is None:
+            return
+        root = self.created_options.collections_root
+        for name, index in (await asyncio.to_thread(registered, root)).items():
+            if name in self.pipeline.collections or time.monotonic() - self._not_opened.get(name, -60.0) < 60.0:
+                continue
+            if await asyncio.to_thread(active_version, index) is None:
+                continue  # its first build is still running (or failed: GET /admin/builds says why)
+            try:
+                await self._open_collection(created_spec(name, index, self.created_options))
+                self._not_opened.pop(name, None)
+                logger.info(f"serving collection {name!r}, created through the API ({index})")
+            except Exception:
+                self._not_opened[name] = time.monotonic()
+                logger.exception("opening collection %s, created through the API", name)
+
+    async def _open_collection(self, spec: CollectionSpec) -> None:
+        """Serve one more collection, as the replica's start serves those of the config: its shards opened here, its
+        written documents applied, its root's ACTIVE pointer, ranking model and judgments followed; searchable last."""
+        name = spec.name
+        d = (await asyncio.to_thread(deployed_collections, {name: spec}, self.local_encoders))[name]
+        named = {n: client for n, (_, client) in d.named.items()}
+        documents = await asyncio.to_thread(open_documents, name, d.root, version_dir(d.root, spec.version), d.encoder,
+                                            d.dimension, named)
+        shards = [shard_client(slot, handle, spec.version, names) for slot, handle, names in d.slots]
+        opened = Collection.at_version(name, spec.version, shards, d.encoder, fields=await fields_of(shards),
+                                       counts=spec.counts, rerank=d.rerank, bm25=spec.bm25, encoders=named,
+                                       fresh=documents.segment)
+        self.documents.documents[name] = documents
+        await documents.catch_up()
+        await documents.warm()
+        self.versions.add(d)
+        self.models.roots[name] = d.root
+        self.judgments.stores[name] = judgments_of(spec.judgments)
+        self.held_hosts += held_hosts({name: d})
+        self.pipeline.collections[name] = opened
+        self.metrics.index(self.pipeline.collections.values())
+
     async def _follow_versions(self) -> None:
-        """Switch where an ACTIVE pointer moved (``router.version_poll_s``), for as long as the replica lives."""
+        """Switch where an ACTIVE pointer moved (``router.version_poll_s``), and open the collections created since,
+        for as long as the replica lives."""
         while True:
             try:
+                await self._open_created()
                 await self.versions.follow()
                 await self.models.follow()
                 self.metrics.index(self.pipeline.collections.values())
@@ -294,6 +349,18 @@ class SearchRouter:
         result = await self.versions.rollback(collection)
         self.metrics.index(self.pipeline.collections.values())
         return api.ActivationResponse(**result)
+
+    @app.post("/admin/collections", response_model=api.CollectionCreated, status_code=202,
+              responses=error_responses({403: "A key that is not an admin key",
+                                         409: "The name is taken, or creating collections is off (collections_root)",
+                                         422: "A bad name or record (named)"}))
+    async def create_collection(self, body: api.CreateCollectionRequest,
+                                caller: CurrentCaller) -> api.CollectionCreated:
+        """Create a collection from its first documents: a build job makes its first version under
+        ``collections_root`` and activates it; every router replica then serves it (within
+        ``router.version_poll_s``), shards and query encoder inside the replica. Follow the build at
+        ``GET /admin/builds/{id}``."""
+        return await self.created.create(body, caller)
 
     @app.get("/admin/rebalance", responses=error_responses({403: "A key that is not an admin key",
                                                             404: "Rebalancing is off (rebalance.enabled)"}))

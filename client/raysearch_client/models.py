@@ -90,9 +90,9 @@ class SearchRequest(BaseModel):
         description="Collections to search (fused across them); default: the default one.")
     filters: dict[str, Any] | None = Field(None,
         description="Metadata filter, e.g. {\"year\": {\"gte\": 2010}, \"topic\": [\"a\", \"b\"], \"lang\": \"en\"} "
-        "(fields ANDed; operators eq ne in nin gt gte lt lte); \"$and\" and \"$or\" take a list of "
-        "filters, \"$not\" one, e.g. {\"$or\": [{\"year\": {\"lt\": 2000}}, {\"topic\": \"music\"}]}. GET "
-        "/collections lists the fields.")
+        "(fields ANDed; operators eq ne in nin gt gte lt lte, and exists: true or false); "
+        "\"$and\" and \"$or\" take a list of filters, \"$not\" one, e.g. {\"$or\": [{\"year\": {\"lt\": "
+        "2000}}, {\"topic\": \"music\"}]}. GET /collections lists the fields.")
     min_relevance_score: float | None = Field(None, ge=0, le=1,
         description="Drop results whose relevance_score is below this, in [0, 1] (default: the service's "
         "setting for hybrid requests, none unless tuned; a tuned one is on the minmax scale).")
@@ -444,8 +444,8 @@ class ListDocumentsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     filters: dict[str, Any] | None = Field(None,
-        description="Metadata filter, as a search's (operators eq ne in nin gt gte lt lte, $and $or $not); "
-        "GET /collections lists the fields.")
+        description="Metadata filter, as a search's (operators eq ne in nin gt gte lt lte exists, $and $or "
+        "$not); GET /collections lists the fields.")
     ids: list[str] | None = Field(None, max_length=1000,
         description="Only these document ids (those that exist and pass the filter).")
     limit: int = Field(100, ge=0, le=1000, description="Documents in the page; 0: the count alone.")
@@ -567,8 +567,8 @@ class FilterField(BaseModel):
         description="number, date, string, bool, list (of scalars) or mixed: decided from the values the "
         "field holds; it sets the operators a filter may use on it.")
     operators: list[str] = Field(
-        description="The operators a filter may use on the field (eq ne in nin; gt gte lt lte too on "
-        "numbers and dates).")
+        description="The operators a filter may use on the field (eq ne in nin exists; gt gte lt lte too on"
+        " numbers and dates).")
 
 
 class CollectionInfo(BaseModel):

@@ -124,8 +124,9 @@ class SearchRequest(RequestBody):
     )
     filters: dict[str, Any] | None = Field(
         None, description='Metadata filter, e.g. {"year": {"gte": 2010}, "topic": ["a", "b"], "lang": "en"} (fields '
-        'ANDed; operators eq ne in nin gt gte lt lte); "$and" and "$or" take a list of filters, "$not" one, e.g. '
-        '{"$or": [{"year": {"lt": 2000}}, {"topic": "music"}]}. GET /collections lists the fields.'
+        'ANDed; operators eq ne in nin gt gte lt lte, and exists: true or false); "$and" and "$or" take a list of '
+        'filters, "$not" one, e.g. {"$or": [{"year": {"lt": 2000}}, {"topic": "music"}]}. GET /collections lists the '
+        'fields.'
     )
     min_relevance_score: float | None = Field(
         None, ge=0, le=1, description="Drop results whose relevance_score is below this, in [0, 1] (default: the "
@@ -475,8 +476,8 @@ class FilterField(BaseModel):
     name: str
     kind: str = Field(description="number, date, string, bool, list (of scalars) or mixed: decided from the values "
                       "the field holds; it sets the operators a filter may use on it.")
-    operators: list[str] = Field(description="The operators a filter may use on the field (eq ne in nin; gt gte lt "
-                                 "lte too on numbers and dates).")
+    operators: list[str] = Field(description="The operators a filter may use on the field (eq ne in nin exists; gt "
+                                 "gte lt lte too on numbers and dates).")
 
 
 class CollectionInfo(BaseModel):
@@ -576,7 +577,8 @@ class ListDocumentsRequest(RequestBody):
     may see), optionally among given ids. Page on with ``after``: the previous page's ``next_after``."""
 
     filters: dict[str, Any] | None = Field(
-        None, description="Metadata filter, as a search's (operators eq ne in nin gt gte lt lte, $and $or $not); "
+        None, description="Metadata filter, as a search's (operators eq ne in nin gt gte lt lte exists, $and $or "
+        "$not); "
         "GET /collections lists the fields.")
     ids: list[str] | None = Field(None, max_length=MAX_WRITE_RECORDS,
                                   description="Only these document ids (those that exist and pass the filter).")

@@ -6,6 +6,7 @@ A filter maps a metadata field to a condition; fields are ANDed::
     {"topic": ["music", "sailing"]}            membership (same as {"in": [...]})
     {"year": {"gte": 2005, "lt": 2010}}        operators, ANDed: eq ne in nin gt gte lt lte
     {"published": {"gte": "2020-01-31"}}       dates as ISO-8601 strings
+    {"year": {"exists": false}}                rows without the field (or with null); true: rows with it
 
 Keys beginning with ``$`` are logical, never fields (so a field named ``$x`` cannot be filtered on)::
 
@@ -32,7 +33,8 @@ day). Numbers are compared as float64. Values that are equal in Python but of an
 match (``true`` is not ``1``), but ``1`` equals ``1.0``.
 
 A row whose field is missing or null never matches, except under ``ne`` and ``nin``, which match it
-(they are the negations of ``eq`` and ``in``). ``$not`` follows the same rule, as the complement of its filter
+(they are the negations of ``eq`` and ``in``), and ``{"exists": false}``, which matches those rows alone (an empty
+list is a value: its row has the field). ``$not`` follows the same rule, as the complement of its filter
 over all rows: ``{"$not": {"topic": "music"}}`` is ``{"topic": {"ne": "music"}}``, and
 ``{"$not": {"year": {"gt": 2005}}}`` keeps the rows without a year, which ``{"year": {"lte": 2005}}`` leaves out.
 (Chroma's ``$ne`` and ``$nin`` match a missing key too; SQL stores such as PGVector do not.)
@@ -51,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-OPERATORS = ("eq", "ne", "in", "nin", "gt", "gte", "lt", "lte")
+OPERATORS = ("eq", "ne", "in", "nin", "gt", "gte", "lt", "lte", "exists")
 LOGICAL = ("$and", "$or", "$not")
 _RANGE = {"gt": np.greater, "gte": np.greater_equal, "lt": np.less, "lte": np.less_equal}
 # The forms accepted as dates; stricter than datetime.fromisoformat so ids like "20200131" stay strings.
@@ -130,6 +132,11 @@ class _Column:
         return FilterError(f"filter field '{self.name}' ({self.kind}): value {_show(value)} {rule}; {fix}")
 
     def match(self, op: str, value: Any) -> np.ndarray:
+        if op == "exists":
+            if not isinstance(value, bool):
+                raise self.fail(value, "is not true or false; 'exists' says whether a row holds the field",
+                                'write {"exists": true} (rows with a value) or {"exists": false} (rows without)')
+            return self.present_rows() if value else ~self.present_rows()
         if op in ("ne", "nin"):
             return ~self.match("eq" if op == "ne" else "in", value)
         if op == "eq":
@@ -145,6 +152,10 @@ class _Column:
         return self.compare(op, value)
 
     def equal(self, values: list[Any]) -> np.ndarray:
+        raise NotImplementedError
+
+    def present_rows(self) -> np.ndarray:
+        """The rows that hold a value of the field (not missing, not null)."""
         raise NotImplementedError
 
     def compare(self, op: str, value: Any) -> np.ndarray:
@@ -169,6 +180,9 @@ class _NumberColumn(_Column):
         wanted = np.array([self._scalar(v) for v in values], dtype=self.values.dtype)
         return self.present & np.isin(self.values, wanted)
 
+    def present_rows(self) -> np.ndarray:
+        return self.present
+
     def compare(self, op: str, value: Any) -> np.ndarray:
         return self.present & _RANGE[op](self.values, self._scalar(value))
 
@@ -189,20 +203,26 @@ class _CodeColumn(_Column):
         wanted = [self.code_of[v] for v in values if v in self.code_of]
         return np.isin(self.codes, np.array(wanted, dtype=np.int64))
 
+    def present_rows(self) -> np.ndarray:
+        return self.codes >= 0
+
 
 class _ElementColumn(_Column):
     """Lists and mixed fields: one (row, element code) pair per element; a scalar is a one-element list."""
 
     def __init__(self, name: str, kind: str, n: int, rows: np.ndarray, codes: np.ndarray,
-                 code_of: dict[tuple[str, Any], int]):
+                 code_of: dict[tuple[str, Any], int], present: np.ndarray):
         super().__init__(name, kind, n)
-        self.rows, self.codes, self.code_of = rows, codes, code_of
+        self.rows, self.codes, self.code_of, self.present = rows, codes, code_of, present
 
     def equal(self, values: list[Any]) -> np.ndarray:
         wanted = [self.code_of[k] for k in map(_value_key, values) if k in self.code_of]
         mask = np.zeros(self.n, dtype=bool)
         mask[self.rows[np.isin(self.codes, np.array(wanted, dtype=np.int64))]] = True
         return mask
+
+    def present_rows(self) -> np.ndarray:
+        return self.present
 
 
 class _AbsentColumn(_Column):
@@ -216,6 +236,9 @@ class _AbsentColumn(_Column):
         return np.zeros(self.n, dtype=bool)
 
     def compare(self, op: str, value: Any) -> np.ndarray:
+        return np.zeros(self.n, dtype=bool)
+
+    def present_rows(self) -> np.ndarray:
         return np.zeros(self.n, dtype=bool)
 
 
@@ -258,7 +281,7 @@ def _build_column(name: str, raw: list[Any]) -> _Column:
             key = ("s", element) if type(element) is str else _value_key(element)  # the common case, inline
             codes_list.append(key_code.setdefault(key, len(key_code)))
     return _ElementColumn(name, kind, n, np.array(rows, dtype=np.int64), np.array(codes_list, dtype=np.int64),
-                          key_code)
+                          key_code, present)
 
 
 def _split(filter: Any, inside: str | None) -> tuple[list[tuple[str, Any]], list[tuple[str, list[Any]]]]:
@@ -420,5 +443,5 @@ class MetadataTable:
 
 def operators_for(kind: str) -> list[str]:
     """The operators a filter may use on a field of ``kind`` (the module's table): range operators on numbers and
-    dates only."""
+    dates only; ``exists`` on every kind."""
     return list(OPERATORS) if kind in ("number", "date") else [op for op in OPERATORS if op not in _RANGE]

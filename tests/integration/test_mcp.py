@@ -184,6 +184,6 @@ def test_list_collections_names_the_fields_a_filter_may_use_as_get_collections_d
     (default,) = result.structured_content["collections"]
     assert default["name"] == "default" and default["default"] and default["documents"] == 30
     fields = {f["name"]: f for f in default["fields"]}
-    assert fields["acl"]["kind"] == "string" and fields["acl"]["operators"] == ["eq", "ne", "in", "nin"]
+    assert fields["acl"]["kind"] == "string" and fields["acl"]["operators"] == ["eq", "ne", "in", "nin", "exists"]
     assert fields["year"]["kind"] == "number" and fields["year"]["operators"][-4:] == ["gt", "gte", "lt", "lte"]
     assert client.get("/collections").status_code == 401  # the front door's keys

@@ -305,7 +305,8 @@ def random_value(rng, field):
 
 
 def random_condition(rng, field):
-    ops = ["eq", "ne", "in", "nin"] + (["gt", "gte", "lt", "lte"] if KINDS[field] in ("number", "date") else [])
+    ops = ["eq", "ne", "in", "nin", "exists"] + (["gt", "gte", "lt", "lte"] if KINDS[field] in ("number", "date")
+                                                  else [])
     form = rng.random()
     if form < 0.2:
         return random_value(rng, field)
@@ -314,7 +315,8 @@ def random_condition(rng, field):
     cond = {}
     for op in rng.sample(ops, rng.randint(1, 2)):
         many = op in ("in", "nin")
-        cond[op] = [random_value(rng, field) for _ in range(rng.randint(0, 3))] if many else random_value(rng, field)
+        cond[op] = ([random_value(rng, field) for _ in range(rng.randint(0, 3))] if many else
+                    rng.random() < 0.5 if op == "exists" else random_value(rng, field))
     return cond
 
 
@@ -332,6 +334,8 @@ def same_value(stored, wanted):
 
 def brute_force(row, field, op, value):
     stored = row.get(field)
+    if op == "exists":  # null is no value; an empty list is one
+        return (stored is not None) == value
     if op in ("ne", "nin"):
         return not brute_force(row, field, "eq" if op == "ne" else "in", value)
     if stored is None:
@@ -404,9 +408,10 @@ table_rows = st.lists(
 def field_condition(field):
     value = st.sampled_from(POOLS.get(field, []) + EXTRA[field])
     ranged = KINDS.get(field) in ("number", "date", None)  # None: the absent field, which takes any operator
-    ops = ["eq", "ne", "in", "nin"] + (["gt", "gte", "lt", "lte"] if ranged else [])
+    ops = ["eq", "ne", "in", "nin", "exists"] + (["gt", "gte", "lt", "lte"] if ranged else [])
     pair = st.sampled_from(ops).flatmap(
-        lambda op: st.tuples(st.just(op), st.lists(value, max_size=3) if op in ("in", "nin") else value))
+        lambda op: st.tuples(st.just(op), st.lists(value, max_size=3) if op in ("in", "nin") else
+                             st.booleans() if op == "exists" else value))
     return st.one_of(value, st.lists(value, max_size=3), st.lists(pair, min_size=1, max_size=2).map(dict))
 
 
@@ -435,3 +440,15 @@ def test_nested_filters_match_brute_force(data, filter_):
     assert table.fields() == KINDS
     expected = [i for i, row in enumerate(data) if matches(row, filter_)]
     assert table.allowed_rows(filter_, unknown_as_missing=True).tolist() == expected
+
+
+def test_exists_tells_rows_with_a_value_from_rows_without_one_in_every_kind():
+    rows = [{"n": 1, "s": "a", "b": True, "t": ["x"], "d": "2020-01-01", "m": [1, "a"]}, {"n": None, "t": []}, {}]
+    table = MetadataTable(rows)
+    for field in ("n", "s", "b", "t", "d", "m", "ghost"):
+        with_it = [i for i, r in enumerate(rows) if r.get(field) is not None]
+        assert table.allowed_rows({field: {"exists": True}}, unknown_as_missing=True).tolist() == with_it, field
+        without = [i for i in range(len(rows)) if i not in with_it]
+        assert table.allowed_rows({field: {"exists": False}}, unknown_as_missing=True).tolist() == without, field
+    with pytest.raises(FilterError, match="'exists'"):
+        table.allowed_rows({"n": {"exists": "yes"}})

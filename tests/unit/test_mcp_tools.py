@@ -87,8 +87,8 @@ def test_list_collections_gives_each_collection_its_fields_and_their_operators()
     assert [(f["name"], f["kind"]) for f in docs["fields"]] == [("lang", "string"), ("topic", "string"),
                                                                  ("year", "number")]
     by_name = {f["name"]: f["operators"] for f in docs["fields"] + notes["fields"]}
-    assert by_name["year"] == by_name["published"] == ["eq", "ne", "in", "nin", "gt", "gte", "lt", "lte"]
-    assert by_name["topic"] == ["eq", "ne", "in", "nin"]
+    assert by_name["year"] == by_name["published"] == ["eq", "ne", "in", "nin", "gt", "gte", "lt", "lte", "exists"]
+    assert by_name["topic"] == ["eq", "ne", "in", "nin", "exists"]
     assert (notes["default"], notes["documents"]) == (False, 0)
     assert asyncio.run(tools.call("list_collections", {"collection": "x"}, SEARCH_KEY, {}, None)).is_error
 

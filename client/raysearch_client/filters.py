@@ -27,6 +27,7 @@ LANGCHAIN_OPERATORS = {"$eq": "eq", "$ne": "ne", "$gt": "gt", "$gte": "gte", "$l
 HAYSTACK_COMPARISONS = {"==": "eq", "!=": "ne", ">": "gt", ">=": "gte", "<": "lt", "<=": "lte", "in": "in",
                         "not in": "nin"}
 HAYSTACK_LOGICAL = ("AND", "OR", "NOT")
+_RANGES = ("gt", "gte", "lt", "lte")
 # Haystack's Document attributes: a filter on one of them is not a metadata filter.
 HAYSTACK_DOCUMENT_FIELDS = ("id", "content", "blob", "meta", "score", "embedding", "sparse_embedding")
 # LlamaIndex's FilterOperator values. CONTAINS, ANY and ALL are array operators by LlamaIndex's own definition
@@ -112,17 +113,24 @@ def from_haystack(filters: dict[str, Any]) -> dict[str, Any]:
 
     ``meta.year`` is the metadata field ``year``; a bare name that is not a Document attribute is read as
     metadata too, as Haystack reads it. A filter on a Document attribute (``content``, ``id``, ...) or on a nested
-    value (``meta.a.b``) raises ValueError, as do other operators and a comparison with None (the API cannot test
-    for a missing value). Rules that match Haystack's ``document_matches_filter``: ``!=``, ``not in`` and NOT match
-    a document without the field, ranges never do. Where they differ: on a list field ``==`` and ``in`` match when
-    any element matches (Haystack compares the whole list), values compare by kind (Haystack's ``True == 1``), and
-    a datetime without an offset is UTC (Haystack gives it the other side's offset).
+    value (``meta.a.b``) raises ValueError, as do other operators, ``in`` or ``not in`` with anything but a list
+    (Haystack refuses a tuple too), and ``==``, ``!=``, ``in`` or ``not in`` with None (the API cannot test for a
+    missing value). Rules that match Haystack's ``document_matches_filter``: ``!=``, ``not in`` and NOT match a
+    document without the field, ranges never do, and a range compared with None matches nothing. Where they differ:
+    on a list field ``==`` and ``in`` match when any element matches (Haystack compares the whole list), values
+    compare by kind (Haystack's ``True == 1``), and a datetime without an offset is UTC (Haystack gives it the
+    other side's offset).
+
+    A filter that matches nothing as a whole (``> None``, an OR of no conditions) raises ValueError: a search's
+    filter cannot say "nothing". A caller that can answer "nothing" itself takes ``haystack_selection``.
     """
-    return _something(_haystack(filters), "Haystack filter")
+    return _something(haystack_selection(filters), "Haystack filter")
 
 
-def _haystack(filters: Any) -> dict[str, Any] | None:
-    """``from_haystack``'s work; None: the filter matches no document."""
+def haystack_selection(filters: Any) -> dict[str, Any] | None:
+    """``from_haystack``'s translation, with None for a filter that matches no document (a range compared with None,
+    an OR of no conditions, a NOT of one that matches everything): for a document store, which answers such a
+    filter with no documents, as Haystack's own stores do, instead of refusing it."""
     if not isinstance(filters, dict):
         raise ValueError(f"a Haystack filter is a dict, got {type(filters).__name__}: {filters!r}")
     if "field" in filters:
@@ -136,7 +144,7 @@ def _haystack(filters: Any) -> dict[str, Any] | None:
         raise ValueError(f"unsupported Haystack logical operator {operator!r}; supported: AND, OR, NOT")
     if not isinstance(conditions, list):
         raise ValueError(f"a Haystack {operator}'s conditions are a list, got {conditions!r}")
-    subs = [_haystack(c) for c in conditions]
+    subs = [haystack_selection(c) for c in conditions]
     if operator == "AND":
         return _all_of(subs)
     if operator == "OR":
@@ -144,7 +152,7 @@ def _haystack(filters: Any) -> dict[str, Any] | None:
     return _negated(_all_of(subs))  # Haystack's NOT: not all of the conditions
 
 
-def _haystack_comparison(condition: dict[str, Any]) -> dict[str, Any]:
+def _haystack_comparison(condition: dict[str, Any]) -> dict[str, Any] | None:
     missing = [k for k in ("field", "operator", "value") if k not in condition]
     if missing:
         raise ValueError(f"a Haystack comparison needs field, operator and value; {condition!r} lacks {missing}")
@@ -152,11 +160,17 @@ def _haystack_comparison(condition: dict[str, Any]) -> dict[str, Any]:
     if operator not in HAYSTACK_COMPARISONS:
         raise ValueError(f"unsupported Haystack comparison operator {operator!r} on {field!r}; supported: "
                          f"{', '.join(HAYSTACK_COMPARISONS)}")
-    _check_list(f"Haystack's {operator!r} on {field!r}", value, operator in ("in", "not in"))
+    what = f"Haystack's {operator!r} on {field!r}"
+    if operator in ("in", "not in") and not isinstance(value, list):
+        raise ValueError(f"{what} takes a list of values (Haystack refuses any other iterable), got {value!r}")
+    _check_list(what, value, operator in ("in", "not in"))
+    name = _haystack_field(field)
+    if value is None and HAYSTACK_COMPARISONS[operator] in _RANGES:
+        return None  # Haystack's rule: a range compared with None is false for every document
     if value is None or (isinstance(value, list) and any(v is None for v in value)):
         raise ValueError(f"{field!r} {operator} None: the service's filters cannot test for a missing value; "
                          "compare with a value")
-    return {_haystack_field(field): {HAYSTACK_COMPARISONS[operator]: _value(value)}}
+    return {name: {HAYSTACK_COMPARISONS[operator]: _value(value)}}
 
 
 def _haystack_field(field: Any) -> str:
@@ -234,8 +248,9 @@ def _llamaindex_filter(item: Any) -> dict[str, Any]:
 
 
 # A filter being built is a dict, ``{}`` matching everything, or None matching nothing (Haystack's OR of no
-# conditions; a NOT around a filter that matches everything), which the API cannot say: an OR drops it, an AND of it
-# is nothing too, and only a filter that is nothing as a whole is refused (``_something``).
+# conditions, or its range compared with None; a NOT around a filter that matches everything), which the API cannot
+# say: an OR drops it, an AND of it is nothing too, and only a filter that is nothing as a whole is refused
+# (``_something``), or answered by the caller (``haystack_selection``).
 
 
 def _all_of(filters: list[dict[str, Any] | None]) -> dict[str, Any] | None:
@@ -298,8 +313,9 @@ def _negated(filter: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _something(filter: dict[str, Any] | None, what: str) -> dict[str, Any]:
     if filter is None:
-        raise ValueError(f"this {what} matches nothing (an OR of no conditions, or a NOT of one that matches "
-                         "everything), which the service's filters do not say; search without it, or fix the filter")
+        raise ValueError(f"this {what} matches nothing (an OR of no conditions, a NOT of one that matches "
+                         "everything, or a range compared with None), which the service's filters do not say; search "
+                         "without it, or fix the filter")
     return filter
 
 

@@ -1,33 +1,53 @@
 """Haystack over the service (``pip install "raysearch-client[haystack]"``): ``RaySearchRetriever``, a component
 whose ``run(query)`` answers ``{"documents": [Document]}``, the service's ranked chunks, for a ``Pipeline`` (or
-``AsyncPipeline``: ``run_async``).
+``AsyncPipeline``: ``run_async``); and ``RaySearchDocumentStore``, a Haystack ``DocumentStore`` over one collection's
+documents API, for a ``DocumentWriter`` and anything else that writes, lists or deletes documents.
 
     pipeline = Pipeline()
     pipeline.add_component("retriever", RaySearchRetriever(url="http://127.0.0.1:8000", top_k=5))
     pipeline.run({"retriever": {"query": "compress a file"}})["retriever"]["documents"]
 
-A run's ``filters`` are Haystack's (``{"field": "meta.year", "operator": ">=", "value": 2005}``, AND, OR, NOT),
-translated by ``filters.from_haystack``; the API's own syntax goes in ``search_kwargs={"filters": ...}``. Only this
+Filters are Haystack's (``{"field": "meta.year", "operator": ">=", "value": 2005}``, AND, OR, NOT), translated by
+``filters.from_haystack``; the API's own syntax goes in the retriever's ``search_kwargs={"filters": ...}``. Only this
 module imports ``haystack``.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from raysearch_client.extras import needs
 
 with needs("haystack", "haystack"):
     from haystack import Document, component, default_from_dict, default_to_dict
+    from haystack.document_stores.errors import DuplicateDocumentError
+    from haystack.document_stores.types import DuplicatePolicy
+    from haystack.errors import FilterError
     from haystack.utils import Secret, deserialize_secrets_inplace
 
+from raysearch_client.calls import SearchServiceError
 from raysearch_client.client import API_KEY_ENV
 from raysearch_client.connection import Connection, check_fields, result_metadata, search_request
-from raysearch_client.filters import from_haystack
-from raysearch_client.models import Result, SearchResponse
+from raysearch_client.filters import from_haystack, haystack_selection
+from raysearch_client.models import DocumentResponse, Result, SearchResponse
 
 # The default key: the variable's value when the component is made (unset: no key), saved by its name.
 FROM_ENV = Secret.from_env_var(API_KEY_ENV, strict=False)
+MAX_BATCH = 1000  # documents in one write, delete or listed page (the API's limit)
+
+
+def secret(api_key: Secret | str | None) -> Secret | None:
+    """A key as Haystack keeps it: a string is a token secret (which Haystack refuses to save)."""
+    return Secret.from_token(api_key) if isinstance(api_key, str) else api_key
+
+
+def connection(url: str, api_key: Secret | None, timeout_s: float) -> Connection:
+    # An environment variable's secret that is unset resolves to None: no key, not $RAYSEARCH_API_KEY again.
+    key = api_key.resolve_value() if api_key is not None else None
+    return Connection(url, key or "", timeout_s)
 
 
 def document(result: Result) -> Document:
@@ -51,11 +71,9 @@ class RaySearchRetriever:
         unset: no key), a key as a string (``Secret.from_token``: such a pipeline cannot be saved, as Haystack
         refuses to write a token out), or None for no key."""
         self.url, self.top_k, self.timeout_s = url, top_k, timeout_s
-        self.api_key = Secret.from_token(api_key) if isinstance(api_key, str) else api_key
+        self.api_key = secret(api_key)
         self.search_kwargs = check_fields(dict(search_kwargs or {}))
-        key = self.api_key.resolve_value() if self.api_key is not None else None
-        # An environment variable's secret that is unset resolves to None: no key, not $RAYSEARCH_API_KEY again.
-        self._connection = Connection(url, key or "", timeout_s)
+        self._connection = connection(url, self.api_key, timeout_s)
 
     def to_dict(self) -> dict[str, Any]:
         # A secret from an environment variable is saved as the variable's name, so a reloaded pipeline reads it
@@ -92,3 +110,177 @@ class RaySearchRetriever:
                         search_kwargs: dict[str, Any] | None = None) -> dict[str, list[Document]]:
         page = await self._connection.aio.search(self._request(query, filters, top_k, search_kwargs))
         return self._documents(page)
+
+
+class RaySearchDocumentStore:
+    """A collection of the service as a Haystack ``DocumentStore``: documents written, listed by a filter, counted and
+    deleted through the documents API (searchable when a write returns; ``RaySearchRetriever`` searches them).
+
+    A Document is a record ``{"id": doc.id, "text": doc.content, "metadata": doc.meta}`` and is read back as
+    ``Document(id=, content=, meta=)``. The service embeds: it chunks and embeds every written document with the
+    collection's own encoder, so a Document's ``embedding`` (and ``sparse_embedding``, ``blob``, ``score``) is not
+    stored: vectors made on this side could not be searched against the collection's. A Document without text is
+    refused.
+
+    Filters are Haystack's, translated by ``filters.from_haystack`` (where its rules and Haystack's differ, it says
+    so); one the service refuses (422: an unknown field, a range on a string) raises Haystack's ``FilterError`` with
+    the service's message. ``==``, ``!=``, ``in`` and ``not in`` with None raise it too: the service's filters cannot
+    test for a missing value. ``write_documents`` with ``DuplicatePolicy.NONE`` overwrites, as OVERWRITE does.
+    """
+
+    def __init__(self, url: str = "http://127.0.0.1:8000", collection: str = "default",
+                 api_key: Secret | str | None = FROM_ENV, timeout_s: float = 60.0):
+        """``api_key``: as ``RaySearchRetriever``'s (a ``Secret``, by default ``$RAYSEARCH_API_KEY``; a string is a
+        token secret, which Haystack refuses to save; None: no key)."""
+        self.url, self.collection, self.timeout_s = url, collection, timeout_s
+        self.api_key = secret(api_key)
+        self._connection = connection(url, self.api_key, timeout_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return default_to_dict(self, url=self.url, collection=self.collection,
+                               api_key=self.api_key.to_dict() if self.api_key else None, timeout_s=self.timeout_s)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RaySearchDocumentStore:
+        deserialize_secrets_inplace(data["init_parameters"], keys=["api_key"])
+        return default_from_dict(cls, data)
+
+    def count_documents(self) -> int:
+        return self._connection.sync.count_documents(self.collection)
+
+    async def count_documents_async(self) -> int:
+        return await self._connection.aio.count_documents(self.collection)
+
+    def filter_documents(self, filters: dict[str, Any] | None = None) -> list[Document]:
+        """Every document the filter lets through (every page read), in id order."""
+        selection = _selection(filters)
+        if selection is None:
+            return []
+        with _filter_refused():
+            return [_document(d) for d in self._connection.sync.documents(self.collection, **selection)]
+
+    async def filter_documents_async(self, filters: dict[str, Any] | None = None) -> list[Document]:
+        selection = _selection(filters)
+        if selection is None:
+            return []
+        with _filter_refused():
+            return [_document(d) async for d in self._connection.aio.documents(self.collection, **selection)]
+
+    def write_documents(self, documents: list[Document], policy: DuplicatePolicy = DuplicatePolicy.NONE) -> int:
+        """Upsert the documents, 1,000 to a call (each call atomic, the whole not). FAIL raises
+        ``DuplicateDocumentError`` before anything is written when an id exists (or comes twice); SKIP writes the
+        ids that do not exist (the first of an id given twice); OVERWRITE and NONE write all (the last of an id
+        given twice). Returns how many were written (under OVERWRITE and NONE, as many as were given)."""
+        records = _records(documents)
+        existing: set[str] = set()
+        if policy in (DuplicatePolicy.FAIL, DuplicatePolicy.SKIP):
+            existing = {i for ids in _batches(_ids(records)) for i in self._existing(ids)}
+        written = _to_write(records, existing, policy)
+        for batch in _batches(written):
+            self._connection.sync.upsert_documents(self.collection, batch)
+        return _written(documents, written, policy)
+
+    async def write_documents_async(self, documents: list[Document],
+                                    policy: DuplicatePolicy = DuplicatePolicy.NONE) -> int:
+        records = _records(documents)
+        existing: set[str] = set()
+        if policy in (DuplicatePolicy.FAIL, DuplicatePolicy.SKIP):
+            existing = {i for ids in _batches(_ids(records)) for i in await self._aexisting(ids)}
+        written = _to_write(records, existing, policy)
+        for batch in _batches(written):
+            await self._connection.aio.upsert_documents(self.collection, batch)
+        return _written(documents, written, policy)
+
+    def delete_documents(self, document_ids: list[str]) -> None:
+        """Delete these documents; ids the collection does not have are passed over (the API refuses a delete
+        naming one, so each batch is listed first and only what exists is deleted)."""
+        for ids in _batches(list(dict.fromkeys(document_ids))):
+            found = self._existing(ids)
+            if found:
+                self._connection.sync.delete_documents(self.collection, found)
+
+    async def delete_documents_async(self, document_ids: list[str]) -> None:
+        for ids in _batches(list(dict.fromkeys(document_ids))):
+            found = await self._aexisting(ids)
+            if found:
+                await self._connection.aio.delete_documents(self.collection, found)
+
+    def _existing(self, ids: list[str]) -> list[str]:
+        """Those of (at most 1,000) ids that the collection has."""
+        page = self._connection.sync.list_documents(self.collection, ids=ids, limit=MAX_BATCH)
+        return [d.id for d in page.documents]
+
+    async def _aexisting(self, ids: list[str]) -> list[str]:
+        page = await self._connection.aio.list_documents(self.collection, ids=ids, limit=MAX_BATCH)
+        return [d.id for d in page.documents]
+
+
+def _selection(filters: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The listing's fields for a Haystack filter (no filter, or ``{}``: every document); None when the filter
+    matches no document. Raises ``FilterError`` on a filter with no exact translation."""
+    if not filters:
+        return {"limit": MAX_BATCH}
+    try:
+        selection = haystack_selection(filters)
+    except ValueError as e:
+        raise FilterError(str(e)) from e
+    return None if selection is None else {"filters": selection or None, "limit": MAX_BATCH}
+
+
+@contextmanager
+def _filter_refused() -> Iterator[None]:
+    """The service's refusal of a filter (422) as Haystack's ``FilterError``, with the service's message."""
+    try:
+        yield
+    except SearchServiceError as e:
+        if e.status != 422:
+            raise
+        raise FilterError(e.message) from e
+
+
+def _records(documents: Any) -> list[dict[str, Any]]:
+    """Each Document as a record of the documents API; ValueError for anything but a list of Documents with text."""
+    if not isinstance(documents, list) or not all(isinstance(d, Document) for d in documents):
+        raise ValueError(f"write_documents takes a list of Haystack Documents, got {type(documents).__name__}: "
+                         f"{documents!r:.200}")
+    for d in documents:
+        if not d.content:
+            raise ValueError(f"Document {d.id!r} has no content: the service stores and embeds text (a blob or an "
+                             "embedding alone cannot be written)")
+    return [{"id": d.id, "text": d.content, "metadata": dict(d.meta)} for d in documents]
+
+
+def _ids(records: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(r["id"] for r in records))
+
+
+def _to_write(records: list[dict[str, Any]], existing: set[str], policy: DuplicatePolicy) -> list[dict[str, Any]]:
+    """The records a policy writes, one per id: FAIL raises ``DuplicateDocumentError`` on an id that exists or comes
+    twice; SKIP drops ids that exist and keeps an id's first record; OVERWRITE and NONE keep an id's last."""
+    if policy == DuplicatePolicy.FAIL:
+        taken = sorted(existing | {i for i, n in Counter(r["id"] for r in records).items() if n > 1})
+        if taken:
+            raise DuplicateDocumentError(f"ids already in the collection or given twice: {taken[:10]}; write them "
+                                         "with DuplicatePolicy.OVERWRITE or SKIP")
+        return records
+    if policy == DuplicatePolicy.SKIP:
+        first: dict[str, dict[str, Any]] = {}
+        for r in records:
+            if r["id"] not in existing:
+                first.setdefault(r["id"], r)
+        return list(first.values())
+    return list({r["id"]: r for r in records}.values())
+
+
+def _written(documents: list[Document], written: list[dict[str, Any]], policy: DuplicatePolicy) -> int:
+    """The count Haystack's protocol asks for: every Document given under OVERWRITE (and NONE, which overwrites),
+    else the records written."""
+    return len(documents) if policy in (DuplicatePolicy.OVERWRITE, DuplicatePolicy.NONE) else len(written)
+
+
+def _batches(items: list[Any]) -> list[list[Any]]:
+    return [items[n:n + MAX_BATCH] for n in range(0, len(items), MAX_BATCH)]
+
+
+def _document(stored: DocumentResponse) -> Document:
+    return Document(id=stored.id, content=stored.text, meta=stored.metadata)

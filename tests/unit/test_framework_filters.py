@@ -25,7 +25,7 @@ from llama_index.core.vector_stores.types import (
 )
 from llama_index.core.vector_stores.utils import build_metadata_filter_fn
 from raysearch_client import SearchClient
-from raysearch_client.filters import from_haystack, from_langchain, from_llamaindex
+from raysearch_client.filters import from_haystack, from_langchain, from_llamaindex, haystack_selection
 
 from deployments.shard.filters import FilterError, MetadataTable
 
@@ -178,6 +178,9 @@ def test_haystack_translations(filters, api):
     ({"field": "meta.author.name", "operator": "==", "value": "x"}, "'meta.author.name' names no top-level"),
     ({"field": "meta.year", "operator": "==", "value": None}, "cannot test for a missing value"),
     ({"field": "meta.year", "operator": "in", "value": 2005}, "takes a list of values"),
+    ({"field": "meta.year", "operator": "not in", "value": (2005, 2006)}, "refuses any other iterable"),
+    ({"field": "meta.year", "operator": "in", "value": [2005, None]}, "cannot test for a missing value"),
+    ({"field": "meta.year", "operator": ">", "value": None}, "matches nothing"),  # a search cannot say it
     ({"field": "meta.tags", "operator": "==", "value": ["a", "b"]}, "takes one value"),
     ({"operator": "NOT", "conditions": []}, "matches nothing"),
     ({"operator": "OR", "conditions": []}, "matches nothing"),
@@ -222,6 +225,28 @@ def test_haystack_filters_select_what_document_matches_filter_selects(metas, fil
     docs = [Document(content="x", meta=m) for m in metas]
     assert api_rows(from_haystack(filters), metas) == [i for i, d in enumerate(docs)
                                                        if document_matches_filter(filters, d)]
+
+
+NONE_METAS = [{"year": 1999}, {"year": 2010}, {"topic": "music"}, {}]
+
+
+@pytest.mark.parametrize("filters", [
+    *({"field": "meta.year", "operator": op, "value": None} for op in (">", ">=", "<", "<=")),
+    {"operator": "NOT", "conditions": [{"field": "meta.year", "operator": "<=", "value": None}]},
+    {"operator": "OR", "conditions": [{"field": "meta.year", "operator": ">", "value": None},
+                                      {"field": "meta.topic", "operator": "==", "value": "music"}]},
+    {"operator": "AND", "conditions": [{"field": "meta.year", "operator": ">=", "value": None},
+                                       {"field": "meta.topic", "operator": "!=", "value": "music"}]},
+    {"operator": "NOT", "conditions": [{"operator": "AND", "conditions": [
+        {"field": "meta.year", "operator": "<", "value": None}, {"field": "meta.year", "operator": ">", "value": 2000}]}]},
+])
+def test_a_haystack_range_with_none_selects_what_document_matches_filter_selects(filters):
+    """Haystack's ranges are false when either side is None: the selection is None (nothing) where the whole filter
+    matches nothing, else an API filter selecting what Haystack selects."""
+    docs = [Document(content="x", meta=m) for m in NONE_METAS]
+    expected = [i for i, d in enumerate(docs) if document_matches_filter(filters, d)]
+    selection = haystack_selection(filters)
+    assert (api_rows(selection, NONE_METAS) if selection is not None else []) == expected
 
 
 def test_where_haystack_differs_a_list_field():

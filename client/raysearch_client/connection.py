@@ -16,6 +16,13 @@ from typing import Any
 from raysearch_client.client import AsyncSearchClient, SearchClient
 from raysearch_client.models import Result, SearchRequest
 
+MAX_BATCH = 1000  # documents in one write, one delete or one listed page (the API's limit)
+
+
+def batches(items: list[Any]) -> list[list[Any]]:
+    """``items`` cut into calls of at most ``MAX_BATCH`` (each call atomic, the whole not)."""
+    return [items[n:n + MAX_BATCH] for n in range(0, len(items), MAX_BATCH)]
+
 
 class Connection:
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0):

@@ -4,6 +4,7 @@ sent: LangChain's (the dicts its vector stores take), Haystack 2's, and LlamaInd
 The API's filter, for reference (the service's ``deployments/shard/filters.py`` is the rule)::
 
     {"topic": "music", "year": {"gte": 2005}}          fields, ANDed; eq ne in nin gt gte lt lte
+    {"year": {"exists": false}}                        a document without the field (or with null); true: with it
     {"topic": ["music", "sailing"]}                    membership ("in")
     {"$or": [{...}, {...}], "$and": [...], "$not": {...}}
 
@@ -21,9 +22,9 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Any
 
-API_OPERATORS = ("eq", "ne", "in", "nin", "gt", "gte", "lt", "lte")
+API_OPERATORS = ("eq", "ne", "in", "nin", "gt", "gte", "lt", "lte", "exists")
 LANGCHAIN_OPERATORS = {"$eq": "eq", "$ne": "ne", "$gt": "gt", "$gte": "gte", "$lt": "lt", "$lte": "lte",
-                       "$in": "in", "$nin": "nin"}
+                       "$in": "in", "$nin": "nin", "$exists": "exists"}
 HAYSTACK_COMPARISONS = {"==": "eq", "!=": "ne", ">": "gt", ">=": "gte", "<": "lt", "<=": "lte", "in": "in",
                         "not in": "nin"}
 HAYSTACK_LOGICAL = ("AND", "OR", "NOT")
@@ -39,7 +40,6 @@ LLAMAINDEX_OPERATORS = {"==": "eq", "!=": "ne", ">": "gt", ">=": "gte", "<": "lt
 LLAMAINDEX_ALL = "all"
 _FIXES = {
     "$between": 'write {"$gte": low, "$lte": high} (both ends included)',
-    "$exists": "the service cannot test whether a field is present; ne and nin match a row without it",
     "$like": "the service matches exact values, not text patterns",
     "$ilike": "the service matches exact values, not text patterns",
     "$contain": "the service matches exact values, not text patterns (on a list field eq matches any element)",
@@ -50,7 +50,7 @@ def from_langchain(filter: dict[str, Any]) -> dict[str, Any]:
     """The API filter for a LangChain vector store filter (Chroma's and PGVector's ``where`` syntax)::
 
         {"topic": "music"}                                 equality
-        {"year": {"$gte": 2005, "$lt": 2010}}             $eq $ne $gt $gte $lt $lte $in $nin
+        {"year": {"$gte": 2005, "$lt": 2010}}             $eq $ne $gt $gte $lt $lte $in $nin $exists
         {"$and": [...]}, {"$or": [...]}                    arrays of filters
         {"$not": {...}}, {"$not": [{...}, ...]}            PGVector's: not the filter; not any of the list
 
@@ -58,7 +58,8 @@ def from_langchain(filter: dict[str, Any]) -> dict[str, Any]:
     list for membership; its ``$and``, ``$or`` and ``$not`` are spelled as LangChain's). Where stores differ:
     ``$ne``, ``$nin`` and ``$not`` match a document without the field, as in Chroma, where SQL stores such as
     PGVector leave it out; several operators on one field are ANDed (Chroma and PGVector take one). Anything
-    else (``$like``, ``$ilike``, ``$exists``, ``$between``, ``$contain``, a callable) raises ValueError.
+    else (``$like``, ``$ilike``, ``$between``, ``$contain``, a callable) raises ValueError. ``$exists`` takes true
+    or false (PGVector's); a null value is no value.
     """
     if callable(filter):
         raise ValueError("a callable filter runs in this process (InMemoryVectorStore's); the service filters on "
@@ -114,9 +115,10 @@ def from_haystack(filters: dict[str, Any]) -> dict[str, Any]:
     ``meta.year`` is the metadata field ``year``; a bare name that is not a Document attribute is read as
     metadata too, as Haystack reads it. A filter on a Document attribute (``content``, ``id``, ...) or on a nested
     value (``meta.a.b``) raises ValueError, as do other operators, ``in`` or ``not in`` with anything but a list
-    (Haystack refuses a tuple too), and ``==``, ``!=``, ``in`` or ``not in`` with None (the API cannot test for a
-    missing value). Rules that match Haystack's ``document_matches_filter``: ``!=``, ``not in`` and NOT match a
-    document without the field, ranges never do, and a range compared with None matches nothing. Where they differ:
+    (Haystack refuses a tuple too), and ``in`` or ``not in`` with None among the values. Rules that match
+    Haystack's ``document_matches_filter``: ``!=``, ``not in`` and NOT match a document without the field, ranges
+    never do, a range compared with None matches nothing, ``== None`` matches a document without the field (or
+    with None: the API's ``exists: false``) and ``!= None`` one with it. Where they differ:
     on a list field ``==`` and ``in`` match when any element matches (Haystack compares the whole list), values
     compare by kind (Haystack's ``True == 1``), and a datetime without an offset is UTC (Haystack gives it the
     other side's offset).
@@ -167,9 +169,11 @@ def _haystack_comparison(condition: dict[str, Any]) -> dict[str, Any] | None:
     name = _haystack_field(field)
     if value is None and HAYSTACK_COMPARISONS[operator] in _RANGES:
         return None  # Haystack's rule: a range compared with None is false for every document
+    if value is None and operator in ("==", "!="):
+        return {name: {"exists": operator == "!="}}  # Haystack's: == None holds for a missing field, or a None
     if value is None or (isinstance(value, list) and any(v is None for v in value)):
-        raise ValueError(f"{field!r} {operator} None: the service's filters cannot test for a missing value; "
-                         "compare with a value")
+        raise ValueError(f"{field!r} {operator} with None among the values: the service's filters compare values; "
+                         f"write {{'field': {field!r}, 'operator': '==', 'value': None}} for a missing value")
     return {name: {HAYSTACK_COMPARISONS[operator]: _value(value)}}
 
 
@@ -198,7 +202,8 @@ def from_llamaindex(filters: Any) -> dict[str, Any]:
     EQ NE GT GTE LT LTE IN NIN map to the API's operators, and the array operators CONTAINS (eq), ANY (in) and
     ALL (one eq per value) to their exact equivalents on a list field. NOT matches when none of the filters match,
     the rule of LlamaIndex's in-memory store (and Qdrant's must_not). TEXT_MATCH, TEXT_MATCH_INSENSITIVE and
-    IS_EMPTY raise ValueError. Rules that match the in-memory store's: a missing field matches only NE and NIN
+    IS_EMPTY raise ValueError (IS_EMPTY also holds for "" and [], which the API's ``exists: false`` does not: give
+    that in ``search_kwargs={"filters": ...}``). Rules that match the in-memory store's: a missing field matches only NE and NIN
     (and NOT); no filters match everything. Where they differ: on a list field EQ and IN match when any element
     matches (the store compares the whole list), and GT/GTE/LT/LTE take numbers and ISO dates, not other strings.
     """

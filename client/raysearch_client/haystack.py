@@ -30,13 +30,19 @@ with needs("haystack", "haystack"):
 
 from raysearch_client.calls import SearchServiceError
 from raysearch_client.client import API_KEY_ENV
-from raysearch_client.connection import Connection, check_fields, result_metadata, search_request
+from raysearch_client.connection import (
+    MAX_BATCH,
+    Connection,
+    batches,
+    check_fields,
+    result_metadata,
+    search_request,
+)
 from raysearch_client.filters import from_haystack, haystack_selection
 from raysearch_client.models import DocumentResponse, Result, SearchResponse
 
 # The default key: the variable's value when the component is made (unset: no key), saved by its name.
 FROM_ENV = Secret.from_env_var(API_KEY_ENV, strict=False)
-MAX_BATCH = 1000  # documents in one write, delete or listed page (the API's limit)
 
 
 def secret(api_key: Secret | str | None) -> Secret | None:
@@ -174,9 +180,9 @@ class RaySearchDocumentStore:
         records = _records(documents)
         existing: set[str] = set()
         if policy in (DuplicatePolicy.FAIL, DuplicatePolicy.SKIP):
-            existing = {i for ids in _batches(_ids(records)) for i in self._existing(ids)}
+            existing = {i for ids in batches(_ids(records)) for i in self._existing(ids)}
         written = _to_write(records, existing, policy)
-        for batch in _batches(written):
+        for batch in batches(written):
             self._connection.sync.upsert_documents(self.collection, batch)
         return _written(documents, written, policy)
 
@@ -185,22 +191,22 @@ class RaySearchDocumentStore:
         records = _records(documents)
         existing: set[str] = set()
         if policy in (DuplicatePolicy.FAIL, DuplicatePolicy.SKIP):
-            existing = {i for ids in _batches(_ids(records)) for i in await self._aexisting(ids)}
+            existing = {i for ids in batches(_ids(records)) for i in await self._aexisting(ids)}
         written = _to_write(records, existing, policy)
-        for batch in _batches(written):
+        for batch in batches(written):
             await self._connection.aio.upsert_documents(self.collection, batch)
         return _written(documents, written, policy)
 
     def delete_documents(self, document_ids: list[str]) -> None:
         """Delete these documents; ids the collection does not have are passed over (the API refuses a delete
         naming one, so each batch is listed first and only what exists is deleted)."""
-        for ids in _batches(list(dict.fromkeys(document_ids))):
+        for ids in batches(list(dict.fromkeys(document_ids))):
             found = self._existing(ids)
             if found:
                 self._connection.sync.delete_documents(self.collection, found)
 
     async def delete_documents_async(self, document_ids: list[str]) -> None:
-        for ids in _batches(list(dict.fromkeys(document_ids))):
+        for ids in batches(list(dict.fromkeys(document_ids))):
             found = await self._aexisting(ids)
             if found:
                 await self._connection.aio.delete_documents(self.collection, found)
@@ -278,8 +284,6 @@ def _written(documents: list[Document], written: list[dict[str, Any]], policy: D
     return len(documents) if policy in (DuplicatePolicy.OVERWRITE, DuplicatePolicy.NONE) else len(written)
 
 
-def _batches(items: list[Any]) -> list[list[Any]]:
-    return [items[n:n + MAX_BATCH] for n in range(0, len(items), MAX_BATCH)]
 
 
 def _document(stored: DocumentResponse) -> Document:

@@ -33,6 +33,7 @@ from raysearch_client.client import API_KEY_ENV
 from raysearch_client.connection import (
     Connection,
     awrite_creating,
+    batches,
     check_fields,
     result_metadata,
     search_request,
@@ -40,8 +41,6 @@ from raysearch_client.connection import (
 )
 from raysearch_client.filters import from_langchain
 from raysearch_client.models import Result, SearchResponse
-
-MAX_WRITE = 1000  # documents in one write (the API's limit)
 
 
 def api_fields(fields: dict[str, Any]) -> dict[str, Any]:
@@ -261,14 +260,14 @@ def _records(texts: list[str], metadatas: list[dict[str, Any]] | None,
                          "a text")
     ids = [i if i else str(uuid.uuid4()) for i in given]
     records = [{"id": i, "text": t, "metadata": dict(m)} for i, t, m in zip(ids, texts, metadatas, strict=True)]
-    return ids, [records[n:n + MAX_WRITE] for n in range(0, len(records), MAX_WRITE)]
+    return ids, batches(records)
 
 
 def _deletes(ids: list[str] | None) -> list[list[str]]:
     if ids is None:
         raise ValueError("name the documents to delete (ids): the service has no delete-all")
     unique = list(dict.fromkeys(ids))
-    return [unique[n:n + MAX_WRITE] for n in range(0, len(unique), MAX_WRITE)]
+    return batches(unique)
 
 
 def _unless_missing(call: Callable[[], Any]) -> Any:

@@ -40,11 +40,19 @@ with needs("llamaindex", "llama_index.core"):
 
 from raysearch_client.calls import SearchServiceError
 from raysearch_client.client import SearchClient
-from raysearch_client.connection import Connection, check_fields, result_metadata, search_request
+from raysearch_client.connection import (
+    MAX_BATCH,
+    Connection,
+    awrite_creating,
+    batches,
+    check_fields,
+    result_metadata,
+    search_request,
+    write_creating,
+)
 from raysearch_client.filters import from_llamaindex
 from raysearch_client.models import CollectionInfo, DocumentResponse, Result, SearchRequest, SearchResponse
 
-MAX_BATCH = 1000  # documents in one write, delete or listed page (the API's limit)
 REF_DOC_ID = "ref_doc_id"  # the metadata field that holds a node's source document
 # A query's mode as the search's method; DEFAULT keeps the store's (search_kwargs', else the service's: hybrid).
 MODES = {VectorStoreQueryMode.DEFAULT: {}, VectorStoreQueryMode.HYBRID: {"method": "hybrid"},
@@ -151,14 +159,14 @@ class RaySearchVectorStore(BasePydanticVectorStore):
     # Writes: upserts of whole documents, 1,000 to a call (each call atomic, the whole not).
 
     def add(self, nodes: Sequence[BaseNode], **add_kwargs: Any) -> list[str]:
-        """Upsert the nodes (a node id given twice: its last); their ids, in order."""
-        for batch in _batches(_records(nodes)):
-            self._connection.sync.upsert_documents(self.collection, batch)
+        """Upsert the nodes (a node id given twice: its last); their ids, in order. A collection the service does not
+        serve is created from the first 1,000 (``POST /admin/collections``: an admin key, and the service's
+        ``collections_root``), so ``VectorStoreIndex.from_documents`` makes one; it returns once that is served."""
+        write_creating(self._connection.sync, self.collection, batches(_records(nodes)))
         return [n.node_id for n in nodes]
 
     async def async_add(self, nodes: Sequence[BaseNode], **add_kwargs: Any) -> list[str]:
-        for batch in _batches(_records(nodes)):
-            await self._connection.aio.upsert_documents(self.collection, batch)
+        await awrite_creating(self._connection.aio, self.collection, batches(_records(nodes)))
         return [n.node_id for n in nodes]
 
     def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
@@ -200,11 +208,11 @@ class RaySearchVectorStore(BasePydanticVectorStore):
         await self.adelete_nodes()
 
     def _delete(self, ids: list[str]) -> None:
-        for batch in _batches(ids):
+        for batch in batches(ids):
             self._connection.sync.delete_documents(self.collection, batch)
 
     async def _adelete(self, ids: list[str]) -> None:
-        for batch in _batches(ids):
+        for batch in batches(ids):
             await self._connection.aio.delete_documents(self.collection, batch)
 
     # Reads.
@@ -291,7 +299,7 @@ def _listings(node_ids: list[str] | None, filters: MetadataFilters | None) -> li
     base = {"filters": (from_llamaindex(filters) if filters is not None else None) or None, "limit": MAX_BATCH}
     if node_ids is None:
         return [base]
-    return [{**base, "ids": ids} for ids in _batches(list(dict.fromkeys(node_ids)))]
+    return [{**base, "ids": ids} for ids in batches(list(dict.fromkeys(node_ids)))]
 
 
 def _query_text(query: VectorStoreQuery) -> str:
@@ -334,5 +342,3 @@ def _holds_ref_doc_id(collections: list[CollectionInfo], collection: str) -> boo
     return any(f.name == REF_DOC_ID for c in collections if c.name == collection for f in c.fields)
 
 
-def _batches(items: list[Any]) -> list[list[Any]]:
-    return [items[n:n + MAX_BATCH] for n in range(0, len(items), MAX_BATCH)]

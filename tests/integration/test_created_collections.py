@@ -9,6 +9,7 @@ import httpx
 import pytest
 from raysearch_client import SearchClient
 from raysearch_client import langchain as rs_langchain
+from raysearch_client import llamaindex as rs_llamaindex
 
 from deployments.edge.guard import new_key
 from index_build.build import build_index
@@ -107,6 +108,22 @@ def test_langchain_from_texts_creates_its_collection_through_a_build(served):
     assert [d.id for d in found] == ["axolotl"] and found[0].metadata == {"kind": "amphibian"}
     store.add_texts(["pangolins roll up"], ids=["pangolin"])  # the collection exists: a write, no second build
     assert {d.id for d in store.get_by_ids(["okapi", "pangolin"])} == {"okapi", "pangolin"}
+
+
+def test_llamaindex_from_documents_creates_its_collection_through_a_build(served):
+    from llama_index.core import Document, StorageContext, VectorStoreIndex
+    from llama_index.core.embeddings import MockEmbedding
+
+    store = rs_llamaindex.RaySearchVectorStore(URL, collection="llama", api_key=ADMIN_KEY)
+    docs = [Document(id_="okapi", text="the okapi lives in the forest"),
+            Document(id_="axolotl", text="the axolotl regrows its limbs")]
+    # The embed model is LlamaIndex's requirement of an index, never asked for a query (the service embeds).
+    index = VectorStoreIndex.from_documents(docs, storage_context=StorageContext.from_defaults(vector_store=store),
+                                            embed_model=MockEmbedding(embed_dim=1))
+    found = index.as_retriever(similarity_top_k=1).retrieve("axolotl limbs")
+    assert [n.node.ref_doc_id for n in found] == ["axolotl"]
+    client, _ = served
+    assert "llama" in names(client)
 
 
 def test_creating_is_refused_with_a_reason(served):

@@ -120,10 +120,6 @@ def haystack_store(served):
     return store
 
 
-NEEDS_EXISTS = ("the service's filters cannot test for a missing value (no exists operator), which Haystack's "
-                "'{op}' None asks; filters.from_haystack refuses it (FilterError)")
-
-
 class TestHaystackDocumentStore(DocumentStoreBaseTests):
     @pytest.fixture
     def document_store(self, haystack_store):
@@ -145,14 +141,6 @@ class TestHaystackDocumentStore(DocumentStoreBaseTests):
         again = Document(id="1", content="test doc again", meta={"n": 2})
         assert document_store.write_documents([again]) == 1
         self.assert_documents_are_equal(document_store.filter_documents(), [again])
-
-    @pytest.mark.skip(reason=NEEDS_EXISTS.format(op="=="))
-    def test_comparison_equal_with_none(self, document_store, filterable_docs):
-        pass
-
-    @pytest.mark.skip(reason=NEEDS_EXISTS.format(op="!="))
-    def test_comparison_not_equal_with_none(self, document_store, filterable_docs):
-        pass
 
 
 # Haystack: what the suite does not check.

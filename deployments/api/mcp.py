@@ -40,6 +40,8 @@ from deployments.edge.schemas import (
     CollectionsResponse,
     DeleteDocumentsRequest,
     DocumentResponse,
+    DocumentsPage,
+    ListDocumentsRequest,
     RequestBody,
     SearchRequest,
     SearchResponse,
@@ -65,6 +67,10 @@ class ListCollectionsArgs(RequestBody):
     pass
 
 
+class ListDocumentsArgs(InCollection, ListDocumentsRequest):
+    pass
+
+
 class UpsertDocumentsArgs(InCollection, UpsertDocumentsRequest):
     pass
 
@@ -84,6 +90,10 @@ TOOLS: dict[str, tuple[type[BaseModel], type[BaseModel], bool, str]] = {
                          "with each field's kind and the operators it takes. As GET /collections."),
     "get_document": (GetDocumentArgs, DocumentResponse, False,
                      "A document by id, with its text and chunk ids, as this key may see it."),
+    "list_documents": (ListDocumentsArgs, DocumentsPage, False,
+                       "A page of a collection's documents in id order, without a query: those a metadata filter "
+                       "(as a search's) lets through, optionally among given ids, with the count of all that match; "
+                       "page on with after = the page's next_after. As POST /collections/{c}/documents/list."),
     "upsert_documents": (UpsertDocumentsArgs, WriteResponse, True,
                          "Add or replace up to 1,000 documents atomically (write keys only)."),
     "delete_documents": (DeleteDocumentsArgs, WriteResponse, True,
@@ -175,6 +185,9 @@ class McpTools:
         collection = args.collection or self.default_collection
         if name == "get_document":
             return await self.documents.get(collection, args.doc_id, caller)
+        if name == "list_documents":
+            return await self.documents.list(collection, ListDocumentsRequest(**args.model_dump(exclude={"collection"})),
+                                             caller)
         if name == "upsert_documents":
             return await self.documents.upsert(collection, args.documents, caller)
         return await self.documents.delete(collection, args.ids, caller)

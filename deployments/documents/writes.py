@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from deployments.documents.service import CollectionDocuments
 from deployments.edge.guard import Caller
-from deployments.edge.schemas import DocumentResponse, WriteResponse
+from deployments.edge.schemas import DocumentResponse, DocumentsPage, ListDocumentsRequest, WriteResponse
 from deployments.errors import Conflict, Forbidden, InvalidField, NotFound
 from deployments.judgments import check_identifier
 from deployments.search.clients import collection
@@ -121,6 +121,10 @@ class DocumentWrites:
         if found is None:
             raise NotFound(f"no document {doc_id!r} in collection {name!r}")
         return DocumentResponse(collection=name, **found)
+
+    async def list(self, name: str, req: ListDocumentsRequest, caller: Caller) -> DocumentsPage:
+        """A page of the collection's documents in id order, without a query, as the caller may see them."""
+        return await self.pipeline.list_documents(name, req, list(caller.principals))
 
     async def rebase(self, name: str, version_dir) -> Any:
         """The fresh segment to search beside ``version_dir`` (a switch to it: what it lacks of the change log); the

@@ -319,7 +319,7 @@ class SearchRouter:
                              caller: CurrentCaller) -> api.DocumentsPage:
         """A page of a collection's documents in id order, without a query: those the filter lets through and the
         caller may see, with the count of all that match. Page on with ``after`` = the page's ``next_after``."""
-        return await self.pipeline.list_documents(collection, body, list(caller.principals))
+        return await self.documents.list(collection, body, caller)
 
     # ------------------------------------------------------------------ admin
 

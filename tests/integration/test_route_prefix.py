@@ -73,8 +73,8 @@ def test_mcp_answers_under_the_prefix_with_the_same_keys(served):
             return tools, await session.call_tool("search", {"query": "telescope galaxy", "limit": 3})
 
     user_tools, found = asyncio.run(session_with(USER_KEY))
-    assert user_tools == {"search", "list_collections", "get_document"}
+    assert user_tools == {"search", "list_collections", "get_document", "list_documents"}
     assert not found.is_error and found.structured_content["results"]
     admin_tools, _ = asyncio.run(session_with(ADMIN_KEY))
-    assert admin_tools == {"search", "list_collections", "get_document", "upsert_documents", "delete_documents"}
+    assert admin_tools == user_tools | {"upsert_documents", "delete_documents"}
     assert served.post("/mcp", json={}, headers={"Accept": "application/json, text/event-stream"}).status_code == 401

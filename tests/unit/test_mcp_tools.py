@@ -23,9 +23,9 @@ def call(caller: Caller, name: str, arguments: dict):
 
 
 def test_write_tools_are_offered_only_to_keys_that_may_write():
-    assert [t.name for t in visible_tools(SEARCH_KEY)] == ["search", "list_collections", "get_document"]
-    assert [t.name for t in visible_tools(WRITE_KEY)] == ["search", "list_collections", "get_document",
-                                                         "upsert_documents", "delete_documents"]
+    reads = ["search", "list_collections", "get_document", "list_documents"]
+    assert [t.name for t in visible_tools(SEARCH_KEY)] == reads
+    assert [t.name for t in visible_tools(WRITE_KEY)] == [*reads, "upsert_documents", "delete_documents"]
     assert [t.name for t in visible_tools(Caller())] == [t.name for t in visible_tools(WRITE_KEY)]  # keys off
 
 

@@ -82,6 +82,14 @@ class Calibration:
         legs = LEGS[method]
         return self.models[method].probability([feature(leg, evidence[leg]) for leg in legs])
 
+    def probabilities(self, method: str, scores: dict[str, np.ndarray]) -> np.ndarray:
+        """``probability`` of every hit at once, from their ``leg_scores``."""
+        model = self.models[method]
+        z = np.full(len(next(iter(scores.values()))), model.bias)
+        for weight, leg in zip(model.weights, LEGS[method], strict=True):
+            z += weight * (scores[leg] if leg == "dense" else np.log1p(np.maximum(scores[leg], 0.0)))
+        return np.exp(-np.logaddexp(0.0, -z))  # sigmoid(z), without overflow either way
+
     def to_json(self) -> dict[str, Any]:
         return {"models": {m: {"legs": list(LEGS[m]), "weights": list(lg.weights), "bias": lg.bias}
                            for m, lg in self.models.items()}, "fitted": self.fitted}
@@ -96,40 +104,49 @@ class Calibration:
         return cls(models, dict(data.get("fitted") or {}))
 
 
-def evidence(keys: Sequence[tuple[str, str]], legs: dict[str, tuple[list, list]]) -> list[dict[str, float]]:
-    """Each hit's score in each leg its collection searched (``Retrieved.legs``: per collection, its dense and
-    keyword hits), a hit missing from a leg given that leg's lowest returned score. A leg not searched, or that
-    returned nothing, is absent from the evidence."""
-    scores: dict[str, tuple[dict, dict]] = {}
-    floors: dict[str, dict[str, float]] = {}
-    for name, (dense, keyword) in legs.items():
-        scores[name] = ({h.chunk_id: h.score for h in dense}, {h.chunk_id: h.score for h in keyword})
-        floors[name] = {leg: min(h.score for h in hits) for leg, hits in (("dense", dense), ("keyword", keyword))
-                        if hits}
-    out = []
-    for chunk, name in keys:
-        own, floor = scores.get(name, ({}, {})), floors.get(name, {})
-        out.append({leg: own[i].get(chunk, floor[leg]) for i, leg in enumerate(("dense", "keyword"))
-                    if leg in floor})
+def leg_scores(chunk_ids: Sequence[str], dense: Sequence, keyword: Sequence) -> dict[str, np.ndarray]:
+    """One collection's evidence as arrays: leg -> each chunk's score in that leg's hits (``Retrieved.legs``), a chunk
+    missing from a leg given that leg's lowest returned score. A leg not searched, or that returned nothing, is
+    absent. Arrays, so a ranking of hundreds of hits is scored in a few numpy passes, not a dict and a call a hit."""
+    out = {}
+    for leg, hits in (("dense", dense), ("keyword", keyword)):
+        if hits:
+            own = {h.chunk_id: h.score for h in hits}
+            floor = min(own.values())
+            out[leg] = np.fromiter((own.get(c, floor) for c in chunk_ids), dtype=np.float64, count=len(chunk_ids))
     return out
 
 
-def legs_searched(method: str, evidence_of: list[dict[str, float]]) -> str:
-    """The ``LEGS`` key of what a collection's hits have evidence from: a hybrid search whose keyword leg found
-    nothing (no query term in the collection) ranked by the dense leg alone, as a vector search does."""
-    if not evidence_of:
+def evidence(keys: Sequence[tuple[str, str]], legs: dict[str, tuple[list, list]]) -> list[dict[str, float]]:
+    """Each hit's score in each leg its collection searched (``Retrieved.legs``: per collection, its dense and
+    keyword hits), as ``leg_scores`` gives them, one dict a hit (what ``relevance.calibrate`` fits on)."""
+    arrays = {name: leg_scores([c for c, n in keys if n == name], dense, keyword)
+              for name, (dense, keyword) in legs.items()}
+    at = dict.fromkeys(legs, 0)
+    out = []
+    for _, name in keys:
+        i = at.get(name, 0)
+        out.append({leg: float(values[i]) for leg, values in arrays.get(name, {}).items()})
+        if name in at:
+            at[name] += 1
+    return out
+
+
+def legs_searched(method: str, have: Sequence[str]) -> str:
+    """The ``LEGS`` key of the legs a collection's hits have evidence from (``have``): a hybrid search whose keyword
+    leg found nothing (no query term in the collection) ranked by the dense leg alone, as a vector search does."""
+    if not have:
         return method
-    have = set(evidence_of[0])
-    return next((m for m, legs in LEGS.items() if set(legs) == have), method)
+    return next((m for m, legs in LEGS.items() if set(legs) == set(have)), method)
 
 
-def absolute_scores(method: str, evidence_of: list[dict[str, float]], calibration: Calibration | None
+def absolute_scores(method: str, scores: dict[str, np.ndarray], calibration: Calibration | None, n: int
                     ) -> tuple[str, list[float | None]]:
-    """The scale a collection's hits get without a reranker, and each hit's score on it (None: none on it, which
-    ``relevance_scores`` fills by min-max). Every hit of a collection has evidence from the same legs."""
-    legs = legs_searched(method, evidence_of)
+    """The scale a collection's ``n`` hits get without a reranker, and each hit's score on it (None: none on it,
+    which ``relevance_scores`` fills by min-max), from their ``leg_scores``."""
+    legs = legs_searched(method, list(scores))
     if calibration is not None and legs in calibration.models:
-        return "calibrated", [calibration.probability(legs, e) for e in evidence_of]
-    if "dense" in LEGS[legs] and all("dense" in e for e in evidence_of):
-        return "cosine", [min(1.0, max(0.0, e["dense"])) for e in evidence_of]
-    return "minmax", [None for _ in evidence_of]
+        return "calibrated", calibration.probabilities(legs, scores).tolist()
+    if "dense" in LEGS[legs] and "dense" in scores:
+        return "cosine", np.clip(scores["dense"], 0.0, 1.0).tolist()
+    return "minmax", [None] * n

@@ -14,7 +14,7 @@ from typing import Any
 
 from deployments.edge.schemas import Fusion, Method, RelevanceScale, RerankWith, SearchRequest
 from deployments.errors import Unavailable
-from deployments.search.calibration import Calibration, absolute_scores, evidence
+from deployments.search.calibration import Calibration, absolute_scores, leg_scores
 from deployments.search.clients import Collection, RerankerClient, SynthesizerClient
 from deployments.search.fusion import min_max, relevance_scores, rrf, weighted
 from deployments.search.grouping import Group, group_hits, without_near_duplicates
@@ -167,9 +167,9 @@ class Ranking:
         scales = {}
         for name in names:
             hits = [h for h in ranked if h.collection == name]
-            scales[name], own = absolute_scores(req.method.value,
-                                                evidence([h.key for h in hits], {name: got.legs[name]}),
-                                                self.calibrations.get(name))
+            scales[name], own = absolute_scores(req.method.value, leg_scores([h.chunk_id for h in hits],
+                                                                             *got.legs[name]),
+                                                self.calibrations.get(name), len(hits))
             values.update(zip((h.key for h in hits), own, strict=True))
         if any(v is None for v in values.values()):  # a scale with no absolute score: min-max over the ranking
             relative = dict(zip((h.key for h in ranked), relevance_scores(scores, "minmax"), strict=True))

@@ -15,6 +15,7 @@ from deployments.search.calibration import (
     evidence,
     feature,
     fit_logistic,
+    leg_scores,
 )
 from deployments.search.hits import Hit
 
@@ -53,23 +54,36 @@ def test_a_hit_missing_from_a_leg_gets_its_lowest_returned_score():
     got = evidence([("a#0", "docs"), ("b#0", "docs"), ("c#0", "docs"), ("x#0", "vec")], legs)
     assert got == [{"dense": 0.9, "keyword": 7.0}, {"dense": 0.5, "keyword": 12.0},
                    {"dense": 0.5, "keyword": 7.0}, {"dense": 0.3}]
+    assert {leg: a.tolist() for leg, a in leg_scores(["a#0", "b#0", "c#0"], *legs["docs"]).items()} == {
+        "dense": [0.9, 0.5, 0.5], "keyword": [7.0, 12.0, 7.0]}
+
+
+def scored(rows: list[dict[str, float]]) -> dict[str, np.ndarray]:
+    """Hits' evidence as ``leg_scores`` gives it: leg -> an array over the hits."""
+    return {leg: np.array([r[leg] for r in rows]) for leg in rows[0]}
 
 
 def test_which_scale_a_collection_gets():
     calibration = Calibration({"hybrid": Logistic((4.0, 1.0), -3.0)}, {"queries": 10})
-    both = [{"dense": 0.7, "keyword": 9.0}, {"dense": -0.2, "keyword": 0.0}]
-    scale, scores = absolute_scores("hybrid", both, calibration)
+    both = scored([{"dense": 0.7, "keyword": 9.0}, {"dense": -0.2, "keyword": 0.0}])
+    scale, scores = absolute_scores("hybrid", both, calibration, 2)
     assert scale == "calibrated"
-    assert scores[0] == pytest.approx(1 / (1 + math.exp(-(4 * 0.7 + math.log1p(9.0) - 3))))
+    assert scores[0] == pytest.approx(1 / (1 + math.exp(-(4 * 0.7 + math.log1p(9.0) - 3))), rel=1e-12)
+    assert scores == pytest.approx([calibration.probability("hybrid", {"dense": d, "keyword": k})
+                                    for d, k in zip(both["dense"], both["keyword"], strict=True)], rel=1e-12)
     # No model for the vector leg alone: its cosine, clipped to [0, 1].
-    assert absolute_scores("vector", [{"dense": 0.7}, {"dense": -0.2}], calibration) == ("cosine", [0.7, 0.0])
-    assert absolute_scores("hybrid", both, None) == ("cosine", [0.7, 0.0])
+    assert absolute_scores("vector", scored([{"dense": 0.7}, {"dense": -0.2}]), calibration, 2) == ("cosine",
+                                                                                                  [0.7, 0.0])
+    assert absolute_scores("hybrid", both, None, 2) == ("cosine", [0.7, 0.0])
     # A hybrid search whose keyword leg found nothing ranked by its dense leg: the vector model, else its cosine.
     with_vector = Calibration({"vector": Logistic((5.0,), -2.5)}, {})
-    assert absolute_scores("hybrid", [{"dense": 0.5}], with_vector) == ("calibrated", [0.5])
-    assert absolute_scores("hybrid", [{"dense": 0.5}], calibration) == ("cosine", [0.5])
+    assert absolute_scores("hybrid", scored([{"dense": 0.5}]), with_vector, 1) == ("calibrated", [0.5])
+    assert absolute_scores("hybrid", scored([{"dense": 0.5}]), calibration, 1) == ("cosine", [0.5])
     # BM25 has no absolute scale: left for min-max over the ranking.
-    assert absolute_scores("keyword", [{"keyword": 9.0}], None) == ("minmax", [None])
+    assert absolute_scores("keyword", scored([{"keyword": 9.0}]), None, 1) == ("minmax", [None])
+    # Far out on either side the probability is 0 or 1, never an overflow.
+    steep = Calibration({"vector": Logistic((1000.0,), 0.0)}, {})
+    assert absolute_scores("vector", scored([{"dense": 5.0}, {"dense": -5.0}]), steep, 2) == ("calibrated", [1.0, 0.0])
 
 
 def test_a_calibration_round_trips_and_a_wrong_one_is_refused():

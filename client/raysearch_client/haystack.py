@@ -14,8 +14,9 @@ module imports ``haystack``.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -130,8 +131,15 @@ class RaySearchDocumentStore:
 
     Filters are Haystack's, translated by ``filters.from_haystack`` (where its rules and Haystack's differ, it says
     so); one the service refuses (422: an unknown field, a range on a string) raises Haystack's ``FilterError`` with
-    the service's message. ``==``, ``!=``, ``in`` and ``not in`` with None raise it too: the service's filters cannot
-    test for a missing value. ``write_documents`` with ``DuplicatePolicy.NONE`` overwrites, as OVERWRITE does.
+    the service's message (but an empty collection answers such a filter with no document). ``== None`` and
+    ``!= None`` are the API's ``exists`` (false, true); ``in`` and ``not in`` with None among the values raise
+    ``FilterError``. ``write_documents`` with ``DuplicatePolicy.NONE`` overwrites, as
+    OVERWRITE does.
+
+    Beyond Haystack's protocol, as its extended stores have them (each with an ``_async`` variant): deleting all
+    documents or those a filter selects, merging metadata into those a filter selects, counting them, and reading
+    metadata fields (their types, a field's distinct values, its min and max). Each lists what it needs through the
+    documents API (every page) and writes or deletes in batches of 1,000: none is atomic as a whole.
     """
 
     def __init__(self, url: str = "http://127.0.0.1:8000", collection: str = "default",
@@ -159,18 +167,10 @@ class RaySearchDocumentStore:
 
     def filter_documents(self, filters: dict[str, Any] | None = None) -> list[Document]:
         """Every document the filter lets through (every page read), in id order."""
-        selection = _selection(filters)
-        if selection is None:
-            return []
-        with _filter_refused():
-            return [_document(d) for d in self._connection.sync.documents(self.collection, **selection)]
+        return [_document(d) for d in self._stored(filters)]
 
     async def filter_documents_async(self, filters: dict[str, Any] | None = None) -> list[Document]:
-        selection = _selection(filters)
-        if selection is None:
-            return []
-        with _filter_refused():
-            return [_document(d) async for d in self._connection.aio.documents(self.collection, **selection)]
+        return [_document(d) for d in await self._astored(filters)]
 
     def write_documents(self, documents: list[Document], policy: DuplicatePolicy = DuplicatePolicy.NONE) -> int:
         """Upsert the documents, 1,000 to a call (each call atomic, the whole not). FAIL raises
@@ -210,6 +210,135 @@ class RaySearchDocumentStore:
             found = await self._aexisting(ids)
             if found:
                 await self._connection.aio.delete_documents(self.collection, found)
+
+    def delete_all_documents(self, recreate_index: bool = False) -> None:
+        """Delete every document of the collection. ``recreate_index`` (Haystack's name) changes nothing: the
+        collection's index, encoder and settings are the service's, made by a build job and kept; through the documents
+        API a collection is emptied, never recreated, and an emptied one takes writes as a new one does."""
+        self.delete_by_filter({})
+
+    async def delete_all_documents_async(self, recreate_index: bool = False) -> None:
+        await self.delete_by_filter_async({})
+
+    def delete_by_filter(self, filters: dict[str, Any]) -> int:
+        """Delete the documents the filter selects (``{}``: all), 1,000 to a call; returns how many."""
+        ids = [d.id for d in self._stored(filters)]
+        for batch in batches(ids):
+            self._connection.sync.delete_documents(self.collection, batch)
+        return len(ids)
+
+    async def delete_by_filter_async(self, filters: dict[str, Any]) -> int:
+        ids = [d.id for d in await self._astored(filters)]
+        for batch in batches(ids):
+            await self._connection.aio.delete_documents(self.collection, batch)
+        return len(ids)
+
+    def update_by_filter(self, filters: dict[str, Any], meta: dict[str, Any]) -> int:
+        """Merge ``meta`` into the metadata of the documents the filter selects (its keys replace theirs; the rest
+        is kept), rewritten 1,000 to a call (the service embeds each again); returns how many."""
+        records = [_merged(d, meta) for d in self._stored(filters)]
+        for batch in batches(records):
+            self._connection.sync.upsert_documents(self.collection, batch)
+        return len(records)
+
+    async def update_by_filter_async(self, filters: dict[str, Any], meta: dict[str, Any]) -> int:
+        records = [_merged(d, meta) for d in await self._astored(filters)]
+        for batch in batches(records):
+            await self._connection.aio.upsert_documents(self.collection, batch)
+        return len(records)
+
+    def count_documents_by_filter(self, filters: dict[str, Any]) -> int:
+        """How many documents the filter selects, counted by the service (no document is read)."""
+        selection = _selection(filters)
+        if selection is None:
+            return 0
+        try:
+            with _filter_refused():
+                return self._connection.sync.count_documents(self.collection, selection.get("filters"))
+        except FilterError:
+            if self.count_documents() == 0:
+                return 0  # nothing to select (see _stored)
+            raise
+
+    async def count_documents_by_filter_async(self, filters: dict[str, Any]) -> int:
+        selection = _selection(filters)
+        if selection is None:
+            return 0
+        try:
+            with _filter_refused():
+                return await self._connection.aio.count_documents(self.collection, selection.get("filters"))
+        except FilterError:
+            if await self.count_documents_async() == 0:
+                return 0
+            raise
+
+    def count_unique_metadata_by_filter(self, filters: dict[str, Any], metadata_fields: list[str]) -> dict[str, int]:
+        """For each field (with or without ``meta.``), how many distinct values the selected documents hold (None
+        and a missing field not counted; values of different types are different: 1, 1.0, "1", True)."""
+        return _unique_counts(self._stored(filters), metadata_fields)
+
+    async def count_unique_metadata_by_filter_async(self, filters: dict[str, Any],
+                                                    metadata_fields: list[str]) -> dict[str, int]:
+        return _unique_counts(await self._astored(filters), metadata_fields)
+
+    def get_metadata_fields_info(self) -> dict[str, dict[str, str]]:
+        """Each metadata field the documents hold, with its type as Haystack's in-memory store names it from the
+        values (``boolean``, ``int``, ``float``, ``keyword``; ``mixed`` where they differ). Read from the documents
+        (all of them), not from ``GET /collections``: that lists the fields of the index version too, kept when its
+        documents are deleted (an emptied collection would still name them), and kinds of the service's own."""
+        return _fields_info(self._stored(None))
+
+    async def get_metadata_fields_info_async(self) -> dict[str, dict[str, str]]:
+        return _fields_info(await self._astored(None))
+
+    def get_metadata_field_min_max(self, metadata_field: str) -> dict[str, Any]:
+        """``{"min": ..., "max": ...}`` of a field's numbers, or of its strings (ISO dates order as dates), over every
+        document (all read: a field no filter may name, as no document holds it, answers None and None too); None
+        and None when no document holds it or its values cannot be ordered together."""
+        return _min_max(self._stored(None), metadata_field)
+
+    async def get_metadata_field_min_max_async(self, metadata_field: str) -> dict[str, Any]:
+        return _min_max(await self._astored(None), metadata_field)
+
+    def get_metadata_field_unique_values(self, metadata_field: str, search_term: str | None = None, from_: int = 0,
+                                         size: int = 10,
+                                         filters: dict[str, Any] | None = None) -> tuple[list[Any], int]:
+        """A page (``from_``, ``size``) of a field's distinct values among the documents the filter selects, those
+        whose text holds ``search_term`` (any case), ordered by their text (then type), and how many there are.
+        Values keep their type; 1, 1.0, "1" and True are four values."""
+        return _unique_page(self._stored(filters), metadata_field, search_term, from_, size)
+
+    async def get_metadata_field_unique_values_async(self, metadata_field: str, search_term: str | None = None,
+                                                     from_: int = 0, size: int = 10,
+                                                     filters: dict[str, Any] | None = None) -> tuple[list[Any], int]:
+        return _unique_page(await self._astored(filters), metadata_field, search_term, from_, size)
+
+    def _stored(self, filters: dict[str, Any] | None) -> list[DocumentResponse]:
+        """Every document the filter selects (every page read), as the service holds it. A filter the service refuses
+        selects nothing from an empty collection: a field no document holds may be unknown to the service (refused,
+        422), where Haystack's stores select no document."""
+        selection = _selection(filters)
+        if selection is None:
+            return []
+        try:
+            with _filter_refused():
+                return list(self._connection.sync.documents(self.collection, **selection))
+        except FilterError:
+            if self.count_documents() == 0:
+                return []
+            raise
+
+    async def _astored(self, filters: dict[str, Any] | None) -> list[DocumentResponse]:
+        selection = _selection(filters)
+        if selection is None:
+            return []
+        try:
+            with _filter_refused():
+                return [d async for d in self._connection.aio.documents(self.collection, **selection)]
+        except FilterError:
+            if await self.count_documents_async() == 0:
+                return []
+            raise
 
     def _existing(self, ids: list[str]) -> list[str]:
         """Those of (at most 1,000) ids that the collection has."""
@@ -284,7 +413,72 @@ def _written(documents: list[Document], written: list[dict[str, Any]], policy: D
     return len(documents) if policy in (DuplicatePolicy.OVERWRITE, DuplicatePolicy.NONE) else len(written)
 
 
-
-
 def _document(stored: DocumentResponse) -> Document:
     return Document(id=stored.id, content=stored.text, meta=stored.metadata)
+
+
+def _merged(stored: DocumentResponse, meta: dict[str, Any]) -> dict[str, Any]:
+    """A stored document as a record to write again, ``meta`` merged into its metadata (title and text kept)."""
+    return {"id": stored.id, "title": stored.title, "text": stored.text, "metadata": {**stored.metadata, **meta}}
+
+
+def _field(name: str) -> str:
+    """A metadata field's name as the documents hold it (Haystack writes it with or without ``meta.``)."""
+    return name.removeprefix("meta.")
+
+
+def _distinct(documents: Iterable[DocumentResponse], name: str) -> dict[tuple[str, str], Any]:
+    """A field's distinct non-null values, each under its type and JSON text (so 1, 1.0, "1" and True stay four, and
+    lists and dicts can be told apart), in the documents' order."""
+    values: dict[tuple[str, str], Any] = {}
+    for d in documents:
+        value = d.metadata.get(_field(name))
+        if value is not None:
+            values.setdefault((type(value).__name__, json.dumps(value, sort_keys=True, default=str)), value)
+    return values
+
+
+def _unique_counts(documents: list[DocumentResponse], names: list[str]) -> dict[str, int]:
+    return {_field(name): len(_distinct(documents, name)) for name in names}
+
+
+def _unique_page(documents: list[DocumentResponse], name: str, search_term: str | None, from_: int,
+                 size: int) -> tuple[list[Any], int]:
+    """Haystack's in-memory store's rule: values holding ``search_term`` (any case) in their text, ordered by their
+    text then their type's name; the page ``[from_, from_ + size)`` and how many there are in all."""
+    found = [(key, value) for key, value in _distinct(documents, name).items()
+             if not search_term or search_term.lower() in str(value).lower()]
+    found.sort(key=lambda kv: (str(kv[1]), kv[0][0]))
+    return [value for _, value in found[from_:from_ + size]], len(found)
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "int"
+    return "float" if isinstance(value, float) else "keyword"
+
+
+def _fields_info(documents: list[DocumentResponse]) -> dict[str, dict[str, str]]:
+    """Each field some document holds a non-null value of, with the type of its values (``mixed`` where they
+    differ), sorted by name."""
+    types: dict[str, set[str]] = {}
+    for d in documents:
+        for name, value in d.metadata.items():
+            if value is not None:
+                types.setdefault(name, set()).add(_type_name(value))
+    return {name: {"type": kinds.pop() if len(kinds) == 1 else "mixed"} for name, kinds in sorted(types.items())}
+
+
+def _min_max(documents: list[DocumentResponse], name: str) -> dict[str, Any]:
+    """The least and greatest of a field's numbers (booleans are not numbers here) or strings; None and None when it
+    has none, or both kinds (which do not order together), as Haystack's in-memory store answers."""
+    values = [v for d in documents for v in [d.metadata.get(_field(name))]
+              if isinstance(v, int | float | str) and not isinstance(v, bool)]
+    if not values:
+        return {"min": None, "max": None}
+    try:
+        return {"min": min(values), "max": max(values)}
+    except TypeError:
+        return {"min": None, "max": None}

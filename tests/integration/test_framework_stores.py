@@ -22,7 +22,14 @@ from haystack.components.writers import DocumentWriter
 from haystack.document_stores.errors import DuplicateDocumentError
 from haystack.document_stores.types import DuplicatePolicy
 from haystack.errors import FilterError
-from haystack.testing.document_store import DocumentStoreBaseTests
+from haystack.testing.document_store import (
+    CountDocumentsByFilterTest,
+    CountUniqueMetadataByFilterTest,
+    DocumentStoreBaseExtendedTests,
+    GetMetadataFieldMinMaxTest,
+    GetMetadataFieldsInfoTest,
+    GetMetadataFieldUniqueValuesTest,
+)
 from llama_index.core import Document as LlamaDocument
 from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.embeddings import MockEmbedding
@@ -120,7 +127,9 @@ def haystack_store(served):
     return store
 
 
-class TestHaystackDocumentStore(DocumentStoreBaseTests):
+class TestHaystackDocumentStore(DocumentStoreBaseExtendedTests, CountDocumentsByFilterTest,
+                                CountUniqueMetadataByFilterTest, GetMetadataFieldsInfoTest,
+                                GetMetadataFieldMinMaxTest, GetMetadataFieldUniqueValuesTest):
     @pytest.fixture
     def document_store(self, haystack_store):
         return haystack_store
@@ -170,8 +179,92 @@ def test_haystack_batches_pages_and_policies_over_a_thousand_documents(haystack_
     assert haystack_store.write_documents([first, second], policy=DuplicatePolicy.OVERWRITE) == 2
     assert [d.content for d in haystack_store.filter_documents() if d.id == "twice"] == ["second"]
 
+    every = {"field": "meta.i", "operator": ">=", "value": 0}
+    assert haystack_store.update_by_filter(every, {"seen": True}) == 1005  # listed in two pages, written in two calls
+    assert haystack_store.count_documents_by_filter({"field": "meta.seen", "operator": "==", "value": True}) == 1005
+    assert haystack_store.filter_documents(late)[-1].meta == {"i": 1004, "seen": True}
+
     haystack_store.delete_documents([d.id for d in docs] + ["twice", "never-written"])
     assert haystack_store.count_documents() == 0
+
+
+def test_haystack_deletes_all_and_by_filter_over_a_thousand_documents_async_as_sync(haystack_store):
+    """1,002 documents: 1,001 deleted by a filter (two calls), then again by delete_all; each ``_async`` variant answers
+    what its sync method answers."""
+    docs = [Document(id=f"a{i:04d}", content=f"note {i}", meta={"i": i, "odd": i % 2 == 1}) for i in range(1002)]
+    haystack_store.write_documents(docs)
+    odd = {"field": "meta.odd", "operator": "==", "value": True}
+    sync = (haystack_store.count_documents_by_filter(odd),
+            haystack_store.count_unique_metadata_by_filter(odd, ["meta.odd", "i"]),
+            haystack_store.get_metadata_fields_info(), haystack_store.get_metadata_field_min_max("i"),
+            haystack_store.get_metadata_field_unique_values("odd", filters=odd))
+    assert sync == (501, {"odd": 1, "i": 501}, {"i": {"type": "int"}, "odd": {"type": "boolean"}},
+                    {"min": 0, "max": 1001}, ([True], 1))
+
+    async def answers():
+        return (await haystack_store.count_documents_by_filter_async(odd),
+                await haystack_store.count_unique_metadata_by_filter_async(odd, ["meta.odd", "i"]),
+                await haystack_store.get_metadata_fields_info_async(),
+                await haystack_store.get_metadata_field_min_max_async("i"),
+                await haystack_store.get_metadata_field_unique_values_async("odd", filters=odd))
+
+    assert asyncio.run(answers()) == sync
+    assert asyncio.run(haystack_store.update_by_filter_async(odd, {"tag": "odd"})) == 501
+    assert haystack_store.get_metadata_field_unique_values("tag") == (["odd"], 1)
+    assert asyncio.run(haystack_store.delete_by_filter_async({"field": "meta.i", "operator": ">=", "value": 1})) == 1001
+    assert [d.id for d in haystack_store.filter_documents()] == ["a0000"]
+    asyncio.run(haystack_store.delete_all_documents_async())
+    assert haystack_store.count_documents() == 0
+    haystack_store.write_documents(docs)
+    assert haystack_store.delete_by_filter({"field": "meta.i", "operator": "<", "value": 1001}) == 1001
+    haystack_store.delete_all_documents(recreate_index=True)
+    assert haystack_store.count_documents() == 0
+
+
+def test_haystack_update_by_filter_keeps_a_document_s_title_text_and_other_metadata(haystack_store, served):
+    served.upsert_documents("haystack", [{"id": "t1", "title": "A title", "text": "a titled note",
+                                          "metadata": {"a": 1, "b": 2}}])
+    assert haystack_store.update_by_filter({"field": "meta.a", "operator": "==", "value": 1}, {"b": 3, "c": 4}) == 1
+    stored = served.get_document("haystack", "t1")
+    assert (stored.title, stored.text, stored.metadata) == ("A title", "a titled note", {"a": 1, "b": 3, "c": 4})
+
+
+def test_haystack_metadata_fields_are_read_from_the_documents(haystack_store, served):
+    """Types from the values (``mixed`` where they differ); an emptied collection has none, though the service still
+    lists its version's fields; min and max of numbers or of strings, not of booleans or of both."""
+    (listed,) = [c for c in served.collections() if c.name == "haystack"]
+    assert {"kind", "module"} <= {f.name for f in listed.fields} and haystack_store.get_metadata_fields_info() == {}
+    haystack_store.write_documents([
+        Document(id="m1", content="x", meta={"n": 1, "day": "2024-03-01", "flag": True, "both": 3}),
+        Document(id="m2", content="y", meta={"n": 2.5, "day": "2023-12-31", "flag": False, "both": "b"}),
+        Document(id="m3", content="z", meta={"n": None})])
+    assert haystack_store.get_metadata_fields_info() == {
+        "both": {"type": "mixed"}, "day": {"type": "keyword"}, "flag": {"type": "boolean"}, "n": {"type": "mixed"}}
+    assert haystack_store.get_metadata_field_min_max("meta.n") == {"min": 1, "max": 2.5}
+    assert haystack_store.get_metadata_field_min_max("day") == {"min": "2023-12-31", "max": "2024-03-01"}
+    assert haystack_store.get_metadata_field_min_max("flag") == {"min": None, "max": None}
+    assert haystack_store.get_metadata_field_min_max("both") == {"min": None, "max": None}
+    assert haystack_store.count_unique_metadata_by_filter({}, ["n", "flag", "nowhere"]) == {"n": 2, "flag": 2,
+                                                                                             "nowhere": 0}
+    never = {"operator": "OR", "conditions": []}
+    assert haystack_store.get_metadata_field_unique_values("n", filters=never) == ([], 0)
+    assert haystack_store.count_documents_by_filter(never) == 0
+
+
+def test_an_empty_haystack_store_selects_nothing_where_the_service_refuses_a_field(haystack_store):
+    """The service refuses a field no document holds (422); an empty store answers nothing, as Haystack's stores
+    do, and one with documents raises ``FilterError`` as ``filter_documents`` does."""
+    unknown = {"field": "meta.never_written", "operator": "==", "value": 1}
+    assert haystack_store.count_documents_by_filter(unknown) == 0
+    assert asyncio.run(haystack_store.count_documents_by_filter_async(unknown)) == 0
+    assert haystack_store.filter_documents(unknown) == []
+    assert asyncio.run(haystack_store.filter_documents_async(unknown)) == []
+    assert haystack_store.delete_by_filter(unknown) == 0
+    haystack_store.write_documents([Document(id="w", content="written", meta={"n": 1})])
+    with pytest.raises(FilterError, match="unknown filter field 'never_written'"):
+        haystack_store.count_documents_by_filter(unknown)
+    with pytest.raises(FilterError, match="unknown filter field 'never_written'"):
+        asyncio.run(haystack_store.update_by_filter_async(unknown, {"n": 2}))
 
 
 def test_a_filter_the_service_refuses_is_haystack_s_filter_error(haystack_store):

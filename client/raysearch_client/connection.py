@@ -57,22 +57,37 @@ class Connection:
             await client.close()
 
 
-def write_creating(client: SearchClient, collection: str, batches: list[list[dict[str, Any]]]) -> None:
+def write_creating(client: SearchClient, collection: str, batches: list[list[dict[str, Any]]],
+                   served: bool | None = None) -> None:
     """Upsert ``batches`` of records into ``collection``; a collection the service does not serve is created first
-    from the first batch (a build job, waited for: admin keys), the rest written to it after."""
-    if batches and collection not in {c.name for c in client.collections()}:
+    from the first batch (a build job, waited for: admin keys), the rest written to it after. ``served``: whether the
+    caller knows it is served (None: asked of ``GET /collections``)."""
+    if served is None:
+        served = is_served(client, collection)
+    if batches and not served:
         client.create_collection(collection, batches[0])
         batches = batches[1:]
     for batch in batches:
         client.upsert_documents(collection, batch)
 
 
-async def awrite_creating(client: AsyncSearchClient, collection: str, batches: list[list[dict[str, Any]]]) -> None:
-    if batches and collection not in {c.name for c in await client.collections()}:
+async def awrite_creating(client: AsyncSearchClient, collection: str, batches: list[list[dict[str, Any]]],
+                          served: bool | None = None) -> None:
+    if served is None:
+        served = await ais_served(client, collection)
+    if batches and not served:
         await client.create_collection(collection, batches[0])
         batches = batches[1:]
     for batch in batches:
         await client.upsert_documents(collection, batch)
+
+
+def is_served(client: SearchClient, collection: str) -> bool:
+    return collection in {c.name for c in client.collections()}
+
+
+async def ais_served(client: AsyncSearchClient, collection: str) -> bool:
+    return collection in {c.name for c in await client.collections()}
 
 
 def search_request(query: str, limit: int, defaults: dict[str, Any], options: dict[str, Any]) -> SearchRequest:

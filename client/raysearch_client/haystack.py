@@ -34,10 +34,14 @@ from raysearch_client.client import API_KEY_ENV
 from raysearch_client.connection import (
     MAX_BATCH,
     Connection,
+    ais_served,
+    awrite_creating,
     batches,
     check_fields,
+    is_served,
     result_metadata,
     search_request,
+    write_creating,
 )
 from raysearch_client.filters import from_haystack, haystack_selection
 from raysearch_client.models import DocumentResponse, Result, SearchResponse
@@ -173,28 +177,30 @@ class RaySearchDocumentStore:
         return [_document(d) for d in await self._astored(filters)]
 
     def write_documents(self, documents: list[Document], policy: DuplicatePolicy = DuplicatePolicy.NONE) -> int:
-        """Upsert the documents, 1,000 to a call (each call atomic, the whole not). FAIL raises
+        """Upsert the documents, 1,000 to a call (each call atomic, the whole not); into a collection the service does
+        not serve, it is created from the first 1,000 (``POST /admin/collections``: an admin key and the service's
+        ``collections_root``; returns once it is served). FAIL raises
         ``DuplicateDocumentError`` before anything is written when an id exists (or comes twice); SKIP writes the
         ids that do not exist (the first of an id given twice); OVERWRITE and NONE write all (the last of an id
         given twice). Returns how many were written (under OVERWRITE and NONE, as many as were given)."""
         records = _records(documents)
+        served = is_served(self._connection.sync, self.collection)
         existing: set[str] = set()
-        if policy in (DuplicatePolicy.FAIL, DuplicatePolicy.SKIP):
+        if served and policy in (DuplicatePolicy.FAIL, DuplicatePolicy.SKIP):
             existing = {i for ids in batches(_ids(records)) for i in self._existing(ids)}
         written = _to_write(records, existing, policy)
-        for batch in batches(written):
-            self._connection.sync.upsert_documents(self.collection, batch)
+        write_creating(self._connection.sync, self.collection, batches(written), served)
         return _written(documents, written, policy)
 
     async def write_documents_async(self, documents: list[Document],
                                     policy: DuplicatePolicy = DuplicatePolicy.NONE) -> int:
         records = _records(documents)
+        served = await ais_served(self._connection.aio, self.collection)
         existing: set[str] = set()
-        if policy in (DuplicatePolicy.FAIL, DuplicatePolicy.SKIP):
+        if served and policy in (DuplicatePolicy.FAIL, DuplicatePolicy.SKIP):
             existing = {i for ids in batches(_ids(records)) for i in await self._aexisting(ids)}
         written = _to_write(records, existing, policy)
-        for batch in batches(written):
-            await self._connection.aio.upsert_documents(self.collection, batch)
+        await awrite_creating(self._connection.aio, self.collection, batches(written), served)
         return _written(documents, written, policy)
 
     def delete_documents(self, document_ids: list[str]) -> None:

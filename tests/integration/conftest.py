@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -154,3 +155,24 @@ def as_sent(response) -> str:
         body = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
         sent = sent.replace(cursor, json.dumps({k: v for k, v in body.items() if k != "t"}, sort_keys=True))
     return sent
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@pytest.fixture
+def loopback_only(monkeypatch):
+    """Every connection a test's process opens to another machine is refused and recorded (a framework's background
+    thread may swallow the refusal: the record fails the test)."""
+    left: list = []
+    connect = socket.socket.connect
+
+    def guarded(sock, address):
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in LOOPBACK:
+            left.append(address)
+            raise ConnectionRefusedError(f"no connection beyond this machine: {address}")
+        return connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+    yield
+    assert left == [], f"connections beyond this machine: {left}"

@@ -126,6 +126,21 @@ def test_llamaindex_from_documents_creates_its_collection_through_a_build(served
     assert "llama" in names(client)
 
 
+def test_a_haystack_writer_creates_its_store_s_collection_through_a_build(served):
+    from haystack import Document, Pipeline
+    from haystack.components.writers import DocumentWriter
+    from raysearch_client.haystack import RaySearchDocumentStore
+
+    store = RaySearchDocumentStore(url=URL, collection="hay", api_key=ADMIN_KEY)
+    pipeline = Pipeline()
+    pipeline.add_component("writer", DocumentWriter(store))
+    docs = [Document(id="narwhal", content="the narwhal tusk is a tooth", meta={"sea": "arctic"})]
+    assert pipeline.run({"writer": {"documents": docs}})["writer"]["documents_written"] == 1
+    assert [(d.id, d.content, d.meta) for d in store.filter_documents()] == [("narwhal", docs[0].content,
+                                                                            {"sea": "arctic"})]
+    assert store.write_documents([Document(id="beluga", content="belugas sing")]) == 1  # served: a write
+
+
 def test_creating_is_refused_with_a_reason(served):
     client, folder = served
     with httpx.Client(base_url=URL, timeout=60) as http:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -52,10 +51,10 @@ from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import write_jsonl
 
+pytestmark = pytest.mark.usefixtures("loopback_only")  # conftest: nothing beyond this machine
 PORT = 18291
 URL = f"http://127.0.0.1:{PORT}"
 README = (Path(__file__).parents[2] / "README.md").read_text()
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 STORES = ("haystack", "llamaindex")  # the collections the stores' tests empty and fill
 
 DOCS = [
@@ -93,22 +92,6 @@ def served(ray_local, tmp_path_factory):
     serve.shutdown()
 
 
-@pytest.fixture(autouse=True)
-def loopback_only(monkeypatch):
-    """Every connection a test's process opens to another machine is refused and recorded (a framework's background
-    thread may swallow the refusal: the record fails the test)."""
-    left: list = []
-    connect = socket.socket.connect
-
-    def guarded(sock, address):
-        if sock.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in LOOPBACK:
-            left.append(address)
-            raise ConnectionRefusedError(f"tests/integration/test_framework_stores.py: no connection to {address}")
-        return connect(sock, address)
-
-    monkeypatch.setattr(socket.socket, "connect", guarded)
-    yield
-    assert left == [], f"connections beyond this machine: {left}"
 
 
 def ids_of(client: SearchClient, collection: str) -> list[str]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.api.admin import StartJob
+from deployments.builds import list_records, root_is_building
 from deployments.documents.writes import checked_records
 from deployments.edge.guard import Caller
 from deployments.edge.schemas import BuildJob, CollectionCreated, CreateCollectionRequest
@@ -28,6 +29,7 @@ from index_format.chunking import Chunking
 from index_format.prompts import EncoderSpec
 from index_format.store import Conflict as StoreConflict
 from index_format.store import is_remote, open_store
+from index_format.versions import active_version
 
 REGISTRY = ".collections/"  # in the collections root's store: <name>.json a collection (names never start with ".")
 UPLOADS = "uploads/"  # in a created collection's root: the documents its first build read
@@ -45,6 +47,24 @@ def registered(collections_root: str) -> dict[str, str]:
     keys = open_store(collections_root).list(REGISTRY)
     names = [k.removeprefix(REGISTRY).removesuffix(".json") for k in keys if k.endswith(".json")]
     return {name: collection_root(collections_root, name) for name in sorted(names)}
+
+
+def claim_name(collections_root: str, name: str, claim: bytes) -> None:
+    """Write the registry's object of ``name`` if absent. One already there is taken over only when its collection
+    never got a version and no build of its root runs (its lock is free and no job record says running): its first
+    build failed, and the name is free again; else ``Conflict``. Every write is conditional on what was read, so two replicas cannot both take it."""
+    store, key = open_store(collections_root), f"{REGISTRY}{name}.json"
+    held, tag = store.get_tagged(key)
+    if held is not None:
+        root = collection_root(collections_root, name)
+        building = root_is_building(root) or any(r.get("state") == "running" for r in list_records([root]))
+        if active_version(root) is not None or building:
+            raise Conflict(f"collection {name!r} was created already (its build may still be running: GET "
+                           "/admin/builds)")
+    try:
+        store.put_if(key, claim, tag)
+    except StoreConflict:
+        raise Conflict(f"collection {name!r} is being created by another request") from None
 
 
 class CreatedCollections:
@@ -84,11 +104,7 @@ class CreatedCollections:
         root = collection_root(collections_root, name)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         claim = json.dumps({"name": name, "root": root, "created": stamp, "by": caller.key_id}).encode()
-        try:
-            await asyncio.to_thread(open_store(collections_root).put_if, f"{REGISTRY}{name}.json", claim, None)
-        except StoreConflict:
-            raise Conflict(f"collection {name!r} was created already (its build may still be running: GET "
-                           "/admin/builds)") from None
+        await asyncio.to_thread(claim_name, collections_root, name, claim)
         try:
             corpus = f"{UPLOADS}{stamp}.jsonl"
             data = "".join(json.dumps(r) + "\n" for r in records).encode()

@@ -157,7 +157,7 @@ class SearchRouter:
             if await asyncio.to_thread(active_version, index) is None:
                 continue  # its first build is still running (or failed: GET /admin/builds says why)
             try:
-                await self._open_collection(created_spec(name, index, self.created_options))
+                await self._open_collection(await asyncio.to_thread(created_spec, name, index, self.created_options))
                 self._not_opened.pop(name, None)
                 logger.info(f"serving collection {name!r}, created through the API ({index})")
             except Exception:

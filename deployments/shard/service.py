@@ -20,6 +20,7 @@ from deployments.shard.chunk_ids import ChunkIds
 from deployments.shard.dense import DenseShard, TorchDenseShard
 from deployments.shard.features import position_of, words
 from deployments.shard.filters import MetadataTable
+from deployments.shard.listing import DocumentOrder
 from deployments.shard.lucene import FieldStats, LuceneShard
 from deployments.shard.query import DocumentsAnswer, DocumentsQuery
 from deployments.shard.vocabulary import document_frequencies
@@ -100,7 +101,7 @@ class ShardService:
         self._vocabularies: BoundedCache[tuple | None, dict[str, int]] = BoundedCache(VOCABULARIES_KEPT)
         self._rows: BoundedCache[int, dict[str, Any]] = BoundedCache(ROWS_KEPT)
         self._row_facts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._documents: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._documents: DocumentOrder | None = None
 
     @property
     def chunks(self) -> int:
@@ -183,33 +184,17 @@ class ShardService:
                 found[r] = row
         return [found[r] for r in rows]
 
-    def documents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The shard's document ids in id order, the row of each one's first chunk and its number of chunks: read once,
-        on the first listing (a shard never listed never pays for them). A document's chunks share its metadata, so
-        its first row decides whether a filter lets it through."""
+    def documents(self) -> DocumentOrder:
+        """The shard's documents in id order (``DocumentOrder``): read once, on the first listing (a shard never listed
+        never pays for it)."""
         if self._documents is None:
-            ids = np.asarray(self.table.column("doc_id").to_pylist(), dtype=str)
-            self._documents = np.unique(ids, return_index=True, return_counts=True)
+            self._documents = DocumentOrder.of(self.table.column("doc_id"))
         return self._documents
 
     def list_documents(self, query: DocumentsQuery) -> DocumentsAnswer:
         """A page of the shard's documents in id order (``DocumentsQuery``). Raises ``FilterError`` for a filter this
         shard cannot apply."""
-        ids, first, counts = self.documents()
-        matched = np.ones(len(ids), dtype=bool)
-        allowed = self.allowed_rows(query.filters, query.acl)
-        if allowed is not None:
-            let_through = np.zeros(self.chunks, dtype=bool)
-            let_through[allowed] = True
-            matched = let_through[first]
-        if query.ids is not None:
-            matched &= np.isin(ids, np.asarray(query.ids, dtype=str))
-        if query.exclude:
-            matched &= ~np.isin(ids, np.asarray(query.exclude, dtype=str))
-        start = int(np.searchsorted(ids, query.after, side="right")) if query.after is not None else 0
-        later = np.flatnonzero(matched[start:])
-        page = later[:query.limit] + start
-        return DocumentsAnswer(ids[page].tolist(), counts[page].tolist(), int(np.count_nonzero(matched)), len(later))
+        return self.documents().page(query, self.allowed_rows(query.filters, query.acl), self.chunks)
 
     def vocabulary(self, acl: tuple[str, list[str]] | None = None) -> dict[str, int]:
         """Word -> number of this shard's chunks (title and text) holding it: what spell correction may

@@ -78,12 +78,9 @@ class Calibration:
     models: dict[str, Logistic]
     fitted: dict[str, Any]  # version, queries, pairs, held-out figures (``relevance.calibrate``)
 
-    def probability(self, method: str, evidence: dict[str, float]) -> float:
-        legs = LEGS[method]
-        return self.models[method].probability([feature(leg, evidence[leg]) for leg in legs])
-
     def probabilities(self, method: str, scores: dict[str, np.ndarray]) -> np.ndarray:
-        """``probability`` of every hit at once, from their ``leg_scores``."""
+        """Each hit's probability of relevance under the model of ``method``'s legs (``Logistic.probability`` over
+        each leg's ``feature``), every hit at once, from their ``leg_scores``."""
         model = self.models[method]
         z = np.full(len(next(iter(scores.values()))), model.bias)
         for weight, leg in zip(model.weights, LEGS[method], strict=True):

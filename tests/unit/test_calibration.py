@@ -69,7 +69,8 @@ def test_which_scale_a_collection_gets():
     scale, scores = absolute_scores("hybrid", both, calibration, 2)
     assert scale == "calibrated"
     assert scores[0] == pytest.approx(1 / (1 + math.exp(-(4 * 0.7 + math.log1p(9.0) - 3))), rel=1e-12)
-    assert scores == pytest.approx([calibration.probability("hybrid", {"dense": d, "keyword": k})
+    model = calibration.models["hybrid"]
+    assert scores == pytest.approx([model.probability([feature("dense", d), feature("keyword", k)])
                                     for d, k in zip(both["dense"], both["keyword"], strict=True)], rel=1e-12)
     # No model for the vector leg alone: its cosine, clipped to [0, 1].
     assert absolute_scores("vector", scored([{"dense": 0.7}, {"dense": -0.2}]), calibration, 2) == ("cosine",

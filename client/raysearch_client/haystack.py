@@ -153,6 +153,7 @@ class RaySearchDocumentStore:
         self.url, self.collection, self.timeout_s = url, collection, timeout_s
         self.api_key = secret(api_key)
         self._connection = connection(url, self.api_key, timeout_s)
+        self._served = False  # the collection seen served: writes need not ask again whether to create it
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(self, url=self.url, collection=self.collection,
@@ -184,7 +185,7 @@ class RaySearchDocumentStore:
         ids that do not exist (the first of an id given twice); OVERWRITE and NONE write all (the last of an id
         given twice). Returns how many were written (under OVERWRITE and NONE, as many as were given)."""
         records = _records(documents)
-        served = is_served(self._connection.sync, self.collection)
+        served = self._served = self._served or is_served(self._connection.sync, self.collection)
         existing: set[str] = set()
         if served and policy in (DuplicatePolicy.FAIL, DuplicatePolicy.SKIP):
             existing = {i for ids in batches(_ids(records)) for i in self._existing(ids)}
@@ -195,7 +196,7 @@ class RaySearchDocumentStore:
     async def write_documents_async(self, documents: list[Document],
                                     policy: DuplicatePolicy = DuplicatePolicy.NONE) -> int:
         records = _records(documents)
-        served = await ais_served(self._connection.aio, self.collection)
+        served = self._served = self._served or await ais_served(self._connection.aio, self.collection)
         existing: set[str] = set()
         if served and policy in (DuplicatePolicy.FAIL, DuplicatePolicy.SKIP):
             existing = {i for ids in batches(_ids(records)) for i in await self._aexisting(ids)}

@@ -241,11 +241,15 @@ def test_each_group_has_a_replica_on_each_worker_and_either_router_answers_as_on
 
 
 def test_writes_through_two_routers_leave_one_gapless_log_each_visible_on_the_other_within_a_second(service):
+    """The aim of writes' visibility (bench/README.md, "Documents through the API"): p50 within a second, none past
+    five. The other router reads the log every 0.2 s, so a p50 past a second means it stopped following it; a single
+    write at 1.3 s on a loaded 2-core CI machine does not."""
     seen = visibility(service, 24)
     changes = open_change_log(URL).read_new()
     assert [c.seq for c in changes] == list(range(1, 25))  # one log, gapless, every write once
     assert len(seen["writers"]) == 2, seen["writers"]  # both routers took writes
-    assert max(seen["seconds"][1:]) < 1.0 and seen["seconds"][0] < 3.0, seen  # (the first pays a first search)
+    assert seen["p50_ms"] < 1000 and seen["max_ms"] < 5000, seen
+    assert seen["seconds"][0] < 5.0, seen  # (the first pays a first search with a fresh segment)
     print(f"visibility on the other router: first {seen['first_ms']} ms, then p50 {seen['p50_ms']} ms, max "
           f"{seen['max_ms']} ms; in order (ms):",
           [round(x * 1000) for x in seen["seconds"]])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -108,10 +109,13 @@ def leg_scores(chunk_ids: Sequence[str], dense: Sequence, keyword: Sequence) -> 
     out = {}
     for leg, hits in (("dense", dense), ("keyword", keyword)):
         if hits:
-            own = {h.chunk_id: h.score for h in hits}
+            own = dict(zip(map(_chunk_id, hits), map(_score, hits), strict=True))
             floor = min(own.values())
             out[leg] = np.fromiter((own.get(c, floor) for c in chunk_ids), dtype=np.float64, count=len(chunk_ids))
     return out
+
+
+_chunk_id, _score = itemgetter(0), itemgetter(1)
 
 
 def evidence(keys: Sequence[tuple[str, str]], legs: dict[str, tuple[list, list]]) -> list[dict[str, float]]:

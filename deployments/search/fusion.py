@@ -8,19 +8,12 @@ order. A chunk is one candidate per collection (``Hit.key``): the same chunk id 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain, count
+from operator import itemgetter
 
-from deployments.search.hits import Hit, best
+import numpy as np
 
-
-def _first_occurrences(run: Sequence[Hit]) -> list[Hit]:
-    """The run with later duplicates of a chunk removed (a run is sorted best first, so the first is the best)."""
-    seen: set[tuple[str, str]] = set()
-    out = []
-    for hit in run:
-        if hit.key not in seen:
-            seen.add(hit.key)
-            out.append(hit)
-    return out
+from deployments.search.hits import Hit, best, rescored
 
 
 def _check_weights(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> None:
@@ -31,8 +24,48 @@ def _check_weights(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> N
         )
 
 
-def _ranked(scores: dict[tuple[str, str], float], shard_of: dict[tuple[str, str], int]) -> list[Hit]:
-    return best([Hit(key[0], s, shard_of[key], key[1]) for key, s in scores.items()])
+class _Pool:
+    """The candidates of several runs, each once: what each run gives each one is added up, and a candidate keeps the
+    hit it first appears as (its shard). A candidate is told apart by its chunk id alone when every hit is of one
+    collection (a collection's legs, the usual case), else by ``Hit.key``. Built with dict and map calls that run in
+    C, not a Python step a hit: a request fuses a few hundred."""
+
+    def __init__(self, runs: Sequence[Sequence[Hit]]):
+        self.key = _chunk_id if len({h[3] for run in runs for h in run}) <= 1 else _hit_key
+        self.keys: list[list] = []
+        self.hits: list[Sequence[Hit]] = []
+        self.values: list[np.ndarray] = []
+
+    def distinct(self, run: Sequence[Hit]) -> tuple[list, Sequence[Hit]]:
+        """The run's distinct candidates in its order (keys, and the best hit of each: a run is sorted best first)."""
+        keys = list(map(self.key, run))
+        if len(set(keys)) == len(keys):
+            return keys, run
+        first: dict = {}
+        for key, hit in zip(keys, run, strict=True):
+            first.setdefault(key, hit)
+        return list(first), list(first.values())
+
+    def add(self, keys: list, hits: Sequence[Hit], values: np.ndarray) -> None:
+        """``values[j]`` added to the candidate ``keys[j]`` (first seen as ``hits[j]``)."""
+        self.keys.append(keys)
+        self.hits.append(hits)
+        self.values.append(values)
+
+    def ranked(self) -> list[Hit]:
+        """Every candidate with its summed score, best first (``hits.rescored``)."""
+        every = list(chain.from_iterable(self.keys))
+        position = dict(zip(dict.fromkeys(every), count()))
+        at = np.fromiter(map(position.__getitem__, every), dtype=np.int64, count=len(every))
+        scores = np.zeros(len(position))
+        np.add.at(scores, at, np.concatenate(self.values) if self.values else np.zeros(0))
+        # the hit each candidate first appears as: later runs' copies written first, so the first run's stay
+        first = dict(zip(reversed(every), reversed(list(chain.from_iterable(self.hits))), strict=True))
+        return rescored(list(map(first.__getitem__, position)), scores)
+
+
+_chunk_id, _score = itemgetter(0), itemgetter(1)
+_hit_key = itemgetter(0, 3)
 
 
 def rrf(runs: Sequence[Sequence[Hit]], rrf_k: int = 60, weights: Sequence[float] | None = None) -> list[Hit]:
@@ -53,14 +86,11 @@ def rrf(runs: Sequence[Sequence[Hit]], rrf_k: int = 60, weights: Sequence[float]
     if weights is None:
         weights = [1.0] * len(runs)
     _check_weights(runs, weights)
-    scores: dict[tuple[str, str], float] = {}
-    shard_of: dict[tuple[str, str], int] = {}
+    pool = _Pool(runs)
     for run, w in zip(runs, weights, strict=True):
-        for rank, hit in enumerate(_first_occurrences(run), start=1):
-            key = hit.key
-            scores[key] = scores.get(key, 0.0) + w / (rrf_k + rank)
-            shard_of.setdefault(key, hit.shard)
-    return _ranked(scores, shard_of)
+        keys, hits = pool.distinct(run)
+        pool.add(keys, hits, w / (rrf_k + np.arange(1, len(keys) + 1, dtype=np.float64)))
+    return pool.ranked()
 
 
 def min_max(hits: Sequence[Hit]) -> list[Hit]:
@@ -90,21 +120,17 @@ def weighted(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> list[Hi
     ascending.
     """
     _check_weights(runs, weights)
-    scores: dict[tuple[str, str], float] = {}
-    shard_of: dict[tuple[str, str], int] = {}
+    pool = _Pool(runs)
     for run, w in zip(runs, weights, strict=True):
-        run = _first_occurrences(run)
         if not run:
             continue
-        # min_max inlined (the same arithmetic): this runs on every hybrid request over hundreds of hits.
-        lo = min(h.score for h in run)
-        span = max(h.score for h in run) - lo
-        for hit in run:
-            key = hit.key
-            scores[key] = scores.get(key, 0.0) + w * ((hit.score - lo) / span if span else 1.0)
-            if key not in shard_of:
-                shard_of[key] = hit.shard
-    return _ranked(scores, shard_of)
+        keys, hits = pool.distinct(run)
+        scores = np.fromiter(map(_score, hits), dtype=np.float64, count=len(hits))
+        # min_max's arithmetic over the array: this runs on every hybrid request over hundreds of hits.
+        lo = scores.min()
+        span = scores.max() - lo
+        pool.add(keys, hits, w * ((scores - lo) / span if span else np.ones(len(scores))))
+    return pool.ranked()
 
 
 def candidate_depth(limit: int, base: int = 50, factor: int = 4, cap: int = 1000) -> int:

@@ -18,7 +18,7 @@ from deployments.search.calibration import Calibration, absolute_scores, leg_sco
 from deployments.search.clients import Collection, RerankerClient, SynthesizerClient
 from deployments.search.fusion import min_max, relevance_scores, rrf, weighted
 from deployments.search.grouping import Group, group_hits, without_near_duplicates
-from deployments.search.hits import Hit
+from deployments.search.hits import Hit, keys_of, scores_by_key
 from deployments.search.learned import candidate_features, reordered
 from deployments.search.mmr import mmr
 from deployments.search.reranking import passage_text
@@ -161,18 +161,18 @@ class Ranking:
         if req.relevance_scale is RelevanceScale.minmax or reranked:
             scale = ("probability", 1.0) if reranked else relevance_scale(req, ctx.settings, reranked, len(names),
                                                                             learned)
-            return (dict(zip((h.key for h in ranked), relevance_scores(scores, *scale), strict=True)),
+            return (dict(zip(keys_of(ranked), relevance_scores(scores, *scale), strict=True)),
                     dict.fromkeys(names, scale[0]))
         values: dict[tuple[str, str], float | None] = {}
         scales = {}
         for name in names:
-            hits = [h for h in ranked if h.collection == name]
+            hits = ranked if len(names) == 1 else [h for h in ranked if h.collection == name]
             scales[name], own = absolute_scores(req.method.value, leg_scores([h.chunk_id for h in hits],
                                                                              *got.legs[name]),
                                                 self.calibrations.get(name), len(hits))
-            values.update(zip((h.key for h in hits), own, strict=True))
+            values.update(zip(keys_of(hits), own, strict=True))
         if any(v is None for v in values.values()):  # a scale with no absolute score: min-max over the ranking
-            relative = dict(zip((h.key for h in ranked), relevance_scores(scores, "minmax"), strict=True))
+            relative = dict(zip(keys_of(ranked), relevance_scores(scores, "minmax"), strict=True))
             values = {k: relative[k] if v is None else v for k, v in values.items()}
         return values, scales
 
@@ -214,7 +214,7 @@ class Ranking:
         pool = got.fused[:ctx.settings.ranking_depth]
         before = reranked if reranked is not None else got.fused
         try:
-            table = await candidate_features(ctx, got, pool, {h.key: h.score for h in reranked or ()},
+            table = await candidate_features(ctx, got, pool, scores_by_key(reranked or ()),
                                              model.features)
             ranked, applied = reordered(pool, model.score(table)), model.id
         except Exception as exc:  # the order before stands; the request still succeeds

@@ -15,7 +15,7 @@ from deployments.edge.schemas import AnnParams
 from deployments.errors import InvalidField
 from deployments.search.clients import Collection
 from deployments.search.field_weights import request_weights
-from deployments.search.hits import Hit, merge_top_k
+from deployments.search.hits import Hit, hits_of, merge_top_k, scores_by_key
 from deployments.search.stages import SearchContext, Span, gathered, within
 from deployments.shard.query import MAX_QUERY_CLAUSES, ShardAnswer, ShardQuery
 from deployments.shard.shares import Share, share_depth, short_shares
@@ -57,10 +57,16 @@ def leg_scores(legs: dict[str, tuple[list[Hit], list[Hit]]]) -> tuple[dict[tuple
     dense_of: dict[tuple[str, str], float] = {}
     keyword_of: dict[tuple[str, str], float] = {}
     for dense, keyword in legs.values():
-        dense_of.update({h.key: h.score for h in dense})
-        keyword_of.update({h.key: h.score for h in keyword})
+        dense_of.update(scores_by_key(dense))
+        keyword_of.update(scores_by_key(keyword))
     return dense_of, keyword_of
 
+
+
+def _hits(pairs: list[tuple[str, float]], shard: int, collection: str) -> list[Hit]:
+    """A shard's (chunk id, score) pairs as hits."""
+    ids, scores = zip(*pairs, strict=True) if pairs else ((), ())
+    return hits_of(ids, scores, shard, collection)
 
 
 @dataclass(eq=False)
@@ -197,10 +203,9 @@ class Retrieval:
         """A collection's dense and keyword legs: each shard's answer as hits of this collection, merged to ``depth``."""
         if len(answers) == 1:  # one shard group: its legs are already merged, ranked (hits.best) and cut
             ((i, a),) = answers
-            return ([Hit(cid, s, i, collection) for cid, s in a.dense[:depth]],
-                    [Hit(cid, s, i, collection) for cid, s in a.keyword[:depth]])
-        dense = merge_top_k(([Hit(cid, s, i, collection) for cid, s in a.dense] for i, a in answers), depth)
-        keyword = merge_top_k(([Hit(cid, s, i, collection) for cid, s in a.keyword] for i, a in answers), depth)
+            return _hits(a.dense[:depth], i, collection), _hits(a.keyword[:depth], i, collection)
+        dense = merge_top_k((_hits(a.dense, i, collection) for i, a in answers), depth)
+        keyword = merge_top_k((_hits(a.keyword, i, collection) for i, a in answers), depth)
         return dense, keyword
 
     async def vectors(self, hits: list[Hit], targets: list[Collection]) -> np.ndarray:

@@ -15,6 +15,9 @@ import numpy as np
 
 from index_format.chunk_table import ChunkTable
 
+# From this many rows a ``take`` reads ids with Arrow's take (measured: the two ways cost the same at about 16 ids).
+ARROW_TAKE = 16
+
 
 def _hashes(ids: Iterable[str], count: int) -> np.ndarray:
     # Python's own string hash: fast, and the same for every lookup in this process (never stored).
@@ -35,9 +38,10 @@ class ChunkIds(Sequence):
         # Each batch's id column as its two Arrow buffers, viewed in place (the mapping's pages, read when a row
         # is): an id is the bytes between two offsets. A page's ids are read in microseconds this way; Arrow's
         # ``take`` costs about 0.15 ms a call, several calls a query.
-        self._offsets, self._data = [], []
+        self._offsets, self._data, self._columns = [], [], []
         for batch in table.batches:
             column = batch.column("chunk_id")
+            self._columns.append(column)
             buffers = column.buffers()
             self._offsets.append(np.frombuffer(buffers[1], dtype=np.int32)[column.offset:column.offset + len(column) + 1]
                                  if len(column) else np.zeros(1, dtype=np.int32))
@@ -55,8 +59,18 @@ class ChunkIds(Sequence):
         return iter(self.table.column("chunk_id").to_pylist())
 
     def take(self, rows: Sequence[int] | np.ndarray) -> list[str]:
-        """The ids of these rows, in the order given."""
+        """The ids of these rows, in the order given: a few read as slices of the buffers, many by Arrow's ``take``
+        of each batch's column (a call costs about 25 us, then about 0.1 us an id against 1.2 a slice)."""
         batch, at = np.divmod(np.asarray(rows, dtype=np.int64), self.table.batch_rows)
+        if len(at) >= ARROW_TAKE:
+            if len(self._columns) == 1:
+                return self._columns[0].take(at).to_pylist()
+            out: list[str] = [""] * len(at)
+            for b in np.unique(batch).tolist():
+                where = np.flatnonzero(batch == b)
+                for i, chunk_id in zip(where.tolist(), self._columns[b].take(at[where]).to_pylist(), strict=True):
+                    out[i] = chunk_id
+            return out
         out = []
         for b, i in zip(batch.tolist(), at.tolist(), strict=True):
             offsets = self._offsets[b]

@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pytest import approx
 
 from deployments.search.fusion import (
@@ -9,7 +11,7 @@ from deployments.search.fusion import (
     rrf,
     weighted,
 )
-from deployments.search.hits import Hit
+from deployments.search.hits import Hit, best
 
 
 def run(*pairs, shard=-1):
@@ -190,3 +192,47 @@ def test_the_same_chunk_id_in_two_collections_is_two_candidates():
     assert [(h.chunk_id, h.collection, h.score) for h in fused] == [("d1#0", "notes", 1 / 61), ("d1#0", "papers", 1 / 61)]
     assert {h.collection for h in weighted([[a, b]], [1.0])} == {"papers", "notes"}
     assert [h.collection for h in min_max([a, b])] == ["papers", "notes"]
+
+
+def _fused_by_hand(runs, contribution):
+    """The fusions' rule written plainly, one hit at a time: each run's first copy of a chunk (by key) counts, its
+    contribution added; a candidate keeps the shard of the first run it is in; sorted by (-score, chunk id,
+    collection) over Python tuples."""
+    scores, first = {}, {}
+    for r, run in enumerate(runs):
+        seen = []
+        for hit in run:
+            if hit.key not in seen:
+                seen.append(hit.key)
+        for rank, key in enumerate(seen, start=1):
+            hit = next(h for h in run if h.key == key)
+            scores[key] = scores.get(key, 0.0) + contribution(r, run, hit, rank)
+            first.setdefault(key, hit)
+    return sorted(((k[0], s, first[k].shard, k[1]) for k, s in scores.items()), key=lambda h: (-h[1], h[0], h[3]))
+
+
+@given(st.lists(st.lists(st.tuples(st.sampled_from("abcdefgh"), st.sampled_from([0.0, 0.5, 1.0, 2.5, -1.0]),
+                                   st.integers(0, 2), st.sampled_from(["", "", "notes"])), max_size=12),
+                max_size=3),
+       st.lists(st.floats(0.1, 2.0), min_size=3, max_size=3))
+@settings(max_examples=300, deadline=None)
+def test_the_fusions_and_best_equal_the_rule_written_hit_by_hit(raw_runs, raw_weights):
+    """Every run sorted best first (as a leg is), with duplicates, tied scores and two collections in one run."""
+    runs = [[Hit(*h) for h in sorted(run, key=lambda h: -h[1])] for run in raw_runs]
+    weights = raw_weights[:len(runs)]
+
+    def minmax(r, run, hit, rank):
+        firsts = list({h.key: h for h in reversed(run)}.values())  # each key's first copy
+        lo, hi = min(h.score for h in firsts), max(h.score for h in firsts)
+        return weights[r] * ((hit.score - lo) / (hi - lo) if hi > lo else 1.0)
+
+    got = [tuple(h) for h in weighted(runs, weights)]
+    want = _fused_by_hand(runs, minmax)
+    assert [h[0::2] for h in got] == [h[0::2] for h in want] and [h[1] for h in got] == approx([h[1] for h in want])
+    got = [tuple(h) for h in rrf(runs, rrf_k=60, weights=weights)]
+    want = _fused_by_hand(runs, lambda r, run, hit, rank: weights[r] / (60 + rank))
+    assert [h[0::2] for h in got] == [h[0::2] for h in want] and [h[1] for h in got] == approx([h[1] for h in want])
+    every = [h for run in runs for h in run]
+    for k in (None, 0, 1, 3):
+        by_hand = sorted(every, key=lambda h: (-h.score, h.chunk_id, h.collection))
+        assert best(every, k) == (by_hand if k is None else by_hand[:k])

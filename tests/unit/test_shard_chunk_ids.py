@@ -34,6 +34,9 @@ def _check(ids: ChunkIds, held: list[str]) -> None:
     assert ids.rows_of(asked).tolist() == [expected.get(c, -1) for c in asked]
     assert rows_of(held, asked).tolist() == ids.rows_of(asked).tolist()  # a plain list: a dict, the same answer
     assert ids.take([7, 0, 102, 7]) == [held[7], held[0], held[102], held[7]] == ids_at(held, [7, 0, 102, 7])
+    many = np.random.default_rng(0).permutation(np.repeat(np.arange(len(held)), 2))  # Arrow's take, every batch
+    assert len(many) >= chunk_ids.ARROW_TAKE and ids.take(many) == [held[r] for r in many]
+    assert ids.take(many[:chunk_ids.ARROW_TAKE - 1]) == [held[r] for r in many[:chunk_ids.ARROW_TAKE - 1]]
     assert len(ids) == 103 and list(ids) == held and ids[40] == held[40] and held[3] in ids and "nope" not in ids
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+BLOCK = 65_536  # vectors read at a time to build the copy
 # Candidates scanned in full precision beyond k: k + max(MIN_EXTRA, k // EXTRA_FRACTION).
 MIN_EXTRA = 32
 EXTRA_FRACTION = 4
@@ -33,15 +34,18 @@ class CertifiedFlat:
         import faiss
 
         self.index, self._faiss = index, faiss
-        vectors = index.reconstruct_n(0, index.ntotal)
         self.codes = faiss.IndexScalarQuantizer(index.d, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
-        self.codes.add(vectors)
-        decoded = self.codes.sa_decode(self.codes.sa_encode(vectors))
         # |q.x - q.x16| <= |q| * error; each float32 sum of d products is within gamma_d * |q| |x| of the true one
-        # (Higham's bound, u = 2^-24), for the index's score and for the float16 scan's alike.
-        error = float(np.linalg.norm(vectors - decoded, axis=1).max()) if len(vectors) else 0.0
-        largest = float(max(np.linalg.norm(vectors, axis=1).max(), np.linalg.norm(decoded, axis=1).max())) \
-            if len(vectors) else 0.0
+        # (Higham's bound, u = 2^-24), for the index's score and for the float16 scan's alike. Read a block of
+        # vectors at a time: a copy of them all would briefly double a large flat index's memory.
+        error = largest = 0.0
+        for start in range(0, index.ntotal, BLOCK):
+            vectors = index.reconstruct_n(start, min(BLOCK, index.ntotal - start))
+            self.codes.add(vectors)
+            decoded = self.codes.sa_decode(self.codes.sa_encode(vectors))
+            error = max(error, float(np.linalg.norm(vectors - decoded, axis=1).max()))
+            largest = max(largest, float(np.linalg.norm(vectors, axis=1).max()),
+                          float(np.linalg.norm(decoded, axis=1).max()))
         unit = 2.0 ** -24
         gamma = index.d * unit / (1 - index.d * unit)
         self.bound = 2 * (error + 2 * gamma * largest)  # twice the proven bound, per unit of |q|

@@ -89,3 +89,17 @@ def test_the_dense_shard_answers_as_the_full_scan_does_through_the_half_precisio
         want_scores, want_rows = index.search(q[None], 200)
         assert np.array_equal(rows, want_rows[0]) and np.array_equal(scores, want_scores[0])
     assert shard.certified.proven == 20
+
+
+def test_the_copy_built_a_block_at_a_time_is_the_copy_built_at_once(monkeypatch):
+    import deployments.shard.certified as certified_module
+
+    rng = np.random.default_rng(5)
+    vectors = _spread(rng)
+    index = _flat(vectors)
+    whole = CertifiedFlat.of(index)
+    monkeypatch.setattr(certified_module, "BLOCK", 999)
+    blocks = CertifiedFlat.of(index)
+    assert blocks.bound == whole.bound and blocks.codes.ntotal == whole.codes.ntotal == len(vectors)
+    q = vectors[:3]
+    assert np.array_equal(blocks.codes.search(q, 50)[1], whole.codes.search(q, 50)[1])

@@ -21,10 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
+
+from deployments.search.hits import chunk_id_of, score_of
 
 # The legs a calibration has a model for, by the legs a search ranked with.
 LEGS = {"hybrid": ("dense", "keyword"), "vector": ("dense",), "keyword": ("keyword",)}
@@ -109,13 +110,10 @@ def leg_scores(chunk_ids: Sequence[str], dense: Sequence, keyword: Sequence) -> 
     out = {}
     for leg, hits in (("dense", dense), ("keyword", keyword)):
         if hits:
-            own = dict(zip(map(_chunk_id, hits), map(_score, hits), strict=True))
+            own = dict(zip(map(chunk_id_of, hits), map(score_of, hits), strict=True))
             floor = min(own.values())
             out[leg] = np.fromiter((own.get(c, floor) for c in chunk_ids), dtype=np.float64, count=len(chunk_ids))
     return out
-
-
-_chunk_id, _score = itemgetter(0), itemgetter(1)
 
 
 def evidence(keys: Sequence[tuple[str, str]], legs: dict[str, tuple[list, list]]) -> list[dict[str, float]]:

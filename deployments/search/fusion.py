@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import chain, count
-from operator import itemgetter
 
 import numpy as np
 
-from deployments.search.hits import Hit, best, rescored
+from deployments.search.hits import Hit, best, chunk_id_of, collection_of, key_of, rescored, score_of
 
 
 def _check_weights(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> None:
@@ -31,7 +30,7 @@ class _Pool:
     C, not a Python step a hit: a request fuses a few hundred."""
 
     def __init__(self, runs: Sequence[Sequence[Hit]]):
-        self.key = _chunk_id if len({h[3] for run in runs for h in run}) <= 1 else _hit_key
+        self.key = chunk_id_of if len(set(map(collection_of, chain.from_iterable(runs)))) <= 1 else key_of
         self.keys: list[list] = []
         self.hits: list[Sequence[Hit]] = []
         self.values: list[np.ndarray] = []
@@ -62,10 +61,6 @@ class _Pool:
         # the hit each candidate first appears as: later runs' copies written first, so the first run's stay
         first = dict(zip(reversed(every), reversed(list(chain.from_iterable(self.hits))), strict=True))
         return rescored(list(map(first.__getitem__, position)), scores)
-
-
-_chunk_id, _score = itemgetter(0), itemgetter(1)
-_hit_key = itemgetter(0, 3)
 
 
 def rrf(runs: Sequence[Sequence[Hit]], rrf_k: int = 60, weights: Sequence[float] | None = None) -> list[Hit]:
@@ -125,7 +120,7 @@ def weighted(runs: Sequence[Sequence[Hit]], weights: Sequence[float]) -> list[Hi
         if not run:
             continue
         keys, hits = pool.distinct(run)
-        scores = np.fromiter(map(_score, hits), dtype=np.float64, count=len(hits))
+        scores = np.fromiter(map(score_of, hits), dtype=np.float64, count=len(hits))
         # min_max's arithmetic over the array: this runs on every hybrid request over hundreds of hits.
         lo = scores.min()
         span = scores.max() - lo

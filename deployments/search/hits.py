@@ -6,14 +6,14 @@ fetched for the final top-n only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import repeat
 from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
 
-from deployments.shard.topk import contenders
+from deployments.shard.topk import top_k_by
 
 
 class Hit(NamedTuple):
@@ -41,7 +41,8 @@ def hits_from(chunk_ids: Iterable[str], scores: Iterable[float], shards: Iterabl
     """Hits from their fields' columns, in order, each made by ``tuple.__new__``: a named tuple's own constructor is
     a Python call, twice the cost, and a request makes a few hundred hits."""
     new = tuple.__new__
-    return [new(Hit, fields) for fields in zip(chunk_ids, scores, shards, collections, strict=False)]  # shards and collections may repeat()
+    # not strict: ``shards`` and ``collections`` may be endless (``hits_of``'s repeat)
+    return [new(Hit, fields) for fields in zip(chunk_ids, scores, shards, collections, strict=False)]
 
 
 def hits_of(chunk_ids: Iterable[str], scores: Iterable[float], shard: int = -1, collection: str = "") -> list[Hit]:
@@ -53,7 +54,7 @@ def best(hits: Sequence[Hit], k: int | None = None) -> list[Hit]:
     """The ``k`` best hits (all when None): score descending, then chunk id, then collection ascending (the order of
     every ranking, ``topk.top_k``'s)."""
     n = len(hits)
-    order = ranked(np.fromiter(map(_score, hits), dtype=np.float64, count=n), n if k is None else k, hits)
+    order = ranked(np.fromiter(map(score_of, hits), dtype=np.float64, count=n), n if k is None else k, hits)
     return list(map(hits.__getitem__, order))
 
 
@@ -61,52 +62,31 @@ def rescored(hits: Sequence[Hit], scores: np.ndarray) -> list[Hit]:
     """``hits`` with new ``scores`` (in the hits' order), ranked by them as ``best`` ranks."""
     order = ranked(scores, len(hits), hits)
     chosen = list(map(hits.__getitem__, order))
-    return hits_from(map(_chunk_id, chosen), scores[order].tolist(), map(_shard, chosen), map(_collection, chosen))
+    return hits_from(map(chunk_id_of, chosen), scores[order].tolist(), map(shard_of, chosen),
+                     map(collection_of, chosen))
 
 
 def ranked(scores: np.ndarray, k: int, hits: Sequence[Hit]) -> list[int]:
-    """Positions of the ``k`` best ``scores`` (fewer when there are fewer), best first, each score's ties broken by
-    its hit's (chunk id, collection) ascending: ``topk.top_k``'s order. The scores are sorted as an array; ids are
-    compared only among scores that tie, which real scores seldom do, so no string array is made."""
-    if k <= 0 or not len(scores):
-        return []
-    kept = contenders(scores, k)
-    negated = -np.nan_to_num(scores[kept], nan=-np.inf)
-    by_score = np.argsort(negated, kind="stable")
-    order, sorted_scores = kept[by_score].tolist(), negated[by_score]
-    ties = np.flatnonzero(sorted_scores[1:] == sorted_scores[:-1])
-    if len(ties):
-        for start, stop in _runs(ties):
-            order[start:stop] = sorted(order[start:stop], key=lambda i: (hits[i][0], hits[i][3]))
-    return order[:k]
+    """Positions of the ``k`` best ``scores`` (fewer when there are fewer), best first, ties broken by each one's hit's
+    (chunk id, collection) ascending (``topk.top_k_by``): no string array is made."""
+    return top_k_by(scores, k, lambda i: (hits[i][0], hits[i][3]))
 
 
-_chunk_id, _score, _shard, _collection = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
-
-
-def _runs(ties: np.ndarray) -> Iterator[tuple[int, int]]:
-    """(start, stop) of each run of equal neighbours, from the positions ``i`` where ``ranked[i + 1] == ranked[i]``."""
-    start = prev = int(ties[0])
-    for i in ties[1:].tolist():
-        if i != prev + 1:
-            yield start, prev + 2
-            start = i
-        prev = i
-    yield start, prev + 2
+# A hit's fields read as a tuple's items (the named fields and ``Hit.key`` cost a Python call a hit).
+chunk_id_of, score_of, shard_of, collection_of = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
+key_of = itemgetter(0, 3)
 
 
 def keys_of(hits: Iterable[Hit]) -> list[tuple[str, str]]:
     """Each hit's ``key``, in order (read as a tuple's items: the property costs a Python call a hit)."""
-    return list(map(_key, hits))
+    return list(map(key_of, hits))
 
 
 def scores_by_key(hits: Iterable[Hit]) -> dict[tuple[str, str], float]:
     """Each hit's score by its ``key`` (a later hit of the same key wins, as a dict's update)."""
     hits = list(hits)
-    return dict(zip(map(_key, hits), map(_score, hits), strict=True))
+    return dict(zip(map(key_of, hits), map(score_of, hits), strict=True))
 
-
-_key = itemgetter(0, 3)
 
 
 def merge_top_k(per_shard: Iterable[list[Hit]], k: int) -> list[Hit]:

@@ -36,8 +36,8 @@ class ChunkIds(Sequence):
         self.hashes = hashes[order]
         self.rows = order.astype(np.int32 if len(order) < 2**31 else np.int64)
         # Each batch's id column as its two Arrow buffers, viewed in place (the mapping's pages, read when a row
-        # is): an id is the bytes between two offsets. A page's ids are read in microseconds this way; Arrow's
-        # ``take`` costs about 0.15 ms a call, several calls a query.
+        # is): an id is the bytes between two offsets, the cheapest way to read a few; many are read by the column's
+        # own ``take`` (``take``).
         self._offsets, self._data, self._columns = [], [], []
         for batch in table.batches:
             column = batch.column("chunk_id")

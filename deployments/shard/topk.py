@@ -7,6 +7,9 @@ as Pyserini's fusion does, so a ranking never depends on dict, set or shard orde
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import numpy as np
 
 # Above this many candidates per k, the k best and their ties are cut out first (a partition, linear) before the
@@ -26,6 +29,35 @@ def top_k(scores: np.ndarray, k: int, *ties: np.ndarray) -> np.ndarray:
     kept = contenders(scores, k)
     keys = [np.asarray(t)[kept] for t in reversed(ties)] + [negated[kept]]
     return kept[np.lexsort(keys)[:k]]
+
+
+def top_k_by(scores: np.ndarray, k: int, tie: Callable[[int], Any]) -> list[int]:
+    """``top_k``'s order where the tie keys cost something to make (a Python object's fields): the scores are sorted as
+    an array and ``tie(position)`` is asked only of positions whose scores tie, which real scores seldom do. Positions,
+    best first, as a list."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if k <= 0 or not len(scores):
+        return []
+    kept = contenders(scores, k)
+    negated = -np.nan_to_num(scores[kept], nan=-np.inf)
+    by_score = np.argsort(negated, kind="stable")
+    order, sorted_scores = kept[by_score].tolist(), negated[by_score]
+    ties = np.flatnonzero(sorted_scores[1:] == sorted_scores[:-1])
+    if len(ties):
+        for start, stop in _runs(ties):
+            order[start:stop] = sorted(order[start:stop], key=tie)
+    return order[:k]
+
+
+def _runs(ties: np.ndarray) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each run of equal neighbours, from the positions ``i`` where ``sorted[i + 1] == sorted[i]``."""
+    start = prev = int(ties[0])
+    for i in ties[1:].tolist():
+        if i != prev + 1:
+            yield start, prev + 2
+            start = i
+        prev = i
+    yield start, prev + 2
 
 
 def contenders(scores: np.ndarray, k: int) -> np.ndarray:

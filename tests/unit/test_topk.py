@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deployments.shard.topk import PARTITION_FACTOR, top_k
+from deployments.shard.topk import PARTITION_FACTOR, top_k, top_k_by
 
 
 def test_ties_go_to_the_smaller_key_then_the_next_key():
@@ -36,3 +36,20 @@ def test_equals_sorting_everything_with_many_ties(n):
     for k in (1, 3, 10, n):
         expected = sorted(range(n), key=lambda i: (-scores[i], ids[i]))[:k]
         assert top_k(scores, k, ids).tolist() == expected
+
+
+@pytest.mark.parametrize("n", [5, 40, PARTITION_FACTOR * 10 + 7, 2000])
+def test_the_order_with_tie_keys_made_on_demand_is_top_k_s(n):
+    """``top_k_by`` asks a tie key only of tied scores: the same positions as ``top_k`` with every key given, with NaN
+    scores and ties everywhere."""
+    rng = np.random.default_rng(n + 1)
+    scores = rng.integers(0, 6, size=n).astype(np.float64)
+    scores[rng.random(n) < 0.1] = np.nan
+    ids = [f"c{i:05d}" for i in rng.permutation(n)]
+    asked = []
+    for k in (0, 1, 3, 10, n):
+        assert top_k_by(scores, k, lambda i: asked.append(i) or ids[i]) == top_k(scores, k, np.array(ids)).tolist()
+    distinct = rng.permutation(n).astype(np.float64)  # no two scores equal: no key is asked
+    asked.clear()
+    assert top_k_by(distinct, n, lambda i: asked.append(i) or ids[i]) == top_k(distinct, n, np.array(ids)).tolist()
+    assert asked == []

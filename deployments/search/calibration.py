@@ -145,7 +145,8 @@ def absolute_scores(method: str, scores: dict[str, np.ndarray], calibration: Cal
     which ``relevance_scores`` fills by min-max), from their ``leg_scores``."""
     legs = legs_searched(method, list(scores))
     if calibration is not None and legs in calibration.models:
-        return "calibrated", calibration.probabilities(legs, scores).tolist()
+        # No hits (a keyword search no term of which the collection holds): nothing to score, and no leg's array.
+        return "calibrated", calibration.probabilities(legs, scores).tolist() if n else []
     if "dense" in LEGS[legs] and "dense" in scores:
         return "cosine", np.clip(scores["dense"], 0.0, 1.0).tolist()
     return "minmax", [None] * n

@@ -52,8 +52,19 @@ def request_digest(req: SearchRequest) -> str:
     return _digest(req.model_dump(mode="json", exclude=_PAGE_FIELDS))
 
 
+# The settings last digested, and their digest: a router serves one settings object until it is reconfigured, and
+# every response with a next page digests them (frozen: the same object, the same digest).
+_last_settings: tuple[RouterSettings | None, str] | None = None
+
+
 def settings_digest(settings: RouterSettings | None) -> str:
-    return _digest(settings.model_dump(mode="json", exclude=_NOT_RANKING) if settings is not None else None)
+    global _last_settings
+    last = _last_settings
+    if last is not None and last[0] is settings:
+        return last[1]
+    digest = _digest(settings.model_dump(mode="json", exclude=_NOT_RANKING) if settings is not None else None)
+    _last_settings = (settings, digest)
+    return digest
 
 
 @dataclass(frozen=True)

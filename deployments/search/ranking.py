@@ -129,8 +129,12 @@ class Ranking:
         if ctx.model is not None and fused:
             ranked, learned = await self.learned(ctx, got, ranked if reranked else None)
             reranked = reranked and learned is None
-        relevance_of, scales = self.relevance(ctx, got, ranked, reranked, learned is not None)
         cut = req.min_relevance_score
+        # Without a cut, near-duplicates, MMR or groups the page is a slice of ``ranked`` ending at the window: only
+        # those hits show a relevance score (each one's own, whatever the others: min-max is over the whole ranking).
+        page_only = (cut is None and req.dedupe_threshold is None and req.mmr_lambda is None and req.group_by is None)
+        relevance_of, scales = self.relevance(ctx, got, ranked, reranked, learned is not None,
+                                              ctx.plan.window if page_only else None)
         kept = ranked if cut is None else [h for h in ranked if relevance_of[h.key] >= cut]
         dropped = [] if cut is None else [h for h in ranked if relevance_of[h.key] < cut]
         if req.dedupe_threshold is not None and kept:
@@ -152,27 +156,28 @@ class Ranking:
         groups = await self.group(ctx, got, final) if req.group_by is not None else None
         return Ranked(ranked, reranked, relevance_of, kept, dropped, final, learned, groups, scales)
 
-    def relevance(self, ctx: SearchContext, got: Retrieved, ranked: list[Hit], reranked: bool, learned: bool
-                  ) -> tuple[dict[tuple[str, str], float], dict[str, str]]:
-        """Each hit's ``relevance_score`` by key, and the scale each collection's hits are on
-        (``search.calibration``)."""
+    def relevance(self, ctx: SearchContext, got: Retrieved, ranked: list[Hit], reranked: bool, learned: bool,
+                  upto: int | None = None) -> tuple[dict[tuple[str, str], float], dict[str, str]]:
+        """The ``relevance_score`` by key of ``ranked``'s first ``upto`` hits (None: all), each as it is among the
+        whole ranking, and the scale each collection's hits are on (``search.calibration``)."""
         req, names = ctx.req, [c.name for c in ctx.targets]
-        scores = [h.score for h in ranked]
+        scores = [h.score for h in ranked]  # all of them: min-max is over the whole ranking
+        shown = ranked if upto is None else ranked[:upto]
         if req.relevance_scale is RelevanceScale.minmax or reranked:
             scale = ("probability", 1.0) if reranked else relevance_scale(req, ctx.settings, reranked, len(names),
                                                                             learned)
-            return (dict(zip(keys_of(ranked), relevance_scores(scores, *scale), strict=True)),
+            return (dict(zip(keys_of(shown), relevance_scores(scores, *scale), strict=False)),
                     dict.fromkeys(names, scale[0]))
         values: dict[tuple[str, str], float | None] = {}
         scales = {}
         for name in names:
-            hits = ranked if len(names) == 1 else [h for h in ranked if h.collection == name]
+            hits = shown if len(names) == 1 else [h for h in shown if h.collection == name]
             scales[name], own = absolute_scores(req.method.value, leg_scores([h.chunk_id for h in hits],
                                                                              *got.legs[name]),
                                                 self.calibrations.get(name), len(hits))
             values.update(zip(keys_of(hits), own, strict=True))
         if any(v is None for v in values.values()):  # a scale with no absolute score: min-max over the ranking
-            relative = dict(zip(keys_of(ranked), relevance_scores(scores, "minmax"), strict=True))
+            relative = dict(zip(keys_of(shown), relevance_scores(scores, "minmax"), strict=False))
             values = {k: relative[k] if v is None else v for k, v in values.items()}
         return values, scales
 

@@ -137,3 +137,26 @@ def test_a_router_follows_the_calibration_written_and_removed(judged_root):
     calibrate.main(["--index", str(root), "--off"])
     asyncio.run(follower.follow())
     assert calibrations == {} and not follower.errors
+
+
+@pytest.mark.parametrize("calibrated", [True, False])
+def test_a_page_s_relevance_scores_equal_those_of_the_whole_ranking(judged_root, calibrated):
+    """Without a cut the ranking stage scores only the hits a page can show; each must score as it does when the
+    whole ranking is scored, which a cut of 0 (every hit kept) makes it do: on every scale, at every offset."""
+    root, folder = judged_root
+    calibrate.main(["--index", str(root), "--data", str(folder), "--no-progress"] if calibrated
+                   else ["--index", str(root), "--off"])
+    pipeline = inprocess_pipeline({"default": root}, RouterSettings(cache_size=0))
+    scales = set()
+    for query in ("telescope galaxy comet", "bread oven", "qwxz vbnmk plorf"):
+        for body in ({"method": "hybrid"}, {"method": "vector"}, {"method": "keyword"}, {"fusion": "rrf"},
+                     {"relevance_scale": "minmax"}, {"fusion": "rrf", "relevance_scale": "minmax"}):
+            for offset in (0, 4):
+                page = search(pipeline, query=query, limit=4, offset=offset, **body)
+                whole = search(pipeline, query=query, limit=4, offset=offset, min_relevance_score=0.0, **body)
+                assert [r.chunk_id for r in page.results] == [r.chunk_id for r in whole.results]
+                assert [r.relevance_score for r in page.results] == [r.relevance_score for r in whole.results]
+                assert page.relevance_scales == whole.relevance_scales
+                scales |= set(page.relevance_scales.values())
+    assert scales == ({"calibrated", "weighted", "minmax"} if calibrated else {"cosine", "weighted", "minmax"})
+    calibrate.main(["--index", str(root), "--off"])

@@ -53,3 +53,21 @@ def test_the_order_with_tie_keys_made_on_demand_is_top_k_s(n):
     asked.clear()
     assert top_k_by(distinct, n, lambda i: asked.append(i) or ids[i]) == top_k(distinct, n, np.array(ids)).tolist()
     assert asked == []
+
+
+def test_infinities_rank_as_the_largest_finite_scores_and_nan_last():
+    """``top_k`` ranks by ``nan_to_num(scores, nan=-inf)``: an infinite score ties with the largest finite one, and
+    NaN comes after -inf; its own negation of the scores must rank exactly so."""
+    big = np.finfo(np.float64).max
+    scores = np.array([np.nan, -np.inf, big, np.inf, 0.0, -big, np.nan, 1.0])
+    ids = np.arange(len(scores))
+    # +inf ties the largest finite score (ids 2 and 3), -inf ties the most negative (1 and 5), NaN last.
+    assert top_k(scores, 8, ids).tolist() == [2, 3, 7, 4, 1, 5, 0, 6]
+    assert top_k_by(scores, 8, lambda i: i) == [2, 3, 7, 4, 1, 5, 0, 6]
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        values = rng.choice([np.nan, np.inf, -np.inf, big, -big, 0.0, 1.0, -1.0], size=rng.integers(1, 30))
+        ties = rng.permutation(len(values))
+        expected = sorted(range(len(values)), key=lambda i: (-np.nan_to_num(values[i], nan=-np.inf), ties[i]))
+        for k in (1, 5, len(values)):
+            assert top_k(values, k, ties).tolist() == expected[:k]

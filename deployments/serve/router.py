@@ -11,6 +11,7 @@ in one place (``deployments.edge.http``'s handlers, over ``deployments.edge.erro
 
 
 import asyncio
+import functools
 import logging
 import time
 
@@ -58,6 +59,7 @@ from deployments.serve.handles import (
 )
 from deployments.serve.heap import settle_heap
 from deployments.serve.listen import reuse_address_on_bind
+from deployments.serve.logs import cheaper_rollover
 from deployments.serve.specs import CollectionSpec, CreatedOptions, created_spec
 from index_format.versions import active_version, version_dir
 
@@ -134,10 +136,11 @@ class SearchRouter:
         await self._open_created()  # those created before this replica started, before it answers
         self._followers = [asyncio.create_task(self._follow_versions()), asyncio.create_task(self._follow_documents())]
         # /mcp: the search route's work and the documents', offered as MCP tools (deployments.api.mcp)
-        tools = McpTools(self.answer, self.documents, default_collection, self.catalogue, self.guard.key_limits)
+        tools = McpTools(functools.partial(self.answer, route="/mcp"), self.documents, default_collection, self.catalogue, self.guard.key_limits)
         mcp = McpEndpoint(tools, self.guard.max_body_bytes)
         self._followers.append(await mcp.start())
         install_mcp(mcp)
+        cheaper_rollover()  # a line a search: the replica's log file checked for rollover without formatting it twice
         settle_heap()
 
     async def reconfigure(self, user_config: dict) -> None:
@@ -222,10 +225,10 @@ class SearchRouter:
         return Response(api.response_json(response), media_type="application/json")
 
     async def answer(self, body: api.SearchRequest, headers, request_id: str | None,
-                     caller: Caller) -> api.SearchResponse:
+                     caller: Caller, route: str = "/search") -> api.SearchResponse:
         """One search as the caller may see it (its key's principals), recorded: the work of ``POST /search`` and of
-        the MCP ``search`` tool."""
-        with self.recorder.search(body, headers, request_id, self.settings.redact_queries) as answered:
+        the MCP ``search`` tool (``route`` ``/mcp``)."""
+        with self.recorder.search(body, headers, request_id, self.settings.redact_queries, route) as answered:
             response = await self.pipeline.search(body, principals=list(caller.principals), rendered=True)
             answered(response)
         return response

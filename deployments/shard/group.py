@@ -59,16 +59,20 @@ def _best(rows: list[np.ndarray], scores: list[np.ndarray], ranks: list[np.ndarr
     all_scores = np.concatenate(scores) if len(scores) > 1 else scores[0]
     if len(all_scores) == 0 or k <= 0:
         return []
-    all_ranks = np.concatenate([rank[r] for rank, r in zip(ranks, rows, strict=True)])
-    order = top_k(all_scores, k, all_ranks)
-    bounds = np.cumsum([0] + [len(r) for r in rows])
-    shard = np.searchsorted(bounds, order, side="right") - 1
-    all_rows = np.concatenate(rows) if len(rows) > 1 else rows[0]
-    picked: list[str] = [""] * len(order)
-    for s in np.unique(shard):
-        at = np.flatnonzero(shard == s)
-        for i, chunk_id in zip(at, ids_at(ids[s], all_rows[order[at]]), strict=True):
-            picked[i] = chunk_id
+    if len(rows) == 1:  # one shard: its rows are the positions, its ids read in one call
+        order = top_k(all_scores, k, ranks[0][rows[0]])
+        picked = ids_at(ids[0], rows[0][order])
+    else:
+        all_ranks = np.concatenate([rank[r] for rank, r in zip(ranks, rows, strict=True)])
+        order = top_k(all_scores, k, all_ranks)
+        bounds = np.cumsum([0] + [len(r) for r in rows])
+        shard = np.searchsorted(bounds, order, side="right") - 1
+        all_rows = np.concatenate(rows)
+        placed = np.empty(len(order), dtype=object)  # each shard's ids put in place at once, not one by one
+        for s in np.unique(shard).tolist():
+            at = np.flatnonzero(shard == s)
+            placed[at] = ids_at(ids[s], all_rows[order[at]])
+        picked = placed.tolist()
     return list(zip(picked, all_scores[order].tolist(), strict=True))
 
 

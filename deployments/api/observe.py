@@ -22,8 +22,8 @@ class LineContext:
     """The fields Serve's log filters add to a line, for the search line: the Ray worker's (job, worker, node and
     actor ids, the actor's name) and the replica's (application, deployment, replica) worked out once, the request's
     (route, request id) per line, and the line marked to skip those filters. Serve does the same for its own access
-    log: the filters ask Ray's runtime context for every field on every line, which cost about 0.6 ms of a search's
-    CPU in a loaded replica (bench/README.md, "The search's log line and metrics"). The task fields the filters
+    log: the filters ask Ray's runtime context for every field on every line, about 0.2 ms of a search's CPU in a
+    loaded replica (bench/README.md, "A page's scores, the log line and the metrics"). The task fields the filters
     would add are left out: in a replica answering HTTP itself they name its initialization, not the search.
     Outside a Serve replica (an app called directly, as tests do) nothing is worked out and lines go through the
     filters as before."""

@@ -30,8 +30,8 @@ class Held:
 
     A Ray metric record is a call into Ray's metrics library with its tags; a search makes about nine (its
     stages' latencies, its size, its outcome, its HTTP status). Made inside a loaded request each cost about 35 us of CPU,
-    where made in a run they cost about 6: about 0.25 ms of a search's CPU in a loaded replica went to them
-    (bench/README.md, "The search's log line and metrics"). Held here, they are made ``HOLD_S`` after the first of
+    where made in a run they cost about 6 to 10: about 0.29 ms of a search's CPU in a loaded replica went to them
+    (bench/README.md, "A page's scores, the log line and the metrics"). Held here, they are made ``HOLD_S`` after the first of
     them on the event loop that asked, each histogram observation as it was and each counter's increments summed
     (a counter's total is what Prometheus reads): a scrape sees them at most that much later, beside Ray's own export
     of a process's metrics every few seconds. Called outside an event loop (a test calling the app directly), records

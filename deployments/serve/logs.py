@@ -3,8 +3,8 @@
 Serve writes a replica's lines through Python's ``RotatingFileHandler``, whose ``shouldRollover`` runs before every
 line: it asks the file system twice whether the file is a regular one, formats the line (Serve's JSON) to learn its
 length, and seeks to the end; then ``emit`` formats it again to write it. The router writes a line for every search,
-so that check was about 0.27 ms of a search's CPU in a loaded replica, more than the write (bench/README.md, "The
-search's log line and metrics").
+so that check was about 0.27 ms of a search's CPU in a loaded replica, more than the write (bench/README.md, "A
+page's scores, the log line and the metrics").
 
 ``cheaper_rollover`` gives the handlers of Serve's logger in this process a check that asks the stream where it is
 (the size written so far, from the open file: no syscall beyond a seek of the buffered stream) and rolls over once

@@ -5,6 +5,11 @@ than the compressed vectors. Here an id is read from the chunk table when a hit 
 and a row is found by its id through two arrays: the ids' hashes sorted (8 bytes a chunk) and the row of each (4).
 A hash names candidate rows only: each is checked against the id itself, so a collision costs a read, never a wrong
 row.
+
+A small shard keeps its ids as strings as well (``LISTED_MAX``): a search reads a few hundred of them (each leg's
+candidates), and in a served shard, whose caches the vector scan has just swept, reading them from the table cost
+about 0.3 ms a leg where the list costs a third of that (bench/README.md, "Ids in memory"). Up to that size the list
+costs at most a few megabytes; a large shard keeps the two arrays alone.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from index_format.chunk_table import ChunkTable
 
 # From this many rows a ``take`` reads ids with Arrow's take (measured: the two ways cost the same at about 16 ids).
 ARROW_TAKE = 16
+# A shard of at most this many chunks also keeps its ids as a list of strings (about 80 bytes a chunk: 4 MB here).
+LISTED_MAX = 50_000
 
 
 def _hashes(ids: Iterable[str], count: int) -> np.ndarray:
@@ -29,8 +36,9 @@ class ChunkIds(Sequence):
 
     def __init__(self, table: ChunkTable):
         self.table = table
-        ids = table.column("chunk_id").to_pylist()  # read once, then dropped: only the two arrays are kept
+        ids = table.column("chunk_id").to_pylist()  # read once, then dropped unless the shard is small
         hashes = _hashes(ids, len(ids))
+        self.listed: list[str] | None = ids if len(ids) <= LISTED_MAX else None
         del ids
         order = np.argsort(hashes, kind="stable")
         self.hashes = hashes[order]
@@ -56,11 +64,15 @@ class ChunkIds(Sequence):
         return self.take([row])[0]
 
     def __iter__(self):
-        return iter(self.table.column("chunk_id").to_pylist())
+        return iter(self.listed if self.listed is not None else self.table.column("chunk_id").to_pylist())
 
     def take(self, rows: Sequence[int] | np.ndarray) -> list[str]:
         """The ids of these rows, in the order given: a few read as slices of the buffers, many by Arrow's ``take``
-        of each batch's column (a call costs about 25 us, then about 0.1 us an id against 1.2 a slice)."""
+        of each batch's column (a call costs about 25 us, then about 0.1 us an id against 1.2 a slice); a small
+        shard's from its list."""
+        if self.listed is not None:
+            listed = self.listed
+            return [listed[r] for r in np.asarray(rows, dtype=np.int64).tolist()]
         batch, at = np.divmod(np.asarray(rows, dtype=np.int64), self.table.batch_rows)
         if len(at) >= ARROW_TAKE:
             if len(self._columns) == 1:

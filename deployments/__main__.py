@@ -220,9 +220,16 @@ def main(argv: list[str] | None = None) -> int:
 # lands in (Serve's deploy, still waiting for the app when a client already got answers): the main loop checks the
 # flag too, so a stop is never lost.
 STOPPING = threading.Event()
+# Set by any later one: the drain is cut short, and the processes are stopped at once.
+HURRY = threading.Event()
 
 
 def _interrupt(*_):
+    """Only the first signal raises: one raised while the stop drains would escape it, and the command would die
+    by SIGINT with Ray's processes left running (a CI run saw a restarted service exit so, -2, within the drain)."""
+    if STOPPING.is_set():
+        HURRY.set()
+        return
     STOPPING.set()
     raise KeyboardInterrupt
 
@@ -237,9 +244,16 @@ def _stop(serve, ray) -> None:
         with contextlib.suppress(Exception):  # Serve never started, or the app never deployed: nothing to drain
             serve.delete(APP)
 
+    # Ours again, whatever a library left in their place: a signal during the stop must not kill the command.
+    STOPPING.set()
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    print("stopping: the replicas finish the requests they hold (Ctrl-C to stop at once)", file=sys.stderr, flush=True)
     draining = threading.Thread(target=drain, daemon=True)
     draining.start()
-    draining.join(DRAIN_BOUND_S)  # past the bound the processes are stopped anyway
+    deadline = time.monotonic() + DRAIN_BOUND_S  # past the bound the processes are stopped anyway
+    while draining.is_alive() and not HURRY.is_set() and time.monotonic() < deadline:
+        draining.join(0.2)
     ray.shutdown()
 
 

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import ray
 import ray.data
 
-from index_format.encoders import cpu_only
+from index_format.encoders import cpu_only, runs_on_torch
 from index_format.prompts import EncoderSpec
 from index_format.sharding import shard_name
 from index_format.store import open_store
@@ -84,7 +84,7 @@ class EmbedRows:
 
     def __init__(self, spec: EncoderSpec, device: str, batch_size: int, threads: int, work_at: str):
         self.store = open_store(work_at)
-        if threads:
+        if threads and runs_on_torch(spec.model, device):
             import torch
 
             torch.set_num_threads(threads)

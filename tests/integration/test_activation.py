@@ -21,9 +21,10 @@ from index_build.config import BuildConfig
 from index_format.versions import active_version, rollback
 from tests.conftest import make_corpus, write_jsonl
 from tests.integration.conftest import ENCODER
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 from tests.waiting import wait_until
 
-PORT = 18233
+PORT = SERVE_PORT
 ADMIN_KEY, ADMIN_DIGEST = new_key()
 USER_KEY, USER_DIGEST = new_key()
 QUERIES = ["telescope galaxy", "bread oven butter", "boat wind anchor", "piano chord", "lucene shard replica"]
@@ -60,7 +61,7 @@ def served(root, request):
 
     from deployments.serve.app import build_app
 
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     app = build_app({
         "index": str(root), **request.param,
         "router": {"shard_timeout_s": 10, "cache_size": 0, "version_poll_s": 0.2},
@@ -71,7 +72,7 @@ def served(root, request):
                       headers={"Authorization": f"Bearer {USER_KEY}"}) as client:
         yield client
     serve.delete("activation")
-    serve.shutdown()
+    stop_serving()
 
 
 class Load:

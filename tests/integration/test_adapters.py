@@ -30,9 +30,10 @@ from raysearch_client import llamaindex as rs_llamaindex
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import write_jsonl
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 
 pytestmark = pytest.mark.usefixtures("loopback_only")  # conftest: nothing beyond this machine
-PORT = 18263
+PORT = SERVE_PORT
 URL = f"http://127.0.0.1:{PORT}"
 README = (Path(__file__).parents[2] / "README.md").read_text()
 QUERY = "compress a file with gzip"
@@ -71,14 +72,14 @@ def served(ray_local, tmp_path_factory):
     build_index(BuildConfig(corpus=corpus, out=folder / "default", shards=1, encoder="hashing:32", progress=False))
     shutil.copytree(folder / "default", folder / "store")  # a second build would cost seconds; a copy, nothing
     roots = {name: {"index": str(folder / name)} for name in ("default", "store")}
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     serve.run(build_app({"collections": roots, "router": {"shard_timeout_s": 10}}), name="adapters",
               route_prefix="/", blocking=False)
     with SearchClient(URL) as client:
         client.delete_documents("store", [name for name, _, _ in DOCS])  # the vector store's collection, empty
         yield client
     serve.delete("adapters")
-    serve.shutdown()
+    stop_serving()
 
 
 

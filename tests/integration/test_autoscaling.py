@@ -15,9 +15,10 @@ import pytest
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import make_corpus, write_jsonl
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 from tests.waiting import wait_until
 
-PORT = 18277
+PORT = SERVE_PORT
 APP = "together"
 GROUPS = ("default-shard-000", "default-shard-001")
 
@@ -33,7 +34,7 @@ def served(ray_local, tmp_path_factory):
     corpus = write_jsonl(folder / "corpus.jsonl", make_corpus(30))
     build_index(BuildConfig(corpus=corpus, out=folder / "index", shards=2, encoder="hashing:64", chunk_size=40,
                             chunk_overlap=8, progress=False))
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     deploy_app({"index": str(folder / "index"),
                 "router": {"num_cpus": 0.1, "cache_size": 0, "shard_timeout_s": 20},
                 "shards": {"group_size": 1, "num_cpus": 0.1, "warmup_searches": 0, "lucene_heap": "128m",
@@ -45,7 +46,7 @@ def served(ray_local, tmp_path_factory):
                    every_s=0.5)
         yield client
     serve.delete(APP)
-    serve.shutdown()
+    stop_serving()
 
 
 def running(deployment: str) -> int:

@@ -15,9 +15,10 @@ from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_format.change_log import CHANGES_DIR, ChangeLog
 from tests.conftest import make_corpus, write_jsonl
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 from tests.waiting import wait_until
 
-PORT = 18251
+PORT = SERVE_PORT
 ENCODER = "hashing:64"
 SEARCH_KEY, SEARCH_DIGEST = new_key()
 ADMIN_KEY, ADMIN_DIGEST = new_key()
@@ -34,7 +35,7 @@ def served(ray_local, tmp_path_factory):
     corpus = write_jsonl(folder / "corpus.jsonl", make_corpus(40))
     build_index(BuildConfig(corpus=corpus, out=folder / "index", shards=2, encoder=ENCODER, chunk_size=40,
                             chunk_overlap=8, progress=False, version="v1"))
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     app = build_app({"index": str(folder / "index"), "router": {"shard_timeout_s": 10, "version_poll_s": 0.2,
                                                                 "fold_after_documents": 3, "fold_after_s": 0},
                      "security": {"api_key_digests": [SEARCH_DIGEST], "admin_key_digests": [ADMIN_DIGEST]}})
@@ -42,7 +43,7 @@ def served(ray_local, tmp_path_factory):
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60, headers=ADMIN) as client:
         yield client, folder
     serve.delete("builds")
-    serve.shutdown()
+    stop_serving()
 
 
 def _wait_for_job(client, job_id: str, timeout_s: float = 180) -> dict:

@@ -17,8 +17,9 @@ import httpx
 import pytest
 
 from deployments.edge.guard import new_key
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 
-PORT = 18234
+PORT = SERVE_PORT
 BASE = f"http://127.0.0.1:{PORT}"
 KEY, DIGEST = new_key()
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -56,14 +57,14 @@ def served(built, ray_local, tmp_path_factory):
     _, summary = built[1]
     root = tmp_path_factory.mktemp("console") / "index"
     shutil.copytree(summary.version_dir.parent.parent, root)
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     app = build_app({"index": str(root), "router": {"shard_timeout_s": 10, "cache_size": 0},
                      "security": {"api_key_digests": [DIGEST]}})
     serve.run(app, name="console", route_prefix="/", blocking=False)
     with httpx.Client(base_url=BASE, timeout=60, headers=AUTH) as client:
         yield client
     serve.delete("console")
-    serve.shutdown()
+    stop_serving()
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,9 @@ from deployments.edge.guard import new_key
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import make_corpus, write_jsonl
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 
-PORT = 18293
+PORT = SERVE_PORT
 URL = f"http://127.0.0.1:{PORT}"
 ENCODER = "hashing:64"
 SEARCH_KEY, SEARCH_DIGEST = new_key()
@@ -49,12 +50,12 @@ def served(ray_local, tmp_path_factory):
     folder = tmp_path_factory.mktemp("created")
     build_index(BuildConfig(corpus=write_jsonl(folder / "corpus.jsonl", make_corpus(20)), out=folder / "index",
                             shards=1, encoder=ENCODER, progress=False))
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     _serve(folder)
     with SearchClient(URL, api_key=ADMIN_KEY, timeout=60) as client:
         yield client, folder
     serve.delete("created")
-    serve.shutdown()
+    stop_serving()
 
 
 def names(client: SearchClient) -> set[str]:

@@ -10,8 +10,9 @@ from deployments.edge.guard import new_key
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import make_corpus, write_jsonl
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 
-PORT = 18247
+PORT = SERVE_PORT
 ENCODER = "hashing:64"
 SEARCH_KEY, SEARCH_DIGEST = new_key()
 WRITE_KEY, WRITE_DIGEST = new_key()
@@ -45,13 +46,13 @@ def served(root):
     from ray import serve
 
     index, docs = root
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     _serve(index)
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60,
                       headers={"Authorization": f"Bearer {SEARCH_KEY}"}) as client:
         yield client, index, docs
     serve.delete("documents")
-    serve.shutdown()
+    stop_serving()
 
 
 def search_ids(client, query: str, method: str = "keyword", limit: int = 10) -> list[str]:

@@ -17,9 +17,10 @@ from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_format.change_log import CHANGES_DIR, ChangeLog
 from tests.conftest import make_corpus, write_jsonl
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 from tests.waiting import wait_until
 
-PORT = 18249
+PORT = SERVE_PORT
 RUN = uuid.uuid4().hex[:8]  # in this run's request ids: the session's logs hold other tests' lines too
 
 
@@ -33,14 +34,14 @@ def served(ray_local, tmp_path_factory):
     corpus = write_jsonl(folder / "corpus.jsonl", make_corpus(20))
     build_index(BuildConfig(corpus=corpus, out=folder / "index", shards=2, encoder="hashing:64", chunk_size=40,
                             chunk_overlap=8, progress=False))
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     app = build_app({"index": str(folder / "index"), "router": {"num_replicas": 2, "num_cpus": 0.1, "cache_size": 0,
                                                                "shard_timeout_s": 10}})
     serve.run(app, name="replicas", route_prefix="/", blocking=False)
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
         yield client, folder / "index"
     serve.delete("replicas")
-    serve.shutdown()
+    stop_serving()
 
 
 def replicas_of(event: str, request_ids: set[str]) -> dict[str, str]:

@@ -50,9 +50,10 @@ from raysearch_client.llamaindex import RaySearchVectorStore
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import write_jsonl
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 
 pytestmark = pytest.mark.usefixtures("loopback_only")  # conftest: nothing beyond this machine
-PORT = 18291
+PORT = SERVE_PORT
 URL = f"http://127.0.0.1:{PORT}"
 README = (Path(__file__).parents[2] / "README.md").read_text()
 STORES = ("haystack", "llamaindex")  # the collections the stores' tests empty and fill
@@ -81,7 +82,7 @@ def served(ray_local, tmp_path_factory):
     for name in STORES:
         shutil.copytree(folder / "default", folder / name)  # a copy costs nothing; a build, seconds
     roots = {name: {"index": str(folder / name)} for name in ("default", *STORES)}
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     # No fold by count or age: a fold mid-module would switch versions under the tests (folds are tested elsewhere).
     router = {"shard_timeout_s": 10, "fold_after_documents": 0, "fold_after_s": 0}
     serve.run(build_app({"collections": roots, "router": router}), name="framework_stores",
@@ -91,7 +92,7 @@ def served(ray_local, tmp_path_factory):
             client.delete_documents(name, [doc_id for doc_id, _, _ in DOCS])
         yield client
     serve.delete("framework_stores")
-    serve.shutdown()
+    stop_serving()
 
 
 

@@ -6,23 +6,23 @@ import httpx
 import pytest
 
 from deployments.search.inprocess import LocalIndex
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 
-PORT = 18231
+PORT = SERVE_PORT
 
 
 @pytest.fixture(scope="module")
 def served(built, ray_local):
-    from ray import serve
 
     from deployments.settings import deploy_app
 
     _, summary = built[3]
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     # From a config, as python -m deployments and serve run do, so settings can be applied in place.
     deploy_app({"index": str(summary.version_dir), "router": {"shard_timeout_s": 10}}, "raysearch")
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
         yield client, summary
-    serve.shutdown()
+    stop_serving()
 
 
 def test_search_over_http_equals_the_cores(served):

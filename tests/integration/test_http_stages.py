@@ -12,9 +12,10 @@ import httpx
 import pytest
 
 from deployments.edge.guard import new_key
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 from tests.waiting import wait_until
 
-PORT = 18232
+PORT = SERVE_PORT
 KEY, DIGEST = new_key()
 AUTH = {"Authorization": f"Bearer {KEY}"}
 QUERIES = ["telescope galaxy", "bread oven butter", "boat wind anchor", "piano chord", "lucene shard",
@@ -28,7 +29,7 @@ def served(built, ray_local, tiny_cross_encoder):
     from deployments.serve.app import build_app
 
     _, summary = built[3]
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     app = build_app({
         "index": str(summary.version_dir),
         "shards": {"num_replicas": 2, "num_cpus": 0.1},
@@ -44,7 +45,7 @@ def served(built, ray_local, tiny_cross_encoder):
     serve.run(app, name="stages", route_prefix="/", blocking=False)
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=300, headers=AUTH) as client:
         yield client, summary
-    serve.shutdown()
+    stop_serving()
 
 
 def test_health_lists_the_stages(served):

@@ -9,9 +9,10 @@ import httpx
 import pytest
 
 from deployments.edge.guard import new_key
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 from tests.sse import parse_sse
 
-PORT = 18255
+PORT = SERVE_PORT
 NOISY, NOISY_DIGEST = new_key()
 CALM, CALM_DIGEST = new_key()
 READER, READER_DIGEST = new_key()  # the streams' own key: each test's budget its own, in any order
@@ -19,18 +20,17 @@ READER, READER_DIGEST = new_key()  # the streams' own key: each test's budget it
 
 @pytest.fixture(scope="module")
 def base(built, ray_local):
-    from ray import serve
 
     from deployments.settings import deploy_app
 
     _, summary = built[3]
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     deploy_app({"index": str(summary.version_dir), "router": {"shard_timeout_s": 10, "cache_size": 0},
                 "synthesis": {"enabled": True, "num_cpus": 0.1},
                 "security": {"api_key_digests": [NOISY_DIGEST, CALM_DIGEST, READER_DIGEST],
                              "key_limit": {"requests_per_s": 0.5, "burst": 3, "max_inflight": 4}}}, "limits")
     yield f"http://127.0.0.1:{PORT}"
-    serve.shutdown()
+    stop_serving()
 
 
 def search(base: str, key: str, **headers) -> httpx.Response:

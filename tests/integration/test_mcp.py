@@ -18,8 +18,9 @@ from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import write_jsonl
 from tests.integration.conftest import auth, tenant_docs, visible_by_principal
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 
-PORT = 18261
+PORT = SERVE_PORT
 URL = f"http://127.0.0.1:{PORT}/mcp"
 T1_KEY, T1_DIGEST = new_key()  # search key of tenant t1
 T2_KEY, T2_DIGEST = new_key()  # search key of tenant t2
@@ -48,7 +49,7 @@ def client(root):
 
     from deployments.serve.app import build_app
 
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     app = build_app({"index": str(root[0]), "router": {"shard_timeout_s": 10, "cache_size": 64},
                      "security": {"key_principals": {T1_DIGEST: ["t1"], T2_DIGEST: ["t2"], W1_DIGEST: ["t1"],
                                                      L1_DIGEST: ["t1"]},
@@ -58,7 +59,7 @@ def client(root):
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as c:
         yield c
     serve.delete("mcp")
-    serve.shutdown()
+    stop_serving()
 
 
 def mcp(key: str, work):

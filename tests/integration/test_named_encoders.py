@@ -29,6 +29,7 @@ from index_format.manifest import CHUNKS_FILE, EMBEDDINGS_FILE, IndexMismatch, e
 from index_format.prompts import EncoderSpec
 from index_format.versions import active_version, read_version_manifest, verify_version
 from tests.conftest import make_corpus, write_jsonl
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 from tests.waiting import wait_until
 
 QUERIES = ["telescope galaxy", "bread oven butter", "boat wind anchor", "piano chord"]
@@ -188,7 +189,7 @@ def test_written_documents_are_embedded_with_every_encoder(root):
     np.testing.assert_allclose(features["dense_small"], [oracle[c] @ query for c in ids], atol=1e-5)
 
 
-PORT = 18273
+PORT = SERVE_PORT
 
 
 def test_served_the_named_encoder_has_its_query_encoder_and_answers_as_in_process(root, pipeline):
@@ -199,7 +200,7 @@ def test_served_the_named_encoder_has_its_query_encoder_and_answers_as_in_proces
 
     from deployments.serve.app import build_app
 
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     try:
         serve.run(build_app({"index": str(version_of(root["root"], root["added"].version)),
                              "router": {"shard_timeout_s": 10, "cache_size": 0}}),
@@ -216,4 +217,4 @@ def test_served_the_named_encoder_has_its_query_encoder_and_answers_as_in_proces
             assert r.status_code == 400 and "it holds: small" in r.json()["error"]
     finally:
         serve.delete("named")
-        serve.shutdown()
+        stop_serving()

@@ -31,9 +31,10 @@ from index_format.store import open_store
 from index_format.store_log import LOG_PREFIX
 from tests.conftest import make_corpus, write_jsonl
 from tests.integration.conftest import ENCODER
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 from tests.waiting import wait_until
 
-PORT = 18241
+PORT = SERVE_PORT
 QUERIES = ["telescope galaxy", "bread oven butter", "boat wind anchor", "piano chord", "lucene shard replica",
            "harbor tide", "comet orbit", "recipe salt"]
 
@@ -72,7 +73,7 @@ def start(url: str, cache, state, name: str = "s3") -> httpx.Client:
 
     from deployments.serve.app import build_app
 
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     app = build_app({"index": url, "shards": {"group_size": 1, "num_cpus": 0.1, "cache_dir": str(cache),
                                               "warmup_searches": 0},
                      "state_dir": str(state), "router": {"cache_size": 0, "version_poll_s": 0.2}})
@@ -145,7 +146,7 @@ def test_served_from_the_store(published, tmp_path, s3_server, monkeypatch):
                    summary.version, timeout_s=60, what="the switch to the folded version")
         assert top_doc(client, "quokka") == "new"
     serve.delete("s3-again")
-    serve.shutdown()
+    stop_serving()
 
 
 def top_doc(client: httpx.Client, query: str) -> str | None:

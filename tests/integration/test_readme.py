@@ -18,10 +18,11 @@ from deployments.edge.schemas import SearchRequest
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import write_jsonl
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 
 ROOT = Path(__file__).parents[2]
 README = (ROOT / "README.md").read_text()
-PORT = 18236
+PORT = SERVE_PORT
 
 
 def test_the_two_commands_at_the_top_are_make_targets():
@@ -56,7 +57,6 @@ def keys_of(value) -> set[str]:
 @pytest.fixture(scope="module")
 def demo_served(ray_local, tmp_path_factory):
     """The demo's own corpus writer, limited to a few modules so the build takes seconds (hashing encoder)."""
-    from ray import serve
 
     from deployments.settings import deploy_app
 
@@ -65,13 +65,13 @@ def demo_served(ray_local, tmp_path_factory):
     corpus = write_jsonl(tmp_path_factory.mktemp("demo") / "corpus.jsonl", docs)
     summary = build_index(BuildConfig(corpus=corpus, out=tmp_path_factory.mktemp("demo-index"), shards=2,
                                       encoder="hashing:64", progress=False))
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     # As `make demo` serves it (`--synthesis.enabled`, no model named): the extractive engine writes the answers.
     # Its index root (not the version folder), so the documents example can write to it.
     deploy_app({"index": str(summary.version_dir.parents[1]), "synthesis": {"enabled": True, "num_cpus": 0.1}}, "readme")
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
         yield client
-    serve.shutdown()
+    stop_serving()
 
 
 def test_the_example_request_answers_with_every_field_the_readme_shows(demo_served):

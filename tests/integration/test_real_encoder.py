@@ -13,25 +13,25 @@ from deployments.edge.schemas import SearchRequest
 from deployments.search.inprocess import inprocess_pipeline
 from index_build.build import build_index
 from index_build.config import BuildConfig
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 
-PORT = 18237
+PORT = SERVE_PORT
 QUERIES = ["telescope galaxy orbit", "bread oven butter", "sail wind harbor captain", "lucene shard replica"]
 
 
 @pytest.fixture(scope="module")
 def minilm(corpus, ray_local, tmp_path_factory):
-    from ray import serve
 
     from deployments.settings import deploy_app
 
     path, _ = corpus
     summary = build_index(BuildConfig(corpus=path, out=tmp_path_factory.mktemp("minilm"), shards=2,
                                       encoder="all-MiniLM-L6-v2", chunk_size=40, chunk_overlap=8, progress=False))
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     deploy_app({"index": str(summary.version_dir)}, "minilm")  # defaults: ONNX encoder inside the router
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
         yield client, summary
-    serve.shutdown()
+    stop_serving()
 
 
 @pytest.mark.parametrize("method", ["vector", "hybrid"])

@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from deployments.edge.guard import new_key
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 
-PORT = 18234
+PORT = SERVE_PORT
 USER_KEY, USER_DIGEST = new_key()
 ADMIN_KEY, ADMIN_DIGEST = new_key()
 
@@ -22,7 +23,7 @@ def served(built, ray_local):
     from deployments.serve.app import build_app
 
     _, summary = built[3]
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     app = build_app({"index": str(summary.version_dir), "router": {"shard_timeout_s": 10, "cache_size": 0},
                      "security": {"api_key_digests": [USER_DIGEST], "admin_key_digests": [ADMIN_DIGEST],
                                   "max_inflight": 2, "retry_after_s": 3}})
@@ -30,7 +31,7 @@ def served(built, ray_local):
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}/api", timeout=60) as client:
         yield client
     serve.delete("prefixed")
-    serve.shutdown()
+    stop_serving()
 
 
 def test_open_routes_stay_open_and_keys_bind_under_the_prefix(served):

@@ -12,8 +12,9 @@ from index_build.build import build_index
 from index_build.config import BuildConfig
 from tests.conftest import write_jsonl
 from tests.integration.conftest import auth, tenant_docs, visible_by_principal
+from tests.serving import SERVE_PORT, start_serve, stop_serving
 
-PORT = 18235
+PORT = SERVE_PORT
 T1_KEY, T1_DIGEST = new_key()
 T2_KEY, T2_DIGEST = new_key()
 ADMIN_KEY, ADMIN_DIGEST = new_key()
@@ -38,7 +39,7 @@ def client(acl_version):
 
     from deployments.serve.app import build_app
 
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    start_serve()
     app = build_app({"index": str(acl_version), "router": {"shard_timeout_s": 10, "cache_size": 64},
                      "security": {"key_principals": {T1_DIGEST: ["t1"], T2_DIGEST: ["t2"]},
                                   "admin_key_digests": [ADMIN_DIGEST], "acl_field": "acl"}})
@@ -46,7 +47,7 @@ def client(acl_version):
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as c:
         yield c
     serve.delete("tenants")
-    serve.shutdown()
+    stop_serving()
 
 
 def test_each_tenant_finds_only_what_it_may_see(client, visible):

@@ -133,11 +133,15 @@ def write_collection(rows: Iterable[tuple], folder: Path) -> int:
     return n
 
 
+def heap_mb(heap: str) -> int:
+    """A JVM heap such as ``1g`` or ``512m`` in MiB."""
+    return int(heap[:-1]) * (1024 if heap[-1] in "gG" else 1)
+
+
 def memory_buffer_mb(heap: str) -> int:
     """Lucene's indexing buffer for a JVM heap such as ``1g``: half of it, the rest for the merges and the JVM
     (Anserini's default buffer is larger than a small heap: a shard of millions of chunks ran out of memory)."""
-    mb = int(heap[:-1]) * (1024 if heap[-1] in "gG" else 1)
-    return max(64, mb // 2)
+    return max(64, heap_mb(heap) // 2)
 
 
 def build_lucene_index(collection: Path, index_dir: Path, heap: str = "1g", threads: int = 1,
@@ -145,18 +149,45 @@ def build_lucene_index(collection: Path, index_dir: Path, heap: str = "1g", thre
     """Anserini's indexer over a JsonCollection folder; positions and doc vectors are kept (a fold's statistics are
     taken from the vectors of what it removes), the raw JSON is not (the chunk table holds the text). ``fields``:
     JSON keys indexed as Lucene fields of their own beside ``contents`` (same analyzer and options; Anserini's
-    ``-fields``), so BM25 can score them apart. Merged to one segment: a shard is written once and searched often."""
+    ``-fields``), so BM25 can score them apart. Merged to one segment: a shard is written once and searched often.
+
+    Run in this process's JVM (started with ``heap`` when none runs yet), where the statistics are read next: a JVM
+    of its own cost about 1.7 s of CPU a shard to start, most of a small shard's build. In a process whose JVM has
+    less than ``heap``, the indexer runs as a JVM of its own with it."""
+    args = ["-collection", "JsonCollection", "-input", str(collection), "-index", str(index_dir),
+            "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads),
+            "-storePositions", "-storeDocvectors", "-memoryBuffer", str(memory_buffer_mb(heap)), "-optimize",
+            ] + (["-fields", *fields] if fields else [])
+    if _jvm_holds(heap):
+        from jnius import JavaException, autoclass
+
+        try:  # -quiet: its progress lines would land in this process's output (a worker's log, a user's console)
+            autoclass("io.anserini.index.IndexCollection").main([*args, "-quiet"])
+        except JavaException as e:
+            raise RuntimeError(f"Lucene indexing of {collection} failed: {e}") from None
+        if not any(index_dir.glob("segments_*")):  # its arguments refused: it printed why and returned
+            raise RuntimeError(f"Lucene indexing of {collection} wrote no index at {index_dir}")
+        return
     java = str(Path(java_home()) / "bin" / "java")
-    cmd = [
-        java, f"-Xmx{heap}", "-cp", anserini_jar(), "io.anserini.index.IndexCollection",
-        "-collection", "JsonCollection", "-input", str(collection), "-index", str(index_dir),
-        "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads),
-        "-storePositions", "-storeDocvectors", "-memoryBuffer", str(memory_buffer_mb(heap)), "-optimize",
-    ] + (["-fields", *fields] if fields else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run([java, f"-Xmx{heap}", "-cp", anserini_jar(), "io.anserini.index.IndexCollection", *args],
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
         raise RuntimeError(f"Lucene indexing of {collection} failed (exit {proc.returncode}):\n{tail}")
+
+
+def _jvm_holds(heap: str) -> bool:
+    """This process's JVM running with at least ``heap`` of memory, and a Java that runs Anserini's classes (started
+    so when none ran; one that pyserini's import started may be the system's older Java)."""
+    import jnius_config
+
+    if not jnius_config.vm_running:
+        boot(heap)
+    from jnius import autoclass
+
+    java = int(autoclass("java.lang.System").getProperty("java.specification.version").split(".")[-1])
+    # A JVM reports a little less than its -Xmx as its most (a survivor space).
+    return java >= 21 and autoclass("java.lang.Runtime").getRuntime().maxMemory() >= 0.9 * heap_mb(heap) * 2**20
 
 
 def index_statistics(index_dir: Path) -> tuple[dict, pa.Table]:

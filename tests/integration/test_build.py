@@ -135,6 +135,30 @@ def test_global_bm25_statistics_equal_one_unsharded_lucene_index(built, tmp_path
     assert (s1.doc_count, s1.total_terms) == (stats.doc_count, stats.total_terms) and t1.equals(terms)
 
 
+def test_an_index_built_in_this_processs_jvm_equals_one_built_by_a_jvm_of_its_own(tmp_path, monkeypatch):
+    """A shard's Lucene index is built in the process's JVM (no second JVM to start); where that JVM has less heap
+    than asked, by a JVM of its own. Both give the same index: statistics, terms, a field's, and answers."""
+    from index_format import lucene
+
+    lucene.boot()  # this project's JVM before pyserini's import starts another
+    from pyserini.search.lucene import LuceneSearcher
+
+    docs = make_corpus(120)
+    write_collection([(d["_id"], f"{d['title']}\n{d['text']}", {"title": d["title"]}) for d in docs], tmp_path / "c")
+    lucene.build_lucene_index(tmp_path / "c", tmp_path / "here", fields=["title"])
+    assert lucene._jvm_holds("1g") and not lucene._jvm_holds("64g")  # 64g: a JVM of its own
+    monkeypatch.setattr(lucene, "_jvm_holds", lambda heap: False)
+    lucene.build_lucene_index(tmp_path / "c", tmp_path / "own", fields=["title"])
+    monkeypatch.undo()
+    assert index_statistics(tmp_path / "here") == index_statistics(tmp_path / "own")
+    assert lucene.field_statistics(tmp_path / "here", "title") == lucene.field_statistics(tmp_path / "own", "title")
+    for query in ("telescope galaxy", "bread oven butter"):
+        here, own = LuceneSearcher(str(tmp_path / "here")), LuceneSearcher(str(tmp_path / "own"))
+        assert [(h.docid, h.score) for h in here.search(query, 10)] == [(h.docid, h.score) for h in own.search(query, 10)]
+    with pytest.raises(RuntimeError, match="Invalid collection path"):
+        lucene.build_lucene_index(tmp_path / "missing", tmp_path / "none")
+
+
 def test_manifests_describe_the_shard_and_mismatches_are_refused(built, tmp_path):
     cfg, summary = built[3]
     folder = shard_dirs(summary)[0]

@@ -104,6 +104,11 @@ def ray_local():
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False,
              configure_logging=False)
     yield ray
+    from ray import serve
+
+    # Serve, kept up across the modules (tests/serving.py), stopped first: its client's threads in this process
+    # would otherwise reach for a Ray after this one is gone, and start one of their own.
+    serve.shutdown()
     ray.shutdown()
 
 

@@ -106,8 +106,7 @@ def ray_local():
     yield ray
     from ray import serve
 
-    # Serve, kept up across the modules (tests/serving.py), stopped first: its client's threads in this process
-    # would otherwise reach for a Ray after this one is gone, and start one of their own.
+    # Serve, kept up across the modules (tests/serving.py), stopped by its own call before Ray goes.
     serve.shutdown()
     ray.shutdown()
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.common import machine
-from bench.cpu import machine_busy_s, process_cpu, process_label
+from bench.cpu import machine_busy_s, process_cpu
 
 
 class NewProcesses:
@@ -35,15 +35,8 @@ class NewProcesses:
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def _watch(self) -> None:
-        import psutil
-
         while not self._stop.is_set():
-            for p in psutil.process_iter(["pid", "name", "cmdline", "cpu_times"]):
-                info = p.info
-                if info["pid"] in self.before or info["cpu_times"] is None:
-                    continue
-                t = info["cpu_times"]
-                self.seen[info["pid"]] = (process_label(info["cmdline"] or [], info["name"] or "?"), t.user + t.system)
+            self.seen |= {pid: got for pid, got in process_cpu().items() if pid not in self.before}
             self._stop.wait(0.05)
 
     def __enter__(self) -> NewProcesses:

@@ -29,6 +29,7 @@ import pyarrow as pa
 from index_format.process import cache_root
 
 CONTENTS_FIELD = "contents"
+LOCK_FILE = "write.lock"  # Lucene's IndexWriter lock, an empty file it leaves behind
 
 
 def _pyserini_dir() -> Path:
@@ -265,6 +266,11 @@ def update_lucene_index(index_dir: Path, delete_ids: list[str], add: list[tuple]
     boot()
     from jnius import cast
 
+    lock = Path(index_dir) / LOCK_FILE
+    if lock.exists() and lock.stat().st_nlink > 1:
+        # Lucene locks the lock file's inode. One shared by hard links is every linked folder's lock at once (a
+        # fetched version's empty files are all one blob): a writer here failed while one held it anywhere else.
+        lock.unlink()
     cls = _writer_classes()
     directory = cls["FSDirectory"].open(cls["File"](str(index_dir)).toPath())
     every = [CONTENTS_FIELD, *fields]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -17,14 +19,17 @@ from deployments.shard.lucene import FactsReader
 from index_build.build import build_index
 from index_build.config import BuildConfig
 from index_build.fold import _log_changes, fold
+from index_build.reuse import link_shard
 from index_format.bm25_stats import read_field_stats, read_stats
 from index_format.change_log import CHANGES_DIR, ChangeLog, segment_name, segments
+from index_format.lucene import LOCK_FILE, update_lucene_index
 from index_format.manifest import (
     CHUNKS_FILE,
     EMBEDDINGS_FILE,
     FAISS_ROWS_FILE,
     LUCENE_DIR,
     TERMS_FILE,
+    read_shard_manifest,
     terms_file,
 )
 from index_format.versions import active_version, read_version_manifest, verify_version
@@ -215,6 +220,32 @@ def test_a_fold_in_object_storage_equals_the_fold_of_a_local_root(folded, s3_roo
     assert not (fetched / "shards").exists() or not any((fetched / "shards").iterdir())  # no base shard came here
     remote = ObjectRoot(s3_root, cache_dir=tmp_path / "fresh").fetch(summary.version)[0]
     assert_versions_equal(folded["root"] / "versions" / local.version, remote, ignore=frozenset({"build_key"}))
+
+
+def test_a_fold_takes_lucenes_lock_on_a_file_of_its_own_never_one_shared_by_a_hard_link(folded, tmp_path):
+    """A shard linked from its base shares the base's lock file, and a version fetched from object storage has all
+    its empty files as one blob, so every shard's lock is one inode there. Lucene locks the inode: two shards
+    folded at once on one node failed with "Lock held by another program". Here another process holds the base's
+    lock while a shard linked from it is changed."""
+    base = folded["base"].version_dir / "shards" / read_version_manifest(folded["base"].version_dir).shards[0]
+    lock = base / LUCENE_DIR / LOCK_FILE
+    target = tmp_path / "shard"
+    link_shard(base, target)
+    assert os.stat(target / LUCENE_DIR / LOCK_FILE).st_ino == os.stat(lock).st_ino
+    hold = "import fcntl, sys; f = open(sys.argv[1], 'r+'); fcntl.lockf(f, fcntl.LOCK_EX); print('held', flush=True); "\
+        "sys.stdin.read()"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = read_shard_manifest(base)
+        update = update_lucene_index(target / LUCENE_DIR, [], [("zz-new-0001", "a telescope saw a galaxy", {})],
+                                     list(before.lucene.get("fields", {})))
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert update["documents"] == before.counts["lucene_docs"] + 1
+    assert os.stat(target / LUCENE_DIR / LOCK_FILE).st_ino != os.stat(lock).st_ino
 
 
 def test_a_second_fold_with_nothing_new_publishes_nothing_and_a_later_write_folds_on_top(folded):

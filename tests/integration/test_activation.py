@@ -71,7 +71,6 @@ def served(root, request):
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60,
                       headers={"Authorization": f"Bearer {USER_KEY}"}) as client:
         yield client
-    serve.delete("activation")
     stop_serving()
 
 

@@ -78,7 +78,6 @@ def served(ray_local, tmp_path_factory):
     with SearchClient(URL) as client:
         client.delete_documents("store", [name for name, _, _ in DOCS])  # the vector store's collection, empty
         yield client
-    serve.delete("adapters")
     stop_serving()
 
 

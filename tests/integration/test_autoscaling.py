@@ -25,7 +25,6 @@ GROUPS = ("default-shard-000", "default-shard-001")
 
 @pytest.fixture(scope="module")
 def served(ray_local, tmp_path_factory):
-    from ray import serve
 
     from deployments.serve.autoscale import POLICY
     from deployments.settings import deploy_app
@@ -45,7 +44,6 @@ def served(ray_local, tmp_path_factory):
         wait_until(lambda: client.get("/health").status_code == 200, timeout_s=120, what="the app to answer",
                    every_s=0.5)
         yield client
-    serve.delete(APP)
     stop_serving()
 
 

@@ -42,7 +42,6 @@ def served(ray_local, tmp_path_factory):
     serve.run(app, name="builds", route_prefix="/", blocking=False)
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60, headers=ADMIN) as client:
         yield client, folder
-    serve.delete("builds")
     stop_serving()
 
 

@@ -63,7 +63,6 @@ def served(built, ray_local, tmp_path_factory):
     serve.run(app, name="console", route_prefix="/", blocking=False)
     with httpx.Client(base_url=BASE, timeout=60, headers=AUTH) as client:
         yield client
-    serve.delete("console")
     stop_serving()
 
 

@@ -45,7 +45,6 @@ def _serve(folder):
 
 @pytest.fixture(scope="module")
 def served(ray_local, tmp_path_factory):
-    from ray import serve
 
     folder = tmp_path_factory.mktemp("created")
     build_index(BuildConfig(corpus=write_jsonl(folder / "corpus.jsonl", make_corpus(20)), out=folder / "index",
@@ -54,7 +53,6 @@ def served(ray_local, tmp_path_factory):
     _serve(folder)
     with SearchClient(URL, api_key=ADMIN_KEY, timeout=60) as client:
         yield client, folder
-    serve.delete("created")
     stop_serving()
 
 

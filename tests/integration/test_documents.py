@@ -43,7 +43,6 @@ def _serve(index):
 
 @pytest.fixture(scope="module")
 def served(root):
-    from ray import serve
 
     index, docs = root
     start_serve()
@@ -51,7 +50,6 @@ def served(root):
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60,
                       headers={"Authorization": f"Bearer {SEARCH_KEY}"}) as client:
         yield client, index, docs
-    serve.delete("documents")
     stop_serving()
 
 

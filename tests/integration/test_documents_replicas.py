@@ -40,7 +40,6 @@ def served(ray_local, tmp_path_factory):
     serve.run(app, name="replicas", route_prefix="/", blocking=False)
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
         yield client, folder / "index"
-    serve.delete("replicas")
     stop_serving()
 
 

@@ -91,7 +91,6 @@ def served(ray_local, tmp_path_factory):
         for name in STORES:
             client.delete_documents(name, [doc_id for doc_id, _, _ in DOCS])
         yield client
-    serve.delete("framework_stores")
     stop_serving()
 
 

@@ -58,7 +58,6 @@ def client(root):
     serve.run(app, name="mcp", route_prefix="/", blocking=False)
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as c:
         yield c
-    serve.delete("mcp")
     stop_serving()
 
 

@@ -216,5 +216,4 @@ def test_served_the_named_encoder_has_its_query_encoder_and_answers_as_in_proces
             r = client.post("/search", json={"query": "piano", "encoder": "large"})
             assert r.status_code == 400 and "it holds: small" in r.json()["error"]
     finally:
-        serve.delete("named")
         stop_serving()

@@ -145,7 +145,6 @@ def test_served_from_the_store(published, tmp_path, s3_server, monkeypatch):
         wait_until(lambda: client.get("/admin/versions").json()["collections"]["default"]["serving"] ==
                    summary.version, timeout_s=60, what="the switch to the folded version")
         assert top_doc(client, "quokka") == "new"
-    serve.delete("s3-again")
     stop_serving()
 
 

@@ -30,7 +30,6 @@ def served(built, ray_local):
     serve.run(app, name="prefixed", route_prefix="/api", blocking=False)
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}/api", timeout=60) as client:
         yield client
-    serve.delete("prefixed")
     stop_serving()
 
 

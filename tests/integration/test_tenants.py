@@ -46,7 +46,6 @@ def client(acl_version):
     serve.run(app, name="tenants", route_prefix="/", blocking=False)
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as c:
         yield c
-    serve.delete("tenants")
     stop_serving()
 
 

@@ -37,7 +37,11 @@ NODE_ENV = {"RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OF
             # Every node of this cluster shares one machine's cores (two, in CI): while replicas start their JVMs, a
             # proxy missed Serve's 5 s readiness check three times and Serve killed it, with the connections it
             # held (a client's ReadError mid-search). Read by Serve's controller, from its node's environment.
-            "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
+            "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30",
+            # `ray start --block` drains its node for up to 30 s on SIGTERM (so that a Kubernetes pod's Serve proxy
+            # stops taking requests before its replicas go). Here a node gets SIGTERM only when the whole cluster
+            # stops, with nothing to hand over: each stop waited out its 15 s bound.
+            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 
 
 def available() -> str | None:

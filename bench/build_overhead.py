@@ -13,7 +13,6 @@ actor, a JVM), sampled every 50 ms: a process that lives less than that is misse
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -21,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import machine
+from bench.common import machine, write_record
 from bench.cpu import machine_busy_s, process_cpu
 
 
@@ -105,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if warm:
         print(f"warm builds: median {result['warm_wall_s_median']:.2f} s, {result['warm_cpu_s_median']:.2f} s of CPU")
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_record(args.out, result)
     return 0
 
 

@@ -25,7 +25,6 @@ GROUPS = ("default-shard-000", "default-shard-001")
 
 @pytest.fixture(scope="module")
 def served(ray_local, tmp_path_factory):
-
     from deployments.serve.autoscale import POLICY
     from deployments.settings import deploy_app
 

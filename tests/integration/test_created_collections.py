@@ -45,7 +45,6 @@ def _serve(folder):
 
 @pytest.fixture(scope="module")
 def served(ray_local, tmp_path_factory):
-
     folder = tmp_path_factory.mktemp("created")
     build_index(BuildConfig(corpus=write_jsonl(folder / "corpus.jsonl", make_corpus(20)), out=folder / "index",
                             shards=1, encoder=ENCODER, progress=False))

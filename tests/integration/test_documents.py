@@ -43,7 +43,6 @@ def _serve(index):
 
 @pytest.fixture(scope="module")
 def served(root):
-
     index, docs = root
     start_serve()
     _serve(index)
